@@ -1,0 +1,224 @@
+"""Public value types: what hosts build, persist and read.
+
+Values that cross a boundary (disk, wire, the host's own store) are frozen
+``msgspec.Struct`` types so they encode deterministically and decode strictly.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from typing import Any, Literal
+
+import msgspec
+
+from recoverable.transport.outcome import Interruption
+
+AttemptReason = Literal["initial", "replacement", "authentication_reissue"]
+Selection = Literal["preserve", "reselect"]
+
+State = Literal[
+    "prepared",
+    "running",
+    "interrupted",
+    "completed",
+    "failed",
+    "cancelled",
+    "suspended",
+    "acknowledged",
+    "abandoned",
+]
+Availability = Literal[
+    "ready",
+    "running",
+    "waiting",
+    "replacement_eligible",
+    "completion_saved",
+    "suspended",
+    "exhausted",
+    "authentication_required",
+    "permanently_cancelled",
+    "failed",
+    "expired",
+    "acknowledged",
+    "abandoned",
+    "blocked",
+]
+Blocker = Literal[
+    "authentication_required",
+    "account_mismatch",
+    "configuration_unavailable",
+    "incompatible_record",
+    "storage_unavailable",
+]
+SuggestedAction = Literal[
+    "execute",
+    "resume",
+    "read_receipt",
+    "manual_retry",
+    "sign_in",
+    "acknowledge",
+    "abandon",
+    "wait",
+]
+
+
+class AccountBinding(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The account (and credential source) an operation belongs to. Compared by value."""
+
+    account_id: str
+    source: str = "api-key"
+
+
+class StructuredRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A tool-free structured request as the host describes it.
+
+    ``input`` is a string or a list of Responses input items. ``tools`` and
+    ``previous_response_id``/``conversation`` exist only so that they can be
+    rejected explicitly: recovery never runs tools nor continues a thread.
+    """
+
+    model: str
+    instructions: str | None = None
+    input: str | list[dict[str, Any]] = ""
+    reasoning_effort: str | None = None
+    max_output_tokens: int | None = None
+    tools: list[dict[str, Any]] = []
+    tool_choice: str | None = None
+    previous_response_id: str | None = None
+    conversation: str | None = None
+    model_override: bool = False  # an explicit per-request model choice (binding on reselect)
+
+
+class JsonSchema(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """An explicit JSON Schema response contract (OpenAI strict-mode subset)."""
+
+    name: str
+    schema: dict[str, Any]
+
+
+class RetryPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Saved with the operation: which failures may be replaced, and the backoff.
+
+    Transport interruptions (disconnect, timeout, premature EOF, malformed
+    stream, a process interrupted mid-attempt) are always replacement-eligible.
+    The delay before attempt ``n+1`` is
+    ``min(maximum_backoff, initial_backoff * multiplier**(n-1))``, or the
+    provider's Retry-After when larger (capped at ``maximum_retry_after``).
+    """
+
+    initial_backoff: float = 1.0
+    maximum_backoff: float = 60.0
+    multiplier: float = 2.0
+    maximum_retry_after: float = 24 * 3600.0
+    retryable_statuses: frozenset[int] = frozenset({408, 409, 429, 500, 502, 503, 504})
+    retryable_provider_codes: frozenset[str] = frozenset(
+        {"server_error", "server_is_overloaded", "slow_down", "rate_limit_exceeded"}
+    )
+    replace_invalid_output: bool = False
+    replace_incomplete: bool = False
+
+
+class Handle(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What the host persists to reopen an operation. Encode with ``msgspec.json``."""
+
+    operation_id: str
+    root_operation_id: str | None = None
+    previous_operation_id: str | None = None
+
+
+class Attempt(msgspec.Struct, frozen=True, kw_only=True):
+    """Passed to the host's ``authorize`` callback; ``attempt_id`` is stable across replays."""
+
+    operation_id: str
+    attempt_id: str
+    number: int
+    maximum_attempts: int
+    reason: AttemptReason
+    previous_failure: Interruption | None = None
+    previous_response_id: str | None = None
+    previous_sequence_number: int | None = None
+
+
+class AttemptSummary(msgspec.Struct, frozen=True, kw_only=True):
+    attempt_id: str
+    number: int
+    reason: AttemptReason
+    outcome: str  # in_flight | failed | completed | interrupted
+    response_id: str | None = None
+    sequence_number: int | None = None
+    failure: Interruption | None = None
+
+
+class Status(msgspec.Struct, frozen=True, kw_only=True):
+    """A snapshot of an operation's independent dimensions (not an authorization token)."""
+
+    operation_id: str
+    state: State
+    availability: Availability
+    blockers: frozenset[Blocker] = frozenset()
+    has_saved_completion: bool = False
+    attempts_used: int = 0
+    maximum_attempts: int = 0
+    attempts_remaining: int = 0
+    next_attempt_at: _dt.datetime | None = None
+    expires_at: _dt.datetime | None = None
+    root_operation_id: str | None = None
+    previous_operation_id: str | None = None
+    successor_id: str | None = None
+    attempts: tuple[AttemptSummary, ...] = ()
+    response_id: str | None = None
+    sequence_number: int | None = None
+    last_failure: Interruption | None = None
+    suggested_actions: tuple[SuggestedAction, ...] = ()
+    redacted: bool = False
+    model: str | None = None
+    job_id: str | None = None
+    input_revision: str | None = None
+    scope: str | None = None
+    pending_attempt_id: str | None = None
+
+
+class Receipt(msgspec.Struct, frozen=True, kw_only=True):
+    """A saved, validated completion; decode ``payload`` with the original type."""
+
+    operation_id: str
+    payload: bytes
+    format_name: str
+    format_hash: str
+    contract_version: str | None
+    job_id: str | None
+    input_revision: str | None
+    scope: str | None
+    completed_at: _dt.datetime
+    root_operation_id: str
+    previous_operation_id: str | None
+    response_id: str | None
+    account: AccountBinding
+
+    def decode(self, type: Any) -> Any:
+        """Decode the payload as ``type`` (a msgspec.Struct type or ``dict`` etc.)."""
+        return msgspec.json.decode(self.payload, type=type)
+
+
+class Inventory(msgspec.Struct, frozen=True, kw_only=True):
+    operations: tuple[Status, ...]
+    unreadable: tuple[str, ...]
+
+
+class CleanupResult(msgspec.Struct, frozen=True, kw_only=True):
+    removed: tuple[str, ...] = ()
+    skipped: tuple[str, ...] = ()  # busy or unreadable: reported, never guessed
+
+
+def to_datetime(ts: float | None) -> _dt.datetime | None:
+    if ts is None:
+        return None
+    return _dt.datetime.fromtimestamp(ts, tz=_dt.UTC)
+
+
+def to_timestamp(value: _dt.datetime | None) -> float | None:
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        raise ValueError("datetimes must be timezone-aware (UTC)")
+    return value.timestamp()

@@ -1,0 +1,166 @@
+"""Persisted record types.
+
+Every record is a ``msgspec.Struct`` whose first field is ``version``. The codec
+(``storage.codec``) decodes strictly: a record whose version is unknown, or that
+fails validation, is *unreadable* — listed by id, never rewritten or deleted.
+
+Payloads (the frozen request body, the original request, the validated
+completion) are opaque bytes in their own table so that operation records stay
+small and cheap to rewrite on every state change.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from recoverable.transport.outcome import Interruption
+from recoverable.types import AccountBinding, AttemptReason, RetryPolicy
+
+OPERATION_VERSION = 2
+COMMAND_VERSION = 1
+LEASE_VERSION = 1
+DISPOSITION_VERSION = 1
+
+# The persisted phase of an operation. "interrupted" is never stored: a record in
+# "authorizing"/"transmitting" whose lease has no live owner *reads* as interrupted.
+Phase = Literal[
+    "prepared",  # saved, never authorized
+    "authorizing",  # a pending attempt id is saved; the host is being asked
+    "transmitting",  # an attempt is consumed; the POST may be in flight
+    "waiting",  # a replacement is eligible at next_attempt_at
+    "completed",  # a validated completion is saved (receipt)
+    "failed",  # terminal failure (see failure_reason)
+    "suspended",  # suspended by the owner task's cancellation or by a suspend command
+    "cancelled",  # permanently cancelled
+]
+
+FailureReason = Literal[
+    "exhausted",  # budget spent on replacement-eligible failures
+    "quota",  # quota/credit/spending limit: never replaced
+    "rejected",  # 403 and other nonretryable HTTP rejections
+    "provider_failed",  # response.failed with a code not allowed for replacement
+    "invalid_output",  # invalid JSON / schema violation / refusal
+    "incomplete",  # response.incomplete
+    "tool_activity",  # tool call seen: nothing executed, never replaced
+    "authentication_required",  # 401 and renewal unavailable
+]
+
+PayloadKind = Literal["body", "request", "completion"]
+
+AttemptOutcome = Literal["in_flight", "failed", "completed", "interrupted"]
+
+
+class PendingAttempt(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    attempt_id: str
+    number: int
+    reason: AttemptReason
+
+
+class AttemptRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    attempt_id: str
+    number: int
+    reason: AttemptReason
+    consumed_at: float
+    outcome: AttemptOutcome = "in_flight"
+    response_id: str | None = None
+    sequence_number: int | None = None
+    failure: Interruption | None = None
+
+
+class RetryReservation(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Saved on the source before the successor exists (crash-safe manual retry)."""
+
+    retry_action_id: str
+    successor_id: str
+    settings_hash: str
+    created: bool = False
+
+
+class OperationRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    version: int = OPERATION_VERSION
+    operation_id: str
+    account: AccountBinding
+    endpoint_id: str
+    created_at: float
+    phase: Phase = "prepared"
+    maximum_attempts: int
+    attempts_used: int = 0
+    attempts: tuple[AttemptRecord, ...] = ()
+    pending: PendingAttempt | None = None
+    next_attempt_at: float | None = None
+    expires_at: float | None = None
+    retry_policy: RetryPolicy = RetryPolicy()
+    model: str
+    reasoning_effort: str | None = None
+    model_override: bool = False
+    format_name: str
+    format_hash: str
+    contract_version: str | None = None
+    scope: str | None = None
+    job_id: str | None = None
+    input_revision: str | None = None
+    body_hash: str
+    root_operation_id: str
+    previous_operation_id: str | None = None
+    retry_reservation: RetryReservation | None = None
+    last_failure: Interruption | None = None
+    failure_reason: FailureReason | None = None
+    renew_next: bool = False  # the next attempt is a 401 authentication reissue
+    completed_at: float | None = None
+    fence: int = 0  # generation fence: incremented by every lease acquisition
+    upgraded_from: int | None = None  # set when migrated from an older record version
+
+    @property
+    def attempts_remaining(self) -> int:
+        return max(0, self.maximum_attempts - self.attempts_used)
+
+    @property
+    def has_completion(self) -> bool:
+        return self.completed_at is not None
+
+
+CommandKind = Literal["suspend", "cancel"]
+
+
+class CommandRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A lifecycle command written by any runtime; the owner's monitor reacts to it."""
+
+    version: int = COMMAND_VERSION
+    operation_id: str
+    kind: CommandKind
+    issued_at: float
+    serial: int  # increases with every command written to the store
+
+
+class LeaseRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Names the owner (a store opener holding an flock) and the acquisition's fence."""
+
+    version: int = LEASE_VERSION
+    operation_id: str
+    owner_id: str
+    token: str  # unique per acquisition (two tasks of one process are told apart)
+    fence: int
+    acquired_at: float
+
+
+Disposition = Literal["acknowledged", "abandoned"]
+
+
+class DispositionRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The small marker left after acknowledge/abandon (content removed)."""
+
+    version: int = DISPOSITION_VERSION
+    operation_id: str
+    disposition: Disposition
+    at: float
+    account: AccountBinding
+    scope: str | None = None
+    job_id: str | None = None
+    input_revision: str | None = None
+    root_operation_id: str | None = None
+    previous_operation_id: str | None = None
+    attempts_used: int = 0
+    maximum_attempts: int = 0
+    removal_complete: bool = False  # payloads and the operation record are gone
