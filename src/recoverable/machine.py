@@ -1,0 +1,735 @@
+"""The operation state machine: every rule of an operation's life, in one pure module.
+
+Rule 1: everything that decides what an operation may do next lives here. No
+I/O, no clock, no Trio: callers pass ``now`` and the facts they observed, and
+get back a :class:`Transition` — the next record and ONE action.
+
+Theory of operation
+-------------------
+The driver (``actors/operation.py``) always **persists the returned record
+first** (a conditional write fenced by the lease's generation) and only then
+performs the action. That single ordering rule is what makes every row of the
+crash table hold:
+
+=============================  ====================================================
+action                         what was made durable before it
+=============================  ====================================================
+``AskHost(attempt)``           the pending attempt id (replays reuse it)
+``Transmit(attempt_id)``       the consumed attempt (never refunded)
+``WaitUntil(at)``              ``next_attempt_at`` (reopening waits the same time)
+``Deliver()``                  the validated completion (the receipt)
+``Stop(error)``                the terminal/blocked/suspended state, if it changed
+=============================  ====================================================
+
+The phases (``storage.records.Phase``) and the transitions allowed out of them::
+
+    prepared ──open/wake──▶ authorizing ──approved──▶ transmitting ──completed──▶ completed
+        ▲                      │  denied: back to idle,      │  failed (eligible, budget)
+        │                      ▼  pending id kept            ▼
+        └──────────────── waiting ◀──────────────────────────┘
+    any non-terminal ──suspend──▶ suspended ──open──▶ (as above; budget never reset)
+    any ──cancel──▶ cancelled (terminal: no generation, no delivery)
+    transmitting ──terminal failure / budget spent──▶ failed
+
+An event that does not apply to the record's phase raises
+:class:`InvalidTransition`; it is never a silent no-op.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Final
+
+import attrs
+import msgspec
+
+from recoverable import errors
+from recoverable.storage.records import (
+    AttemptRecord,
+    CommandKind,
+    FailureReason,
+    OperationRecord,
+    PendingAttempt,
+)
+from recoverable.transport.outcome import Interruption
+from recoverable.types import (
+    AccountBinding,
+    Attempt,
+    AttemptReason,
+    AttemptSummary,
+    Availability,
+    Blocker,
+    RetryPolicy,
+    State,
+    Status,
+    SuggestedAction,
+    to_datetime,
+)
+
+MAX_ATTEMPTS: Final = 1000
+MAX_METADATA_CHARS: Final = 1024
+
+# Interruption kinds that are always replacement-eligible: the attempt produced no
+# published output and no tool effect, so a tool-free replacement is safe.
+TRANSPORT_KINDS: Final = frozenset(
+    {"disconnected", "timeout", "premature_eof", "malformed", "interrupted"}
+)
+
+
+class InvalidTransition(RuntimeError):
+    """An event was fed to the machine in a phase where it has no meaning (a bug)."""
+
+
+# --- actions -----------------------------------------------------------------------
+
+
+@attrs.frozen
+class AskHost:
+    """Ask the host's ``authorize`` callback about this attempt."""
+
+    attempt: Attempt
+
+
+@attrs.frozen
+class Transmit:
+    """Send the frozen body; the attempt is consumed. ``renew`` asks for fresh credentials."""
+
+    attempt_id: str
+    renew: bool
+
+
+@attrs.frozen
+class WaitUntil:
+    """Sleep until the persisted ``next_attempt_at`` (then feed :func:`wake`)."""
+
+    at: float
+
+
+@attrs.frozen
+class Deliver:
+    """Return the saved completion to the caller."""
+
+
+@attrs.frozen
+class Stop:
+    """End this execution by raising ``error`` (state already persisted)."""
+
+    error: errors.RecoveryError
+
+
+Action = AskHost | Transmit | WaitUntil | Deliver | Stop
+
+
+@attrs.frozen
+class Transition:
+    record: OperationRecord
+    action: Action | None
+    changed: bool
+
+
+@attrs.frozen
+class Context:
+    """What the driver observed right now (everything the machine may not look up itself)."""
+
+    now: float
+    account: AccountBinding | None  # the runtime's current account (None: signed out)
+    credentials_account: AccountBinding | None = None  # the backend's credentials' account
+    endpoint_id: str | None = None
+    command: CommandKind | None = None  # a pending lifecycle command for this operation
+
+
+def _t(old: OperationRecord, new: OperationRecord, action: Action | None) -> Transition:
+    return Transition(new, action, new != old)
+
+
+def attempt_id_for(operation_id: str, number: int) -> str:
+    """Attempt ids are derived, so they are stable across callback replays and crashes."""
+    return f"{operation_id}.{number}"
+
+
+# --- preparation -------------------------------------------------------------------
+
+
+def validate_preparation(
+    *,
+    maximum_attempts: int,
+    retry_policy: RetryPolicy,
+    scope: str | None,
+    job_id: str | None,
+    input_revision: str | None,
+    contract_version: str | None,
+) -> None:
+    if (
+        not isinstance(maximum_attempts, int)
+        or isinstance(maximum_attempts, bool)
+        or not 1 <= maximum_attempts <= MAX_ATTEMPTS
+    ):
+        raise errors.InvalidRequest(f"maximum_attempts must be an integer in 1..{MAX_ATTEMPTS}")
+    for name, value in (
+        ("scope", scope),
+        ("job_id", job_id),
+        ("input_revision", input_revision),
+        ("contract_version", contract_version),
+    ):
+        if value is not None and (not isinstance(value, str) or len(value) > MAX_METADATA_CHARS):
+            raise errors.InvalidRequest(f"{name} must be a string of at most {MAX_METADATA_CHARS}")
+        if value is not None and "\0" in value:
+            raise errors.InvalidRequest(f"{name} must not contain NUL")
+    p = retry_policy
+    for name, number in (
+        ("initial_backoff", p.initial_backoff),
+        ("maximum_backoff", p.maximum_backoff),
+        ("maximum_retry_after", p.maximum_retry_after),
+    ):
+        if not math.isfinite(number) or number < 0:
+            raise errors.InvalidRequest(f"retry_policy.{name} must be finite and >= 0")
+    if not math.isfinite(p.multiplier) or p.multiplier < 1:
+        raise errors.InvalidRequest("retry_policy.multiplier must be finite and >= 1")
+
+
+# --- the checks shared by every step -----------------------------------------------
+
+
+def _account_error(rec: OperationRecord, ctx: Context) -> errors.AccountChanged | None:
+    if ctx.account is None:
+        return errors.AccountChanged("signed out", operation_id=rec.operation_id)
+    if ctx.account != rec.account:
+        return errors.AccountChanged("account changed", operation_id=rec.operation_id)
+    if ctx.credentials_account is not None and ctx.credentials_account != rec.account:
+        return errors.AccountChanged(
+            "credentials belong to another account", operation_id=rec.operation_id
+        )
+    return None
+
+
+def _expired(rec: OperationRecord, now: float) -> bool:
+    return rec.expires_at is not None and now >= rec.expires_at
+
+
+def _apply_command(rec: OperationRecord, kind: CommandKind) -> Transition:
+    """A lifecycle command observed at a checkpoint: suspend keeps everything, cancel fences."""
+    if kind == "cancel":
+        new = evolve(rec, phase="cancelled", next_attempt_at=None)
+        return _t(rec, new, Stop(errors.OperationCancelled(operation_id=rec.operation_id)))
+    new = rec if rec.phase in ("completed", "failed", "cancelled") else _suspended(rec)
+    return _t(rec, new, Stop(errors.OperationSuspended(operation_id=rec.operation_id)))
+
+
+def _suspended(rec: OperationRecord) -> OperationRecord:
+    attempts = rec.attempts
+    if rec.phase == "transmitting" and attempts and attempts[-1].outcome == "in_flight":
+        last = attempts[-1]
+        failure = Interruption(
+            kind="interrupted",
+            response_id=last.response_id,
+            sequence_number=last.sequence_number,
+            transport_code="suspended",
+        )
+        attempts = (*attempts[:-1], _ended(last, "interrupted", failure))
+    return evolve(rec, phase="suspended", attempts=attempts)
+
+
+def _ended(a: AttemptRecord, outcome: str, failure: Interruption | None) -> AttemptRecord:
+    return AttemptRecord(
+        attempt_id=a.attempt_id,
+        number=a.number,
+        reason=a.reason,
+        consumed_at=a.consumed_at,
+        outcome=outcome,  # type: ignore[arg-type]
+        response_id=a.response_id if failure is None else (failure.response_id or a.response_id),
+        sequence_number=(
+            a.sequence_number
+            if failure is None or failure.sequence_number is None
+            else failure.sequence_number
+        ),
+        failure=failure,
+    )
+
+
+def evolve(rec: OperationRecord, **changes: object) -> OperationRecord:
+    return msgspec.structs.replace(rec, **changes)
+
+
+def _terminal_error(rec: OperationRecord) -> errors.RecoveryError:
+    reason = rec.failure_reason
+    if reason == "exhausted":
+        return errors.AttemptsExhausted(
+            operation_id=rec.operation_id, last_failure=rec.last_failure
+        )
+    if reason == "authentication_required":
+        return errors.AuthenticationRequired(operation_id=rec.operation_id)
+    return errors.PermanentlyFailed(
+        str(reason), operation_id=rec.operation_id, last_failure=rec.last_failure
+    )
+
+
+def _next_step(rec: OperationRecord, ctx: Context) -> Transition:
+    """From an idle, generation-capable record: wait, or ask the host for the next attempt."""
+    if rec.attempts_remaining == 0:
+        new = evolve(rec, phase="failed", failure_reason="exhausted", pending=None)
+        return _t(rec, new, Stop(_terminal_error(new)))
+    if _expired(rec, ctx.now):
+        return _t(rec, rec, Stop(errors.StateExpired(operation_id=rec.operation_id)))
+    if rec.next_attempt_at is not None and rec.next_attempt_at > ctx.now:
+        new = evolve(rec, phase="waiting")
+        return _t(rec, new, WaitUntil(rec.next_attempt_at))
+    pending = rec.pending
+    if pending is None or pending.number != rec.attempts_used + 1:
+        number = rec.attempts_used + 1
+        reason: AttemptReason = (
+            "initial"
+            if rec.attempts_used == 0
+            else ("authentication_reissue" if rec.renew_next else "replacement")
+        )
+        pending = PendingAttempt(attempt_id_for(rec.operation_id, number), number, reason)
+    new = evolve(rec, phase="authorizing", pending=pending, next_attempt_at=None)
+    last = rec.attempts[-1] if rec.attempts else None
+    attempt = Attempt(
+        operation_id=rec.operation_id,
+        attempt_id=pending.attempt_id,
+        number=pending.number,
+        maximum_attempts=rec.maximum_attempts,
+        reason=pending.reason,
+        previous_failure=last.failure if last else None,
+        previous_response_id=last.response_id if last else None,
+        previous_sequence_number=last.sequence_number if last else None,
+    )
+    return _t(rec, new, AskHost(attempt))
+
+
+# --- events ------------------------------------------------------------------------
+
+
+def open_operation(
+    rec: OperationRecord,
+    ctx: Context,
+    *,
+    format_hash: str,
+    expected_contract_version: str | None,
+    check_contract_version: bool,
+) -> Transition:
+    """``send_recovering`` took the lease. A pending *suspend* command was cleared by the
+    acquisition (reopening is resuming); a pending *cancel* is passed in ``ctx.command``."""
+    if rec.phase == "cancelled" or ctx.command == "cancel":
+        return _apply_command(rec, "cancel")
+    account_error = _account_error(rec, ctx)
+    if account_error is not None:
+        return _t(rec, rec, Stop(account_error))
+    if format_hash != rec.format_hash:
+        return _t(rec, rec, Stop(errors.FormatMismatch(
+            "the requested response format differs from the saved one",
+            operation_id=rec.operation_id,
+        )))
+    if check_contract_version and expected_contract_version != rec.contract_version:
+        return _t(rec, rec, Stop(errors.FormatMismatch(
+            "the expected contract version differs from the saved one",
+            operation_id=rec.operation_id,
+        )))
+    if rec.has_completion:
+        new = evolve(rec, phase="completed") if rec.phase != "completed" else rec
+        return _t(rec, new, Deliver())
+    if rec.phase == "failed" and rec.failure_reason != "authentication_required":
+        return _t(rec, rec, Stop(_terminal_error(rec)))
+    if ctx.endpoint_id is not None and ctx.endpoint_id != rec.endpoint_id:
+        return _t(rec, rec, Stop(errors.ConfigurationUnavailable(
+            "the operation was prepared for another endpoint", operation_id=rec.operation_id
+        )))
+    work = rec
+    if work.phase == "failed":  # authentication_required: a blocker, reopened after sign-in
+        work = evolve(work, phase="waiting", failure_reason=None, renew_next=True)
+    if work.attempts and work.attempts[-1].outcome == "in_flight":
+        # The previous execution died (or was cancelled) while this attempt was in flight.
+        # It stays spent; its outcome is unknown, so it reads as an interruption.
+        last = work.attempts[-1]
+        failure = Interruption(
+            kind="interrupted",
+            response_id=last.response_id,
+            sequence_number=last.sequence_number,
+            transport_code="owner_lost",
+        )
+        work = evolve(
+            work,
+            attempts=(*work.attempts[:-1], _ended(last, "interrupted", failure)),
+            last_failure=failure,
+        )
+    if work.phase in ("authorizing", "transmitting", "suspended"):
+        work = evolve(work, phase="waiting" if work.attempts_used else "prepared")
+    step = _next_step(work, ctx)
+    return Transition(step.record, step.action, step.record != rec)
+
+
+def wake(rec: OperationRecord, ctx: Context) -> Transition:
+    """The persisted ``next_attempt_at`` was reached while waiting under the lease."""
+    if rec.phase != "waiting":
+        raise InvalidTransition(f"wake in phase {rec.phase}")
+    if ctx.command is not None:
+        return _apply_command(rec, ctx.command)
+    account_error = _account_error(rec, ctx)
+    if account_error is not None:
+        return _t(rec, rec, Stop(account_error))
+    return _next_step(rec, ctx)
+
+
+def authorization_answered(
+    rec: OperationRecord, attempt_id: str, approved: bool, ctx: Context
+) -> Transition:
+    """The host answered. Approval is rechecked against lifecycle, account, expiry, budget."""
+    if rec.phase != "authorizing" or rec.pending is None or rec.pending.attempt_id != attempt_id:
+        raise InvalidTransition(f"authorization answer for {attempt_id} in phase {rec.phase}")
+    idle_phase = "waiting" if rec.attempts_used else "prepared"
+    if not approved:
+        # A denial is not a cancellation: nothing is spent and the pending id stays.
+        new = evolve(rec, phase=idle_phase)
+        return _t(rec, new, Stop(errors.AttemptNotAuthorized(
+            operation_id=rec.operation_id, attempt_id=attempt_id
+        )))
+    if ctx.command is not None:
+        return _apply_command(evolve(rec, phase=idle_phase), ctx.command)
+    account_error = _account_error(rec, ctx)
+    if account_error is not None:
+        return _t(rec, evolve(rec, phase=idle_phase), Stop(account_error))
+    if _expired(rec, ctx.now):
+        return _t(rec, evolve(rec, phase=idle_phase), Stop(
+            errors.StateExpired(operation_id=rec.operation_id)
+        ))
+    if rec.attempts_remaining == 0:
+        new = evolve(rec, phase="failed", failure_reason="exhausted", pending=None)
+        return _t(rec, new, Stop(_terminal_error(new)))
+    pending = rec.pending
+    consumed = AttemptRecord(
+        attempt_id=pending.attempt_id,
+        number=pending.number,
+        reason=pending.reason,
+        consumed_at=ctx.now,
+    )
+    new = evolve(
+        rec,
+        phase="transmitting",
+        pending=None,
+        attempts=(*rec.attempts, consumed),
+        attempts_used=rec.attempts_used + 1,
+        next_attempt_at=None,
+        renew_next=False,
+    )
+    return _t(rec, new, Transmit(pending.attempt_id, pending.reason == "authentication_reissue"))
+
+
+def credentials_unavailable(rec: OperationRecord, attempt_id: str) -> Transition:
+    """Renewal for a 401 reissue failed before anything was spent: a sign-in blocker."""
+    if rec.phase != "authorizing" or rec.pending is None or rec.pending.attempt_id != attempt_id:
+        raise InvalidTransition(f"credentials_unavailable in phase {rec.phase}")
+    new = evolve(rec, phase="failed", failure_reason="authentication_required")
+    return _t(rec, new, Stop(errors.AuthenticationRequired(operation_id=rec.operation_id)))
+
+
+def _in_flight(rec: OperationRecord, attempt_id: str) -> AttemptRecord:
+    if rec.phase != "transmitting" or not rec.attempts:
+        raise InvalidTransition(f"attempt event in phase {rec.phase}")
+    last = rec.attempts[-1]
+    if last.attempt_id != attempt_id or last.outcome != "in_flight":
+        raise InvalidTransition(f"attempt event for {attempt_id}, in flight: {last.attempt_id}")
+    return last
+
+
+def progress(
+    rec: OperationRecord, attempt_id: str, response_id: str | None, sequence_number: int | None
+) -> Transition:
+    """Response id and cursor arrived (diagnostics only; never a promise of retrieval)."""
+    last = _in_flight(rec, attempt_id)
+    updated = AttemptRecord(
+        attempt_id=last.attempt_id,
+        number=last.number,
+        reason=last.reason,
+        consumed_at=last.consumed_at,
+        outcome=last.outcome,
+        response_id=response_id if response_id is not None else last.response_id,
+        sequence_number=sequence_number if sequence_number is not None else last.sequence_number,
+    )
+    new = evolve(rec, attempts=(*rec.attempts[:-1], updated))
+    return _t(rec, new, None)
+
+
+def backoff_delay(policy: RetryPolicy, attempts_used: int, retry_after: float | None) -> float:
+    """Delay before the next attempt: the policy's backoff, or Retry-After when larger."""
+    exponent = max(0, attempts_used - 1)
+    try:
+        backoff = policy.initial_backoff * (policy.multiplier**exponent)
+    except OverflowError:
+        backoff = policy.maximum_backoff
+    delay = min(policy.maximum_backoff, backoff)
+    if retry_after is not None and math.isfinite(retry_after) and retry_after > 0:
+        delay = max(delay, min(retry_after, policy.maximum_retry_after))
+    return delay
+
+
+def classify(failure: Interruption, policy: RetryPolicy) -> FailureReason | None:
+    """``None`` means replacement-eligible; otherwise the terminal reason.
+
+    This is the failure table of the specification, row by row.
+    """
+    kind = failure.kind
+    if kind == "tool_activity" or failure.had_tool_activity:
+        return "tool_activity"  # never replaced: it could repeat effects
+    if failure.is_quota:
+        return "quota"  # even for HTTP 429
+    if kind in TRANSPORT_KINDS:
+        return None
+    if kind == "http_rejected":
+        if failure.http_status == 401:
+            return None  # handled by the caller: same-account renewal + reissue
+        if failure.is_rate_limit or failure.http_status in policy.retryable_statuses:
+            return None
+        return "rejected"  # 403 and other rejections: no refresh, no downgrade
+    if kind == "provider_failed":
+        if failure.provider_code is not None and (
+            failure.provider_code in policy.retryable_provider_codes
+        ):
+            return None
+        return "provider_failed"
+    if kind == "incomplete":
+        return None if policy.replace_incomplete else "incomplete"
+    if kind in ("invalid_output", "refusal"):
+        return None if policy.replace_invalid_output else "invalid_output"
+    return "provider_failed"
+
+
+def attempt_failed(
+    rec: OperationRecord, attempt_id: str, failure: Interruption, ctx: Context
+) -> Transition:
+    """The in-flight attempt ended without a usable completion. Partial output is discarded."""
+    last = _in_flight(rec, attempt_id)
+    ended = _ended(last, "failed", failure)
+    base = evolve(rec, attempts=(*rec.attempts[:-1], ended), last_failure=failure)
+    if ctx.command is not None:
+        return Transition(*_cmd(base, ctx.command), changed=True)
+    reason = classify(failure, rec.retry_policy)
+    if reason is not None:
+        new = evolve(base, phase="failed", failure_reason=reason)
+        error = errors.ProviderError(
+            reason, operation_id=rec.operation_id, interruption=failure
+        )
+        return Transition(new, Stop(error), True)
+    if failure.kind == "http_rejected" and failure.http_status == 401:
+        if last.reason == "authentication_reissue":
+            # Renewed credentials were rejected too: renewal cannot fix this.
+            new = evolve(base, phase="failed", failure_reason="authentication_required")
+            return Transition(new, Stop(errors.AuthenticationRequired(
+                operation_id=rec.operation_id
+            )), True)
+        waiting = evolve(base, phase="waiting", renew_next=True, next_attempt_at=None)
+    else:
+        delay = backoff_delay(rec.retry_policy, base.attempts_used, failure.retry_after)
+        waiting = evolve(base, phase="waiting", next_attempt_at=ctx.now + delay)
+    if waiting.attempts_remaining == 0:
+        new = evolve(waiting, phase="failed", failure_reason="exhausted")
+        return Transition(new, Stop(_terminal_error(new)), True)
+    account_error = _account_error(rec, ctx)
+    if account_error is not None:
+        return Transition(waiting, Stop(account_error), True)
+    step = _next_step(waiting, ctx)
+    return Transition(step.record, step.action, True)
+
+
+def _cmd(rec: OperationRecord, kind: CommandKind) -> tuple[OperationRecord, Action | None]:
+    t = _apply_command(rec, kind)
+    return t.record, t.action
+
+
+def completion_validated(
+    rec: OperationRecord,
+    attempt_id: str,
+    ctx: Context,
+    *,
+    response_id: str | None,
+    sequence_number: int | None,
+) -> Transition:
+    """A validated completion arrived. The driver saves the payload with this record
+    (the receipt) before delivering. A cancel fences it off; a suspend keeps it."""
+    last = _in_flight(rec, attempt_id)
+    done = AttemptRecord(
+        attempt_id=last.attempt_id,
+        number=last.number,
+        reason=last.reason,
+        consumed_at=last.consumed_at,
+        outcome="completed",
+        response_id=response_id or last.response_id,
+        sequence_number=sequence_number if sequence_number is not None else last.sequence_number,
+    )
+    base = evolve(rec, attempts=(*rec.attempts[:-1], done))
+    if ctx.command == "cancel":
+        return Transition(*_cmd(base, "cancel"), changed=True)
+    account_error = _account_error(rec, ctx)
+    if account_error is not None:
+        # Never deliver (nor keep for delivery) a result for another account.
+        new = evolve(base, phase="waiting" if base.attempts_remaining else "failed",
+                           failure_reason=None if base.attempts_remaining else "exhausted")
+        return Transition(new, Stop(account_error), True)
+    new = evolve(base, phase="completed", completed_at=ctx.now, next_attempt_at=None,
+                       pending=None)
+    if ctx.command == "suspend":
+        return Transition(new, Stop(errors.OperationSuspended(operation_id=rec.operation_id)),
+                          True)
+    return Transition(new, Deliver(), True)
+
+
+def interrupted_locally(rec: OperationRecord) -> Transition:
+    """The owning task was cancelled (Trio cancellation, or a suspend command observed).
+
+    Suspension preserves the request, the spent budget, the cooldown and any saved
+    completion. An in-flight attempt stays spent and is marked interrupted.
+    """
+    if rec.phase in ("completed", "failed", "cancelled"):
+        return _t(rec, rec, Stop(errors.OperationSuspended(operation_id=rec.operation_id)))
+    new = _suspended(rec)
+    if new.attempts and new.attempts[-1].failure is not None and rec.phase == "transmitting":
+        new = evolve(new, last_failure=new.attempts[-1].failure)
+    return _t(rec, new, Stop(errors.OperationSuspended(operation_id=rec.operation_id)))
+
+
+def command_on_idle(rec: OperationRecord, kind: CommandKind) -> Transition:
+    """Apply suspend/cancel directly to a record no live execution owns."""
+    if kind == "cancel":
+        return _apply_command(rec, "cancel")
+    if rec.phase in ("completed", "failed", "cancelled", "suspended"):
+        return _t(rec, rec, None)
+    return _t(rec, _suspended(rec), None)
+
+
+def check_acknowledge(rec: OperationRecord) -> None:
+    """Acknowledge only a saved completion (after the host's own commit)."""
+    if rec.phase == "cancelled":
+        raise errors.OperationCancelled(operation_id=rec.operation_id)
+    if not rec.has_completion:
+        raise errors.CompletionUnavailable(
+            "nothing to acknowledge: no saved completion", operation_id=rec.operation_id
+        )
+
+
+# --- status ------------------------------------------------------------------------
+
+
+def derive_status(
+    rec: OperationRecord,
+    *,
+    now: float,
+    lease_live: bool,
+    viewer: AccountBinding | None,
+    endpoint_id: str | None = None,
+    command: CommandKind | None = None,
+) -> Status:
+    """Every dimension of the operation, derived from the record (no lease, no I/O)."""
+    if viewer is None or viewer != rec.account:
+        return redacted_status(rec.operation_id)
+    phase = rec.phase
+    if command == "cancel" and not lease_live:
+        phase = "cancelled"
+    remaining = rec.attempts_remaining
+    blockers: set[Blocker] = set()
+    if endpoint_id is not None and endpoint_id != rec.endpoint_id:
+        blockers.add("configuration_unavailable")
+    if rec.failure_reason == "authentication_required":
+        blockers.add("authentication_required")
+    state: State
+    availability: Availability
+    expired = _expired(rec, now)
+    if phase == "completed" or (rec.has_completion and phase not in ("cancelled",)):
+        state, availability = "completed", "completion_saved"
+    elif phase == "cancelled":
+        state, availability = "cancelled", "permanently_cancelled"
+    elif phase == "failed":
+        state = "failed"
+        availability = {
+            "exhausted": "exhausted",
+            "authentication_required": "authentication_required",
+        }.get(rec.failure_reason or "", "failed")  # type: ignore[assignment]
+    elif phase == "suspended":
+        state = "suspended"
+        availability = "suspended" if remaining else "exhausted"
+    elif lease_live and phase in ("authorizing", "transmitting", "waiting"):
+        state = "running"
+        availability = "waiting" if phase == "waiting" else "running"
+    elif phase == "prepared":
+        state, availability = "prepared", "ready"
+    else:  # authorizing / transmitting / waiting with no live owner
+        state = "interrupted"
+        if remaining == 0:
+            availability = "exhausted"
+        elif rec.next_attempt_at is not None and rec.next_attempt_at > now:
+            availability = "waiting"
+        else:
+            availability = "replacement_eligible" if rec.attempts_used else "ready"
+    if expired and availability in ("ready", "waiting", "replacement_eligible", "suspended"):
+        availability = "expired"
+    if blockers and availability in ("ready", "waiting", "replacement_eligible"):
+        availability = "blocked"
+    return Status(
+        operation_id=rec.operation_id,
+        state=state,
+        availability=availability,
+        blockers=frozenset(blockers),
+        has_saved_completion=rec.has_completion,
+        attempts_used=rec.attempts_used,
+        maximum_attempts=rec.maximum_attempts,
+        attempts_remaining=remaining,
+        next_attempt_at=to_datetime(rec.next_attempt_at),
+        expires_at=to_datetime(rec.expires_at),
+        root_operation_id=rec.root_operation_id,
+        previous_operation_id=rec.previous_operation_id,
+        successor_id=rec.retry_reservation.successor_id if rec.retry_reservation else None,
+        attempts=tuple(
+            AttemptSummary(
+                attempt_id=a.attempt_id,
+                number=a.number,
+                reason=a.reason,
+                outcome="interrupted" if (a.outcome == "in_flight" and not lease_live)
+                else a.outcome,
+                response_id=a.response_id,
+                sequence_number=a.sequence_number,
+                failure=a.failure,
+            )
+            for a in rec.attempts
+        ),
+        response_id=rec.attempts[-1].response_id if rec.attempts else None,
+        sequence_number=rec.attempts[-1].sequence_number if rec.attempts else None,
+        last_failure=rec.last_failure,
+        suggested_actions=suggested_actions(availability, rec),
+        model=rec.model,
+        job_id=rec.job_id,
+        input_revision=rec.input_revision,
+        scope=rec.scope,
+        pending_attempt_id=rec.pending.attempt_id if rec.pending else None,
+    )
+
+
+def suggested_actions(availability: Availability, rec: OperationRecord) -> tuple[
+    SuggestedAction, ...
+]:
+    table: dict[str, tuple[SuggestedAction, ...]] = {
+        "ready": ("execute", "abandon"),
+        "replacement_eligible": ("execute", "abandon"),
+        "waiting": ("wait", "execute", "abandon"),
+        "running": ("wait",),
+        "completion_saved": ("read_receipt", "acknowledge", "abandon"),
+        "suspended": ("resume", "abandon"),
+        "exhausted": ("manual_retry", "abandon"),
+        "authentication_required": ("sign_in", "abandon"),
+        "permanently_cancelled": ("abandon",),
+        "failed": ("manual_retry", "abandon"),
+        "expired": ("manual_retry", "abandon"),
+        "blocked": ("manual_retry", "abandon"),
+        "acknowledged": (),
+        "abandoned": (),
+    }
+    return table[availability]
+
+
+def redacted_status(operation_id: str) -> Status:
+    """What another account (or a signed-out viewer) may see: that it exists, nothing else."""
+    return Status(
+        operation_id=operation_id,
+        state="prepared",
+        availability="blocked",
+        blockers=frozenset({"account_mismatch"}),
+        redacted=True,
+        suggested_actions=("sign_in",),
+    )
