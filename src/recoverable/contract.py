@@ -1,0 +1,550 @@
+"""Response contracts: the strict-mode JSON schema sent to the API and the validator of its answers.
+
+A contract is built from either a ``msgspec.Struct`` type or a
+``recoverable.JsonSchema(name, schema)``:
+
+- Struct types are turned into an OpenAI strict-mode schema: the root ``$ref``
+  that ``msgspec.json.schema`` emits is inlined, every object gets
+  ``additionalProperties: false`` and lists every property in ``required``,
+  ``default``/``discriminator`` are dropped. Defaults therefore do *not* make a
+  field optional for the model: a value that may be absent must be typed
+  ``T | None``. Types strict mode cannot express (a non-object root, dicts with
+  arbitrary keys, ``Any``, tuples) are refused with ``InvalidRequest``.
+- JsonSchema schemas are sent exactly as given (the host owns them) but are
+  checked: bounded size and depth, an object root, local ``$ref`` only, and the
+  strict-mode shape of every object (reported with a JSON-pointer path).
+
+Validation of an answer never fetches anything and never echoes payload text in
+its error detail. Struct contracts validate with msgspec's typed decoder alone
+when the Struct tree already matches the strict schema exactly (every Struct
+forbids unknown fields, has no defaults and no tag); otherwise the compiled
+jsonschema-rs validator checks the frozen schema first and the typed decode
+follows (so ``decode`` of a saved payload cannot fail later).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import threading
+from collections import OrderedDict
+from typing import Any, Literal
+
+import attrs
+import jsonschema_rs
+import msgspec
+import msgspec.inspect as mi
+
+from recoverable.errors import InvalidRequest
+from recoverable.types import JsonSchema
+
+__all__ = [
+    "MAX_SCHEMA_BYTES",
+    "MAX_SCHEMA_DEPTH",
+    "OutputInvalid",
+    "ResponseContract",
+    "contract_for",
+]
+
+MAX_SCHEMA_BYTES = 1024 * 1024
+MAX_SCHEMA_DEPTH = 64
+_MAX_DETAIL = 300
+_CACHE_SIZE = 256
+_NAME_RE = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+_NAME_BAD_CHARS = re.compile(r"[^a-zA-Z0-9_-]")
+
+# Keywords whose value is one subschema / a list of subschemas / a map of name -> subschema.
+_SCHEMA_KEYWORDS = frozenset(
+    {
+        "items",
+        "additionalProperties",
+        "not",
+        "if",
+        "then",
+        "else",
+        "contains",
+        "propertyNames",
+        "unevaluatedItems",
+        "unevaluatedProperties",
+        "additionalItems",
+        "contentSchema",
+    }
+)
+_SCHEMA_LIST_KEYWORDS = frozenset({"anyOf", "allOf", "oneOf", "prefixItems", "items"})
+_SCHEMA_MAP_KEYWORDS = frozenset(
+    {"properties", "$defs", "definitions", "patternProperties", "dependentSchemas"}
+)
+# Keywords strict mode rejects and msgspec may emit; the typed decoder still enforces them.
+_DROPPED_KEYWORDS = ("default", "discriminator")
+
+
+class OutputInvalid(Exception):
+    """A completion's text is not valid JSON or does not match the contract.
+
+    ``detail`` is bounded and never contains payload text (only schema-derived
+    locations and the kind of mismatch).
+    """
+
+    def __init__(self, kind: Literal["invalid_json", "schema_violation"], detail: str) -> None:
+        detail = detail[:_MAX_DETAIL]
+        super().__init__(f"{kind}: {detail}")
+        self.kind: Literal["invalid_json", "schema_violation"] = kind
+        self.detail = detail
+
+
+@attrs.frozen(kw_only=True)
+class ResponseContract:
+    """A frozen response format: what is sent as ``text.format`` and how answers are checked.
+
+    Treat ``schema`` as read-only: contracts are cached and shared.
+    """
+
+    name: str
+    schema: dict[str, Any] = attrs.field(hash=False)
+    format_hash: str
+    python_type: Any
+    _validator: Any = attrs.field(alias="validator", eq=False, repr=False, hash=False)
+    _typed_decoder: Any = attrs.field(alias="typed_decoder", eq=False, repr=False, hash=False)
+
+    def text_format(self) -> dict[str, Any]:
+        return {"type": "json_schema", "name": self.name, "strict": True, "schema": self.schema}
+
+    def validate(self, text: str) -> bytes:
+        """Check ``text`` against the contract; return its UTF-8 bytes unchanged (the payload)."""
+        try:
+            payload = text.encode("utf-8")
+        except (UnicodeEncodeError, AttributeError):
+            raise OutputInvalid("invalid_json", "text is not encodable as UTF-8") from None
+        if self._validator is not None:
+            try:
+                value = msgspec.json.decode(payload)
+            except (msgspec.DecodeError, RecursionError):
+                raise OutputInvalid("invalid_json", "the output is not valid JSON") from None
+            _check_schema(self._validator, value)
+        if self._typed_decoder is not None:
+            try:
+                self._typed_decoder.decode(payload)
+            except msgspec.ValidationError as exc:
+                raise OutputInvalid("schema_violation", _msgspec_detail(exc)) from None
+            except (msgspec.DecodeError, RecursionError):
+                raise OutputInvalid("invalid_json", "the output is not valid JSON") from None
+        return payload
+
+    def decode(self, payload: bytes) -> Any:
+        """The Struct instance (Struct contracts) or the plain JSON value (JsonSchema)."""
+        if self.python_type is not None:
+            return msgspec.json.decode(payload, type=self.python_type)
+        return msgspec.json.decode(payload)
+
+
+def _check_schema(validator: Any, value: Any) -> None:
+    if validator.is_valid(value):
+        return
+    detail = "the output does not match the schema"
+    for error in validator.iter_errors(value):
+        # Schema path and kind only: the message and instance path may quote payload text.
+        kind = type(error.kind).__name__.rsplit("_", 1)[-1]
+        where = "/".join(str(part) for part in error.schema_path)
+        detail = f"{kind} violated at schema path /{where}"
+        break
+    raise OutputInvalid("schema_violation", detail)
+
+
+_MSGSPEC_QUOTED = re.compile(r"`[^`]*`")
+
+
+def _msgspec_detail(exc: msgspec.ValidationError) -> str:
+    # msgspec messages look like "Expected `int`, got `str` - at `$.x[0]`"; the location
+    # and unknown-field names can come from the payload, so only the expectation part is kept
+    # when it quotes type names, everything quoted after " - at " is dropped.
+    message = str(exc).split(" - at ", 1)[0]
+    if message.startswith("Object contains unknown field"):
+        return "the output contains an unknown field"
+    if message.startswith("Expected"):
+        return message
+    return "the output does not match the response type: " + _MSGSPEC_QUOTED.sub("`…`", message)
+
+
+# --------------------------------------------------------------------------- cache
+
+
+class _LRU:
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._items: OrderedDict[Any, Any] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: Any) -> Any:
+        with self._lock:
+            try:
+                value = self._items[key]
+            except KeyError:
+                self.misses += 1
+                return None
+            self._items.move_to_end(key)
+            self.hits += 1
+            return value
+
+    def put(self, key: Any, value: Any) -> None:
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > self._size:
+                self._items.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self.hits = self.misses = 0
+
+
+_struct_contracts = _LRU(_CACHE_SIZE)
+_schema_contracts = _LRU(_CACHE_SIZE)
+_validators = _LRU(_CACHE_SIZE)
+
+
+def contract_for(response: Any) -> ResponseContract:
+    """The (cached) contract for a ``msgspec.Struct`` type or a ``JsonSchema``.
+
+    Raises ``InvalidRequest`` for anything that cannot be a strict-mode contract.
+    """
+    if isinstance(response, JsonSchema):
+        return _json_schema_contract(response)
+    if isinstance(response, type) and issubclass(response, msgspec.Struct):
+        cached = _struct_contracts.get(response)
+        if cached is not None:
+            return cached  # type: ignore[no-any-return]
+        contract = _struct_contract(response)
+        _struct_contracts.put(response, contract)
+        return contract
+    raise InvalidRequest(
+        "response must be a msgspec.Struct type or recoverable.JsonSchema(name, schema), "
+        f"not {type(response).__name__}"
+    )
+
+
+def _canonical(value: Any) -> bytes:
+    return msgspec.json.encode(value, order="sorted")
+
+
+def _format_hash(name: str, schema: dict[str, Any]) -> str:
+    return hashlib.sha256(_canonical({"name": name, "schema": schema, "strict": True})).hexdigest()
+
+
+def _compile(schema: dict[str, Any], schema_bytes: bytes) -> Any:
+    key = hashlib.sha256(schema_bytes).hexdigest()
+    validator = _validators.get(key)
+    if validator is None:
+        try:
+            # offline: remote references are never retrieved (non-local refs are refused
+            # before this point anyway).
+            validator = jsonschema_rs.Draft202012Validator(schema, offline=True)
+        except (ValueError, TypeError, OverflowError) as exc:
+            raise InvalidRequest(f"schema is not a valid JSON Schema: {_first_line(exc)}") from None
+        _validators.put(key, validator)
+    return validator
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:200]
+
+
+# --------------------------------------------------------------------------- JsonSchema
+
+
+def _json_schema_contract(response: JsonSchema) -> ResponseContract:
+    name = response.name
+    if not isinstance(name, str) or _NAME_RE.fullmatch(name) is None:
+        raise InvalidRequest("JsonSchema name must match ^[a-zA-Z0-9_-]{1,64}$")
+    schema = response.schema
+    if not isinstance(schema, dict):
+        raise InvalidRequest(f"JsonSchema schema must be a dict, not {type(schema).__name__}")
+    _check_json_shape(schema)  # before encoding: bounds depth, rejects cycles and non-JSON values
+    try:
+        schema_bytes = _canonical(schema)
+    except (TypeError, ValueError, OverflowError, RecursionError, msgspec.EncodeError) as exc:
+        raise InvalidRequest(
+            f"JsonSchema schema is not JSON-encodable: {_first_line(exc)}"
+        ) from None
+    if len(schema_bytes) > MAX_SCHEMA_BYTES:
+        raise InvalidRequest(
+            f"JsonSchema schema is {len(schema_bytes)} bytes of canonical JSON; "
+            f"the limit is {MAX_SCHEMA_BYTES}"
+        )
+    format_hash = hashlib.sha256(
+        b'{"name":' + _canonical(name) + b',"schema":' + schema_bytes + b',"strict":true}'
+    ).hexdigest()
+    cached = _schema_contracts.get(format_hash)
+    if cached is not None:
+        return cached  # type: ignore[no-any-return]
+    # A private copy of exactly what was hashed: later mutation of the host's dict cannot
+    # change what this contract sends.
+    frozen_schema: dict[str, Any] = msgspec.json.decode(schema_bytes)
+    _check_strict(frozen_schema)
+    validator = _compile(frozen_schema, schema_bytes)
+    contract = ResponseContract(
+        name=name,
+        schema=frozen_schema,
+        format_hash=format_hash,
+        python_type=None,
+        validator=validator,
+        typed_decoder=None,
+    )
+    _schema_contracts.put(format_hash, contract)
+    return contract
+
+
+def _check_json_shape(schema: dict[str, Any]) -> None:
+    """Iteratively check depth, key types and value types (JSON only, finite numbers)."""
+    stack: list[tuple[Any, int]] = [(schema, 1)]
+    nodes = 0
+    while stack:
+        value, depth = stack.pop()
+        nodes += 1
+        if nodes > MAX_SCHEMA_BYTES:
+            raise InvalidRequest(f"JsonSchema schema is larger than {MAX_SCHEMA_BYTES} bytes")
+        if isinstance(value, dict):
+            if depth > MAX_SCHEMA_DEPTH:
+                raise InvalidRequest(f"JsonSchema schema is nested deeper than {MAX_SCHEMA_DEPTH}")
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    raise InvalidRequest("JsonSchema schema keys must be strings")
+                stack.append((item, depth + 1))
+        elif isinstance(value, list):
+            if depth > MAX_SCHEMA_DEPTH:
+                raise InvalidRequest(f"JsonSchema schema is nested deeper than {MAX_SCHEMA_DEPTH}")
+            stack.extend((item, depth + 1) for item in value)
+        elif isinstance(value, float):
+            if not math.isfinite(value):
+                raise InvalidRequest("JsonSchema schema contains a non-finite number")
+        elif value is None or isinstance(value, (str, int)):
+            pass
+        else:
+            raise InvalidRequest(
+                f"JsonSchema schema contains a non-JSON value of type {type(value).__name__}"
+            )
+
+
+def _pointer(path: tuple[str | int, ...]) -> str:
+    parts = (str(p).replace("~", "~0").replace("/", "~1") for p in path)
+    return "#/" + "/".join(parts) if path else "#"
+
+
+_Path = tuple[str | int, ...]
+
+
+def _subschemas(node: dict[str, Any], path: _Path) -> list[tuple[Any, _Path]]:
+    """The subschemas of ``node`` (keyword positions only: enum/const values are data)."""
+    found: list[tuple[Any, _Path]] = []
+    for key, value in node.items():
+        if key in _SCHEMA_MAP_KEYWORDS and isinstance(value, dict):
+            found.extend((sub, (*path, key, name)) for name, sub in value.items())
+        elif key in _SCHEMA_LIST_KEYWORDS and isinstance(value, list):
+            found.extend((sub, (*path, key, i)) for i, sub in enumerate(value))
+        elif key in _SCHEMA_KEYWORDS and isinstance(value, dict):
+            found.append((value, (*path, key)))
+    return found
+
+
+def _resolve_local(root: dict[str, Any], ref: str) -> bool:
+    if ref == "#":
+        return True
+    if not ref.startswith("#/"):
+        return False
+    target: Any = root
+    for raw in ref[2:].split("/"):
+        part = raw.replace("~1", "/").replace("~0", "~")
+        if isinstance(target, dict) and part in target:
+            target = target[part]
+        elif isinstance(target, list) and part.isdigit() and int(part) < len(target):
+            target = target[int(part)]
+        else:
+            return False
+    return isinstance(target, (dict, bool))
+
+
+def _is_object_schema(node: dict[str, Any]) -> bool:
+    kind = node.get("type")
+    if kind == "object" or (isinstance(kind, list) and "object" in kind):
+        return True
+    return "properties" in node
+
+
+def _check_strict(schema: dict[str, Any]) -> None:
+    """Strict-mode requirements of a host schema; raises InvalidRequest with a JSON-pointer path."""
+    if schema.get("type") != "object":
+        raise InvalidRequest('the schema root must have "type": "object" (strict mode)')
+    stack: list[tuple[Any, tuple[str | int, ...]]] = [(schema, ())]
+    while stack:
+        node, path = stack.pop()
+        if not isinstance(node, dict):
+            continue  # boolean schemas etc.: left to the JSON Schema compiler
+        for key in ("$ref", "$dynamicRef", "$recursiveRef"):
+            if key not in node:
+                continue
+            ref = node[key]
+            if key != "$ref" or not isinstance(ref, str) or not ref.startswith("#"):
+                raise InvalidRequest(
+                    "only local $ref (starting with '#') is allowed; "
+                    f"found {key} at {_pointer(path)}"
+                )
+            if not _resolve_local(schema, ref):
+                raise InvalidRequest(f"$ref at {_pointer(path)} does not resolve within the schema")
+        if "$id" in node and path:
+            raise InvalidRequest(f"$id is not allowed in subschemas (at {_pointer(path)})")
+        if _is_object_schema(node):
+            if node.get("additionalProperties") is not False:
+                raise InvalidRequest(
+                    f"strict mode requires additionalProperties: false on every object; "
+                    f"missing at {_pointer(path)}"
+                )
+            properties = node.get("properties", {})
+            if not isinstance(properties, dict):
+                raise InvalidRequest(f"properties must be an object at {_pointer(path)}")
+            required = node.get("required", [])
+            if not isinstance(required, list):
+                raise InvalidRequest(f"required must be a list at {_pointer(path)}")
+            missing = [name for name in properties if name not in required]
+            if missing:
+                raise InvalidRequest(
+                    f"strict mode requires every property in required; at {_pointer(path)} "
+                    f"{len(missing)} missing (first: {missing[0][:64]!r}); "
+                    "type optional values as nullable instead"
+                )
+        stack.extend(_subschemas(node, path))
+
+
+# --------------------------------------------------------------------------- Struct types
+
+
+def _struct_name(tp: type) -> str:
+    name = _NAME_BAD_CHARS.sub("_", getattr(tp, "__name__", "") or "response")[:64]
+    return name or "response"
+
+
+def _struct_contract(tp: type[msgspec.Struct]) -> ResponseContract:
+    try:
+        generated = msgspec.json.schema(tp)
+    except (TypeError, ValueError) as exc:
+        raise InvalidRequest(f"{tp.__name__} cannot be expressed as a JSON schema: {exc}") from None
+    defs: dict[str, Any] = dict(generated.get("$defs", {}))
+    root_ref = generated.get("$ref")
+    if isinstance(root_ref, str) and root_ref.startswith("#/$defs/"):
+        root_key = root_ref[len("#/$defs/") :]
+        root: dict[str, Any] = dict(defs.pop(root_key))
+    else:
+        root_key = None
+        root = {k: v for k, v in generated.items() if k != "$defs"}
+    if root.get("type") != "object":
+        raise InvalidRequest(
+            f"{tp.__name__} is not an object in JSON (array_like Structs cannot be a response root)"
+        )
+    root_pointer = f"#/$defs/{root_key}" if root_key is not None else None
+    root = _fix_node(root, root_pointer, f"{tp.__name__}")
+    fixed_defs = {
+        key: _fix_node(value, root_pointer, f"{tp.__name__} ($defs/{key})")
+        for key, value in defs.items()
+    }
+    if fixed_defs:
+        root["$defs"] = fixed_defs
+    _check_strict(root)  # the same rules a host schema must meet
+    schema_bytes = _canonical(root)
+    name = _struct_name(tp)
+    exact = _typed_decode_is_exact(tp)
+    validator = None if exact else _compile(root, schema_bytes)
+    return ResponseContract(
+        name=name,
+        schema=root,
+        format_hash=_format_hash(name, root),
+        python_type=tp,
+        validator=validator,
+        typed_decoder=msgspec.json.Decoder(tp, strict=True),
+    )
+
+
+def _fix_node(node: Any, root_pointer: str | None, where: str) -> Any:
+    """Recursively rewrite a msgspec-generated schema node into strict-mode shape."""
+    if isinstance(node, list):
+        return [_fix_node(item, root_pointer, where) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if not node:
+        raise InvalidRequest(f"{where}: a field typed Any cannot be expressed in strict mode")
+    if "prefixItems" in node:
+        raise InvalidRequest(
+            f"{where}: tuple fields cannot be expressed in strict mode; use a list or a Struct"
+        )
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in _DROPPED_KEYWORDS:
+            continue
+        if key == "$ref" and value == root_pointer:
+            out[key] = "#"  # recursion into the (inlined) root
+        elif key in ("enum", "const"):
+            out[key] = value
+        elif key in _SCHEMA_MAP_KEYWORDS and isinstance(value, dict):
+            out[key] = {k: _fix_node(v, root_pointer, where) for k, v in value.items()}
+        elif key in _SCHEMA_KEYWORDS or key in _SCHEMA_LIST_KEYWORDS:
+            out[key] = _fix_node(value, root_pointer, where)
+        else:
+            out[key] = value
+    if _is_object_schema(out):
+        extra = out.get("additionalProperties")
+        if extra is not None and extra is not False:
+            raise InvalidRequest(
+                f"{where}: dict fields with arbitrary keys cannot be expressed in strict mode; "
+                "use a Struct with named fields"
+            )
+        if "properties" not in out:
+            raise InvalidRequest(
+                f"{where}: an object without declared properties (a plain dict) cannot be "
+                "expressed in strict mode"
+            )
+        out["additionalProperties"] = False
+        out["required"] = list(out["properties"])
+    return out
+
+
+def _typed_decode_is_exact(tp: type) -> bool:
+    """True when msgspec's typed decode alone enforces the strict schema.
+
+    That holds when every object in the type tree is a Struct that forbids unknown
+    fields, has no defaulted fields (all required) and no tag (a tagged Struct decoded
+    directly accepts a missing tag). Anything else is validated by jsonschema-rs too.
+    """
+    seen: set[int] = set()
+    stack: list[Any] = [mi.type_info(tp)]
+    while stack:
+        info = stack.pop()
+        if id(info) in seen:
+            continue
+        seen.add(id(info))
+        if isinstance(info, mi.StructType):
+            if not info.forbid_unknown_fields or info.tag is not None or info.array_like:
+                return False
+            for field in info.fields:
+                if not field.required:
+                    return False
+                stack.append(field.type)
+        elif isinstance(info, (mi.DataclassType, mi.TypedDictType, mi.NamedTupleType, mi.DictType)):
+            return False
+        elif isinstance(info, mi.UnionType):
+            stack.extend(info.types)
+        elif isinstance(info, mi.TupleType):
+            stack.extend(info.item_types)
+        elif isinstance(info, mi.Metadata):
+            stack.append(info.type)
+        elif isinstance(info, (mi.ListType, mi.SetType, mi.FrozenSetType, mi.VarTupleType)):
+            stack.append(info.item_type)
+    return True
+
+
+def _clear_caches() -> None:
+    """For tests: forget cached contracts and validators."""
+    _struct_contracts.clear()
+    _schema_contracts.clear()
+    _validators.clear()
