@@ -1,0 +1,24 @@
+"""The LMDB recovery store (``recoverable.storage``).
+
+``RecoveryStore`` is the entry point; mutations receive a ``WriteTxn``; leases are
+taken and released inside mutations with ``acquire_lease`` / ``release_lease``.
+"""
+
+from recoverable.storage.codec import (
+    register_operation_upgrader,
+    unregister_operation_upgrader,
+)
+from recoverable.storage.leases import acquire_lease, release_lease
+from recoverable.storage.store import FORMAT_VERSION, TABLES, RecoveryStore, Table, WriteTxn
+
+__all__ = [
+    "FORMAT_VERSION",
+    "TABLES",
+    "RecoveryStore",
+    "Table",
+    "WriteTxn",
+    "acquire_lease",
+    "register_operation_upgrader",
+    "release_lease",
+    "unregister_operation_upgrader",
+]

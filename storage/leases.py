@@ -1,0 +1,177 @@
+"""Operation leases that vanish with their owner, and generation fences.
+
+Each opened store is an *owner*: it holds an exclusive ``flock`` on
+``<store>/owners/<owner_id>.lock`` for its whole life. The kernel drops that lock
+when the process dies (SIGKILL included), so a lease row naming the owner is live
+only while the lock is held — no timeout. Within the owning process, a lease is
+live only while its per-acquisition token is in the store's in-memory set (two
+tasks of one process are told apart).
+
+The lock file is created under a temporary name, locked, and only then renamed
+into place: a visible ``*.lock`` file is always already locked by its creator,
+so a cleaner that finds one lockable knows its owner is dead and may delete it.
+
+Every acquisition increments the operation record's ``fence``; writes made on
+behalf of a lease use ``put_operation(..., expect_fence=lease.fence)`` and so fail
+with ``FenceMismatch`` once a newer owner has taken over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import re
+import secrets
+from typing import TYPE_CHECKING, Final
+
+import msgspec
+from recoverable.storage.records import LeaseRecord
+
+from recoverable.errors import OperationBusy, StateUnavailable
+
+if TYPE_CHECKING:
+    from recoverable.storage.store import WriteTxn
+
+__all__ = ["OwnerLock", "acquire_lease", "release_lease"]
+
+_OWNER_ID: Final = re.compile(r"[0-9a-f]{32}")
+_TMP_PREFIX: Final = ".tmp-"
+
+
+class OwnerLock:
+    """This process's exclusive lock file for one store directory."""
+
+    def __init__(self, owners_dir: str, owner_id: str, fd: int) -> None:
+        self.owners_dir = owners_dir
+        self.owner_id = owner_id
+        self._fd: int | None = fd
+
+    @property
+    def path(self) -> str:
+        return os.path.join(self.owners_dir, f"{self.owner_id}.lock")
+
+    @classmethod
+    def create(cls, owners_dir: str) -> OwnerLock:
+        """Create, lock and publish a new owner lock; remove the dead owners' files."""
+        os.makedirs(owners_dir, mode=0o700, exist_ok=True)
+        os.chmod(owners_dir, 0o700)
+        while True:
+            owner_id = secrets.token_hex(16)
+            tmp = os.path.join(owners_dir, f"{_TMP_PREFIX}{owner_id}")
+            fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC, 0o600)
+            try:
+                os.fchmod(fd, 0o600)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                os.rename(tmp, os.path.join(owners_dir, f"{owner_id}.lock"))
+            except FileNotFoundError:
+                # A cleaner removed the temporary file before we locked it: try again.
+                os.close(fd)
+                continue
+            except BaseException:
+                os.close(fd)
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+            lock = cls(owners_dir, owner_id, fd)
+            clean_dead_owners(owners_dir, keep=owner_id)
+            return lock
+
+    def release(self) -> None:
+        """Unlink while still locked, then close (which drops the lock)."""
+        if self._fd is None:
+            return
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+        os.close(self._fd)
+        self._fd = None
+
+    @staticmethod
+    def is_held(owners_dir: str, owner_id: str) -> bool:
+        """Whether ``owner_id``'s lock file exists and is locked by a living process."""
+        if not _OWNER_ID.fullmatch(owner_id):
+            return False  # never a name any owner could hold (and never a path to follow)
+        try:
+            fd = os.open(os.path.join(owners_dir, f"{owner_id}.lock"), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                return True
+            raise
+        else:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return False
+        finally:
+            os.close(fd)
+
+
+def clean_dead_owners(owners_dir: str, *, keep: str) -> list[str]:
+    """Delete lock files (and abandoned temporary files) nobody holds. Returns their names."""
+    removed: list[str] = []
+    try:
+        names = os.listdir(owners_dir)
+    except OSError:
+        return removed
+    for name in names:
+        if name in (f"{keep}.lock", f"{_TMP_PREFIX}{keep}"):
+            continue
+        if not (name.endswith(".lock") or name.startswith(_TMP_PREFIX)):
+            continue
+        path = os.path.join(owners_dir, name)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue  # held: a living owner
+        try:
+            os.unlink(path)  # still locked by us, so no owner can be using it
+            removed.append(name)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return removed
+
+
+def acquire_lease(txn: WriteTxn, operation_id: str, now: float) -> LeaseRecord:
+    """Take the operation's lease for this store's owner, incrementing its fence.
+
+    ``StateUnavailable`` if the operation record is missing, ``OperationBusy`` if
+    a live lease exists (another task of this process, or a living other process).
+    Unreadable records raise their typed error and are left untouched.
+    """
+    record = txn.get_operation(operation_id)
+    if record is None:
+        raise StateUnavailable("no such operation", operation_id=operation_id)
+    current = txn.get_lease(operation_id)
+    if current is not None and txn.lease_is_live(current):
+        raise OperationBusy("the operation's lease is held", operation_id=operation_id)
+    fenced = msgspec.structs.replace(record, fence=record.fence + 1)
+    txn.put_operation(fenced, expect_fence=record.fence)
+    lease = LeaseRecord(
+        operation_id=operation_id,
+        owner_id=txn.owner_id,
+        token=secrets.token_hex(16),
+        fence=fenced.fence,
+        acquired_at=now,
+    )
+    txn.put_lease(lease)
+    txn.register_token(lease.token)
+    return lease
+
+
+def release_lease(txn: WriteTxn, operation_id: str, token: str) -> bool:
+    """Delete the lease if it is still this acquisition's; forget the token either way."""
+    txn.unregister_token(token)
+    current = txn.get_lease(operation_id)
+    if current is None or current.token != token:
+        return False
+    return txn.delete_lease(operation_id)

@@ -1,0 +1,341 @@
+"""The process's single LMDB writer: one thread, group commit.
+
+Every mutation is a callable ``fn(txn) -> T``. The writer thread takes every
+mutation queued while its previous commit was syncing (up to ``batch_limit``),
+runs each one in a *nested* child transaction of one batch transaction (so a
+mutation that raises is rolled back alone), then commits the batch once
+(``sync=True``: one fsync serves the whole batch). Each caller is released only
+after that commit is durable.
+
+If the map is full the batch is aborted, the map grown, and the whole batch run
+again, so a mutation must be a function of the transaction only (side effects
+outside the store go through ``txn.on_abort`` hooks, which run whenever that run
+of the mutation is discarded).
+
+Trio callers wait with ``trio.lowlevel.wait_task_rescheduled`` and an abort
+function that refuses cancellation: a queued write cannot be taken back, so the
+caller always learns its outcome (a commit takes milliseconds). The writer thread
+wakes them through their ``TrioToken`` (no thread per call).
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, TypeVar
+
+import lmdb
+import outcome
+import trio
+
+from recoverable.errors import StorageLimitExceeded, StorageUnavailable
+
+__all__ = ["BATCH_LIMIT", "MapGuard", "MutationContext", "Writer"]
+
+T = TypeVar("T")
+Ctx = TypeVar("Ctx", bound="MutationContext")
+
+BATCH_LIMIT = 4096
+
+
+class MutationContext:
+    """What the writer needs from the transaction wrapper handed to a mutation."""
+
+    def __init__(self) -> None:
+        self.map_full = False  # set when an LMDB call inside the mutation hit MapFullError
+        self.txn_full = False  # set when it hit TxnFullError (too many dirty pages)
+        self._abort_hooks: list[Callable[[], None]] = []
+
+    def on_abort(self, hook: Callable[[], None]) -> None:
+        """Run ``hook`` (on the writer thread) if this run of the mutation is discarded."""
+        self._abort_hooks.append(hook)
+
+    def finish(self) -> None:
+        """Called after ``fn`` returned, before the child transaction commits."""
+
+    def run_abort_hooks(self) -> None:
+        hooks, self._abort_hooks = self._abort_hooks, []
+        for hook in reversed(hooks):
+            with contextlib.suppress(Exception):
+                hook()
+
+
+class MapGuard:
+    """Readers/writers lock around the memory map.
+
+    ``set_mapsize`` may only run while no transaction of this process is open, so
+    every transaction holds the shared side and a resize takes the exclusive side.
+    Exclusive waiters are preferred (a resize is rare and short).
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._shared = 0
+        self._exclusive = False
+        self._exclusive_waiting = 0
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            while self._exclusive or self._exclusive_waiting:
+                self._cond.wait()
+            self._shared += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._shared -= 1
+                if self._shared == 0:
+                    self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cond:
+            self._exclusive_waiting += 1
+            try:
+                while self._exclusive or self._shared:
+                    self._cond.wait()
+            finally:
+                self._exclusive_waiting -= 1
+            self._exclusive = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._exclusive = False
+                self._cond.notify_all()
+
+
+class _Job:
+    __slots__ = ("ctx", "deliver", "fn", "result")
+
+    def __init__(self, fn: Callable[[Any], Any], deliver: Callable[[outcome.Outcome[Any]], None]):
+        self.fn = fn
+        self.deliver = deliver
+        self.result: outcome.Outcome[Any] | None = None
+        self.ctx: MutationContext | None = None
+
+
+class _GrowMap(Exception):
+    """Internal: the batch hit MapFullError; grow the map and run it again."""
+
+
+class _SplitBatch(Exception):
+    """Internal: the batch dirtied more pages than one LMDB transaction may hold."""
+
+
+def _refuse_cancel(_: Any) -> trio.lowlevel.Abort:
+    return trio.lowlevel.Abort.FAILED
+
+
+class Writer(Generic[Ctx]):
+    """The single writer thread of one store (see the module docstring)."""
+
+    def __init__(
+        self,
+        env: lmdb.Environment,
+        guard: MapGuard,
+        make_context: Callable[[lmdb.Transaction[bytes]], Ctx],
+        *,
+        max_map_size: int,
+        batch_limit: int = BATCH_LIMIT,
+        name: str = "recoverable-writer",
+    ) -> None:
+        self._env = env
+        self._guard = guard
+        self._make_context = make_context
+        self._max_map_size = max_map_size
+        self._batch_limit = batch_limit
+        self._cond = threading.Condition()
+        self._queue: collections.deque[_Job] = collections.deque()
+        self._stopping = False
+        self.commits = 0  # durable batch commits by this process
+        self.writes = 0  # mutations resolved by those commits (succeeded or rolled back alone)
+        self.largest_batch = 0
+        self.map_growths = 0
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    # -- submission -------------------------------------------------------------
+
+    async def write(self, fn: Callable[[Ctx], T]) -> T:
+        """Queue ``fn`` and wait (shielded from cancellation) for its durable outcome."""
+        task = trio.lowlevel.current_task()
+        token = trio.lowlevel.current_trio_token()
+
+        def deliver(result: outcome.Outcome[Any]) -> None:
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(trio.lowlevel.reschedule, task, result)
+
+        self._enqueue(_Job(fn, deliver))
+        value: T = await trio.lowlevel.wait_task_rescheduled(_refuse_cancel)
+        return value
+
+    def write_sync(self, fn: Callable[[Ctx], T]) -> T:
+        """Blocking variant for threads that are not running Trio (CLI, tests)."""
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("write_sync called from inside a mutation (would deadlock)")
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def deliver(result: outcome.Outcome[Any]) -> None:
+            if isinstance(result, outcome.Error):
+                future.set_exception(result.error)
+            else:
+                future.set_result(result.unwrap())
+
+        self._enqueue(_Job(fn, deliver))
+        return future.result()
+
+    def _enqueue(self, job: _Job) -> None:
+        with self._cond:
+            if self._stopping:
+                raise StorageUnavailable("the store is closed")
+            self._queue.append(job)
+            self._cond.notify()
+
+    def stop(self) -> None:
+        """Finish every queued mutation, then end the thread."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    @property
+    def queued(self) -> int:
+        with self._cond:
+            return len(self._queue)
+
+    # -- the writer thread --------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._stopping:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                take = min(len(self._queue), self._batch_limit)
+                batch = [self._queue.popleft() for _ in range(take)]
+            try:
+                self._commit_batch(batch)
+            except BaseException as exc:  # never lose a caller, whatever happened
+                self._discard_runs(batch)
+                failure = StorageUnavailable(f"the writer failed: {exc!r}")
+                failure.__cause__ = exc
+                for job in batch:
+                    job.result = outcome.Error(failure)
+            for job in batch:
+                assert job.result is not None
+                job.deliver(job.result)
+
+    def _commit_batch(self, batch: list[_Job]) -> None:
+        while True:
+            try:
+                self._try_batch(batch)
+                return
+            except _GrowMap:
+                self._discard_runs(batch)
+                if not self._grow():
+                    full = StorageLimitExceeded("the LMDB map is full and at its maximum size")
+                    for job in batch:
+                        job.result = outcome.Error(full)
+                    return
+            except _SplitBatch:
+                self._discard_runs(batch)
+                if len(batch) == 1:
+                    batch[0].result = outcome.Error(
+                        StorageLimitExceeded("the write is too large for one LMDB transaction")
+                    )
+                    return
+                for job in batch:  # each alone: the big one fails, the others commit
+                    self._commit_batch([job])
+                return
+            except lmdb.MapResizedError:
+                # Another process grew the map: adopt its size and run again.
+                self._discard_runs(batch)
+                with self._guard.exclusive():
+                    self._env.set_mapsize(0)
+            except lmdb.Error as exc:
+                self._discard_runs(batch)
+                error = StorageUnavailable(f"the batch commit failed: {exc}")
+                error.__cause__ = exc
+                for job in batch:
+                    job.result = outcome.Error(error)
+                return
+
+    def _try_batch(self, batch: list[_Job]) -> None:
+        with self._guard.shared():
+            parent = self._env.begin(write=True)
+            committed_any = False
+            try:
+                for job in batch:
+                    job.result = None
+                    committed_any |= self._run_one(parent, job)
+                if committed_any:
+                    parent.commit()
+                else:
+                    parent.abort()
+            except BaseException as exc:
+                parent.abort()
+                if isinstance(exc, lmdb.MapFullError):
+                    raise _GrowMap from exc
+                if isinstance(exc, lmdb.TxnFullError):
+                    raise _SplitBatch from exc
+                raise
+        if committed_any:
+            self.commits += 1
+        self.writes += len(batch)
+        self.largest_batch = max(self.largest_batch, len(batch))
+
+    def _run_one(self, parent: lmdb.Transaction[bytes], job: _Job) -> bool:
+        child = self._env.begin(write=True, parent=parent)
+        ctx = self._make_context(child)
+        job.ctx = ctx
+        try:
+            value = job.fn(ctx)
+            ctx.finish()
+            if ctx.map_full:
+                raise _GrowMap
+            if ctx.txn_full:
+                raise _SplitBatch
+            child.commit()
+        except (_GrowMap, _SplitBatch):
+            child.abort()
+            raise
+        except lmdb.MapFullError as exc:
+            child.abort()
+            raise _GrowMap from exc
+        except lmdb.TxnFullError as exc:
+            child.abort()
+            raise _SplitBatch from exc
+        except BaseException as exc:
+            child.abort()
+            ctx.run_abort_hooks()
+            if ctx.map_full:
+                raise _GrowMap from exc
+            if ctx.txn_full:
+                raise _SplitBatch from exc
+            job.result = outcome.Error(exc)
+            return False
+        job.result = outcome.Value(value)
+        return True
+
+    def _discard_runs(self, batch: list[_Job]) -> None:
+        for job in batch:
+            if job.ctx is not None:
+                job.ctx.run_abort_hooks()
+                job.ctx = None
+            job.result = None
+
+    def _grow(self) -> bool:
+        current = self._env.info()["map_size"]
+        if current >= self._max_map_size:
+            return False
+        with self._guard.exclusive():
+            self._env.set_mapsize(min(self._max_map_size, current * 2))
+        self.map_growths += 1
+        return True
