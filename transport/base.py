@@ -1,0 +1,191 @@
+"""What both transports share: credentials, bounds, and reading HTTP rejections.
+
+The transport knows frames, headers and how a stream ended; it knows nothing
+of budgets or policy (that is ``recoverable.actors``).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import email.utils
+import hashlib
+import math
+from collections.abc import Iterable, Mapping
+from typing import Protocol, runtime_checkable
+from urllib.parse import urlsplit, urlunsplit
+
+import attrs
+import msgspec
+from recoverable.transport.events import error_fields
+
+from recoverable.errors import InvalidRequest
+from recoverable.types import AccountBinding
+
+__all__ = [
+    "MAX_ERROR_BODY_BYTES",
+    "Credentials",
+    "StaticCredentials",
+    "StreamLimits",
+    "normalize_base_url",
+    "parse_error_body",
+    "parse_retry_after",
+    "token_fingerprint",
+]
+
+# A rejection body is read only this far: enough for {"error": {...}}, never a flood.
+MAX_ERROR_BODY_BYTES = 64 * 1024
+# Longest delay hint we represent (10 years); the retry policy caps it far lower.
+_MAX_RETRY_AFTER = 10 * 365 * 24 * 3600.0
+
+
+@runtime_checkable
+class Credentials(Protocol):
+    """Where tokens come from. ``account`` is the binding the tokens belong to."""
+
+    @property
+    def account(self) -> AccountBinding: ...
+
+    async def token(self, *, renew: bool = False) -> str: ...
+
+
+class StaticCredentials:
+    """A fixed API key.
+
+    ``token(renew=True)`` returns the same key: an API key cannot be renewed, so
+    a second 401 after a renewal is final (``AuthenticationRequired``).
+    The key is kept in memory only; ``repr`` never shows it.
+    """
+
+    __slots__ = ("_account", "_key")
+
+    def __init__(
+        self, api_key: str, *, account: AccountBinding = AccountBinding("default", "api-key")
+    ) -> None:
+        if not isinstance(api_key, str) or not api_key:
+            raise InvalidRequest("api_key must be a non-empty string")
+        self._key = api_key
+        self._account = account
+
+    @property
+    def account(self) -> AccountBinding:
+        return self._account
+
+    async def token(self, *, renew: bool = False) -> str:
+        return self._key
+
+    def __repr__(self) -> str:
+        return f"StaticCredentials(account={self._account!r}, api_key=<redacted>)"
+
+
+@attrs.frozen
+class StreamLimits:
+    """Bounds on everything a stream reads. Passing one yields a typed interruption."""
+
+    max_frame_bytes: int = 16 * 2**20
+    max_events: int = 200_000
+    max_total_bytes: int = 64 * 2**20
+    idle_timeout: float = 120.0
+    connect_timeout: float = 15.0
+
+    def __attrs_post_init__(self) -> None:
+        for name in ("max_frame_bytes", "max_events", "max_total_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise InvalidRequest(f"StreamLimits.{name} must be a positive integer")
+        for name in ("idle_timeout", "connect_timeout"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not value > 0:
+                raise InvalidRequest(f"StreamLimits.{name} must be a positive number")
+
+
+def token_fingerprint(token: str) -> str:
+    """A short, non-reversible tag for a token (pool keys, redacted request logs)."""
+    return "sha256:" + hashlib.sha256(token.encode()).hexdigest()[:16]
+
+
+def normalize_base_url(base_url: str) -> str:
+    """``scheme://host[:port]/path`` lower-cased scheme/host, default port and trailing
+    slash removed. Raises ``InvalidRequest`` for anything but http(s)/ws(s) URLs."""
+    if not isinstance(base_url, str):
+        raise InvalidRequest("base_url must be a string")
+    parts = urlsplit(base_url.strip())
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https", "ws", "wss") or not parts.hostname:
+        raise InvalidRequest(f"base_url must be an http(s) URL, got {base_url!r}")
+    if parts.username or parts.password:
+        raise InvalidRequest("base_url must not carry credentials")
+    if parts.query or parts.fragment:
+        raise InvalidRequest("base_url must not have a query or fragment")
+    scheme = {"ws": "http", "wss": "https"}.get(scheme, scheme)
+    host = parts.hostname.lower()
+    if ":" in host:
+        host = f"[{host}]"
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise InvalidRequest(f"base_url has an invalid port: {base_url!r}") from exc
+    default = 443 if scheme == "https" else 80
+    netloc = host if port in (None, default) else f"{host}:{port}"
+    path = parts.path.rstrip("/")
+    return urlunsplit((scheme, netloc, path, "", ""))
+
+
+def _finite_delay(value: float) -> float | None:
+    if not math.isfinite(value) or value < 0:
+        return None
+    return min(value, _MAX_RETRY_AFTER)
+
+
+def parse_retry_after(
+    headers: Mapping[str, str] | Iterable[tuple[str, str]], *, now: float | None = None
+) -> float | None:
+    """Seconds to wait, from ``retry-after-ms`` then ``retry-after`` (seconds or HTTP date).
+
+    Header names are matched case-insensitively. Negative, non-finite or
+    unparsable values give ``None`` (the policy's own backoff applies);
+    a date in the past gives ``0.0``.
+    """
+    items = headers.items() if isinstance(headers, Mapping) else headers
+    lowered: dict[str, str] = {}
+    for k, v in items:
+        lowered.setdefault(k.lower(), v)
+    raw_ms = lowered.get("retry-after-ms")
+    if raw_ms is not None:
+        try:
+            ms = float(raw_ms.strip())
+        except ValueError:
+            ms = math.nan
+        delay = _finite_delay(ms / 1000.0)
+        if delay is not None:
+            return delay
+    raw = lowered.get("retry-after")
+    if raw is None:
+        return None
+    raw = raw.strip()
+    try:
+        return _finite_delay(float(raw))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(raw)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when is None:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=_dt.UTC)
+    current = _dt.datetime.now(_dt.UTC).timestamp() if now is None else now
+    return min(max(0.0, when.timestamp() - current), _MAX_RETRY_AFTER)
+
+
+def parse_error_body(body: bytes) -> tuple[str | None, str | None]:
+    """(error.type, error.code) from an ``{"error": {...}}`` body; (None, None) otherwise."""
+    if not body or len(body) > MAX_ERROR_BODY_BYTES:
+        return None, None
+    try:
+        decoded = msgspec.json.decode(body)
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        return None, None
+    if not isinstance(decoded, dict):
+        return None, None
+    return error_fields(decoded.get("error"))

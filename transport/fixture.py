@@ -1,0 +1,519 @@
+"""A real loopback Responses provider for tests: HTTP SSE and WebSocket on one port.
+
+HTTP/1.1 (h11, keep-alive): ``POST /v1/responses`` streams SSE;
+``GET /_fixture/requests`` lists recorded requests; ``POST /_fixture/script``
+sets the script. ``GET /v1/responses`` with ``Upgrade: websocket`` switches to
+wsproto: several ``response.create`` per connection, one at a time.
+
+Every generation request is recorded (transport, attempt id, headers with the
+authorization replaced by a fingerprint, canonical body bytes, reply kind)
+*before* any reply byte is sent, so a client killed mid-stream is counted once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import signal
+import sys
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Iterable, Mapping
+from contextlib import asynccontextmanager
+from typing import Any, Literal
+
+import attrs
+import h11
+import msgspec
+import trio
+import wsproto
+import wsproto.events as wse
+from recoverable.transport.base import token_fingerprint
+from recoverable.transport.fixture_replies import (
+    HTTP_KINDS,
+    FaultSpec,
+    Reply,
+    events_for,
+    http_rejection,
+)
+from wsproto import ConnectionType
+
+from recoverable.errors import InvalidRequest
+
+__all__ = ["FaultSpec", "FixtureProvider", "RecordedRequest", "Reply", "fixture_main"]
+
+MAX_REQUEST_BYTES = 32 * 2**20
+_RECV = 65536
+
+
+@attrs.frozen
+class RecordedRequest:
+    """One generation request as the provider received it.
+
+    ``body`` is canonical: the received JSON minus ``type`` and ``stream``,
+    encoded with sorted keys and no spaces — byte-equal to the client's frozen
+    body. ``attempt_id`` is the ``x-client-request-id`` header; on a reused
+    WebSocket connection only the first request carries one (the handshake's),
+    later ones record ``None``. A refused WebSocket handshake is recorded with
+    an empty body (the create message was never sent).
+    """
+
+    transport: Literal["sse", "websocket"]
+    attempt_id: str | None
+    headers: Mapping[str, str]
+    body: bytes
+    reply_kind: str
+    received_at: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "transport": self.transport,
+            "attempt_id": self.attempt_id,
+            "headers": dict(self.headers),
+            "body": self.body.decode("utf-8", "replace"),
+            "reply_kind": self.reply_kind,
+            "received_at": self.received_at,
+        }
+
+
+def _redacted_headers(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    for k, v in raw:
+        name = bytes(k).decode("latin-1").lower()
+        value = bytes(v).decode("latin-1")
+        if name == "authorization":
+            scheme, _, token = value.partition(" ")
+            value = f"{scheme} {token_fingerprint(token or scheme)}"
+        headers[name] = f"{headers[name]}, {value}" if name in headers else value
+    return headers
+
+
+def canonical_body(data: bytes) -> tuple[bytes, dict[str, Any]]:
+    """(canonical bytes, decoded object) of a create request; raises ValueError."""
+    obj = msgspec.json.decode(data)
+    if not isinstance(obj, dict):
+        raise ValueError("request body is not a JSON object")
+    obj.pop("type", None)
+    obj.pop("stream", None)
+    return msgspec.json.encode(obj, order="sorted"), obj
+
+
+class _PeerGone(Exception):
+    pass
+
+
+class FixtureProvider:
+    """The in-process provider. Start it with ``FixtureProvider.serve()``."""
+
+    def __init__(self, *, faults: FaultSpec | None = None) -> None:
+        self.faults = faults
+        self._rng: random.Random = faults.chooser() if faults else random.Random(0)
+        self._script: deque[Reply] = deque()
+        self.requests: list[RecordedRequest] = []
+        self._changed = trio.Event()
+        self._serial = 0
+        self.host = "127.0.0.1"
+        self.port = 0
+
+    # -- public surface ------------------------------------------------------------
+    @property
+    def http_url(self) -> str:
+        return f"http://{self._netloc}/v1"
+
+    @property
+    def websocket_url(self) -> str:
+        return f"ws://{self._netloc}/v1/responses"
+
+    @property
+    def requests_url(self) -> str:
+        return f"http://{self._netloc}/_fixture/requests"
+
+    @property
+    def _netloc(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    def script(self, replies: Iterable[Reply]) -> None:
+        """Replace the queue of scripted replies (used in order, one per request).
+
+        Once it is empty, each request gets ``synthesize()`` unless a fault is drawn.
+        """
+        replies = list(replies)
+        for reply in replies:
+            if not isinstance(reply, Reply):
+                raise InvalidRequest("script() takes Reply values")
+        self._script = deque(replies)
+
+    @property
+    def pending_script(self) -> tuple[Reply, ...]:
+        return tuple(self._script)
+
+    async def wait_for_requests(self, n: int) -> list[RecordedRequest]:
+        """Return once at least ``n`` generation requests have been received."""
+        while len(self.requests) < n:
+            await self._changed.wait()
+        return list(self.requests)
+
+    @classmethod
+    @asynccontextmanager
+    async def serve(
+        cls, *, host: str = "127.0.0.1", port: int = 0, faults: FaultSpec | None = None
+    ) -> AsyncIterator[FixtureProvider]:
+        provider = cls(faults=faults)
+        listeners = await trio.open_tcp_listeners(port, host=host, backlog=4096)
+        provider.host = host
+        provider.port = listeners[0].socket.getsockname()[1]
+        async with trio.open_nursery() as nursery:
+            await nursery.start(trio.serve_listeners, provider._handle, listeners)
+            try:
+                yield provider
+            finally:
+                nursery.cancel_scope.cancel()
+
+    # -- replies and records -------------------------------------------------------------
+    def next_reply(self) -> Reply:
+        if self._script:
+            return self._script.popleft()
+        if self.faults is not None:
+            fault = self.faults.pick(self._rng)
+            if fault is not None:
+                return fault
+        return Reply.synthesize()
+
+    def _record(
+        self,
+        transport: Literal["sse", "websocket"],
+        headers: dict[str, str],
+        body: bytes,
+        reply_kind: str,
+        attempt_id: str | None,
+    ) -> None:
+        self.requests.append(
+            RecordedRequest(transport, attempt_id, headers, body, reply_kind, time.time())
+        )
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def _events(self, reply: Reply, request: Mapping[str, Any]) -> list[dict[str, Any]]:
+        self._serial += 1
+        return events_for(reply, request, serial=self._serial, created_at=int(time.time()))
+
+    # -- HTTP ------------------------------------------------------------------------------
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        conn = h11.Connection(h11.SERVER)
+        try:
+            while True:
+                event = await self._next_event(conn, stream)
+                if not isinstance(event, h11.Request):
+                    return
+                keep_going = await self._route(conn, stream, event)
+                if not keep_going or conn.our_state is not h11.DONE:
+                    return
+                if conn.their_state is not h11.DONE:
+                    return
+                conn.start_next_cycle()
+        except (_PeerGone, trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError):
+            return
+        finally:
+            with trio.CancelScope(shield=True):
+                await stream.aclose()
+
+    async def _next_event(self, conn: h11.Connection, stream: trio.SocketStream) -> Any:
+        while True:
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                data = await stream.receive_some(_RECV)
+                conn.receive_data(data)
+                continue
+            return event
+
+    async def _read_body(self, conn: h11.Connection, stream: trio.SocketStream) -> bytes | None:
+        body = bytearray()
+        while True:
+            event = await self._next_event(conn, stream)
+            if isinstance(event, h11.Data):
+                body += event.data
+                if len(body) > MAX_REQUEST_BYTES:
+                    return None
+            elif isinstance(event, h11.EndOfMessage):
+                return bytes(body)
+            else:
+                raise _PeerGone
+
+    async def _send(self, conn: h11.Connection, stream: trio.SocketStream, *events: Any) -> None:
+        data = b"".join(conn.send(e) or b"" for e in events)
+        await stream.send_all(data)
+
+    async def _simple(
+        self,
+        conn: h11.Connection,
+        stream: trio.SocketStream,
+        status: int,
+        body: bytes,
+        headers: Iterable[tuple[str, str]] = (("content-type", "application/json"),),
+    ) -> None:
+        hdrs = [*headers, ("content-length", str(len(body)))]
+        await self._send(
+            conn, stream, h11.Response(status_code=status, headers=hdrs), h11.Data(data=body),
+            h11.EndOfMessage(),
+        )
+
+    async def _route(
+        self, conn: h11.Connection, stream: trio.SocketStream, request: h11.Request
+    ) -> bool:
+        target = request.target.split(b"?", 1)[0]
+        method = request.method
+        headers = {k.lower(): v for k, v in request.headers}
+        if target == b"/v1/responses" and method == b"GET" and (
+            headers.get(b"upgrade", b"").lower() == b"websocket"
+        ):
+            await self._read_body(conn, stream)
+            await self._websocket(conn, stream, request)
+            return False
+        body = await self._read_body(conn, stream)
+        if body is None:
+            await self._simple(conn, stream, 413, b'{"error":{"message":"too large",'
+                               b'"type":"invalid_request_error","param":null,"code":null}}')
+            return False
+        if target == b"/v1/responses" and method == b"POST":
+            return await self._sse(conn, stream, request, body)
+        if target == b"/_fixture/requests" and method == b"GET":
+            listing = [r.to_json() for r in self.requests]
+            await self._simple(conn, stream, 200, json.dumps(listing).encode())
+            return True
+        if target == b"/_fixture/script" and method == b"POST":
+            try:
+                specs = msgspec.json.decode(body)
+                if not isinstance(specs, list):
+                    raise InvalidRequest("the script is a JSON list of reply specs")
+                self.script([Reply.from_spec(s) for s in specs])
+            except (msgspec.DecodeError, InvalidRequest) as exc:
+                err = {"error": {"message": str(exc), "type": "invalid_request_error",
+                                 "param": None, "code": "invalid_script"}}
+                await self._simple(conn, stream, 400, msgspec.json.encode(err))
+                return True
+            await self._simple(conn, stream, 200, b'{"ok":true}')
+            return True
+        await self._simple(conn, stream, 404, b'{"error":{"message":"not found",'
+                           b'"type":"invalid_request_error","param":null,"code":null}}')
+        return True
+
+    async def _sse(
+        self, conn: h11.Connection, stream: trio.SocketStream, request: h11.Request, body: bytes
+    ) -> bool:
+        headers = _redacted_headers(request.headers)
+        attempt_id = headers.get("x-client-request-id")
+        try:
+            canonical, obj = canonical_body(body)
+        except (ValueError, msgspec.DecodeError):
+            self._record("sse", headers, body, "bad_request", attempt_id)
+            err = {"error": {"message": "We could not parse the JSON body of your request.",
+                             "type": "invalid_request_error", "param": None, "code": None}}
+            await self._simple(conn, stream, 400, msgspec.json.encode(err))
+            return True
+        reply = self.next_reply()
+        self._record("sse", headers, canonical, reply.kind, attempt_id)
+        if reply.kind in HTTP_KINDS:
+            rejection = http_rejection(reply)
+            await self._simple(conn, stream, rejection.status, rejection.body, rejection.headers)
+            return True
+        events = self._events(reply, obj)
+        await self._send(
+            conn, stream,
+            h11.Response(status_code=200, headers=[
+                ("content-type", "text/event-stream; charset=utf-8"),
+                ("cache-control", "no-cache"),
+                ("x-request-id", f"req_fixture{self._serial:012d}"),
+            ]),
+        )
+        limit = self._prefix(reply, events)
+        for event in events[:limit]:
+            frame = b"event: " + event["type"].encode() + b"\ndata: " + msgspec.json.encode(
+                event) + b"\n\n"
+            await self._send(conn, stream, h11.Data(data=frame))
+        if reply.kind == "disconnect":
+            return False  # drop the connection mid-body
+        if reply.kind == "stall":
+            await self._until_peer_gone(stream)
+            return False
+        await self._send(conn, stream, h11.EndOfMessage())
+        return True
+
+    @staticmethod
+    def _prefix(reply: Reply, events: list[dict[str, Any]]) -> int:
+        if reply.kind in ("disconnect", "stall"):
+            return min(reply.after_events or 0, len(events) - 1)
+        return len(events)
+
+    @staticmethod
+    async def _until_peer_gone(stream: trio.SocketStream) -> None:
+        try:
+            while await stream.receive_some(_RECV):
+                pass
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+
+    # -- WebSocket ------------------------------------------------------------------------
+    async def _websocket(
+        self, conn: h11.Connection, stream: trio.SocketStream, request: h11.Request
+    ) -> None:
+        ws = wsproto.WSConnection(ConnectionType.SERVER)
+        ws.initiate_upgrade_connection(list(request.headers), request.target)
+        trailing, _closed = conn.trailing_data
+        if trailing:
+            ws.receive_data(trailing)
+        headers = _redacted_headers(request.headers)
+        attempt_id = headers.get("x-client-request-id")
+        pending: Reply | None = None
+        accepted = False
+        parts: list[str] = []
+        size = 0
+        while True:
+            for event in ws.events():
+                if isinstance(event, wse.Request):
+                    reply = self.next_reply()
+                    if reply.kind in HTTP_KINDS:
+                        self._record("websocket", headers, b"", reply.kind, attempt_id)
+                        rejection = http_rejection(reply)
+                        hdrs = [(k.encode(), v.encode()) for k, v in rejection.headers]
+                        hdrs.append((b"content-length", str(len(rejection.body)).encode()))
+                        data = ws.send(wse.RejectConnection(
+                            status_code=rejection.status, headers=hdrs, has_body=True))
+                        data += ws.send(wse.RejectData(data=rejection.body))
+                        await stream.send_all(data)
+                        return
+                    pending = reply
+                    accepted = True
+                    await stream.send_all(ws.send(wse.AcceptConnection()))
+                elif isinstance(event, wse.Ping):
+                    await stream.send_all(ws.send(event.response()))
+                elif isinstance(event, wse.CloseConnection):
+                    if ws.state is wsproto.connection.ConnectionState.REMOTE_CLOSING:
+                        await stream.send_all(ws.send(event.response()))
+                    return
+                elif isinstance(event, wse.BytesMessage):
+                    await self._ws_send(ws, stream, {"type": "error", "error": {
+                        "type": "invalid_request_error", "code": "binary_not_supported",
+                        "message": "Binary frames are not supported.", "param": None}})
+                elif isinstance(event, wse.TextMessage):
+                    parts.append(event.data)
+                    size += len(event.data)
+                    if size > MAX_REQUEST_BYTES:
+                        await stream.send_all(ws.send(wse.CloseConnection(code=1009)))
+                        return
+                    if not event.message_finished:
+                        continue
+                    text = "".join(parts)
+                    parts, size = [], 0
+                    reply_used = pending
+                    pending = None
+                    keep = await self._ws_create(ws, stream, headers, attempt_id, text, reply_used)
+                    attempt_id = None  # later requests on this connection carry no header
+                    if not keep:
+                        return
+            if not accepted and ws.state is not wsproto.connection.ConnectionState.CONNECTING:
+                return
+            data = await stream.receive_some(_RECV)
+            if not data:
+                return
+            ws.receive_data(data)
+
+    async def _ws_send(
+        self, ws: wsproto.WSConnection, stream: trio.SocketStream, event: dict[str, Any]
+    ) -> None:
+        await stream.send_all(ws.send(wse.TextMessage(data=msgspec.json.encode(event).decode())))
+
+    async def _ws_create(
+        self,
+        ws: wsproto.WSConnection,
+        stream: trio.SocketStream,
+        headers: dict[str, str],
+        attempt_id: str | None,
+        text: str,
+        reply: Reply | None,
+    ) -> bool:
+        try:
+            decoded = msgspec.json.decode(text)
+            if not isinstance(decoded, dict) or decoded.get("type") != "response.create":
+                raise ValueError("not a response.create")
+            canonical, obj = canonical_body(text.encode())
+        except (ValueError, msgspec.DecodeError):
+            await self._ws_send(ws, stream, {"type": "error", "status": 400, "error": {
+                "type": "invalid_request_error", "code": "invalid_request",
+                "message": "Expected a response.create message.", "param": None}})
+            return True
+        if reply is None:
+            reply = self.next_reply()
+        self._record("websocket", headers, canonical, reply.kind, attempt_id)
+        if reply.kind in HTTP_KINDS:
+            rejection = http_rejection(reply)
+            await self._ws_send(ws, stream, {
+                "type": "error",
+                "status": rejection.status,
+                "error": msgspec.json.decode(rejection.body).get("error"),
+                "headers": {k: v for k, v in rejection.headers if k != "content-type"},
+            })
+            return True
+        events = self._events(reply, obj)
+        limit = self._prefix(reply, events)
+        for event in events[:limit]:
+            await self._ws_send(ws, stream, event)
+        if reply.kind == "disconnect":
+            return False  # TCP dropped without a close frame (client sees 1006)
+        if reply.kind == "stall":
+            await self._until_peer_gone(stream)
+            return False
+        return True
+
+
+# -- separate process ----------------------------------------------------------------------
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="recoverable fixture-provider",
+        description="Run the loopback fixture Responses provider (SSE and WebSocket).",
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--script", help="JSON file: a list of reply specs, used in order")
+    parser.add_argument("--faults", help='e.g. "disconnect=0.1,rate_limited=0.05,seed=7"')
+    return parser
+
+
+def fixture_main(argv: list[str]) -> int:
+    """Run the provider until SIGTERM/SIGINT; print one JSON line with its URLs first."""
+    args = _parser().parse_args(argv)
+    try:
+        faults = FaultSpec.parse(args.faults) if args.faults else None
+        script: list[Reply] = []
+        if args.script:
+            with open(args.script, "rb") as fh:
+                specs = msgspec.json.decode(fh.read())
+            if not isinstance(specs, list):
+                raise InvalidRequest("the script file holds a JSON list of reply specs")
+            script = [Reply.from_spec(s) for s in specs]
+    except (OSError, msgspec.DecodeError, InvalidRequest) as exc:
+        print(f"fixture-provider: {exc}", file=sys.stderr)
+        return 2
+
+    async def run() -> None:
+        import os
+
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with FixtureProvider.serve(
+                host=args.host, port=args.port, faults=faults
+            ) as provider:
+                provider.script(script)
+                line = {
+                    "http_url": provider.http_url,
+                    "websocket_url": provider.websocket_url,
+                    "requests_url": provider.requests_url,
+                    "pid": os.getpid(),
+                }
+                sys.stdout.write(json.dumps(line) + "\n")
+                sys.stdout.flush()
+                async for _ in signals:
+                    break
+
+    trio.run(run)
+    return 0

@@ -1,0 +1,666 @@
+"""Scripted replies of the fixture provider, and the real-API event streams they become.
+
+A ``Reply`` is a frozen value with a ``kind`` and a JSON-able spec
+(``to_spec`` / ``from_spec``), so scripts can live in files. ``FaultSpec``
+draws faults at seeded rates when no script is queued. ``synthesize_value``
+makes a deterministic schema-valid value for a request's ``text.format.schema``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from typing import Any, Literal, get_args
+
+import attrs
+import msgspec
+
+from recoverable.errors import InvalidRequest
+
+__all__ = [
+    "HTTP_KINDS",
+    "FaultSpec",
+    "HttpRejection",
+    "Reply",
+    "ReplyKind",
+    "events_for",
+    "http_rejection",
+    "synthesize_value",
+]
+
+ReplyKind = Literal[
+    "complete",
+    "synthesize",
+    "disconnect",
+    "stall",
+    "http_error",
+    "rate_limited",
+    "quota_exceeded",
+    "unauthorized",
+    "forbidden",
+    "failed",
+    "incomplete",
+    "invalid_json",
+    "schema_violation",
+    "tool_call",
+    "refusal",
+]
+REPLY_KINDS: frozenset[str] = frozenset(get_args(ReplyKind))
+# Kinds answered at the HTTP level (status + JSON error body); a refused WS handshake.
+HTTP_KINDS: frozenset[str] = frozenset(
+    {"http_error", "rate_limited", "quota_exceeded", "unauthorized", "forbidden"}
+)
+
+
+@attrs.frozen
+class Reply:
+    """One scripted answer to one generation request. Build with the class methods."""
+
+    kind: ReplyKind
+    payload: Any = None
+    after_events: int | None = None
+    status: int | None = None
+    body: Any = None
+    headers: tuple[tuple[str, str], ...] = ()
+    retry_after: float | None = None
+    code: str | None = None
+    reason: str | None = None
+    text: str | None = None
+
+    # -- constructors ---------------------------------------------------------
+    @classmethod
+    def complete(cls, payload: Any) -> Reply:
+        """Stream ``payload`` (JSON-encoded) as the output text, then ``response.completed``."""
+        msgspec.json.encode(payload)  # fail early for non-JSON payloads
+        return cls("complete", payload=payload)
+
+    @classmethod
+    def synthesize(cls) -> Reply:
+        """Stream a deterministic schema-valid value for the request's schema."""
+        return cls("synthesize")
+
+    @classmethod
+    def disconnect(cls, after_events: int = 3) -> Reply:
+        """Send ``after_events`` events of a normal stream, then drop the TCP connection."""
+        return cls("disconnect", after_events=_count(after_events))
+
+    @classmethod
+    def stall(cls, after_events: int = 2) -> Reply:
+        """Send ``after_events`` events, then nothing until the client goes away."""
+        return cls("stall", after_events=_count(after_events))
+
+    @classmethod
+    def http_error(
+        cls, status: int, body: Any = None, headers: Mapping[str, str] | None = None
+    ) -> Reply:
+        """An HTTP rejection (WS: refused handshake) with ``status``, JSON ``body`` and headers."""
+        if not isinstance(status, int) or not 400 <= status <= 599:
+            raise InvalidRequest("http_error status must be an int in 400..599")
+        return cls("http_error", status=status, body=body, headers=_headers(headers))
+
+    @classmethod
+    def rate_limited(cls, retry_after: float = 1.0) -> Reply:
+        """429 ``rate_limit_exceeded`` with ``retry-after`` / ``retry-after-ms`` headers."""
+        if not isinstance(retry_after, int | float) or retry_after < 0:
+            raise InvalidRequest("retry_after must be a non-negative number")
+        return cls("rate_limited", retry_after=float(retry_after))
+
+    @classmethod
+    def quota_exceeded(cls) -> Reply:
+        """429 with error type ``insufficient_quota`` (permanent, not a rate limit)."""
+        return cls("quota_exceeded")
+
+    @classmethod
+    def unauthorized(cls) -> Reply:
+        return cls("unauthorized")
+
+    @classmethod
+    def forbidden(cls) -> Reply:
+        return cls("forbidden")
+
+    @classmethod
+    def failed(cls, code: str = "server_error") -> Reply:
+        """``response.failed`` with ``response.error.code == code``."""
+        return cls("failed", code=_text(code, "code"))
+
+    @classmethod
+    def incomplete(cls, reason: str = "max_output_tokens") -> Reply:
+        """Partial output, then ``response.incomplete`` with ``incomplete_details.reason``."""
+        return cls("incomplete", reason=_text(reason, "reason"))
+
+    @classmethod
+    def invalid_json(cls) -> Reply:
+        """``response.completed`` whose output text is not JSON."""
+        return cls("invalid_json")
+
+    @classmethod
+    def schema_violation(cls) -> Reply:
+        """``response.completed`` with valid JSON that breaks the request's schema."""
+        return cls("schema_violation")
+
+    @classmethod
+    def tool_call(cls) -> Reply:
+        """A ``function_call`` output item (the client must stop, never execute it)."""
+        return cls("tool_call")
+
+    @classmethod
+    def refusal(cls, text: str = "I can't help with that.") -> Reply:
+        """The model refuses: ``response.refusal.*`` events, then ``response.completed``."""
+        return cls("refusal", text=_text(text, "text"))
+
+    # -- JSON specs -----------------------------------------------------------
+    def to_spec(self) -> dict[str, Any]:
+        spec: dict[str, Any] = {"kind": self.kind}
+        for field in attrs.fields(Reply):
+            if field.name == "kind":
+                continue
+            value = getattr(self, field.name)
+            if value != field.default:
+                spec[field.name] = dict(value) if field.name == "headers" else value
+        return spec
+
+    @classmethod
+    def from_spec(cls, spec: object) -> Reply:
+        """Build (and validate) a reply from ``{"kind": ..., ...}``. Raises ``InvalidRequest``."""
+        if not isinstance(spec, Mapping) or not isinstance(spec.get("kind"), str):
+            raise InvalidRequest("a reply spec is an object with a string 'kind'")
+        kind = spec["kind"]
+        args = {k: v for k, v in spec.items() if k != "kind"}
+        builders: dict[str, tuple[str, ...]] = {
+            "complete": ("payload",),
+            "synthesize": (),
+            "disconnect": ("after_events",),
+            "stall": ("after_events",),
+            "http_error": ("status", "body", "headers"),
+            "rate_limited": ("retry_after",),
+            "quota_exceeded": (),
+            "unauthorized": (),
+            "forbidden": (),
+            "failed": ("code",),
+            "incomplete": ("reason",),
+            "invalid_json": (),
+            "schema_violation": (),
+            "tool_call": (),
+            "refusal": ("text",),
+        }
+        if kind not in builders:
+            raise InvalidRequest(f"unknown reply kind {kind!r}")
+        unknown = set(args) - set(builders[kind])
+        if unknown:
+            raise InvalidRequest(f"reply kind {kind!r} does not take {sorted(unknown)}")
+        if kind == "complete" and "payload" not in args:
+            raise InvalidRequest("reply kind 'complete' needs a 'payload'")
+        if kind == "http_error" and "status" not in args:
+            raise InvalidRequest("reply kind 'http_error' needs a 'status'")
+        try:
+            built: Reply = getattr(cls, kind)(**args)
+        except (TypeError, ValueError, msgspec.EncodeError) as exc:
+            raise InvalidRequest(f"bad reply spec for {kind!r}: {exc}") from None
+        return built
+
+
+def _count(value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InvalidRequest("after_events must be a non-negative integer")
+    return value
+
+
+def _text(value: object, name: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidRequest(f"{name} must be a non-empty string")
+    return value
+
+
+def _headers(headers: Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
+    if headers is None:
+        return ()
+    if not isinstance(headers, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
+    ):
+        raise InvalidRequest("headers must map strings to strings")
+    return tuple(sorted(headers.items()))
+
+
+# -- faults -------------------------------------------------------------------
+_FAULT_DEFAULTS: dict[str, Reply] = {
+    "disconnect": Reply.disconnect(3),
+    "stall": Reply.stall(2),
+    "rate_limited": Reply.rate_limited(0.2),
+    "quota_exceeded": Reply.quota_exceeded(),
+    "unauthorized": Reply.unauthorized(),
+    "forbidden": Reply.forbidden(),
+    "http_error": Reply.http_error(500),
+    "server_error": Reply.http_error(500),
+    "failed": Reply.failed("server_error"),
+    "incomplete": Reply.incomplete("max_output_tokens"),
+    "invalid_json": Reply.invalid_json(),
+    "schema_violation": Reply.schema_violation(),
+    "tool_call": Reply.tool_call(),
+    "refusal": Reply.refusal(),
+}
+
+
+@attrs.frozen
+class FaultSpec:
+    """Random faults at per-kind rates (0..1, summing to at most 1), from a seeded RNG."""
+
+    rates: tuple[tuple[str, float], ...] = ()
+    seed: int = 0
+
+    @classmethod
+    def parse(cls, text: str) -> FaultSpec:
+        """``"disconnect=0.1,rate_limited=0.05,stall=0.01,seed=7"`` → FaultSpec."""
+        if not isinstance(text, str):
+            raise InvalidRequest("a fault spec is a string")
+        rates: dict[str, float] = {}
+        seed = 0
+        for raw in text.split(","):
+            item = raw.strip()
+            if not item:
+                continue
+            name, sep, value = item.partition("=")
+            name = name.strip()
+            if not sep:
+                raise InvalidRequest(f"fault spec item {item!r} is not name=value")
+            if name == "seed":
+                try:
+                    seed = int(value)
+                except ValueError:
+                    raise InvalidRequest(f"fault seed must be an integer: {value!r}") from None
+                continue
+            if name not in _FAULT_DEFAULTS:
+                raise InvalidRequest(
+                    f"unknown fault {name!r}; known: {', '.join(sorted(_FAULT_DEFAULTS))}"
+                )
+            try:
+                rate = float(value)
+            except ValueError:
+                raise InvalidRequest(f"fault rate must be a number: {item!r}") from None
+            if not 0.0 <= rate <= 1.0:
+                raise InvalidRequest(f"fault rate must be within 0..1: {item!r}")
+            rates[name] = rate
+        if sum(rates.values()) > 1.0 + 1e-9:
+            raise InvalidRequest("fault rates sum to more than 1")
+        return cls(tuple(sorted(rates.items())), seed)
+
+    def chooser(self) -> random.Random:
+        return random.Random(self.seed)
+
+    def pick(self, rng: random.Random) -> Reply | None:
+        """The fault to inject for the next request, or None for a normal reply."""
+        draw = rng.random()
+        acc = 0.0
+        for name, rate in self.rates:
+            acc += rate
+            if draw < acc:
+                return _FAULT_DEFAULTS[name]
+        return None
+
+
+# -- schema synthesis -------------------------------------------------------------
+_MAX_DEPTH = 12
+
+
+def synthesize_value(schema: Any, root: Any = None, depth: int = 0) -> Any:
+    """A deterministic value valid for ``schema`` (the strict-mode subset and a bit more)."""
+    if root is None:
+        root = schema
+    if schema is True or not isinstance(schema, Mapping):
+        return None if depth else {}
+    ref = schema.get("$ref")
+    if isinstance(ref, str):
+        return synthesize_value(_resolve(ref, root), root, depth + 1)
+    if "const" in schema:
+        return schema["const"]
+    enum = schema.get("enum")
+    if isinstance(enum, list) and enum:
+        return enum[0]
+    for key in ("anyOf", "oneOf"):
+        options = schema.get(key)
+        if isinstance(options, list) and options:
+            # Past the depth bound prefer a terminating branch (null / no $ref).
+            if depth >= _MAX_DEPTH:
+                for option in options:
+                    if isinstance(option, Mapping) and option.get("type") == "null":
+                        return None
+            return synthesize_value(options[0], root, depth + 1)
+    all_of = schema.get("allOf")
+    if isinstance(all_of, list) and all_of:
+        merged: dict[str, Any] = {}
+        for part in all_of:
+            if isinstance(part, Mapping):
+                merged.update(part)
+        return synthesize_value(merged, root, depth + 1)
+    stype = schema.get("type")
+    if isinstance(stype, list):
+        non_null = [t for t in stype if t != "null"]
+        if not non_null or (depth >= _MAX_DEPTH and "null" in stype):
+            return None
+        stype = non_null[0]
+    if stype is None:
+        if "properties" in schema:
+            stype = "object"
+        elif "items" in schema:
+            stype = "array"
+        else:
+            return "example"
+    if stype == "object":
+        props = schema.get("properties")
+        if not isinstance(props, Mapping):
+            return {}
+        return {
+            name: synthesize_value(sub, root, depth + 1)
+            for name, sub in props.items()
+            if depth < _MAX_DEPTH or name in (schema.get("required") or ())
+        }
+    if stype == "array":
+        items = schema.get("items", {})
+        count = schema.get("minItems", 1)
+        count = count if isinstance(count, int) and count >= 0 else 1
+        max_items = schema.get("maxItems")
+        if isinstance(max_items, int):
+            count = min(count, max_items)
+        if depth >= _MAX_DEPTH:
+            count = min(count, schema.get("minItems", 0) or 0)
+        return [synthesize_value(items, root, depth + 1) for _ in range(count)]
+    if stype == "string":
+        return _string(schema)
+    if stype == "integer":
+        return _number(schema, integer=True)
+    if stype == "number":
+        return _number(schema, integer=False)
+    if stype == "boolean":
+        return True
+    if stype == "null":
+        return None
+    return "example"
+
+
+def _resolve(ref: str, root: Any) -> Any:
+    if not ref.startswith("#"):
+        raise InvalidRequest(f"only local $ref is supported: {ref!r}")
+    node = root
+    for part in ref[1:].lstrip("/").split("/") if ref != "#" else ():
+        part = part.replace("~1", "/").replace("~0", "~")
+        if not isinstance(node, Mapping) or part not in node:
+            raise InvalidRequest(f"unresolvable $ref {ref!r}")
+        node = node[part]
+    return node
+
+
+_FORMATS = {
+    "date-time": "2024-01-01T00:00:00Z",
+    "date": "2024-01-01",
+    "time": "00:00:00Z",
+    "email": "user@example.com",
+    "uuid": "00000000-0000-4000-8000-000000000000",
+    "uri": "https://example.com/",
+    "hostname": "example.com",
+    "ipv4": "192.0.2.1",
+    "ipv6": "2001:db8::1",
+    "duration": "P1D",
+}
+
+
+def _string(schema: Mapping[str, Any]) -> str:
+    fmt = schema.get("format")
+    value = _FORMATS.get(fmt, "example") if isinstance(fmt, str) else "example"
+    min_len = schema.get("minLength")
+    if isinstance(min_len, int) and len(value) < min_len:
+        value = value + "x" * (min_len - len(value))
+    max_len = schema.get("maxLength")
+    if isinstance(max_len, int) and len(value) > max_len:
+        value = value[:max_len]
+    return value
+
+
+def _number(schema: Mapping[str, Any], *, integer: bool) -> int | float:
+    low = schema.get("minimum")
+    xlow = schema.get("exclusiveMinimum")
+    high = schema.get("maximum")
+    xhigh = schema.get("exclusiveMaximum")
+    value: float = 1 if integer else 1.5
+    if isinstance(low, int | float) and value < low:
+        value = low
+    if isinstance(xlow, int | float) and value <= xlow:
+        value = xlow + 1 if integer else xlow + 0.5
+    if isinstance(high, int | float) and value > high:
+        value = high
+    if isinstance(xhigh, int | float) and value >= xhigh:
+        value = xhigh - 1 if integer else xhigh - 0.5
+    multiple = schema.get("multipleOf")
+    if integer and isinstance(multiple, int) and multiple > 0:
+        value = (int(value) // multiple) * multiple
+    if integer:
+        return int(value) if float(value).is_integer() else int(value) + 1
+    return float(value)
+
+
+def violate(schema: Any, value: Any) -> Any:
+    """A JSON value that breaks ``schema`` (extra property on objects, else a wrong type)."""
+    if isinstance(value, dict):
+        broken = dict(value)
+        broken["unexpected_property"] = "not in the schema"
+        if broken.keys() - {"unexpected_property"}:
+            broken.pop(next(iter(value)))  # also a required property missing
+        return broken
+    if isinstance(value, str):
+        return {"not": "a string"}
+    return "not the right type"
+
+
+# -- HTTP-level rejections --------------------------------------------------------
+@attrs.frozen
+class HttpRejection:
+    status: int
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+
+
+def _error_body(etype: str, code: str | None, message: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": etype, "param": None, "code": code}}
+
+
+def http_rejection(reply: Reply) -> HttpRejection:
+    """Status, headers and body of an HTTP-level reply kind."""
+    headers: list[tuple[str, str]] = [("content-type", "application/json")]
+    if reply.kind == "rate_limited":
+        retry_after = reply.retry_after or 0.0
+        headers += [
+            ("retry-after", str(max(0, round(retry_after)))),
+            ("retry-after-ms", str(int(retry_after * 1000))),
+        ]
+        status = 429
+        body: Any = _error_body("requests", "rate_limit_exceeded", "Rate limit reached.")
+    elif reply.kind == "quota_exceeded":
+        status = 429
+        body = _error_body("insufficient_quota", "insufficient_quota", "You exceeded your quota.")
+    elif reply.kind == "unauthorized":
+        status = 401
+        body = _error_body("invalid_request_error", "invalid_api_key", "Incorrect API key.")
+    elif reply.kind == "forbidden":
+        status = 403
+        body = _error_body(
+            "invalid_request_error",
+            "unsupported_country_region_territory",
+            "Country, region, or territory not supported.",
+        )
+    elif reply.kind == "http_error":
+        status = reply.status or 500
+        body = (
+            reply.body
+            if reply.body is not None
+            else _error_body("server_error", "server_error", "The server had an error.")
+        )
+        headers += [(k.lower(), v) for k, v in reply.headers]
+    else:
+        raise ValueError(f"{reply.kind} is not an HTTP-level reply")
+    return HttpRejection(status, tuple(headers), msgspec.json.encode(body))
+
+
+# -- event streams ------------------------------------------------------------------
+def _response_object(
+    rid: str, request: Mapping[str, Any], created_at: int, status: str, output: list[Any]
+) -> dict[str, Any]:
+    text = request.get("text") if isinstance(request.get("text"), Mapping) else None
+    reasoning = request.get("reasoning")
+    return {
+        "id": rid,
+        "object": "response",
+        "created_at": created_at,
+        "status": status,
+        "background": False,
+        "error": None,
+        "incomplete_details": None,
+        "instructions": request.get("instructions"),
+        "max_output_tokens": request.get("max_output_tokens"),
+        "model": request.get("model", "fixture-model"),
+        "output": output,
+        "parallel_tool_calls": bool(request.get("parallel_tool_calls", False)),
+        "previous_response_id": None,
+        "reasoning": reasoning if isinstance(reasoning, Mapping) else {"effort": None,
+                                                                        "summary": None},
+        "store": bool(request.get("store", False)),
+        "temperature": 1.0,
+        "text": text if text is not None else {"format": {"type": "text"}},
+        "tool_choice": request.get("tool_choice", "none"),
+        "tools": request.get("tools", []),
+        "top_p": 1.0,
+        "truncation": "disabled",
+        "usage": None,
+        "user": None,
+        "metadata": {},
+    }
+
+
+def _usage(text: str) -> dict[str, Any]:
+    out = max(1, len(text) // 4)
+    return {
+        "input_tokens": 10,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": out,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": 10 + out,
+    }
+
+
+def _chunks(text: str, n: int = 4) -> list[str]:
+    if not text:
+        return [""]
+    size = max(1, -(-len(text) // n))
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+def request_schema(request: Mapping[str, Any]) -> Any:
+    text = request.get("text")
+    fmt = text.get("format") if isinstance(text, Mapping) else None
+    if isinstance(fmt, Mapping) and fmt.get("type") == "json_schema":
+        return fmt.get("schema", {})
+    return None
+
+
+def events_for(
+    reply: Reply, request: Mapping[str, Any], *, serial: int, created_at: int
+) -> list[dict[str, Any]]:
+    """The full event list of a streamed reply (a disconnect/stall sends only a prefix)."""
+    rid = f"resp_fixture{serial:012d}"
+    mid = f"msg_fixture{serial:012d}"
+    kind = reply.kind
+    schema = request_schema(request)
+    if kind == "complete":
+        text = msgspec.json.encode(reply.payload).decode()
+    elif kind == "invalid_json":
+        text = "This is not JSON: {answer: 42"
+    elif kind == "schema_violation":
+        text = msgspec.json.encode(violate(schema, synthesize_value(schema or {}))).decode()
+    elif kind == "refusal":
+        text = reply.text or "I can't help with that."
+    else:  # synthesize, disconnect, stall, incomplete, failed, tool_call
+        text = msgspec.json.encode(synthesize_value(schema or {})).decode()
+
+    events: list[dict[str, Any]] = []
+
+    def emit(event: dict[str, Any]) -> None:
+        event["sequence_number"] = len(events)
+        events.append(event)
+
+    def resp(status: str, output: list[Any]) -> dict[str, Any]:
+        return _response_object(rid, request, created_at, status, output)
+
+    emit({"type": "response.created", "response": resp("in_progress", [])})
+    emit({"type": "response.in_progress", "response": resp("in_progress", [])})
+
+    if kind == "failed":
+        failed = resp("failed", [])
+        failed["error"] = {"code": reply.code or "server_error", "message": "The model failed."}
+        emit({"type": "response.failed", "response": failed})
+        return events
+
+    if kind == "tool_call":
+        call = {
+            "id": f"fc_fixture{serial:012d}",
+            "type": "function_call",
+            "status": "in_progress",
+            "arguments": "",
+            "call_id": f"call_fixture{serial:012d}",
+            "name": "lookup",
+        }
+        emit({"type": "response.output_item.added", "output_index": 0, "item": call})
+        args = '{"query":"x"}'
+        emit({"type": "response.function_call_arguments.delta", "item_id": call["id"],
+              "output_index": 0, "delta": args})
+        emit({"type": "response.function_call_arguments.done", "item_id": call["id"],
+              "output_index": 0, "arguments": args})
+        done_call = dict(call, status="completed", arguments=args)
+        emit({"type": "response.output_item.done", "output_index": 0, "item": done_call})
+        final = resp("completed", [done_call])
+        final["usage"] = _usage(args)
+        emit({"type": "response.completed", "response": final})
+        return events
+
+    part_type = "refusal" if kind == "refusal" else "output_text"
+    empty_part: dict[str, Any] = (
+        {"type": "refusal", "refusal": ""}
+        if kind == "refusal"
+        else {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+    )
+    item = {"id": mid, "type": "message", "status": "in_progress", "role": "assistant",
+            "content": []}
+    emit({"type": "response.output_item.added", "output_index": 0, "item": item})
+    emit({"type": "response.content_part.added", "item_id": mid, "output_index": 0,
+          "content_index": 0, "part": empty_part})
+    chunks = _chunks(text)
+    if kind == "incomplete":
+        chunks = chunks[: max(1, len(chunks) // 2)]
+    delta_type = "response.refusal.delta" if kind == "refusal" else "response.output_text.delta"
+    for chunk in chunks:
+        ev: dict[str, Any] = {"type": delta_type, "item_id": mid, "output_index": 0,
+                              "content_index": 0, "delta": chunk}
+        if kind != "refusal":
+            ev["logprobs"] = []
+        emit(ev)
+    if kind == "incomplete":
+        partial = "".join(chunks)
+        part = {"type": "output_text", "text": partial, "annotations": [], "logprobs": []}
+        msg = dict(item, status="incomplete", content=[part])
+        final = resp("incomplete", [msg])
+        final["incomplete_details"] = {"reason": reply.reason or "max_output_tokens"}
+        final["usage"] = _usage(partial)
+        emit({"type": "response.incomplete", "response": final})
+        return events
+    if kind == "refusal":
+        emit({"type": "response.refusal.done", "item_id": mid, "output_index": 0,
+              "content_index": 0, "refusal": text})
+        part = {"type": "refusal", "refusal": text}
+    else:
+        emit({"type": "response.output_text.done", "item_id": mid, "output_index": 0,
+              "content_index": 0, "text": text, "logprobs": []})
+        part = {"type": part_type, "text": text, "annotations": [], "logprobs": []}
+    emit({"type": "response.content_part.done", "item_id": mid, "output_index": 0,
+          "content_index": 0, "part": part})
+    msg = dict(item, status="completed", content=[part])
+    emit({"type": "response.output_item.done", "output_index": 0, "item": msg})
+    final = resp("completed", [msg])
+    final["usage"] = _usage(text)
+    emit({"type": "response.completed", "response": final})
+    return events

@@ -1,0 +1,258 @@
+"""WebSocket transport: ``response.create`` over ``ws(s)://…/v1/responses`` (trio-websocket).
+
+Each connection lives in a small keeper task (``open_websocket_url`` needs a
+nursery for its reader). With a long-lived nursery (the backend entered with
+``async with``) finished connections go back to an idle pool keyed by
+(url, token fingerprint) and are reused; one response is in flight per
+connection, and a connection whose stream ended in any interruption is closed.
+Without that nursery every stream uses its own connection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+import trio
+import trio_websocket
+from recoverable.transport.base import (
+    MAX_ERROR_BODY_BYTES,
+    StreamLimits,
+    parse_error_body,
+    parse_retry_after,
+    token_fingerprint,
+)
+from recoverable.transport.events import ResponseStream
+from recoverable.transport.outcome import Completed, Interruption, Outcome, Progress
+from recoverable.transport.sse import add_field
+
+__all__ = ["WebSocketTransport", "websocket_url"]
+
+_DISCONNECT_TIMEOUT = 2.0
+
+
+def websocket_url(base_url: str) -> str:
+    base = base_url.rstrip("/")
+    if base.startswith("https://"):
+        base = "wss://" + base[len("https://") :]
+    elif base.startswith("http://"):
+        base = "ws://" + base[len("http://") :]
+    return base + "/responses"
+
+
+@attrs.define(eq=False)
+class _Connection:
+    ws: trio_websocket.WebSocketConnection
+    release: trio.Event
+    key: tuple[str, str]
+
+    def close(self) -> None:
+        self.release.set()
+
+    @property
+    def usable(self) -> bool:
+        return self.ws.closed is None and not self.release.is_set()
+
+
+class _Rejected(Exception):
+    def __init__(self, outcome: Interruption) -> None:
+        super().__init__(outcome.kind)
+        self.outcome = outcome
+
+
+class WebSocketTransport:
+    def __init__(self, base_url: str, *, limits: StreamLimits, max_connections: int) -> None:
+        self.url = websocket_url(base_url)
+        self._limits = limits
+        self._max_idle = max_connections
+        self._idle: dict[tuple[str, str], list[_Connection]] = {}
+        self._idle_count = 0
+        self._nursery: trio.Nursery | None = None
+        self._closed = False
+
+    def attach(self, nursery: trio.Nursery | None) -> None:
+        """Give the transport a long-lived nursery; pooling is on while one is attached."""
+        self._nursery = nursery
+
+    async def aclose(self) -> None:
+        self._closed = True
+        for conns in self._idle.values():
+            for conn in conns:
+                conn.close()
+        self._idle.clear()
+        self._idle_count = 0
+
+    # -- connections -----------------------------------------------------------
+    async def _keeper(
+        self,
+        headers: list[tuple[bytes, bytes]],
+        release: trio.Event,
+        *,
+        task_status: trio.TaskStatus[trio_websocket.WebSocketConnection],
+    ) -> None:
+        started = False
+        try:
+            async with trio_websocket.open_websocket_url(
+                self.url,
+                extra_headers=headers,
+                max_message_size=self._limits.max_frame_bytes,
+                connect_timeout=self._limits.connect_timeout,
+                disconnect_timeout=_DISCONNECT_TIMEOUT,
+            ) as ws:
+                task_status.started(ws)
+                started = True
+                await release.wait()
+        except Exception:
+            # Before ``started`` the error belongs to the caller (nursery.start raises it);
+            # afterwards a failing close must not take the shared nursery down.
+            if not started:
+                raise
+
+    async def _connect(
+        self, nursery: trio.Nursery, token: str, attempt_id: str, state: ResponseStream
+    ) -> _Connection:
+        headers = [
+            (b"authorization", f"Bearer {token}".encode()),
+            (b"x-client-request-id", attempt_id.encode()),
+        ]
+        release = trio.Event()
+        try:
+            ws = await nursery.start(self._keeper, headers, release)
+        except trio_websocket.ConnectionRejected as exc:
+            raise _Rejected(self._rejection(exc, state)) from None
+        except trio_websocket.ConnectionTimeout:
+            raise _Rejected(state.interrupt("timeout", transport_code="connect_timeout")) from None
+        except (trio_websocket.HandshakeError, trio_websocket.ConnectionClosed, OSError):
+            raise _Rejected(
+                state.interrupt("disconnected", transport_code="connect_failed")
+            ) from None
+        return _Connection(ws, release, (self.url, token_fingerprint(token)))
+
+    @staticmethod
+    def _rejection(exc: trio_websocket.ConnectionRejected, state: ResponseStream) -> Interruption:
+        headers = [
+            (bytes(k).decode("latin-1"), bytes(v).decode("latin-1")) for k, v in exc.headers or ()
+        ]
+        body = bytes(exc.body or b"")[:MAX_ERROR_BODY_BYTES]
+        ptype, pcode = parse_error_body(body)
+        return state.interrupt(
+            "http_rejected",
+            http_status=exc.status_code,
+            provider_type=ptype,
+            provider_code=pcode,
+            retry_after=parse_retry_after(headers),
+        )
+
+    def _take_idle(self, key: tuple[str, str]) -> _Connection | None:
+        conns = self._idle.get(key)
+        while conns:
+            conn = conns.pop()
+            self._idle_count -= 1
+            if conn.usable:
+                return conn
+            conn.close()
+        return None
+
+    def _give_back(self, conn: _Connection) -> None:
+        if self._closed or self._nursery is None or not conn.usable:
+            conn.close()
+            return
+        if self._idle_count >= self._max_idle:
+            conn.close()
+            return
+        self._idle.setdefault(conn.key, []).append(conn)
+        self._idle_count += 1
+
+    # -- streaming -------------------------------------------------------------
+    async def stream(
+        self,
+        body: bytes,
+        *,
+        attempt_id: str,
+        token: str,
+        on_progress: Callable[[Progress], None] | None,
+    ) -> Outcome:
+        message = add_field(body, b'"type":"response.create"').decode("utf-8")
+        if self._nursery is not None:
+            return await self._stream_in(self._nursery, message, attempt_id, token, on_progress)
+        async with trio.open_nursery() as nursery:
+            return await self._stream_in(nursery, message, attempt_id, token, on_progress)
+
+    async def _stream_in(
+        self,
+        nursery: trio.Nursery,
+        message: str,
+        attempt_id: str,
+        token: str,
+        on_progress: Callable[[Progress], None] | None,
+    ) -> Outcome:
+        limits = self._limits
+        state = ResponseStream(max_events=limits.max_events, on_progress=on_progress)
+        idle = trio.CancelScope()
+        idle.deadline = trio.current_time() + limits.connect_timeout + limits.idle_timeout
+        conn: _Connection | None = None
+        outcome: Outcome | None = None
+        try:
+            with idle:
+                try:
+                    conn = self._take_idle((self.url, token_fingerprint(token)))
+                    if conn is not None:
+                        try:
+                            await conn.ws.send_message(message)
+                        except trio_websocket.ConnectionClosed:
+                            conn.close()  # went stale while idle; nothing was sent
+                            conn = None
+                    if conn is None:
+                        conn = await self._connect(nursery, token, attempt_id, state)
+                        try:
+                            await conn.ws.send_message(message)
+                        except trio_websocket.ConnectionClosed as exc:
+                            outcome = self._closed_outcome(exc, state)
+                    if outcome is None:
+                        outcome = await self._receive(conn, state, idle)
+                except _Rejected as rejected:
+                    outcome = rejected.outcome
+            if idle.cancelled_caught:
+                outcome = state.interrupt("timeout", transport_code="idle_timeout")
+            assert outcome is not None
+            if conn is not None:
+                if isinstance(outcome, Completed):
+                    self._give_back(conn)
+                else:
+                    conn.close()
+                conn = None
+            return outcome
+        finally:
+            if conn is not None:  # cancelled or crashed mid-stream: never reuse
+                conn.close()
+
+    @staticmethod
+    def _closed_outcome(
+        exc: trio_websocket.ConnectionClosed, state: ResponseStream
+    ) -> Interruption:
+        code = exc.reason.code if exc.reason is not None else 1006
+        if code == 1009:
+            return state.interrupt("malformed", transport_code="frame_too_large")
+        if code == 1000:
+            return state.interrupt("premature_eof", transport_code="ws_close_1000")
+        return state.interrupt("disconnected", transport_code=f"ws_close_{code}")
+
+    async def _receive(
+        self, conn: _Connection, state: ResponseStream, idle: trio.CancelScope
+    ) -> Outcome:
+        limits = self._limits
+        total = 0
+        while True:
+            try:
+                msg = await conn.ws.get_message()
+            except trio_websocket.ConnectionClosed as exc:
+                return self._closed_outcome(exc, state)
+            if isinstance(msg, bytes):
+                return state.interrupt("disconnected", transport_code="ws_binary_frame")
+            total += len(msg)
+            if total > limits.max_total_bytes:
+                return state.interrupt("malformed", transport_code="stream_too_large")
+            outcome = state.feed(msg)
+            if outcome is not None:
+                return outcome
+            idle.deadline = trio.current_time() + limits.idle_timeout
