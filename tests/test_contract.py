@@ -329,6 +329,25 @@ def test_error_detail_never_contains_payload_text() -> None:
         assert secret not in info.value.detail
 
 
+def test_deeply_nested_output_is_refused_without_crashing() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "n": {
+                "anyOf": [{"type": "array", "items": {"$ref": "#/properties/n"}}, {"type": "null"}]
+            }
+        },
+        "required": ["n"],
+        "additionalProperties": False,
+    }
+    contract = contract_for(JsonSchema("deep", schema))
+    assert contract.validate('{"n":' + "[" * 50 + "]" * 50 + "}")
+    with pytest.raises(OutputInvalid) as info:
+        contract.validate('{"n":' + "[" * 100_000 + "]" * 100_000 + "}")
+    assert info.value.kind == "invalid_json"
+    assert "deeper" in info.value.detail
+
+
 def test_lone_surrogate_text_is_invalid_json() -> None:
     with pytest.raises(OutputInvalid) as info:
         contract_for(Basket).validate('{"owner":"\ud800"}')

@@ -51,6 +51,7 @@ MAX_SCHEMA_BYTES = 1024 * 1024
 MAX_SCHEMA_DEPTH = 64
 _MAX_DETAIL = 300
 _CACHE_SIZE = 256
+_TOO_DEEP = "the output nests deeper than the JSON decoder allows"
 _NAME_RE = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 _NAME_BAD_CHARS = re.compile(r"[^a-zA-Z0-9_-]")
 
@@ -119,16 +120,20 @@ class ResponseContract:
         if self._validator is not None:
             try:
                 value = msgspec.json.decode(payload)
-            except (msgspec.DecodeError, RecursionError):
+            except msgspec.DecodeError:
                 raise OutputInvalid("invalid_json", "the output is not valid JSON") from None
+            except RecursionError:
+                raise OutputInvalid("invalid_json", _TOO_DEEP) from None
             _check_schema(self._validator, value)
         if self._typed_decoder is not None:
             try:
                 self._typed_decoder.decode(payload)
             except msgspec.ValidationError as exc:
                 raise OutputInvalid("schema_violation", _msgspec_detail(exc)) from None
-            except (msgspec.DecodeError, RecursionError):
+            except msgspec.DecodeError:
                 raise OutputInvalid("invalid_json", "the output is not valid JSON") from None
+            except RecursionError:
+                raise OutputInvalid("invalid_json", _TOO_DEEP) from None
         return payload
 
     def decode(self, payload: bytes) -> Any:
