@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import time
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
 import jsonschema_rs
 import msgspec
@@ -119,6 +119,13 @@ class LooseDocument(msgspec.Struct):
     items: list[Item]
 
 
+T = TypeVar("T")
+
+
+class Page(msgspec.Struct, Generic[T], forbid_unknown_fields=True):
+    entries: list[T]
+
+
 @pytest.fixture(autouse=True)
 def _fresh_caches() -> None:
     _clear_caches()
@@ -225,6 +232,18 @@ def test_struct_name_is_sanitized_and_truncated() -> None:
     contract = contract_for(weird)
     assert contract.name == ("Weird_Name_With_Spaces" + "x" * 80)[:64]
     assert len(contract.name) == 64
+
+
+def test_parametrized_generic_struct() -> None:
+    contract = contract_for(Page[StrictItem])
+    assert contract.name == "Page_StrictItem_"
+    assert contract.schema["properties"]["entries"]["items"] == {"$ref": "#/$defs/StrictItem"}
+    payload = contract.validate('{"entries":[{"label":"a","score":1}]}')
+    assert contract.decode(payload) == Page([StrictItem("a", 1.0)])
+    assert contract_for(Page[StrictItem]) is contract
+    assert contract_for(Page[int]).format_hash != contract.format_hash
+    with pytest.raises(InvalidRequest, match="Any"):
+        contract_for(Page)  # unbound type variable
 
 
 @pytest.mark.parametrize(

@@ -28,6 +28,7 @@ import hashlib
 import math
 import re
 import threading
+import typing
 from collections import OrderedDict
 from typing import Any, Literal
 
@@ -218,7 +219,7 @@ def contract_for(response: Any) -> ResponseContract:
     """
     if isinstance(response, JsonSchema):
         return _json_schema_contract(response)
-    if isinstance(response, type) and issubclass(response, msgspec.Struct):
+    if _is_struct_type(response):
         cached = _struct_contracts.get(response)
         if cached is not None:
             return cached  # type: ignore[no-any-return]
@@ -229,6 +230,12 @@ def contract_for(response: Any) -> ResponseContract:
         "response must be a msgspec.Struct type or recoverable.JsonSchema(name, schema), "
         f"not {type(response).__name__}"
     )
+
+
+def _is_struct_type(response: Any) -> bool:
+    """A Struct class, or a parametrized generic Struct such as ``Page[Item]``."""
+    origin = typing.get_origin(response) or response
+    return isinstance(origin, type) and issubclass(origin, msgspec.Struct)
 
 
 def _canonical(value: Any) -> bytes:
@@ -426,16 +433,19 @@ def _check_strict(schema: dict[str, Any]) -> None:
 # --------------------------------------------------------------------------- Struct types
 
 
-def _struct_name(tp: type) -> str:
-    name = _NAME_BAD_CHARS.sub("_", getattr(tp, "__name__", "") or "response")[:64]
+def _struct_name(tp: Any, root_key: str | None) -> str:
+    # A plain class keeps its own name; a generic alias uses msgspec's key (``Page_Item_``).
+    raw = tp.__name__ if isinstance(tp, type) else (root_key or "")
+    name = _NAME_BAD_CHARS.sub("_", raw or "response")[:64]
     return name or "response"
 
 
-def _struct_contract(tp: type[msgspec.Struct]) -> ResponseContract:
+def _struct_contract(tp: Any) -> ResponseContract:
+    label = _NAME_BAD_CHARS.sub("_", repr(tp) if not isinstance(tp, type) else tp.__name__)[:80]
     try:
         generated = msgspec.json.schema(tp)
     except (TypeError, ValueError) as exc:
-        raise InvalidRequest(f"{tp.__name__} cannot be expressed as a JSON schema: {exc}") from None
+        raise InvalidRequest(f"{label} cannot be expressed as a JSON schema: {exc}") from None
     defs: dict[str, Any] = dict(generated.get("$defs", {}))
     root_ref = generated.get("$ref")
     if isinstance(root_ref, str) and root_ref.startswith("#/$defs/"):
@@ -446,19 +456,18 @@ def _struct_contract(tp: type[msgspec.Struct]) -> ResponseContract:
         root = {k: v for k, v in generated.items() if k != "$defs"}
     if root.get("type") != "object":
         raise InvalidRequest(
-            f"{tp.__name__} is not an object in JSON (array_like Structs cannot be a response root)"
+            f"{label} is not an object in JSON (array_like Structs cannot be a response root)"
         )
     root_pointer = f"#/$defs/{root_key}" if root_key is not None else None
-    root = _fix_node(root, root_pointer, f"{tp.__name__}")
+    root = _fix_node(root, root_pointer, label)
     fixed_defs = {
-        key: _fix_node(value, root_pointer, f"{tp.__name__} ($defs/{key})")
-        for key, value in defs.items()
+        key: _fix_node(value, root_pointer, f"{label} ($defs/{key})") for key, value in defs.items()
     }
     if fixed_defs:
         root["$defs"] = fixed_defs
     _check_strict(root)  # the same rules a host schema must meet
     schema_bytes = _canonical(root)
-    name = _struct_name(tp)
+    name = _struct_name(tp, root_key)
     exact = _typed_decode_is_exact(tp)
     validator = None if exact else _compile(root, schema_bytes)
     return ResponseContract(
@@ -482,6 +491,11 @@ def _fix_node(node: Any, root_pointer: str | None, where: str) -> Any:
     if "prefixItems" in node:
         raise InvalidRequest(
             f"{where}: tuple fields cannot be expressed in strict mode; use a list or a Struct"
+        )
+    if node.get("type") == "array" and "items" not in node:
+        raise InvalidRequest(
+            f"{where}: a list of Any (no item type, e.g. an unbound type variable) cannot be "
+            "expressed in strict mode"
         )
     out: dict[str, Any] = {}
     for key, value in node.items():
