@@ -44,10 +44,17 @@ def websocket_url(base_url: str) -> str:
 class _Connection:
     ws: trio_websocket.WebSocketConnection
     release: trio.Event
+    scope: trio.CancelScope
     key: tuple[str, str]
 
     def close(self) -> None:
+        """Graceful close (close handshake, bounded by the disconnect timeout)."""
         self.release.set()
+
+    def abort(self) -> None:
+        """Drop the TCP connection now: it ended mid-response, its state is unknown."""
+        self.release.set()
+        self.scope.cancel()
 
     @property
     def usable(self) -> bool:
@@ -88,20 +95,23 @@ class WebSocketTransport:
         headers: list[tuple[bytes, bytes]],
         release: trio.Event,
         *,
-        task_status: trio.TaskStatus[trio_websocket.WebSocketConnection],
+        task_status: trio.TaskStatus[
+            tuple[trio_websocket.WebSocketConnection, trio.CancelScope]
+        ],
     ) -> None:
         started = False
         try:
-            async with trio_websocket.open_websocket_url(
-                self.url,
-                extra_headers=headers,
-                max_message_size=self._limits.max_frame_bytes,
-                connect_timeout=self._limits.connect_timeout,
-                disconnect_timeout=_DISCONNECT_TIMEOUT,
-            ) as ws:
-                task_status.started(ws)
-                started = True
-                await release.wait()
+            with trio.CancelScope() as scope:
+                async with trio_websocket.open_websocket_url(
+                    self.url,
+                    extra_headers=headers,
+                    max_message_size=self._limits.max_frame_bytes,
+                    connect_timeout=self._limits.connect_timeout,
+                    disconnect_timeout=_DISCONNECT_TIMEOUT,
+                ) as ws:
+                    task_status.started((ws, scope))
+                    started = True
+                    await release.wait()
         except Exception:
             # Before ``started`` the error belongs to the caller (nursery.start raises it);
             # afterwards a failing close must not take the shared nursery down.
@@ -117,7 +127,7 @@ class WebSocketTransport:
         ]
         release = trio.Event()
         try:
-            ws = await nursery.start(self._keeper, headers, release)
+            ws, scope = await nursery.start(self._keeper, headers, release)
         except trio_websocket.ConnectionRejected as exc:
             raise _Rejected(self._rejection(exc, state)) from None
         except trio_websocket.ConnectionTimeout:
@@ -126,7 +136,7 @@ class WebSocketTransport:
             raise _Rejected(
                 state.interrupt("disconnected", transport_code="connect_failed")
             ) from None
-        return _Connection(ws, release, (self.url, token_fingerprint(token)))
+        return _Connection(ws, release, scope, (self.url, token_fingerprint(token)))
 
     @staticmethod
     def _rejection(exc: trio_websocket.ConnectionRejected, state: ResponseStream) -> Interruption:
@@ -150,7 +160,7 @@ class WebSocketTransport:
             self._idle_count -= 1
             if conn.usable:
                 return conn
-            conn.close()
+            conn.abort()
         return None
 
     def _give_back(self, conn: _Connection) -> None:
@@ -200,7 +210,7 @@ class WebSocketTransport:
                         try:
                             await conn.ws.send_message(message)
                         except trio_websocket.ConnectionClosed:
-                            conn.close()  # went stale while idle; nothing was sent
+                            conn.abort()  # went stale while idle; nothing was sent
                             conn = None
                     if conn is None:
                         conn = await self._connect(nursery, token, attempt_id, state)
@@ -219,12 +229,12 @@ class WebSocketTransport:
                 if isinstance(outcome, Completed):
                     self._give_back(conn)
                 else:
-                    conn.close()
+                    conn.abort()
                 conn = None
             return outcome
         finally:
             if conn is not None:  # cancelled or crashed mid-stream: never reuse
-                conn.close()
+                conn.abort()
 
     @staticmethod
     def _closed_outcome(
