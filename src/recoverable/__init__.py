@@ -1,7 +1,27 @@
-"""recoverable: durable, crash-safe, tool-free structured LLM requests for Trio."""
+"""recoverable: durable, crash-safe, tool-free structured LLM requests for Trio.
+
+Quick tour (see docs/ and the README)::
+
+    store = recoverable.RecoveryStore.open(path)
+    backend = recoverable.ResponsesBackend(url, credentials=recoverable.StaticCredentials(key))
+    async with recoverable.open_runtime(store, backend, account=account) as runtime:
+        handle = await runtime.prepare(request, response=Output, maximum_attempts=3)
+        ...persist the handle in the host's own transaction...
+        value = await runtime.send_recovering(handle, response=Output, authorize=authorize)
+        ...commit value keyed by (job, revision)...
+        await runtime.acknowledge(handle)
+"""
 
 from __future__ import annotations
 
+from recoverable.actors.runtime import Backend, Runtime, open_runtime
+from recoverable.errors import *  # noqa: F403
+from recoverable.errors import __all__ as _errors_all
+from recoverable.storage.store import RecoveryStore
+from recoverable.telemetry import LoggingSink, TelemetryEvent, TelemetrySink
+from recoverable.transport.backend import ResponsesBackend
+from recoverable.transport.base import Credentials, StaticCredentials, StreamLimits
+from recoverable.transport.outcome import Completed, Interruption
 from recoverable.types import (
     AccountBinding,
     Attempt,
@@ -15,20 +35,31 @@ from recoverable.types import (
     Status,
     StructuredRequest,
 )
-from recoverable.errors import *  # noqa: F403
-from recoverable.errors import __all__ as _errors_all
 
 __all__ = [
     "AccountBinding",
     "Attempt",
     "AttemptSummary",
+    "Backend",
     "CleanupResult",
+    "Completed",
+    "Credentials",
     "Handle",
+    "Interruption",
     "Inventory",
     "JsonSchema",
+    "LoggingSink",
     "Receipt",
+    "RecoveryStore",
+    "ResponsesBackend",
     "RetryPolicy",
+    "Runtime",
+    "StaticCredentials",
     "Status",
+    "StreamLimits",
     "StructuredRequest",
+    "TelemetryEvent",
+    "TelemetrySink",
+    "open_runtime",
     *_errors_all,
 ]

@@ -586,6 +586,13 @@ def interrupted_locally(rec: OperationRecord) -> Transition:
     return _t(rec, new, Stop(errors.OperationSuspended(operation_id=rec.operation_id)))
 
 
+def command_observed(rec: OperationRecord, kind: CommandKind) -> Transition:
+    """A lifecycle command reached the live execution (via the monitor or a write check)."""
+    if kind == "cancel":
+        return _apply_command(rec, "cancel")
+    return interrupted_locally(rec)
+
+
 def command_on_idle(rec: OperationRecord, kind: CommandKind) -> Transition:
     """Apply suspend/cancel directly to a record no live execution owns."""
     if kind == "cancel":

@@ -1,0 +1,101 @@
+"""The LifecycleMonitor: one watcher per runtime for the store's command table.
+
+``suspend``/``cancel`` may be written by any process on the same store. Each
+running operation registers a :class:`Watch` holding the cancel scope around
+its host callback, transport stream and timer waits. The monitor polls LMDB's
+``last_txnid`` (about a microsecond) every few milliseconds, reads the (small)
+command table only when another transaction committed, and cancels the scope
+of any watched operation with a command newer than its watch's baseline.
+Commands written by this process are delivered directly, without polling.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import trio
+from recoverable.storage.records import CommandKind, CommandRecord
+from recoverable.storage.store import RecoveryStore
+
+
+class Watch:
+    """One running operation's registration with the monitor."""
+
+    def __init__(self, operation_id: str, baseline_serial: int) -> None:
+        self.operation_id = operation_id
+        self.baseline_serial = baseline_serial
+        self.cancel_scope = trio.CancelScope()
+        self.command: CommandKind | None = None
+        self.command_serial: int | None = None
+
+    def deliver(self, command: CommandRecord) -> None:
+        if command.serial <= self.baseline_serial:
+            return
+        if self.command == "cancel" and command.kind == "suspend":
+            return  # a permanent cancel is never downgraded
+        self.command = command.kind
+        self.command_serial = command.serial
+        self.cancel_scope.cancel()
+
+    def fresh_scope(self) -> trio.CancelScope:
+        """A new scope for the next interruptible step (cancelled at once if a command is known)."""
+        self.cancel_scope = trio.CancelScope()
+        if self.command is not None:
+            self.cancel_scope.cancel()
+        return self.cancel_scope
+
+
+# Every monitor of this process, per store: a command written here reaches them all at once.
+_MONITORS: weakref.WeakKeyDictionary[RecoveryStore, weakref.WeakSet[LifecycleMonitor]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+class LifecycleMonitor:
+    def __init__(self, store: RecoveryStore, *, poll_interval: float = 0.002) -> None:
+        self._store = store
+        self._poll_interval = poll_interval
+        self._watches: dict[str, Watch] = {}
+        self.polls = 0
+        self.scans = 0
+        _MONITORS.setdefault(store, weakref.WeakSet()).add(self)
+
+    def command_for(self, operation_id: str) -> CommandKind | None:
+        """The lifecycle command a running operation of this runtime has observed, if any."""
+        watch = self._watches.get(operation_id)
+        return watch.command if watch is not None else None
+
+    def watch(self, operation_id: str, baseline_serial: int) -> Watch:
+        watch = Watch(operation_id, baseline_serial)
+        self._watches[operation_id] = watch
+        return watch
+
+    def unwatch(self, watch: Watch) -> None:
+        if self._watches.get(watch.operation_id) is watch:
+            del self._watches[watch.operation_id]
+
+    def notify_local(self, command: CommandRecord) -> None:
+        """Deliver a command written by this process to every monitor on the same store."""
+        for monitor in list(_MONITORS.get(self._store, ())):
+            watch = monitor._watches.get(command.operation_id)
+            if watch is not None:
+                watch.deliver(command)
+
+    def scan(self) -> None:
+        self.scans += 1
+        for command in self._store.commands():
+            watch = self._watches.get(command.operation_id)
+            if watch is not None:
+                watch.deliver(command)
+
+    async def run(self) -> None:
+        last = self._store.last_txnid()
+        while True:
+            await trio.sleep(self._poll_interval)
+            self.polls += 1
+            if not self._watches:
+                continue
+            txnid = self._store.last_txnid()
+            if txnid != last:
+                last = txnid
+                self.scan()

@@ -1,0 +1,444 @@
+"""The OperationActor: drives one ``send_recovering`` execution through the machine.
+
+It owns the operation's lease for the whole execution, applies the one rule of
+the machine (persist the returned record, fenced by the lease generation, THEN
+act), runs every step that may block (the host callback, the stream, a
+cooldown) inside the monitor's cancel scope, and releases the lease only after
+everything has unwound. It runs in the caller's task, so Trio cancellation of
+that task reaches it directly and suspends the operation.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import trio
+from recoverable.storage.leases import acquire_lease, release_lease
+from recoverable.storage.records import (
+    CommandKind,
+    LeaseRecord,
+    OperationRecord,
+)
+from recoverable.transport.outcome import Completed, Interruption, Progress
+
+from recoverable import _killpoints, errors, machine
+from recoverable.contract import OutputInvalid, ResponseContract
+from recoverable.types import Attempt
+
+if TYPE_CHECKING:
+    from recoverable.actors.monitor import Watch
+    from recoverable.actors.runtime import Runtime
+    from recoverable.storage.store import WriteTxn
+
+Authorize = Callable[[Attempt], Awaitable[bool]]
+
+
+class _CommandArrived(Exception):
+    """Raised inside a write transaction: a lifecycle command the step did not account for."""
+
+    def __init__(self, kind: CommandKind, serial: int) -> None:
+        super().__init__(kind)
+        self.kind = kind
+        self.serial = serial
+
+
+def check_disposition(txn: WriteTxn, operation_id: str) -> None:
+    disposition = txn.get_disposition(operation_id)
+    if disposition is not None:
+        raise errors.StateUnavailable(
+            f"operation is {disposition.disposition}", operation_id=operation_id
+        )
+
+
+class OperationActor:
+    def __init__(
+        self,
+        runtime: Runtime,
+        operation_id: str,
+        contract: ResponseContract,
+        authorize: Authorize,
+    ) -> None:
+        self.rt = runtime
+        self.operation_id = operation_id
+        self.contract = contract
+        self.authorize = authorize
+        self.lease: LeaseRecord | None = None
+        self.record: OperationRecord | None = None
+        self.watch: Watch | None = None
+        self.known_serial = 0  # commands up to this serial are accounted for in the record
+        self._payload: bytes | None = None
+
+    # --- lease ----------------------------------------------------------------------
+
+    async def _acquire(self) -> tuple[OperationRecord, CommandKind | None]:
+        op_id = self.operation_id
+        now = self.rt.now()
+
+        def acquire(txn: WriteTxn) -> tuple[LeaseRecord, OperationRecord, int, CommandKind | None]:
+            check_disposition(txn, op_id)
+            lease = acquire_lease(txn, op_id, now)
+            record = txn.get_operation(op_id)
+            assert record is not None
+            command = txn.get_command(op_id)
+            serial = 0
+            kind: CommandKind | None = None
+            if command is not None:
+                serial = command.serial
+                if command.kind == "suspend":
+                    # Reopening is resuming: a suspend written before this execution is spent.
+                    txn.delete_command(op_id)
+                else:
+                    kind = command.kind
+            return lease, record, serial, kind
+
+        lease, record, serial, kind = await self.rt.store.write(acquire)
+        self.lease = lease
+        self.record = record
+        self.known_serial = serial
+        self.watch = self.rt.monitor.watch(op_id, serial)
+        return record, kind
+
+    async def _release(self) -> None:
+        if self.watch is not None:
+            self.rt.monitor.unwatch(self.watch)
+        lease = self.lease
+        if lease is None:
+            return
+        self.lease = None
+        op_id = self.operation_id
+
+        def release(txn: WriteTxn) -> None:
+            release_lease(txn, op_id, lease.token)
+
+        with trio.CancelScope(shield=True):
+            try:
+                await self.rt.store.write(release)
+            except errors.RecoveryError:
+                # The lease row names this process; it dies with this store's owner lock.
+                pass
+
+    # --- persistence ----------------------------------------------------------------
+
+    def _ctx(self, command: CommandKind | None = None) -> machine.Context:
+        credentials = self.rt.backend.credentials if self.rt.backend is not None else None
+        return machine.Context(
+            now=self.rt.now(),
+            account=self.rt.account,
+            credentials_account=credentials.account if credentials is not None else None,
+            endpoint_id=self.rt.backend.endpoint_id if self.rt.backend is not None else None,
+            command=command,
+        )
+
+    async def _persist(
+        self,
+        t: machine.Transition,
+        *,
+        completion: bytes | None = None,
+        check_commands: bool = True,
+    ) -> None:
+        """Write ``t.record`` fenced by our lease; refuse if an unseen command arrived."""
+        assert self.lease is not None
+        if not t.changed and completion is None:
+            return
+        record = t.record
+        fence = self.lease.fence
+        op_id = self.operation_id
+        known = self.known_serial
+        folds_command = record.phase in ("suspended", "cancelled")
+
+        def write(txn: WriteTxn) -> None:
+            command = txn.get_command(op_id)
+            if command is not None:
+                if check_commands and command.serial > known:
+                    raise _CommandArrived(command.kind, command.serial)
+                if folds_command and command.serial <= known:
+                    txn.delete_command(op_id)  # folded into the record's phase
+            if completion is not None:
+                txn.put_payload(op_id, "completion", completion)
+            txn.put_operation(record, expect_fence=fence)
+
+        try:
+            await self.rt.store.write(write)
+        except errors.FenceMismatch as exc:
+            raise errors.OperationBusy(
+                "the operation's lease was taken over", operation_id=op_id
+            ) from exc
+        self.record = record
+
+    async def _advance(
+        self,
+        step: Callable[[CommandKind | None], machine.Transition],
+        *,
+        completion: bytes | None = None,
+    ) -> machine.Transition:
+        """Compute a transition and persist it; if a lifecycle command arrived meanwhile,
+        recompute the same step with that command (the check is atomic with the write)."""
+        assert self.watch is not None
+        t = step(self.watch.command)
+        try:
+            await self._persist(t, completion=completion if _saves(t) else None)
+        except _CommandArrived as arrived:
+            self.known_serial = arrived.serial
+            self.watch.command = arrived.kind
+            self.watch.command_serial = arrived.serial
+            t = step(arrived.kind)
+            await self._persist(t, completion=completion if _saves(t) else None,
+                                check_commands=False)
+        if self.watch.command_serial is not None:
+            self.known_serial = max(self.known_serial, self.watch.command_serial)
+        return t
+
+    # --- the loop -------------------------------------------------------------------
+
+    async def run(
+        self, *, expected_contract_version: str | None, check_contract_version: bool
+    ) -> Any:
+        try:
+            record, cancel = await self._acquire()
+            try:
+                return await self._drive(
+                    record,
+                    cancel,
+                    expected_contract_version=expected_contract_version,
+                    check_contract_version=check_contract_version,
+                )
+            except trio.Cancelled:
+                await self._suspend_on_cancel()
+                raise
+        finally:
+            await self._release()
+
+    async def _suspend_on_cancel(self) -> None:
+        """Trio cancellation of the owning task suspends the operation (budget kept)."""
+        record = self.record
+        if record is None or self.lease is None:
+            return
+        with trio.CancelScope(shield=True):
+            try:
+                t = machine.interrupted_locally(record)
+                await self._persist(t, check_commands=False)
+                self.rt.telemetry.emit("operation.suspended", self.operation_id)
+            except errors.RecoveryError:
+                pass  # the lease dies with us; a stale in-flight attempt reads as interrupted
+
+    async def _drive(
+        self,
+        record: OperationRecord,
+        cancel: CommandKind | None,
+        *,
+        expected_contract_version: str | None,
+        check_contract_version: bool,
+    ) -> Any:
+        rt = self.rt
+        op_id = self.operation_id
+        t = await self._advance(
+            lambda command: machine.open_operation(
+                record,
+                self._ctx(command or cancel),
+                format_hash=self.contract.format_hash,
+                expected_contract_version=expected_contract_version,
+                check_contract_version=check_contract_version,
+            )
+        )
+        while True:
+            action = t.action
+            current = t.record
+            if isinstance(action, machine.Stop):
+                rt.telemetry.emit_stop(op_id, action.error)
+                raise action.error
+            if isinstance(action, machine.Deliver):
+                return await self._deliver(current)
+            if isinstance(action, machine.WaitUntil):
+                rt.telemetry.emit("operation.waiting", op_id, until=action.at)
+                if not await self._interruptible(rt.scheduler.wait_until(action.at)):
+                    t = await self._on_command(current)
+                    continue
+                t = await self._advance(functools.partial(self._wake, current))
+                continue
+            if isinstance(action, machine.AskHost):
+                t = await self._ask_host(current, action.attempt)
+                continue
+            if isinstance(action, machine.Transmit):
+                t = await self._transmit(current, action)
+                continue
+            raise machine.InvalidTransition(f"no action after {current.phase}")
+
+    def _wake(self, current: OperationRecord, command: CommandKind | None) -> machine.Transition:
+        return machine.wake(current, self._ctx(command))
+
+    async def _interruptible(self, work: Awaitable[None]) -> bool:
+        """Run ``work`` inside the monitor's scope; False if a lifecycle command cut it."""
+        assert self.watch is not None
+        with self.watch.fresh_scope() as scope:
+            await work
+        return not scope.cancelled_caught
+
+    async def _on_command(self, current: OperationRecord) -> machine.Transition:
+        assert self.watch is not None and self.watch.command is not None
+        kind = self.watch.command
+        return await self._advance(lambda _: machine.command_observed(current, kind))
+
+    async def _ask_host(self, current: OperationRecord, attempt: Attempt) -> machine.Transition:
+        rt = self.rt
+        _killpoints.hit("attempt.pending_saved")
+        rt.telemetry.emit("attempt.reserved", self.operation_id, attempt=attempt.number,
+                          reason=attempt.reason)
+        answer: list[bool] = []
+
+        async def ask() -> None:
+            # A callback exception escapes unchanged: nothing spent, no renewal, no retry.
+            answer.append(bool(await self.authorize(attempt)))
+
+        if not await self._interruptible(ask()):
+            return await self._on_command(current)
+        approved = answer[0]
+        token: str | None = None
+        if approved:
+            backend = rt.backend
+            if backend is None:
+                raise errors.ConfigurationUnavailable(
+                    "no backend: this runtime can only read receipts",
+                    operation_id=current.operation_id,
+                )
+            renew = attempt.reason == "authentication_reissue"
+            try:
+                token = await backend.credentials.token(renew=renew)
+            except trio.Cancelled:
+                raise
+            except Exception as exc:  # renewal unavailable: a sign-in blocker, nothing spent
+                if not renew:
+                    raise
+                t = await self._advance(
+                    lambda _: machine.credentials_unavailable(current, attempt.attempt_id)
+                )
+                rt.telemetry.emit("operation.authentication_required", self.operation_id)
+                assert isinstance(t.action, machine.Stop)
+                raise t.action.error from exc
+        self._token = token
+        t = await self._advance(
+            lambda command: machine.authorization_answered(
+                current, attempt.attempt_id, approved, self._ctx(command)
+            )
+        )
+        if isinstance(t.action, machine.Transmit):
+            _killpoints.hit("attempt.consumed_saved")
+            rt.telemetry.emit("attempt.transmission_authorized", self.operation_id,
+                              attempt=attempt.number)
+        return t
+
+    async def _transmit(
+        self, current: OperationRecord, action: machine.Transmit
+    ) -> machine.Transition:
+        rt = self.rt
+        backend = rt.backend
+        assert backend is not None
+        body = rt.store.get_payload(self.operation_id, "body")
+        if body is None:
+            raise errors.CorruptRecord("the frozen body is missing", operation_id=self.operation_id)
+        token = self._token
+        self._token = None
+        assert token is not None
+        attempt_id = action.attempt_id
+        outcome: list[Completed | Interruption] = []
+        progress_state: dict[str, Any] = {}
+
+        def on_progress(p: Progress) -> None:
+            progress_state["response_id"] = p.response_id
+            progress_state["sequence_number"] = p.sequence_number
+
+        async def stream() -> None:
+            async with rt.scheduler.transmission_slot():
+                outcome.append(
+                    await backend.stream(body, attempt_id=attempt_id, token=token,
+                                         on_progress=on_progress)
+                )
+
+        completed = await self._interruptible(stream())
+        if progress_state:
+            current = machine.progress(
+                current, attempt_id, progress_state.get("response_id"),
+                progress_state.get("sequence_number"),
+            ).record
+            self.record = current
+        if not completed:
+            return await self._on_command(current)
+        result = outcome[0]
+        if isinstance(result, Completed):
+            _killpoints.hit("stream.completed_unreceived")
+            try:
+                payload = self.contract.validate(result.text)
+            except OutputInvalid as invalid:
+                result = Interruption(
+                    kind="invalid_output",
+                    provider_code=invalid.kind,
+                    response_id=result.response_id,
+                    sequence_number=result.sequence_number,
+                    had_output=True,
+                )
+            else:
+                _killpoints.hit("receipt.before_save")
+                done = current
+                try:
+                    t = await self._advance(
+                        lambda command: machine.completion_validated(
+                            done, attempt_id, self._ctx(command),
+                            response_id=result.response_id,
+                            sequence_number=result.sequence_number,
+                        ),
+                        completion=payload,
+                    )
+                except errors.StorageLimitExceeded as exc:
+                    raise errors.CompletionUnavailable(
+                        "the validated completion could not be saved (store full)",
+                        operation_id=self.operation_id,
+                    ) from exc
+                except errors.StorageUnavailable as exc:
+                    raise errors.CompletionUnavailable(
+                        "the validated completion could not be saved",
+                        operation_id=self.operation_id,
+                    ) from exc
+                if t.record.has_completion:
+                    self._payload = payload
+                    _killpoints.hit("receipt.saved")
+                    rt.telemetry.emit("receipt.saved", self.operation_id, bytes=len(payload))
+                return t
+        failure = result
+        rt.telemetry.emit("attempt.failed", self.operation_id, kind=failure.kind,
+                          http_status=failure.http_status, code=failure.provider_code)
+        failed_from = current
+        return await self._advance(
+            lambda command: machine.attempt_failed(
+                failed_from, attempt_id, failure, self._ctx(command)
+            )
+        )
+
+    async def _deliver(self, current: OperationRecord) -> Any:
+        assert self.watch is not None
+        if self.watch.command == "cancel":
+            await self._advance(lambda _: machine.command_observed(current, "cancel"))
+            raise errors.OperationCancelled(operation_id=self.operation_id)
+        payload = self._payload
+        if payload is None:
+            payload = self.rt.store.get_payload(self.operation_id, "completion")
+            if payload is None:
+                # Fail closed: a missing receipt is never permission to regenerate.
+                raise errors.CompletionUnavailable(
+                    "the saved completion is missing", operation_id=self.operation_id
+                )
+            self.rt.telemetry.emit("receipt.retrieved", self.operation_id)
+        try:
+            return self.contract.decode(payload)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise errors.FormatMismatch(
+                "the saved completion does not decode with the requested type",
+                operation_id=self.operation_id,
+            ) from exc
+
+    _token: str | None = None
+
+
+def _saves(t: machine.Transition) -> bool:
+    return t.record.has_completion and t.record.phase == "completed"

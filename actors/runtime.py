@@ -1,0 +1,482 @@
+"""The Runtime (supervisor): the public API over one store, one backend, one account.
+
+``open_runtime`` opens a supervisor nursery holding the Scheduler, the
+LifecycleMonitor and the telemetry pump; each ``send_recovering`` runs an
+OperationActor in the caller's task (so the caller's cancellation suspends it).
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any, Protocol, TypeVar
+
+import msgspec
+import trio
+from recoverable.actors.monitor import LifecycleMonitor
+from recoverable.actors.operation import Authorize, OperationActor, check_disposition
+from recoverable.actors.scheduler import Scheduler
+from recoverable.storage.records import (
+    CommandKind,
+    DispositionRecord,
+    OperationRecord,
+)
+from recoverable.storage.store import RecoveryStore, WriteTxn
+from recoverable.transport.base import Credentials
+from recoverable.transport.outcome import Outcome, Progress
+
+from recoverable import _killpoints, errors, machine
+from recoverable.body import body_hash, freeze_body
+from recoverable.contract import ResponseContract, contract_for
+from recoverable.telemetry import Telemetry, TelemetrySink
+from recoverable.types import (
+    AccountBinding,
+    Handle,
+    Inventory,
+    JsonSchema,
+    Receipt,
+    RetryPolicy,
+    Status,
+    StructuredRequest,
+    to_datetime,
+    to_timestamp,
+)
+
+T = TypeVar("T")
+Selector = Callable[[StructuredRequest], StructuredRequest]
+
+_UNSET: Any = object()
+
+
+class Backend(Protocol):
+    """What the runtime needs from a transport (``ResponsesBackend`` implements it)."""
+
+    @property
+    def endpoint_id(self) -> str: ...
+
+    @property
+    def credentials(self) -> Credentials: ...
+
+    async def stream(
+        self,
+        body: bytes,
+        *,
+        attempt_id: str,
+        token: str,
+        on_progress: Callable[[Progress], None] | None = None,
+    ) -> Outcome: ...
+
+
+class StoredRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """The original request and contract, kept for ``reselect`` manual retries."""
+
+    version: int = 1
+    request: StructuredRequest
+    format_name: str
+    schema: dict[str, Any]
+
+
+class Runtime:
+    def __init__(
+        self,
+        store: RecoveryStore,
+        backend: Backend | None,
+        *,
+        account: AccountBinding | None,
+        selector: Selector | None = None,
+        wall_clock: Callable[[], float] = time.time,
+        scheduler: Scheduler,
+        telemetry: Telemetry,
+        monitor: LifecycleMonitor,
+    ) -> None:
+        self.store = store
+        self.backend = backend
+        self.account = account
+        self.selector = selector
+        self.now = wall_clock
+        self.scheduler = scheduler
+        self.telemetry = telemetry
+        self.monitor = monitor
+
+    # --- account --------------------------------------------------------------------
+
+    def sign_out(self) -> None:
+        """Stop authorizing work for any account (running operations stop at their next check)."""
+        self.account = None
+
+    def sign_in(self, account: AccountBinding) -> None:
+        self.account = account
+
+    def _require_account(self, record: OperationRecord) -> None:
+        if self.account is None:
+            raise errors.AccountChanged("signed out", operation_id=record.operation_id)
+        if record.account != self.account:
+            raise errors.AccountChanged(
+                "the operation belongs to another account", operation_id=record.operation_id
+            )
+
+    # --- prepare --------------------------------------------------------------------
+
+    async def prepare(
+        self,
+        request: StructuredRequest,
+        *,
+        response: type[msgspec.Struct] | JsonSchema,
+        maximum_attempts: int,
+        retry_policy: RetryPolicy | None = None,
+        expires_at: Any = None,
+        scope: str | None = None,
+        job_id: str | None = None,
+        input_revision: str | None = None,
+        contract_version: str | None = None,
+    ) -> Handle:
+        """Freeze the request and persist the operation without sending anything."""
+        if self.account is None:
+            raise errors.AccountChanged("signed out: cannot prepare")
+        policy = retry_policy or RetryPolicy()
+        machine.validate_preparation(
+            maximum_attempts=maximum_attempts,
+            retry_policy=policy,
+            scope=scope,
+            job_id=job_id,
+            input_revision=input_revision,
+            contract_version=contract_version,
+        )
+        if self.backend is None:
+            raise errors.ConfigurationUnavailable("no backend: cannot prepare generation")
+        contract = contract_for(response)
+        effective = request
+        if self.selector is not None and not request.model_override:
+            effective = self.selector(request)
+        body = freeze_body(effective, contract)
+        operation_id = "op_" + secrets.token_hex(16)
+        record = OperationRecord(
+            operation_id=operation_id,
+            account=self.account,
+            endpoint_id=self.backend.endpoint_id,
+            created_at=self.now(),
+            maximum_attempts=maximum_attempts,
+            expires_at=to_timestamp(expires_at),
+            retry_policy=policy,
+            model=effective.model,
+            reasoning_effort=effective.reasoning_effort,
+            model_override=request.model_override,
+            format_name=contract.name,
+            format_hash=contract.format_hash,
+            contract_version=contract_version,
+            scope=scope,
+            job_id=job_id,
+            input_revision=input_revision,
+            body_hash=body_hash(body),
+            root_operation_id=operation_id,
+        )
+        stored = msgspec.json.encode(
+            StoredRequest(request=request, format_name=contract.name, schema=contract.schema)
+        )
+        await self._create(record, body, stored)
+        self.telemetry.emit("operation.prepared", operation_id, model=record.model,
+                            effort=record.reasoning_effort, maximum_attempts=maximum_attempts)
+        return Handle(operation_id, root_operation_id=operation_id)
+
+    async def _create(self, record: OperationRecord, body: bytes, stored: bytes) -> None:
+        op_id = record.operation_id
+
+        def create(txn: WriteTxn) -> None:
+            if txn.get_operation(op_id) is not None:
+                raise errors.InvalidRequest("operation id collision", operation_id=op_id)
+            txn.put_payload(op_id, "body", body)
+            txn.put_payload(op_id, "request", stored)
+            txn.put_operation(record)
+
+        _killpoints.hit("prepare.before_save")
+        await self.store.write(create)
+        _killpoints.hit("prepare.saved")
+
+    # --- send -----------------------------------------------------------------------
+
+    async def send_recovering(
+        self,
+        handle: Handle,
+        *,
+        response: type[T] | JsonSchema,
+        authorize: Authorize,
+        expected_contract_version: str | None = _UNSET,
+    ) -> T:
+        """Run the operation to a validated, saved completion and return it.
+
+        A saved completion is returned with no POST and no callback. Trio
+        cancellation of the calling task suspends the operation.
+        """
+        contract: ResponseContract = contract_for(response)
+        actor = OperationActor(self, handle.operation_id, contract, authorize)
+        result: T = await actor.run(
+            expected_contract_version=(
+                None if expected_contract_version is _UNSET else expected_contract_version
+            ),
+            check_contract_version=expected_contract_version is not _UNSET,
+        )
+        return result
+
+    # --- reads ----------------------------------------------------------------------
+
+    def _read(self, operation_id: str) -> OperationRecord:
+        record = self.store.get_operation(operation_id)
+        if record is None:
+            disposition = self.store.get_disposition(operation_id)
+            if disposition is not None:
+                raise errors.StateUnavailable(
+                    f"operation is {disposition.disposition}", operation_id=operation_id
+                )
+            raise errors.StateUnavailable("no such operation", operation_id=operation_id)
+        return record
+
+    async def status(self, handle: Handle) -> Status:
+        """A snapshot of every dimension; never generates, renews or takes the lease."""
+        return self.status_of(handle.operation_id)
+
+    def status_of(self, operation_id: str) -> Status:
+        disposition = self.store.get_disposition(operation_id)
+        if disposition is not None:
+            return self._disposition_status(disposition)
+        try:
+            record = self.store.get_operation(operation_id)
+        except (errors.CorruptRecord, errors.UnsupportedRecordVersion):
+            return Status(
+                operation_id=operation_id,
+                state="failed",
+                availability="blocked",
+                blockers=frozenset({"incompatible_record"}),
+                suggested_actions=("abandon",),
+            )
+        if record is None:
+            raise errors.StateUnavailable("no such operation", operation_id=operation_id)
+        return self._status(record)
+
+    def _status(self, record: OperationRecord) -> Status:
+        lease = self.store.get_lease(record.operation_id)
+        live = lease is not None and self.store.lease_is_live(lease)
+        command = self.store.get_command(record.operation_id)
+        return machine.derive_status(
+            record,
+            now=self.now(),
+            lease_live=live,
+            viewer=self.account,
+            endpoint_id=self.backend.endpoint_id if self.backend is not None else None,
+            command=command.kind if command is not None else None,
+        )
+
+    def _disposition_status(self, d: DispositionRecord) -> Status:
+        if self.account is None or d.account != self.account:
+            return machine.redacted_status(d.operation_id)
+        return Status(
+            operation_id=d.operation_id,
+            state=d.disposition,
+            availability=d.disposition,
+            attempts_used=d.attempts_used,
+            maximum_attempts=d.maximum_attempts,
+            root_operation_id=d.root_operation_id,
+            previous_operation_id=d.previous_operation_id,
+            job_id=d.job_id,
+            input_revision=d.input_revision,
+            scope=d.scope,
+        )
+
+    async def receipt(self, handle: Handle) -> Receipt:
+        """The saved, validated completion (works without backend or unexpired permission)."""
+        record = self._read(handle.operation_id)
+        self._require_account(record)
+        command = self.store.get_command(record.operation_id)
+        if record.phase == "cancelled" or (command is not None and command.kind == "cancel"):
+            raise errors.OperationCancelled(operation_id=record.operation_id)
+        payload = self.store.get_payload(record.operation_id, "completion")
+        if not record.has_completion or payload is None or record.completed_at is None:
+            raise errors.CompletionUnavailable(
+                "no saved completion", operation_id=record.operation_id
+            )
+        last = record.attempts[-1] if record.attempts else None
+        completed_at = to_datetime(record.completed_at)
+        assert completed_at is not None
+        self.telemetry.emit("receipt.retrieved", record.operation_id)
+        return Receipt(
+            operation_id=record.operation_id,
+            payload=payload,
+            format_name=record.format_name,
+            format_hash=record.format_hash,
+            contract_version=record.contract_version,
+            job_id=record.job_id,
+            input_revision=record.input_revision,
+            scope=record.scope,
+            completed_at=completed_at,
+            root_operation_id=record.root_operation_id,
+            previous_operation_id=record.previous_operation_id,
+            response_id=last.response_id if last else None,
+            account=record.account,
+        )
+
+    async def inventory(self, scope: str | None = None) -> Inventory:
+        if self.account is None:
+            raise errors.AccountChanged("signed out: no inventory")
+        records, unreadable = self.store.inventory(account=self.account, scope=scope)
+        return Inventory(
+            operations=tuple(self._status(r) for r in records), unreadable=tuple(unreadable)
+        )
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    async def suspend(self, handle: Handle) -> None:
+        """Suspend from any runtime on the store, also while another process streams it."""
+        await self._command(handle.operation_id, "suspend")
+
+    async def cancel(self, handle: Handle) -> None:
+        """Permanently cancel: fences late delivery and all future generation."""
+        await self._command(handle.operation_id, "cancel")
+
+    async def _command(self, operation_id: str, kind: CommandKind) -> None:
+        now = self.now()
+        account = self.account
+
+        def write(txn: WriteTxn) -> Any:
+            check_disposition(txn, operation_id)
+            record = txn.get_operation(operation_id)
+            if record is None:
+                raise errors.StateUnavailable("no such operation", operation_id=operation_id)
+            if account is None or record.account != account:
+                raise errors.AccountChanged(operation_id=operation_id)
+            lease = txn.get_lease(operation_id)
+            if lease is not None and txn.lease_is_live(lease):
+                existing = txn.get_command(operation_id)
+                if existing is not None and existing.kind == "cancel":
+                    return existing  # never downgrade a cancel
+                return txn.put_command(operation_id, kind, now)
+            # Nobody runs it: apply directly (a dead owner's lease is void).
+            t = machine.command_on_idle(record, kind)
+            if t.changed:
+                txn.put_operation(t.record)
+            if txn.get_command(operation_id) is not None and kind == "cancel":
+                txn.delete_command(operation_id)
+            return None
+
+        command = await self.store.write(write)
+        if command is not None:
+            self.monitor.notify_local(command)
+        self.telemetry.emit(
+            "operation.cancelled" if kind == "cancel" else "operation.suspended", operation_id
+        )
+
+    async def acknowledge(self, handle: Handle) -> None:
+        """After the host's own commit: remove request and response, keep a small marker.
+
+        Idempotent; repeating it completes a removal interrupted by a crash.
+        """
+        await self._dispose(handle.operation_id, "acknowledged")
+        self.telemetry.emit("receipt.acknowledged", handle.operation_id)
+
+    async def abandon(self, handle: Handle) -> None:
+        """The result is no longer applicable: remove content, keep a small marker."""
+        await self._dispose(handle.operation_id, "abandoned")
+        self.telemetry.emit("operation.abandoned", handle.operation_id)
+
+    async def _dispose(self, operation_id: str, disposition: str) -> None:
+        now = self.now()
+        account = self.account
+
+        def mark(txn: WriteTxn) -> bool:
+            existing = txn.get_disposition(operation_id)
+            if existing is not None:
+                if account is None or existing.account != account:
+                    raise errors.AccountChanged(operation_id=operation_id)
+                if existing.disposition != disposition:
+                    raise errors.StateUnavailable(
+                        f"operation is {existing.disposition}", operation_id=operation_id
+                    )
+                return not existing.removal_complete
+            record = txn.get_operation(operation_id)
+            if record is None:
+                raise errors.StateUnavailable("no such operation", operation_id=operation_id)
+            if account is None or record.account != account:
+                raise errors.AccountChanged(operation_id=operation_id)
+            lease = txn.get_lease(operation_id)
+            if lease is not None and txn.lease_is_live(lease):
+                raise errors.OperationBusy(
+                    "stop and await the active execution first", operation_id=operation_id
+                )
+            if disposition == "acknowledged":
+                machine.check_acknowledge(record)
+            txn.put_disposition(
+                DispositionRecord(
+                    operation_id=operation_id,
+                    disposition=disposition,  # type: ignore[arg-type]
+                    at=now,
+                    account=record.account,
+                    scope=record.scope,
+                    job_id=record.job_id,
+                    input_revision=record.input_revision,
+                    root_operation_id=record.root_operation_id,
+                    previous_operation_id=record.previous_operation_id,
+                    attempts_used=record.attempts_used,
+                    maximum_attempts=record.maximum_attempts,
+                )
+            )
+            return True
+
+        if not await self.store.write(mark):
+            return
+        _killpoints.hit("acknowledge.marker_saved")
+
+        def remove(txn: WriteTxn) -> None:
+            existing = txn.get_disposition(operation_id)
+            if existing is None or existing.removal_complete:
+                return
+            for kind in ("body", "request", "completion"):
+                txn.delete_payload(operation_id, kind)
+            if txn.get_operation(operation_id) is not None:
+                txn.delete_operation(operation_id)
+            if txn.get_command(operation_id) is not None:
+                txn.delete_command(operation_id)
+            if txn.get_lease(operation_id) is not None:
+                txn.delete_lease(operation_id)
+            txn.put_disposition(msgspec.structs.replace(existing, removal_complete=True))
+
+        await self.store.write(remove)
+
+
+@asynccontextmanager
+async def open_runtime(
+    store: RecoveryStore,
+    backend: Backend | None,
+    *,
+    account: AccountBinding | None,
+    selector: Selector | None = None,
+    max_concurrency: int | None = None,
+    requests_per_second: float | None = None,
+    telemetry: TelemetrySink | None = None,
+    wall_clock: Callable[[], float] = time.time,
+    monitor_interval: float = 0.002,
+) -> AsyncIterator[Runtime]:
+    """Open the supervisor: scheduler, lifecycle monitor and telemetry pump."""
+    scheduler = Scheduler(
+        wall_clock, max_concurrency=max_concurrency, requests_per_second=requests_per_second
+    )
+    pump = Telemetry(telemetry)
+    monitor = LifecycleMonitor(store, poll_interval=monitor_interval)
+    runtime = Runtime(
+        store,
+        backend,
+        account=account,
+        selector=selector,
+        wall_clock=wall_clock,
+        scheduler=scheduler,
+        telemetry=pump,
+        monitor=monitor,
+    )
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(scheduler.run)
+        nursery.start_soon(monitor.run)
+        nursery.start_soon(pump.run)
+        try:
+            yield runtime
+        finally:
+            pump.flush()
+            nursery.cancel_scope.cancel()

@@ -1,0 +1,46 @@
+"""Named crash points for the crash test harness (zero cost unless enabled).
+
+Set ``RECOVERABLE_KILL_AT=<name>`` (optionally ``<name>@<n>`` for the n-th hit)
+in a test process's environment and the process SIGKILLs itself when the code
+path reaches that point. Nothing else reads this variable.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+_spec = os.environ.get("RECOVERABLE_KILL_AT")
+_TARGET: str | None
+_NTH = 1
+if _spec:
+    _name, _, _count = _spec.partition("@")
+    _TARGET = _name
+    _NTH = int(_count) if _count.isdigit() else 1
+else:
+    _TARGET = None
+_hits = 0
+
+# The boundaries of the crash table (specification, "Exactly where durability begins").
+POINTS = (
+    "prepare.before_save",  # 1: before the SDK record is saved
+    "prepare.saved",  # 2: record saved, before the host stores the handle
+    "host.handle_saved",  # 3: handle saved, before authorization (host side)
+    "attempt.pending_saved",  # 4: pending attempt id saved, during authorization
+    "attempt.consumed_saved",  # 5: consumed attempt saved, before/while sending
+    "stream.completed_unreceived",  # 6: the server completed, response not yet received
+    "receipt.before_save",  # 7: validated completion received, receipt not saved
+    "receipt.saved",  # 8: receipt saved, before the host commit
+    "host.committed",  # 9: host commit done, before acknowledge (host side)
+    "acknowledge.marker_saved",  # 10: acknowledgement marker saved, before payload removal
+)
+
+
+def hit(name: str) -> None:
+    """SIGKILL this process if ``name`` is the enabled kill point (and its hit count)."""
+    global _hits
+    if _TARGET is None or name != _TARGET:
+        return
+    _hits += 1
+    if _hits >= _NTH:
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,89 @@
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+import recoverable
+from recoverable.testing import FixtureProvider
+
+ACCOUNT = recoverable.AccountBinding("acct-1", "api-key")
+OTHER = recoverable.AccountBinding("acct-2", "api-key")
+
+
+class Answer(msgspec.Struct, frozen=True):
+    answer: int
+    note: str
+
+
+REQUEST = recoverable.StructuredRequest(
+    model="gpt-test", instructions="Answer briefly.", input="What is six times seven?"
+)
+
+
+class Authorizer:
+    """Records every callback; approves unless told otherwise."""
+
+    def __init__(self, approve: bool = True) -> None:
+        self.approve = approve
+        self.calls: list[recoverable.Attempt] = []
+
+    async def __call__(self, attempt: recoverable.Attempt) -> bool:
+        self.calls.append(attempt)
+        return self.approve
+
+
+class RenewingCredentials:
+    """Hands out a first token, and a renewed one on ``renew=True``."""
+
+    def __init__(self, first: str, renewed: str, account: recoverable.AccountBinding) -> None:
+        self._first = first
+        self._renewed = renewed
+        self._account = account
+        self.renewals = 0
+
+    @property
+    def account(self) -> recoverable.AccountBinding:
+        return self._account
+
+    async def token(self, *, renew: bool = False) -> str:
+        if renew:
+            self.renewals += 1
+            return self._renewed
+        return self._first
+
+
+@pytest.fixture
+async def provider() -> AsyncIterator[FixtureProvider]:
+    async with FixtureProvider.serve() as p:
+        yield p
+
+
+@pytest.fixture(params=["websocket", "sse"])
+def mode(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[recoverable.RecoveryStore]:
+    s = recoverable.RecoveryStore.open(str(tmp_path / "store"))
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def make_backend(
+    provider: FixtureProvider, mode: str = "sse", credentials: Any = None
+) -> recoverable.ResponsesBackend:
+    creds = credentials or recoverable.StaticCredentials("sk-test-secret", account=ACCOUNT)
+    return recoverable.ResponsesBackend(
+        provider.http_url, credentials=creds, mode=mode, endpoint_id="fixture"  # type: ignore[arg-type]
+    )
+
+
+def generation_requests(provider: FixtureProvider, operation_id: str) -> list[Any]:
+    return [r for r in provider.requests if (r.attempt_id or "").startswith(operation_id + ".")]
