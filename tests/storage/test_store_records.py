@@ -1,0 +1,219 @@
+"""Round trips, deterministic encoding, indexes and the upgrader hook."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+from recoverable.storage import (
+    RecoveryStore,
+    WriteTxn,
+    codec,
+    register_operation_upgrader,
+    unregister_operation_upgrader,
+)
+from recoverable.storage.records import (
+    AttemptRecord,
+    CommandRecord,
+    DispositionRecord,
+    LeaseRecord,
+    OperationRecord,
+    PendingAttempt,
+    RetryReservation,
+)
+from recoverable.transport.outcome import Interruption
+from storage_helpers import ACCOUNT, OTHER, make_op, spawn_child
+
+from recoverable.errors import CorruptRecord, InvalidRequest, UnsupportedRecordVersion
+
+
+def full_op(op_id: str) -> OperationRecord:
+    return make_op(
+        op_id,
+        phase="waiting",
+        next_attempt_at=1_700_000_100.5,
+        attempts_used=2,
+        attempts=(
+            AttemptRecord(
+                attempt_id="att-1",
+                number=1,
+                reason="initial",
+                consumed_at=1.5,
+                outcome="failed",
+                response_id="resp_1",
+                sequence_number=7,
+                failure=Interruption(kind="http_rejected", http_status=429, retry_after=2.0),
+            ),
+        ),
+        pending=PendingAttempt("att-2", 2, "replacement"),
+        expires_at=1_800_000_000.0,
+        scope="campaign",
+        job_id="job-7",
+        input_revision="r3",
+        contract_version="v2",
+        retry_reservation=RetryReservation("act", "succ", "hash"),
+        last_failure=Interruption(kind="disconnected", had_output=True),
+    )
+
+
+def test_every_record_type_and_payload_round_trips_across_reopen(store_path: str) -> None:
+    op = full_op("op-1")
+    lease = LeaseRecord(operation_id="op-1", owner_id="o" * 32, token="t", fence=3, acquired_at=2.0)
+    disposition = DispositionRecord(
+        operation_id="op-1", disposition="acknowledged", at=3.0, account=ACCOUNT, scope=None
+    )
+    body = bytes(range(256)) * 10
+    with RecoveryStore.open(store_path) as store:
+
+        def write_all(txn: WriteTxn) -> CommandRecord:
+            txn.put_operation(op)
+            txn.put_lease(lease)
+            txn.put_disposition(disposition)
+            txn.put_payload("op-1", "body", body)
+            txn.put_payload("op-1", "completion", b"")
+            return txn.put_command("op-1", "suspend", 4.0)
+
+        command = store.write_sync(write_all)
+        assert command.serial == 1 and command.kind == "suspend"
+    with RecoveryStore.open(store_path) as store:
+        assert store.get_operation("op-1") == op
+        assert store.get_lease("op-1") == lease
+        assert store.get_disposition("op-1") == disposition
+        assert store.get_command("op-1") == command
+        assert store.commands() == [command]
+        assert store.get_payload("op-1", "body") == body
+        assert store.get_payload("op-1", "completion") == b""
+        assert store.get_payload("op-1", "request") is None
+        assert store.get_operation("missing") is None
+        assert store.check_integrity() == []
+
+
+def test_same_record_gives_same_bytes_in_every_process() -> None:
+    op = make_op("op-det", scope="s", job_id="j")
+    here = codec.encode(op)
+    assert codec.encode(msgspec.structs.replace(op)) == here
+    assert codec.decode_operation(here) == op
+    outputs = set()
+    for seed in ("1", "2", "3"):  # set order follows the (per-process) string hash seed
+        proc = spawn_child("encode", env={"PYTHONHASHSEED": seed})
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        outputs.add(out.strip())
+    assert outputs == {here.hex()}
+
+
+def test_encoding_refuses_to_write_a_foreign_version() -> None:
+    with pytest.raises(ValueError, match="version"):
+        codec.encode(make_op("x", version=1))
+
+
+async def test_command_serials_increase_and_cancel_is_never_replaced(
+    store: RecoveryStore,
+) -> None:
+    first = await store.write(lambda t: t.put_command("a", "suspend", 1.0))
+    second = await store.write(lambda t: t.put_command("b", "cancel", 2.0))
+    third = await store.write(lambda t: t.put_command("b", "suspend", 3.0))
+    assert (first.serial, second.serial) == (1, 2)
+    assert third == second  # the permanent cancel stays
+    assert [c.operation_id for c in store.commands()] == ["a", "b"]
+    assert store.commands(after_serial=1) == [second]
+    assert store.last_command_serial() == 2
+    assert await store.write(lambda t: t.delete_command("a")) is True
+    assert store.get_command("a") is None
+
+
+async def test_schedule_index_follows_phase_and_next_attempt(store: RecoveryStore) -> None:
+    await store.write(
+        lambda t: t.put_operation(make_op("late", phase="waiting", next_attempt_at=30.0))
+    )
+    await store.write(
+        lambda t: t.put_operation(make_op("early", phase="waiting", next_attempt_at=-5.0))
+    )
+    await store.write(
+        lambda t: t.put_operation(make_op("mid", phase="waiting", next_attempt_at=10.0))
+    )
+    await store.write(
+        lambda t: t.put_operation(make_op("idle", next_attempt_at=1.0))
+    )  # not waiting
+    assert store.waiting() == [(-5.0, "early"), (10.0, "mid"), (30.0, "late")]
+    assert store.waiting(until=10.0) == [(-5.0, "early"), (10.0, "mid")]
+    # moving an operation out of "waiting" removes it; rescheduling moves it
+    await store.write(lambda t: t.put_operation(make_op("mid", phase="transmitting")))
+    await store.write(
+        lambda t: t.put_operation(make_op("late", phase="waiting", next_attempt_at=1.0))
+    )
+    assert store.waiting() == [(-5.0, "early"), (1.0, "late")]
+    assert await store.write(lambda t: t.delete_operation("early")) is True
+    assert store.waiting() == [(1.0, "late")]
+    assert store.check_integrity() == []
+    with pytest.raises(InvalidRequest):
+        await store.write(
+            lambda t: t.put_operation(make_op("nan", phase="waiting", next_attempt_at=float("nan")))
+        )
+
+
+async def test_hosts_index_tells_none_from_empty_and_follows_changes(store: RecoveryStore) -> None:
+    await store.write(lambda t: t.put_operation(make_op("n1", scope=None, job_id=None)))
+    await store.write(lambda t: t.put_operation(make_op("e1", scope="", job_id="")))
+    await store.write(lambda t: t.put_operation(make_op("j1", scope="s", job_id="job")))
+    await store.write(lambda t: t.put_operation(make_op("j2", scope="s", job_id="job")))
+    await store.write(
+        lambda t: t.put_operation(make_op("o1", account=OTHER, scope="s", job_id="job"))
+    )
+    assert store.ids_by_job(ACCOUNT, None, None) == ["n1"]
+    assert store.ids_by_job(ACCOUNT, "", "") == ["e1"]
+    assert sorted(store.ids_by_job(ACCOUNT, "s", "job")) == ["j1", "j2"]
+    assert store.ids_by_job(OTHER, "s", "job") == ["o1"]
+    await store.write(lambda t: t.put_operation(make_op("j2", scope="s", job_id="other")))
+    assert store.ids_by_job(ACCOUNT, "s", "job") == ["j1"]
+    readable, unreadable = store.inventory(account=ACCOUNT, scope="s")
+    assert sorted(r.operation_id for r in readable) == ["j1", "j2"] and unreadable == []
+    assert len(store.inventory()[0]) == 5
+    assert store.check_integrity() == []
+
+
+async def test_invalid_ids_and_kinds_are_typed_errors(store: RecoveryStore) -> None:
+    for bad in ("", "a\0b", "x" * 401):
+        with pytest.raises(InvalidRequest):
+            store.get_operation(bad)
+    with pytest.raises(InvalidRequest):
+        await store.write(lambda t: t.put_payload("op", "secret", b""))  # type: ignore[arg-type]
+    with pytest.raises(InvalidRequest):
+        await store.write(lambda t: t.put_raw("meta", b"bytes_used", b"\0"))
+
+
+async def test_registered_upgrader_reads_an_old_version_and_allows_rewrite(
+    store: RecoveryStore,
+) -> None:
+    old = msgspec.msgpack.encode({"version": 1, "id": "v1-op", "attempts": 2})
+
+    def upgrade(data: bytes) -> OperationRecord:
+        legacy = msgspec.msgpack.decode(data)
+        return make_op(legacy["id"], attempts_used=legacy["attempts"], upgraded_from=1)
+
+    await store.write(lambda t: t.put_raw("operations", b"v1-op", old))
+    with pytest.raises(UnsupportedRecordVersion):
+        store.get_operation("v1-op")
+    register_operation_upgrader(1, upgrade)
+    try:
+        record = store.get_operation("v1-op")
+        assert record is not None and record.upgraded_from == 1 and record.attempts_used == 2
+        assert store.inventory()[1] == []
+        await store.write(lambda t: t.put_operation(record))  # migration writes version 2
+        assert codec.read_version(store.get_raw("operations", b"v1-op") or b"") == 2
+    finally:
+        unregister_operation_upgrader(1)
+    assert store.get_operation("v1-op") == record  # now a current record
+
+
+def test_failing_upgrader_makes_the_record_corrupt() -> None:
+    def broken(data: bytes) -> OperationRecord:
+        raise KeyError("id")
+
+    register_operation_upgrader(1, broken)
+    try:
+        with pytest.raises(CorruptRecord):
+            codec.decode_operation(msgspec.msgpack.encode({"version": 1}))
+    finally:
+        unregister_operation_upgrader(1)
+    with pytest.raises(ValueError):
+        register_operation_upgrader(2, broken)

@@ -1,0 +1,132 @@
+"""The group-committing writer: batching, isolation of failures, shielded waits."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import trio
+import trio.lowlevel
+import trio.testing
+from recoverable.storage import RecoveryStore, WriteTxn
+from storage_helpers import make_op
+
+from recoverable.errors import StorageUnavailable
+
+
+async def test_a_thousand_concurrent_writers_share_few_commits_and_all_survive_reopen(
+    store_path: str,
+) -> None:
+    with RecoveryStore.open(store_path) as store:
+        before = store.stats()
+        results: dict[int, str] = {}
+
+        async def one(i: int) -> None:
+            def mutation(txn: WriteTxn) -> str:
+                txn.put_operation(make_op(f"op-{i:04d}"))
+                txn.put_payload(f"op-{i:04d}", "body", b"%d" % i)
+                return f"ok-{i}"
+
+            results[i] = await store.write(mutation)
+
+        async with trio.open_nursery() as nursery:
+            for i in range(1000):
+                nursery.start_soon(one, i)
+        after = store.stats()
+        writes = after["writes"] - before["writes"]
+        commits = after["commits"] - before["commits"]
+        assert writes == 1000
+        assert commits <= writes / 5, (commits, writes)
+        assert after["largest_batch"] > 1
+        assert results == {i: f"ok-{i}" for i in range(1000)}
+    with RecoveryStore.open(store_path) as store:
+        readable, unreadable = store.inventory()
+        assert sorted(r.operation_id for r in readable) == [f"op-{i:04d}" for i in range(1000)]
+        assert unreadable == []
+        assert all(store.get_payload(f"op-{i:04d}", "body") == b"%d" % i for i in range(1000))
+        assert store.check_integrity() == []
+
+
+async def test_a_failing_mutation_is_rolled_back_alone_within_its_batch(
+    store: RecoveryStore,
+) -> None:
+    entered, release = threading.Event(), threading.Event()
+    outcomes: dict[int, object] = {}
+
+    def blocker(txn: WriteTxn) -> None:
+        entered.set()
+        release.wait(30)
+
+    async def one(i: int) -> None:
+        def mutation(txn: WriteTxn) -> int:
+            txn.put_operation(make_op(f"b-{i}"))
+            txn.put_payload(f"b-{i}", "body", b"x")
+            if i % 3 == 0:
+                raise ValueError(f"mutation {i} refuses")
+            return i
+
+        try:
+            outcomes[i] = await store.write(mutation)
+        except ValueError as exc:
+            outcomes[i] = exc
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(store.write, blocker)
+        await trio.to_thread.run_sync(entered.wait, 30)
+        commits_before = store.stats()["commits"]
+        for i in range(12):
+            nursery.start_soon(one, i)
+        await trio.testing.wait_all_tasks_blocked()  # all twelve are queued behind the blocker
+        assert store._writer is not None and store._writer.queued == 12
+        release.set()
+    assert store.stats()["commits"] - commits_before == 2  # the blocker's batch, then one batch
+    assert store.stats()["largest_batch"] == 12
+    for i in range(12):
+        if i % 3 == 0:
+            assert isinstance(outcomes[i], ValueError)
+            assert store.get_operation(f"b-{i}") is None
+            assert store.get_payload(f"b-{i}", "body") is None
+        else:
+            assert outcomes[i] == i
+            assert store.get_operation(f"b-{i}") is not None
+    assert store.check_integrity() == []  # bytes_used counted only the committed ones
+
+
+async def test_a_cancelled_caller_still_learns_the_durable_outcome(store: RecoveryStore) -> None:
+    got: list[str] = []
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        got.append(await store.write(lambda t: (t.put_operation(make_op("shielded")), "done")[1]))
+        await (
+            trio.lowlevel.checkpoint()
+        )  # the pending cancellation is delivered at the next checkpoint
+        got.append("not reached")
+    assert scope.cancelled_caught
+    assert got == ["done"]
+    assert store.get_operation("shielded") == make_op("shielded")
+
+
+def test_write_sync_returns_and_raises_like_the_mutation(store: RecoveryStore) -> None:
+    assert store.write_sync(lambda t: (t.put_payload("s", "body", b"1"), 42)[1]) == 42
+    with pytest.raises(KeyError):
+        store.write_sync(lambda t: {}["missing"])
+    with pytest.raises(RuntimeError, match="deadlock"):
+        store.write_sync(lambda t: store.write_sync(lambda t2: None))
+    assert store.get_payload("s", "body") == b"1"
+
+
+async def test_a_closed_store_refuses_reads_and_writes(store_path: str) -> None:
+    store = RecoveryStore.open(store_path)
+    store.close()
+    with pytest.raises(StorageUnavailable):
+        await store.write(lambda t: None)
+    with pytest.raises(StorageUnavailable):
+        store.get_operation("x")
+    with pytest.raises(StorageUnavailable):
+        store.last_txnid()
+
+
+def test_last_txnid_moves_with_every_commit(store: RecoveryStore) -> None:
+    first = store.last_txnid()
+    store.write_sync(lambda t: t.put_payload("t", "body", b"1"))
+    assert store.last_txnid() == first + 1
