@@ -8,6 +8,7 @@ makes a deterministic schema-valid value for a request's ``text.format.schema``.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Mapping
 from typing import Any, Literal, get_args
@@ -428,12 +429,14 @@ def _number(schema: Mapping[str, Any], *, integer: bool) -> int | float:
         value = high
     if isinstance(xhigh, int | float) and value >= xhigh:
         value = xhigh - 1 if integer else xhigh - 0.5
-    multiple = schema.get("multipleOf")
-    if integer and isinstance(multiple, int) and multiple > 0:
-        value = (int(value) // multiple) * multiple
     if integer:
-        return int(value) if float(value).is_integer() else int(value) + 1
-    return float(value)
+        value = math.ceil(value)
+    multiple = schema.get("multipleOf")
+    if isinstance(multiple, int | float) and not isinstance(multiple, bool) and multiple > 0:
+        up = math.ceil(value / multiple) * multiple  # the next multiple at or above
+        value = up if not isinstance(high, int | float) or up <= high else (
+            math.floor(value / multiple) * multiple)
+    return int(value) if integer else float(value)
 
 
 def violate(schema: Any, value: Any) -> Any:

@@ -77,7 +77,7 @@ class SseTransport:
             except httpx.ConnectError:
                 outcome = state.interrupt("disconnected", transport_code="connect_failed")
             except httpx.RemoteProtocolError:
-                outcome = state.interrupt("disconnected", transport_code="incomplete_body")
+                outcome = state.interrupt("disconnected", transport_code="http_protocol_error")
             except httpx.ReadError:
                 outcome = state.interrupt("disconnected", transport_code="read_error")
             except httpx.WriteError:
