@@ -7,6 +7,7 @@ OperationActor in the caller's task (so the caller's cancellation suspends it).
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
@@ -22,6 +23,7 @@ from recoverable.storage.records import (
     CommandKind,
     DispositionRecord,
     OperationRecord,
+    RetryReservation,
 )
 from recoverable.storage.store import RecoveryStore, WriteTxn
 from recoverable.transport.base import Credentials
@@ -38,6 +40,7 @@ from recoverable.types import (
     JsonSchema,
     Receipt,
     RetryPolicy,
+    Selection,
     Status,
     StructuredRequest,
     to_datetime,
@@ -218,6 +221,176 @@ class Runtime:
             check_contract_version=expected_contract_version is not _UNSET,
         )
         return result
+
+    # --- manual retry ---------------------------------------------------------------
+
+    async def retry(
+        self,
+        handle: Handle,
+        *,
+        retry_action_id: str,
+        maximum_attempts: int,
+        selection: Selection = "preserve",
+        expires_at: Any = None,
+        retry_policy: RetryPolicy | None = None,
+    ) -> Handle:
+        """Create (or finish creating) the one successor of a source operation.
+
+        Only after a deliberate user decision; it does not generate. The
+        successor has a fresh bounded budget and links to the previous/root
+        operations; the source's history and spent budget are unchanged. The
+        reservation is saved on the source before the child is created, and
+        the child's id derives from (source id, action id), so repeating the
+        same action with the same settings returns or completes the same child.
+        """
+        if not isinstance(retry_action_id, str) or not 0 < len(retry_action_id) <= 256:
+            raise errors.InvalidRequest("retry_action_id must be a non-empty string (<= 256)")
+        if selection not in ("preserve", "reselect"):
+            raise errors.InvalidRequest("selection must be 'preserve' or 'reselect'")
+        machine.validate_preparation(
+            maximum_attempts=maximum_attempts,
+            retry_policy=retry_policy or RetryPolicy(),
+            scope=None, job_id=None, input_revision=None, contract_version=None,
+        )
+        if self.backend is None:
+            raise errors.ConfigurationUnavailable("no backend: cannot prepare a successor")
+        source_id = handle.operation_id
+        settings = msgspec.json.encode(
+            {
+                "maximum_attempts": maximum_attempts,
+                "selection": selection,
+                "expires_at": to_timestamp(expires_at),
+                "retry_policy": retry_policy,
+            },
+            order="sorted",
+        )
+        settings_hash = hashlib.sha256(settings).hexdigest()
+        successor_id = "op_" + hashlib.sha256(
+            f"{source_id}\0{retry_action_id}".encode()
+        ).hexdigest()[:32]
+        account = self.account
+        now = self.now()
+        endpoint_id = self.backend.endpoint_id
+
+        def reserve(txn: WriteTxn) -> OperationRecord:
+            check_disposition(txn, source_id)
+            source = txn.get_operation(source_id)
+            if source is None:
+                raise errors.StateUnavailable("no such operation", operation_id=source_id)
+            if account is None or source.account != account:
+                raise errors.AccountChanged(operation_id=source_id)
+            reservation = source.retry_reservation
+            if reservation is not None:
+                if reservation.retry_action_id != retry_action_id:
+                    raise errors.RetryAlreadyCreated(
+                        f"successor {reservation.successor_id} exists; retry from it",
+                        operation_id=source_id,
+                    )
+                if reservation.settings_hash != settings_hash:
+                    raise errors.RetryConfigurationMismatch(operation_id=source_id)
+                return source
+            lease = txn.get_lease(source_id)
+            if lease is not None and txn.lease_is_live(lease):
+                raise errors.OperationBusy(operation_id=source_id)
+            machine.check_retry_source(source, now=now, endpoint_id=endpoint_id)
+            reserved = msgspec.structs.replace(
+                source,
+                retry_reservation=RetryReservation(
+                    retry_action_id=retry_action_id,
+                    successor_id=successor_id,
+                    settings_hash=settings_hash,
+                ),
+            )
+            txn.put_operation(reserved)
+            return reserved
+
+        source = await self.store.write(reserve)
+        assert source.retry_reservation is not None
+        if source.retry_reservation.created:
+            return self._successor_handle(source)
+        _killpoints.hit("retry.reserved")
+        body, stored, model, effort = self._successor_body(source, selection)
+        child = OperationRecord(
+            operation_id=successor_id,
+            account=source.account,
+            endpoint_id=endpoint_id,
+            created_at=now,
+            maximum_attempts=maximum_attempts,
+            expires_at=to_timestamp(expires_at),
+            retry_policy=retry_policy or source.retry_policy,
+            model=model,
+            reasoning_effort=effort,
+            model_override=source.model_override,
+            format_name=source.format_name,
+            format_hash=source.format_hash,
+            contract_version=source.contract_version,
+            scope=source.scope,
+            job_id=source.job_id,
+            input_revision=source.input_revision,
+            body_hash=body_hash(body),
+            root_operation_id=source.root_operation_id,
+            previous_operation_id=source_id,
+        )
+
+        def create(txn: WriteTxn) -> None:
+            current = txn.get_operation(source_id)
+            if current is None or current.retry_reservation is None:
+                raise errors.StateUnavailable("the source changed", operation_id=source_id)
+            if txn.get_operation(successor_id) is None and txn.get_disposition(
+                successor_id
+            ) is None:
+                txn.put_payload(successor_id, "body", body)
+                txn.put_payload(successor_id, "request", stored)
+                txn.put_operation(child)
+            done = msgspec.structs.replace(current.retry_reservation, created=True)
+            txn.put_operation(msgspec.structs.replace(current, retry_reservation=done))
+
+        await self.store.write(create)
+        self.telemetry.emit("operation.manual_retry_created", successor_id,
+                            previous=source_id, selection=selection,
+                            maximum_attempts=maximum_attempts, model=model)
+        return self._successor_handle(source)
+
+    @staticmethod
+    def _successor_handle(source: OperationRecord) -> Handle:
+        assert source.retry_reservation is not None
+        return Handle(
+            source.retry_reservation.successor_id,
+            root_operation_id=source.root_operation_id,
+            previous_operation_id=source.operation_id,
+        )
+
+    def _successor_body(
+        self, source: OperationRecord, selection: Selection
+    ) -> tuple[bytes, bytes, str, str | None]:
+        op_id = source.operation_id
+        body = self.store.get_payload(op_id, "body")
+        stored_raw = self.store.get_payload(op_id, "request")
+        if body is None or stored_raw is None:
+            raise errors.StateUnavailable(
+                "the source's frozen request is unavailable", operation_id=op_id
+            )
+        if selection == "preserve":
+            return body, stored_raw, source.model, source.reasoning_effort
+        try:
+            stored = msgspec.json.decode(stored_raw, type=StoredRequest)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise errors.CorruptRecord(
+                "the saved request is unreadable", operation_id=op_id
+            ) from exc
+        request = stored.request
+        effective = request
+        if self.selector is not None and not request.model_override:
+            effective = self.selector(request)
+        contract = contract_for(JsonSchema(stored.format_name, stored.schema))
+        if contract.format_hash != source.format_hash:
+            raise errors.FormatMismatch("the saved contract changed", operation_id=op_id)
+        return (
+            freeze_body(effective, contract),
+            stored_raw,
+            effective.model,
+            effective.reasoning_effort,
+        )
 
     # --- reads ----------------------------------------------------------------------
 

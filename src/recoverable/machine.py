@@ -602,6 +602,36 @@ def command_on_idle(rec: OperationRecord, kind: CommandKind) -> Transition:
     return _t(rec, _suspended(rec), None)
 
 
+def check_retry_source(rec: OperationRecord, *, now: float, endpoint_id: str | None) -> None:
+    """The source-condition table of manual retry, row by row."""
+    op = rec.operation_id
+    if rec.phase == "cancelled":
+        raise errors.RetryNotAllowed("permanently cancelled: terminal", operation_id=op)
+    if rec.has_completion:
+        raise errors.RetryNotAllowed(
+            "a completion is saved: read and commit the receipt", operation_id=op
+        )
+    if rec.phase == "failed":
+        if rec.failure_reason == "tool_activity":
+            raise errors.RetryNotAllowed(
+                "tool activity: correct the request instead of retrying it", operation_id=op
+            )
+        if rec.failure_reason == "authentication_required":
+            raise errors.RetryNotAllowed(
+                "sign in to the same account and resume instead", operation_id=op
+            )
+        return  # exhausted, quota, rejected, provider failure, invalid output, incomplete
+    if rec.attempts_remaining == 0:
+        return  # exhausted (also: suspended and exhausted)
+    if _expired(rec, now):
+        return  # expired attempt permission
+    if endpoint_id is not None and endpoint_id != rec.endpoint_id:
+        return  # configuration-blocked
+    raise errors.RetryNotAllowed(
+        "the operation can still run: resume it instead", operation_id=op
+    )
+
+
 def check_acknowledge(rec: OperationRecord) -> None:
     """Acknowledge only a saved completion (after the host's own commit)."""
     if rec.phase == "cancelled":

@@ -1,0 +1,219 @@
+"""Manual retry: the source-condition table of the specification, row by row."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import msgspec
+import pytest
+import trio
+
+import recoverable
+from recoverable.testing import FixtureProvider, Reply
+
+from .conftest import (
+    ACCOUNT,
+    OTHER,
+    REQUEST,
+    Answer,
+    Authorizer,
+    generation_requests,
+    make_backend,
+)
+
+FAST = recoverable.RetryPolicy(initial_backoff=0.0, maximum_backoff=0.0)
+
+
+async def exhausted_operation(
+    rt: recoverable.Runtime, provider: FixtureProvider, **prepare: object
+) -> recoverable.Handle:
+    provider.script([Reply.disconnect(after_events=2)])
+    handle = await rt.prepare(
+        REQUEST, response=Answer, maximum_attempts=1, retry_policy=FAST, job_id="j",
+        input_revision="r1", **prepare,  # type: ignore[arg-type]
+    )
+    with pytest.raises(recoverable.AttemptsExhausted):
+        await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
+    return handle
+
+
+async def test_exhausted_source_gets_one_linked_successor_with_a_fresh_budget(
+    provider: FixtureProvider, store: recoverable.RecoveryStore
+) -> None:
+    async with recoverable.open_runtime(store, make_backend(provider), account=ACCOUNT) as rt:
+        source = await exhausted_operation(rt, provider)
+        before = await rt.status(source)
+        child = await rt.retry(source, retry_action_id="user-click-1", maximum_attempts=2)
+        assert child.operation_id != source.operation_id
+        assert child.previous_operation_id == source.operation_id
+        assert child.root_operation_id == source.operation_id
+        assert generation_requests(provider, child.operation_id) == []  # retry does not generate
+        after = await rt.status(source)
+        assert after.attempts_used == before.attempts_used == 1
+        assert after.successor_id == child.operation_id
+        status = await rt.status(child)
+        assert status.attempts_remaining == 2 and status.previous_operation_id == source.operation_id
+        assert status.job_id == "j" and status.input_revision == "r1"
+        # Same action, same settings: the same child. Different action: rejected.
+        again = await rt.retry(source, retry_action_id="user-click-1", maximum_attempts=2)
+        assert again == child
+        with pytest.raises(recoverable.RetryAlreadyCreated):
+            await rt.retry(source, retry_action_id="user-click-2", maximum_attempts=2)
+        with pytest.raises(recoverable.RetryConfigurationMismatch):
+            await rt.retry(source, retry_action_id="user-click-1", maximum_attempts=3)
+        value = await rt.send_recovering(child, response=Answer, authorize=Authorizer())
+        assert isinstance(value, Answer)
+        assert store.get_payload(child.operation_id, "body") == store.get_payload(
+            source.operation_id, "body"
+        )
+
+
+async def test_source_conditions_that_refuse_a_manual_retry(
+    provider: FixtureProvider, store: recoverable.RecoveryStore
+) -> None:
+    async with recoverable.open_runtime(store, make_backend(provider), account=ACCOUNT) as rt:
+        # Suspended (or idle) with attempts left: resume instead.
+        idle = await rt.prepare(REQUEST, response=Answer, maximum_attempts=2)
+        await rt.suspend(idle)
+        with pytest.raises(recoverable.RetryNotAllowed):
+            await rt.retry(idle, retry_action_id="a", maximum_attempts=1)
+        # A saved completion must be read, not regenerated.
+        done = await rt.prepare(REQUEST, response=Answer, maximum_attempts=2)
+        await rt.send_recovering(done, response=Answer, authorize=Authorizer())
+        with pytest.raises(recoverable.RetryNotAllowed):
+            await rt.retry(done, retry_action_id="a", maximum_attempts=1)
+        # Permanently cancelled: terminal.
+        cancelled = await exhausted_operation(rt, provider)
+        await rt.cancel(cancelled)
+        with pytest.raises(recoverable.RetryNotAllowed):
+            await rt.retry(cancelled, retry_action_id="a", maximum_attempts=1)
+        # Acknowledged / abandoned / missing: nothing to clone.
+        await rt.acknowledge(done)
+        with pytest.raises(recoverable.StateUnavailable):
+            await rt.retry(done, retry_action_id="b", maximum_attempts=1)
+        gone = await exhausted_operation(rt, provider)
+        await rt.abandon(gone)
+        with pytest.raises(recoverable.StateUnavailable):
+            await rt.retry(gone, retry_action_id="a", maximum_attempts=1)
+        with pytest.raises(recoverable.StateUnavailable):
+            await rt.retry(recoverable.Handle("op_missing"), retry_action_id="a",
+                           maximum_attempts=1)
+        # Another account's (or a signed-out) request cannot be copied.
+        mine = await exhausted_operation(rt, provider)
+        rt.sign_in(OTHER)
+        with pytest.raises(recoverable.AccountChanged):
+            await rt.retry(mine, retry_action_id="a", maximum_attempts=1)
+        rt.sign_out()
+        with pytest.raises(recoverable.AccountChanged):
+            await rt.retry(mine, retry_action_id="a", maximum_attempts=1)
+        rt.sign_in(ACCOUNT)
+        # Budget bounds hold for successors too.
+        with pytest.raises(recoverable.InvalidRequest):
+            await rt.retry(mine, retry_action_id="a", maximum_attempts=1001)
+
+
+async def test_quota_failure_and_expiry_allow_a_deliberate_successor(
+    provider: FixtureProvider, store: recoverable.RecoveryStore
+) -> None:
+    async with recoverable.open_runtime(store, make_backend(provider), account=ACCOUNT) as rt:
+        provider.script([Reply.quota_exceeded()])
+        quota = await rt.prepare(REQUEST, response=Answer, maximum_attempts=3)
+        with pytest.raises(recoverable.ProviderError):
+            await rt.send_recovering(quota, response=Answer, authorize=Authorizer())
+        child = await rt.retry(quota, retry_action_id="after-top-up", maximum_attempts=1)
+        assert (await rt.status(child)).attempts_remaining == 1
+        past = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=1)
+        expired = await rt.prepare(REQUEST, response=Answer, maximum_attempts=3, expires_at=past)
+        with pytest.raises(recoverable.StateExpired):
+            await rt.send_recovering(expired, response=Answer, authorize=Authorizer())
+        assert (await rt.status(expired)).availability == "expired"
+        successor = await rt.retry(expired, retry_action_id="renew", maximum_attempts=1)
+        value = await rt.send_recovering(successor, response=Answer, authorize=Authorizer())
+        assert isinstance(value, Answer)
+
+
+async def test_reselect_picks_a_newly_available_model_while_preserve_keeps_the_body(
+    provider: FixtureProvider, store: recoverable.RecoveryStore
+) -> None:
+    available = {"model": "gpt-old"}
+
+    def selector(request: recoverable.StructuredRequest) -> recoverable.StructuredRequest:
+        return msgspec.structs.replace(request, model=available["model"])
+
+    backend = make_backend(provider)
+    async with recoverable.open_runtime(
+        store, backend, account=ACCOUNT, selector=selector
+    ) as rt:
+        source = await exhausted_operation(rt, provider)
+        assert (await rt.status(source)).model == "gpt-old"
+        available["model"] = "gpt-new"
+        kept = await rt.retry(source, retry_action_id="p", maximum_attempts=1)
+        source_body = store.get_payload(source.operation_id, "body")
+        assert store.get_payload(kept.operation_id, "body") == source_body
+        second = await exhausted_operation(rt, provider)
+        fresh = await rt.retry(second, retry_action_id="r", maximum_attempts=1,
+                               selection="reselect")
+        body = msgspec.json.decode(store.get_payload(fresh.operation_id, "body") or b"")
+        assert body["model"] == "gpt-new"
+        assert (await rt.status(fresh)).model == "gpt-new"
+        # An explicit per-request model override stays binding on reselection.
+        pinned_request = msgspec.structs.replace(REQUEST, model="gpt-pinned", model_override=True)
+        provider.script([Reply.disconnect(after_events=2)])
+        pinned = await rt.prepare(pinned_request, response=Answer, maximum_attempts=1,
+                                  retry_policy=FAST)
+        with pytest.raises(recoverable.AttemptsExhausted):
+            await rt.send_recovering(pinned, response=Answer, authorize=Authorizer())
+        redo = await rt.retry(pinned, retry_action_id="r", maximum_attempts=1,
+                              selection="reselect")
+        assert msgspec.json.decode(store.get_payload(redo.operation_id, "body") or b"")[
+            "model"
+        ] == "gpt-pinned"
+
+
+RETRY_CHILD = """
+import sys, trio, recoverable
+from tests.runtime.test_retry import child_main
+sys.exit(trio.run(child_main, sys.argv[1], sys.argv[2]))
+"""
+
+
+async def child_main(store_path: str, operation_id: str) -> int:
+    store = recoverable.RecoveryStore.open(store_path)
+    backend = recoverable.ResponsesBackend(
+        "http://127.0.0.1:9/v1",
+        credentials=recoverable.StaticCredentials("k", account=ACCOUNT),
+        endpoint_id="fixture",
+    )
+    async with recoverable.open_runtime(store, backend, account=ACCOUNT) as rt:
+        await rt.retry(recoverable.Handle(operation_id), retry_action_id="crashy",
+                       maximum_attempts=2)
+    return 0
+
+
+async def test_sigkill_between_reservation_and_child_creation_then_same_action_completes(
+    provider: FixtureProvider, store: recoverable.RecoveryStore, tmp_path: Path
+) -> None:
+    async with recoverable.open_runtime(store, make_backend(provider), account=ACCOUNT) as rt:
+        source = await exhausted_operation(rt, provider)
+        env = dict(os.environ, RECOVERABLE_KILL_AT="retry.reserved")
+        root = str(Path(__file__).resolve().parents[2])
+        proc = await trio.run_process(
+            [sys.executable, "-c", RETRY_CHILD, str(tmp_path / "store"), source.operation_id],
+            env=env, cwd=root, check=False, capture_stderr=True,
+        )
+        assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+        record = store.get_operation(source.operation_id)
+        assert record is not None and record.retry_reservation is not None
+        assert not record.retry_reservation.created
+        successor_id = record.retry_reservation.successor_id
+        assert store.get_operation(successor_id) is None
+        child = await rt.retry(source, retry_action_id="crashy", maximum_attempts=2)
+        assert child.operation_id == successor_id
+        assert (await rt.status(child)).attempts_remaining == 2
+        with pytest.raises(recoverable.RetryAlreadyCreated):
+            await rt.retry(source, retry_action_id="other", maximum_attempts=2)
