@@ -50,7 +50,7 @@ from recoverable.errors import (
     StorageUnavailable,
     UnsupportedRecordVersion,
 )
-from recoverable.types import AccountBinding
+from recoverable.types import AccountBinding, CleanupResult, to_timestamp
 
 __all__ = ["FORMAT_VERSION", "TABLES", "RecoveryStore", "Table", "WriteTxn"]
 
@@ -882,3 +882,46 @@ class RecoveryStore:
     def _tokens_discard(self, token: str) -> None:
         with self._tokens_lock:
             self._tokens.discard(token)
+
+    # -- retention (explicit maintenance; see storage/retention.py) --
+
+    def dispositions(
+        self, account: AccountBinding | None = None, scope: str | None = None
+    ) -> list[DispositionRecord]:
+        """Readable disposition markers matching ``account``/``scope`` (None: any)."""
+
+        def scan(txn: lmdb.Transaction[bytes]) -> list[DispositionRecord]:
+            found: list[DispositionRecord] = []
+            for key, raw in txn.cursor(db=self._dbs["dispositions"]).iternext():
+                try:
+                    record = codec.decode_disposition(raw, operation_id=_key_str(key))
+                except (CorruptRecord, UnsupportedRecordVersion):
+                    continue
+                if account is not None and record.account != account:
+                    continue
+                if scope is not None and record.scope != scope:
+                    continue
+                found.append(record)
+            return found
+
+        return self._read(scan)
+
+    def purge_account(
+        self, account: AccountBinding, scope: str | None = None
+    ) -> CleanupResult:
+        """Remove the account's idle records and markers; report busy/unreadable ones."""
+        from recoverable.storage.retention import purge_account
+
+        return purge_account(self, account, scope)
+
+    def cleanup_disposed(self, *, before: Any, account: AccountBinding) -> CleanupResult:
+        """Remove old acknowledgement/abandonment markers (never live records).
+
+        ``before`` is a timezone-aware ``datetime`` or a POSIX timestamp.
+        """
+        from recoverable.storage.retention import cleanup_disposed
+
+        stamp = before if isinstance(before, int | float) else to_timestamp(before)
+        if stamp is None:
+            raise InvalidRequest("before is required")
+        return cleanup_disposed(self, before=float(stamp), account=account)

@@ -1,0 +1,106 @@
+"""Explicit retention: purge an account's idle records, clean up old disposition markers.
+
+Nothing here runs on its own and nothing is evicted to make room: these are
+store-maintenance decisions a host makes deliberately. Busy (live lease) and
+unreadable records are reported as skipped, never guessed about or removed.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from recoverable.types import AccountBinding, CleanupResult
+
+if TYPE_CHECKING:
+    from recoverable.storage.store import RecoveryStore, WriteTxn
+
+_PAYLOADS = ("body", "request", "completion")
+
+
+def _remove_operation(txn: WriteTxn, operation_id: str) -> None:
+    for kind in _PAYLOADS:
+        txn.delete_payload(operation_id, kind)  # type: ignore[arg-type]
+    if txn.get_operation(operation_id) is not None:
+        txn.delete_operation(operation_id)
+    for getter, deleter in (
+        (txn.get_command, txn.delete_command),
+        (txn.get_lease, txn.delete_lease),
+        (txn.get_disposition, txn.delete_disposition),
+    ):
+        if getter(operation_id) is not None:
+            deleter(operation_id)
+
+
+def purge_account(
+    store: RecoveryStore, account: AccountBinding, scope: str | None = None
+) -> CleanupResult:
+    """Remove this account's idle records (and their markers and control rows).
+
+    Works after sign-out with the host's retained binding. Records with a live
+    lease are skipped (stop and await the execution first); unreadable records
+    are skipped and reported by id, whatever their owner might be.
+    """
+    records, unreadable = store.inventory(account=account, scope=scope)
+    candidates = [r.operation_id for r in records]
+    markers = [d.operation_id for d in store.dispositions(account=account, scope=scope)]
+
+    def purge(txn: WriteTxn) -> tuple[list[str], list[str]]:
+        removed: list[str] = []
+        skipped: list[str] = []
+        for op_id in candidates:
+            record = txn.get_operation(op_id)
+            if record is None or record.account != account:
+                continue
+            lease = txn.get_lease(op_id)
+            if lease is not None and txn.lease_is_live(lease):
+                skipped.append(op_id)
+                continue
+            _remove_operation(txn, op_id)
+            removed.append(op_id)
+        for op_id in markers:
+            marker = txn.get_disposition(op_id)
+            if marker is None or marker.account != account or op_id in removed:
+                continue
+            if txn.get_operation(op_id) is not None:
+                continue  # handled above (or busy)
+            _remove_operation(txn, op_id)
+            removed.append(op_id)
+        return removed, skipped
+
+    removed, skipped = store.write_sync(purge)
+    return CleanupResult(removed=tuple(removed), skipped=tuple(skipped + unreadable))
+
+
+def cleanup_disposed(
+    store: RecoveryStore, *, before: float, account: AccountBinding
+) -> CleanupResult:
+    """Remove acknowledgement/abandonment markers older than ``before`` for ``account``.
+
+    Never touches unacknowledged completions or unfinished requests. A marker
+    whose content removal is still incomplete is skipped (repeat the
+    acknowledgement first). Once a marker is removed, status is unavailable.
+    """
+    markers = [d for d in store.dispositions(account=account) if d.at < before]
+
+    def clean(txn: WriteTxn) -> tuple[list[str], list[str]]:
+        removed: list[str] = []
+        skipped: list[str] = []
+        for marker in markers:
+            current = txn.get_disposition(marker.operation_id)
+            if current is None or current.account != account or current.at >= before:
+                continue
+            if not current.removal_complete or txn.get_operation(marker.operation_id):
+                skipped.append(marker.operation_id)
+                continue
+            txn.delete_disposition(marker.operation_id)
+            for getter, deleter in (
+                (txn.get_command, txn.delete_command),
+                (txn.get_lease, txn.delete_lease),
+            ):
+                if getter(marker.operation_id) is not None:
+                    deleter(marker.operation_id)
+            removed.append(marker.operation_id)
+        return removed, skipped
+
+    removed, skipped = store.write_sync(clean)
+    return CleanupResult(removed=tuple(removed), skipped=tuple(skipped))
