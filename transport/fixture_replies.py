@@ -540,7 +540,7 @@ def _usage(text: str) -> dict[str, Any]:
     out = max(1, len(text) // 4)
     return {
         "input_tokens": 10,
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
         "output_tokens": out,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": 10 + out,
