@@ -1,0 +1,33 @@
+"""Shortened soak: many jobs in one host process, SIGKILLed at random moments.
+
+The fixture provider runs in its own process with random faults (disconnects,
+429s with a short Retry-After, 500s, stalls cut by a tight idle timeout,
+``response.failed`` with a retryable code). The host is killed K times and
+restarted, then allowed to finish. Every job must end committed exactly once
+or recorded as failed with a typed terminal error; no operation may have more
+POSTs than its budget or than the attempts it durably spent; every record
+decodes. ``bench/soak.py`` runs the long version.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from .soak_driver import run_soak
+
+
+@pytest.mark.parametrize("seed", [11])
+def test_soak_sigkill_restart_every_job_committed_once_within_budget(
+    tmp_path: Path, seed: int
+) -> None:
+    result = run_soak(tmp_path, jobs=150, concurrency=30, kills=5, seed=seed, deadline=50.0)
+    print("\nsoak:", result.summary())
+    assert result.violations == [], result.summary()
+    assert result.kills == 5, result.summary()
+    assert result.committed + result.failed == result.jobs
+    # The faults must actually have been exercised, and most jobs finish.
+    assert result.posts > result.jobs
+    assert sum(n for kind, n in result.reply_kinds.items() if kind != "synthesize") > 0
+    assert result.committed >= result.jobs * 0.9, result.summary()
