@@ -19,11 +19,13 @@ import trio
 from recoverable.actors.monitor import LifecycleMonitor
 from recoverable.actors.operation import Authorize, OperationActor, check_disposition
 from recoverable.actors.scheduler import Scheduler
+from recoverable.storage.migration import upgrade_operation
 from recoverable.storage.records import (
     CommandKind,
     DispositionRecord,
     OperationRecord,
     RetryReservation,
+    StoredRequest,
 )
 from recoverable.storage.store import RecoveryStore, WriteTxn
 from recoverable.transport.base import Credentials
@@ -70,15 +72,6 @@ class Backend(Protocol):
         token: str,
         on_progress: Callable[[Progress], None] | None = None,
     ) -> Outcome: ...
-
-
-class StoredRequest(msgspec.Struct, frozen=True, kw_only=True):
-    """The original request and contract, kept for ``reselect`` manual retries."""
-
-    version: int = 1
-    request: StructuredRequest
-    format_name: str
-    schema: dict[str, Any]
 
 
 class Runtime:
@@ -213,6 +206,8 @@ class Runtime:
         cancellation of the calling task suspends the operation.
         """
         contract: ResponseContract = contract_for(response)
+        if self.backend is not None:
+            await self._upgrade_if_version1(handle.operation_id, self.backend.endpoint_id)
         actor = OperationActor(self, handle.operation_id, contract, authorize)
         result: T = await actor.run(
             expected_contract_version=(
@@ -391,6 +386,14 @@ class Runtime:
             effective.model,
             effective.reasoning_effort,
         )
+
+    async def _upgrade_if_version1(self, operation_id: str, endpoint_id: str) -> None:
+        try:
+            record = self.store.get_operation(operation_id)
+        except errors.RecoveryError:
+            return  # the actor reports it
+        if record is not None and record.upgraded_from == 1 and not record.body_hash:
+            await upgrade_operation(self.store, operation_id, endpoint_id=endpoint_id)
 
     # --- reads ----------------------------------------------------------------------
 
@@ -644,12 +647,19 @@ async def open_runtime(
         telemetry=pump,
         monitor=monitor,
     )
+    body_error: BaseException | None = None
     async with trio.open_nursery() as nursery:
         nursery.start_soon(scheduler.run)
         nursery.start_soon(monitor.run)
         nursery.start_soon(pump.run)
         try:
             yield runtime
+        except BaseException as exc:
+            # Re-raised below, unchanged: the host's own exception must not come back
+            # wrapped in an ExceptionGroup by this internal nursery.
+            body_error = exc
         finally:
             pump.flush()
             nursery.cancel_scope.cancel()
+    if body_error is not None:
+        raise body_error

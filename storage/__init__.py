@@ -4,12 +4,15 @@
 taken and released inside mutations with ``acquire_lease`` / ``release_lease``.
 """
 
+from recoverable.storage import migration as _migration  # registers the version-1 reader
 from recoverable.storage.codec import (
     register_operation_upgrader,
     unregister_operation_upgrader,
 )
 from recoverable.storage.leases import acquire_lease, release_lease
 from recoverable.storage.store import FORMAT_VERSION, TABLES, RecoveryStore, Table, WriteTxn
+
+del _migration
 
 __all__ = [
     "FORMAT_VERSION",

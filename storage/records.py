@@ -11,12 +11,12 @@ small and cheap to rewrite on every state change.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
-
 from recoverable.transport.outcome import Interruption
-from recoverable.types import AccountBinding, AttemptReason, RetryPolicy
+
+from recoverable.types import AccountBinding, AttemptReason, RetryPolicy, StructuredRequest
 
 OPERATION_VERSION = 2
 COMMAND_VERSION = 1
@@ -164,3 +164,12 @@ class DispositionRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     attempts_used: int = 0
     maximum_attempts: int = 0
     removal_complete: bool = False  # payloads and the operation record are gone
+
+
+class StoredRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """The original request and contract (payload kind "request"), kept for reselection."""
+
+    version: int = 1
+    request: StructuredRequest
+    format_name: str
+    schema: dict[str, Any]

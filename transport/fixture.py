@@ -19,7 +19,7 @@ import signal
 import sys
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
@@ -172,7 +172,20 @@ class FixtureProvider:
                 nursery.cancel_scope.cancel()
 
     # -- replies and records -------------------------------------------------------------
-    def next_reply(self) -> Reply:
+    def script_for(self, chooser: Callable[[str], Reply | None] | None) -> None:
+        """Choose replies by attempt id (``x-client-request-id``) before the script.
+
+        ``chooser(attempt_id)`` returns a Reply, or None to fall back to the script,
+        the faults and synthesis. Requests without an attempt id skip it.
+        """
+        self._chooser = chooser
+
+    def next_reply(self, attempt_id: str | None = None) -> Reply:
+        chooser: Callable[[str], Reply | None] | None = getattr(self, "_chooser", None)
+        if chooser is not None and attempt_id is not None:
+            chosen = chooser(attempt_id)
+            if chosen is not None:
+                return chosen
         if self._script:
             return self._script.popleft()
         if self.faults is not None:
@@ -312,7 +325,7 @@ class FixtureProvider:
                              "type": "invalid_request_error", "param": None, "code": None}}
             await self._simple(conn, stream, 400, msgspec.json.encode(err))
             return True
-        reply = self.next_reply()
+        reply = self.next_reply(attempt_id)
         self._record("sse", headers, canonical, reply.kind, attempt_id)
         if reply.kind in HTTP_KINDS:
             rejection = http_rejection(reply)
@@ -328,16 +341,19 @@ class FixtureProvider:
             ]),
         )
         limit = self._prefix(reply, events)
-        for event in events[:limit]:
-            frame = b"event: " + event["type"].encode() + b"\ndata: " + msgspec.json.encode(
-                event) + b"\n\n"
-            await self._send(conn, stream, h11.Data(data=frame))
-        if reply.kind == "disconnect":
-            return False  # drop the connection mid-body
-        if reply.kind == "stall":
-            await self._until_peer_gone(stream)
-            return False
-        await self._send(conn, stream, h11.EndOfMessage())
+        # One write for the whole (prefix of the) stream: the bytes are exactly the
+        # real API's frames; only their pacing is compressed.
+        frames = b"".join(
+            b"event: " + event["type"].encode() + b"\ndata: " + msgspec.json.encode(event)
+            + b"\n\n"
+            for event in events[:limit]
+        )
+        if reply.kind in ("disconnect", "stall"):
+            await self._send(conn, stream, h11.Data(data=frames))
+            if reply.kind == "stall":
+                await self._until_peer_gone(stream)
+            return False  # a disconnect drops the connection mid-body
+        await self._send(conn, stream, h11.Data(data=frames), h11.EndOfMessage())
         return True
 
     @staticmethod
@@ -372,7 +388,7 @@ class FixtureProvider:
         while True:
             for event in ws.events():
                 if isinstance(event, wse.Request):
-                    reply = self.next_reply()
+                    reply = self.next_reply(attempt_id)
                     if reply.kind in HTTP_KINDS:
                         self._record("websocket", headers, b"", reply.kind, attempt_id)
                         rejection = http_rejection(reply)
@@ -444,7 +460,7 @@ class FixtureProvider:
                 "message": "Expected a response.create message.", "param": None}})
             return True
         if reply is None:
-            reply = self.next_reply()
+            reply = self.next_reply(attempt_id)
         self._record("websocket", headers, canonical, reply.kind, attempt_id)
         if reply.kind in HTTP_KINDS:
             rejection = http_rejection(reply)
@@ -457,8 +473,10 @@ class FixtureProvider:
             return True
         events = self._events(reply, obj)
         limit = self._prefix(reply, events)
-        for event in events[:limit]:
-            await self._ws_send(ws, stream, event)
+        await stream.send_all(b"".join(
+            ws.send(wse.TextMessage(data=msgspec.json.encode(event).decode()))
+            for event in events[:limit]
+        ))
         if reply.kind == "disconnect":
             return False  # TCP dropped without a close frame (client sees 1006)
         if reply.kind == "stall":

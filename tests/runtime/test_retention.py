@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.lowlevel
 
 import recoverable
 from recoverable.testing import FixtureProvider, Reply
@@ -170,5 +171,5 @@ async def test_a_failing_sink_never_breaks_an_operation(
         assert isinstance(
             await rt.send_recovering(handle, response=Answer, authorize=Authorizer()), Answer
         )
-        await trio.sleep(0)
+        await trio.lowlevel.checkpoint()
         assert rt.telemetry.failed >= 1

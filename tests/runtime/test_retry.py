@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime as dt
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -57,7 +56,8 @@ async def test_exhausted_source_gets_one_linked_successor_with_a_fresh_budget(
         assert after.attempts_used == before.attempts_used == 1
         assert after.successor_id == child.operation_id
         status = await rt.status(child)
-        assert status.attempts_remaining == 2 and status.previous_operation_id == source.operation_id
+        assert status.attempts_remaining == 2
+        assert status.previous_operation_id == source.operation_id
         assert status.job_id == "j" and status.input_revision == "r1"
         # Same action, same settings: the same child. Different action: rejected.
         again = await rt.retry(source, retry_action_id="user-click-1", maximum_attempts=2)
@@ -175,6 +175,7 @@ async def test_reselect_picks_a_newly_available_model_while_preserve_keeps_the_b
         ] == "gpt-pinned"
 
 
+ROOT = str(Path(__file__).resolve().parents[2])
 RETRY_CHILD = """
 import sys, trio, recoverable
 from tests.runtime.test_retry import child_main
@@ -201,10 +202,9 @@ async def test_sigkill_between_reservation_and_child_creation_then_same_action_c
     async with recoverable.open_runtime(store, make_backend(provider), account=ACCOUNT) as rt:
         source = await exhausted_operation(rt, provider)
         env = dict(os.environ, RECOVERABLE_KILL_AT="retry.reserved")
-        root = str(Path(__file__).resolve().parents[2])
         proc = await trio.run_process(
             [sys.executable, "-c", RETRY_CHILD, str(tmp_path / "store"), source.operation_id],
-            env=env, cwd=root, check=False, capture_stderr=True,
+            env=env, cwd=ROOT, check=False, capture_stderr=True,
         )
         assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
         record = store.get_operation(source.operation_id)
