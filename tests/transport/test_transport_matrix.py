@@ -243,3 +243,28 @@ async def test_many_concurrent_streams(provider: FixtureProvider, mode: str) -> 
     assert len(results) == 300 and all(isinstance(r, Completed) for r in results)
     assert len(provider.requests) == 300
     assert len({r.response_id for r in results}) == 300
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_seeded_faults_when_script_is_empty(mode: str) -> None:
+    from recoverable.testing import FaultSpec
+
+    faults = FaultSpec.parse("disconnect=0.3,rate_limited=0.2,seed=11")
+    rng = faults.chooser()
+    expected = [(f.kind if (f := faults.pick(rng)) else "synthesize") for _ in range(40)]
+    async with FixtureProvider.serve(faults=faults) as provider, backend_for(
+        provider, mode
+    ) as backend:
+        outcomes = [await backend.stream(BODY, attempt_id=f"a{i}", token="sk-test")
+                    for i in range(40)]
+        await provider.wait_for_requests(40)
+    assert [r.reply_kind for r in provider.requests] == expected
+    assert {"disconnect", "rate_limited", "synthesize"} <= set(expected)
+    for kind, outcome in zip(expected, outcomes, strict=True):
+        if kind == "synthesize":
+            assert isinstance(outcome, Completed)
+        elif kind == "disconnect":
+            assert isinstance(outcome, Interruption) and outcome.kind == "disconnected"
+        else:
+            assert isinstance(outcome, Interruption) and outcome.is_rate_limit
+            assert outcome.retry_after == pytest.approx(0.2)
