@@ -1,0 +1,874 @@
+"""The batch host behind ``recoverable batch``: a JSONL file of jobs, run durably.
+
+Every job is one recovery operation keyed by ``(id, revision)`` in scope
+``"batch"``. The output file is the host's own commit log: one fsynced JSON
+line per committed job, and an operation is acknowledged only after its line
+is durable. A rerun reads the log back (dropping a torn last line), adopts the
+operations it finds in the store for uncommitted jobs instead of preparing
+again, and acknowledges committed jobs whose acknowledgement was lost.
+Cancellation (Ctrl-C) suspends every running operation; nothing saved is
+generated again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import os
+import signal
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import IO, Any, Final, Literal
+
+import attrs
+import msgspec
+import trio
+
+from recoverable import _killpoints, errors, machine
+from recoverable.actors.runtime import Runtime, open_runtime
+from recoverable.body import body_hash, freeze_body
+from recoverable.contract import contract_for
+from recoverable.storage.store import RecoveryStore
+from recoverable.transport.backend import ResponsesBackend
+from recoverable.transport.base import StaticCredentials
+from recoverable.transport.fixture import FaultSpec, FixtureProvider
+from recoverable.types import (
+    AccountBinding,
+    Attempt,
+    Handle,
+    JsonSchema,
+    RetryPolicy,
+    StructuredRequest,
+)
+
+__all__ = [
+    "BATCH_SCOPE",
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "MAX_LINE_BYTES",
+    "BatchConfig",
+    "BatchSummary",
+    "Job",
+    "JobLineError",
+    "ResultLog",
+    "ResultLogError",
+    "parse_job_line",
+    "read_jobs",
+    "run_batch",
+]
+
+BATCH_SCOPE: Final = "batch"
+MAX_LINE_BYTES: Final = 2**20  # one job line (input + schema) at most 1 MiB
+MAX_ID_CHARS: Final = 256
+FIXTURE_ACCOUNT: Final = AccountBinding("batch", "api-key")
+FIXTURE_KEY: Final = "sk-fixture-batch"  # the embedded provider accepts any key
+
+EXIT_OK: Final = 0
+EXIT_FAILED: Final = 1
+EXIT_USAGE: Final = 2
+EXIT_INTERRUPTED: Final = 130
+
+
+# -- jobs ---------------------------------------------------------------------------------
+
+
+class JobLineError(Exception):
+    """A job line that cannot be run; the batch reports it and goes on."""
+
+    def __init__(self, lineno: int, reason: str) -> None:
+        super().__init__(f"line {lineno}: {reason}")
+        self.lineno = lineno
+        self.reason = reason
+
+
+class _JobLine(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    id: str
+    revision: str
+    model: str
+    input: str | list[dict[str, Any]]
+    schema: dict[str, Any]
+    instructions: str | None = None
+    schema_name: str = "result"
+    max_attempts: int | None = None
+    reasoning_effort: str | None = None
+    max_output_tokens: int | None = None
+
+
+@attrs.frozen
+class Job:
+    """One validated job line: the request, its response contract and frozen-body hash."""
+
+    id: str
+    revision: str
+    lineno: int
+    request: StructuredRequest
+    response: JsonSchema
+    max_attempts: int | None
+    body_hash: str
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.id, self.revision)
+
+
+def parse_job_line(line: str, lineno: int) -> Job:
+    """Parse and validate one JSONL job line; raise ``JobLineError(lineno, reason)``."""
+    if len(line) > MAX_LINE_BYTES or len(line.encode("utf-8", "surrogatepass")) > MAX_LINE_BYTES:
+        raise JobLineError(lineno, f"the line is longer than {MAX_LINE_BYTES} bytes")
+    try:
+        raw = msgspec.json.decode(line, type=_JobLine)
+    except msgspec.ValidationError as exc:
+        raise JobLineError(lineno, f"invalid job: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise JobLineError(lineno, f"not a JSON object: {exc}") from None
+    except RecursionError:
+        raise JobLineError(lineno, "the JSON is nested too deeply") from None
+    for name, value in (("id", raw.id), ("revision", raw.revision)):
+        if not value or len(value) > MAX_ID_CHARS or any(ord(c) < 32 for c in value):
+            raise JobLineError(
+                lineno, f"{name} must be 1..{MAX_ID_CHARS} characters without control characters"
+            )
+    if raw.max_attempts is not None and not 1 <= raw.max_attempts <= machine.MAX_ATTEMPTS:
+        raise JobLineError(lineno, f"max_attempts must be in 1..{machine.MAX_ATTEMPTS}")
+    response = JsonSchema(raw.schema_name, raw.schema)
+    request = StructuredRequest(
+        model=raw.model,
+        instructions=raw.instructions,
+        input=raw.input,
+        reasoning_effort=raw.reasoning_effort,
+        max_output_tokens=raw.max_output_tokens,
+    )
+    try:
+        machine.validate_preparation(
+            maximum_attempts=raw.max_attempts or 1,
+            retry_policy=RetryPolicy(),
+            scope=BATCH_SCOPE,
+            job_id=raw.id,
+            input_revision=raw.revision,
+            contract_version=None,
+        )
+        body = freeze_body(request, contract_for(response))
+    except errors.InvalidRequest as exc:
+        raise JobLineError(lineno, str(exc)) from None
+    except RecursionError:
+        raise JobLineError(lineno, "the job is nested too deeply") from None
+    return Job(
+        id=raw.id,
+        revision=raw.revision,
+        lineno=lineno,
+        request=request,
+        response=response,
+        max_attempts=raw.max_attempts,
+        body_hash=body_hash(body),
+    )
+
+
+@attrs.frozen
+class JobsFile:
+    jobs: list[Job]
+    bad_lines: list[JobLineError]
+    duplicates: list[tuple[int, int]]  # (line, first line with the same id and revision)
+
+
+def _bounded_lines(fh: IO[bytes], limit: int) -> Iterator[tuple[int, bytes | None]]:
+    """(line number, bytes) per line; ``None`` for a line longer than ``limit`` (skipped
+    without ever holding more than ``limit`` bytes of it)."""
+    lineno = 0
+    while True:
+        chunk = fh.readline(limit + 1)
+        if not chunk:
+            return
+        lineno += 1
+        if len(chunk) > limit and not chunk.endswith(b"\n"):
+            while chunk and not chunk.endswith(b"\n"):
+                chunk = fh.readline(limit + 1)
+            yield lineno, None
+            continue
+        yield lineno, chunk
+
+
+def read_jobs(path: str) -> JobsFile:
+    """Read a JSONL jobs file; bad lines and duplicates are collected, not raised.
+
+    Raises ``OSError`` when the file itself cannot be read.
+    """
+    jobs: list[Job] = []
+    bad: list[JobLineError] = []
+    duplicates: list[tuple[int, int]] = []
+    first: dict[tuple[str, str], int] = {}
+    with open(path, "rb") as fh:
+        for lineno, data in _bounded_lines(fh, MAX_LINE_BYTES + 2):
+            if data is None:
+                bad.append(JobLineError(lineno, f"the line is longer than {MAX_LINE_BYTES} bytes"))
+                continue
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError:
+                bad.append(JobLineError(lineno, "the line is not valid UTF-8"))
+                continue
+            if not text.strip():
+                continue
+            try:
+                job = parse_job_line(text.rstrip("\r\n"), lineno)
+            except JobLineError as exc:
+                bad.append(exc)
+                continue
+            if job.key in first:
+                duplicates.append((lineno, first[job.key]))
+                continue
+            first[job.key] = lineno
+            jobs.append(job)
+    return JobsFile(jobs, bad, duplicates)
+
+
+# -- the output file: the host's commit log ---------------------------------------------------
+
+
+class ResultLogError(Exception):
+    """The output file cannot be used as this batch's commit log."""
+
+
+class ResultLine(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    id: str
+    revision: str
+    operation_id: str
+    result: msgspec.Raw
+
+
+class ResultLog:
+    """Append-only JSONL commit log, fsynced per group of lines, locked for one writer.
+
+    ``open`` reads back what is committed (a torn last line is cut off) and
+    takes an exclusive ``flock`` so two batches never append to the same file.
+    """
+
+    def __init__(self, path: str, fd: int, committed: dict[tuple[str, str], str]) -> None:
+        self.path = path
+        self._fd = fd
+        self.committed = committed
+        self.truncated_bytes = 0
+        self._lock = trio.Lock()
+        self._pending: list[bytes] = []
+        self._queued = 0
+        self._synced = 0
+        self._broken: OSError | None = None
+        self.syncs = 0
+
+    @classmethod
+    def open(cls, path: str) -> ResultLog:
+        path = os.path.abspath(path)
+        directory = os.path.dirname(path)
+        created = not os.path.exists(path)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise ResultLogError(f"cannot open the output file {path}: {exc.strerror}") from exc
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise ResultLogError(
+                    f"another batch is writing to {path} (the file is locked)"
+                ) from None
+            if created:
+                os.fsync(fd)
+                _fsync_dir(directory)
+            committed, good_end, size = _read_back(fd, path)
+            log = cls(path, fd, committed)
+            if good_end < size:
+                # A torn last line (a crash mid-append): it was never acknowledged.
+                os.ftruncate(fd, good_end)
+                os.fsync(fd)
+                log.truncated_bytes = size - good_end
+            return log
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)  # also releases the flock
+            self._fd = -1
+
+    async def append(self, line: bytes) -> None:
+        """Append one line and return once it is on disk (group commit; shielded)."""
+        if b"\n" in line:
+            raise ValueError("a result line must not contain a newline")
+        with trio.CancelScope(shield=True):
+            if self._broken is not None:
+                raise self._broken
+            self._pending.append(line + b"\n")
+            self._queued += 1
+            mine = self._queued
+            async with self._lock:
+                if self._synced >= mine:
+                    return
+                if self._broken is not None:
+                    raise self._broken
+                batch, self._pending = self._pending, []
+                upto = self._queued
+                try:
+                    await trio.to_thread.run_sync(self._write_sync, b"".join(batch))
+                except OSError as exc:
+                    # A partial write may be on disk: refuse further appends (a rerun cuts
+                    # the torn tail) rather than risk a broken line in the middle.
+                    self._broken = exc
+                    raise
+                self._synced = upto
+                self.syncs += 1
+
+    def _write_sync(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            written = os.write(self._fd, view)
+            view = view[written:]
+        os.fsync(self._fd)
+
+
+def _fsync_dir(directory: str) -> None:
+    dfd = os.open(directory or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+_line_decoder = msgspec.json.Decoder(ResultLine)
+
+
+def _read_back(fd: int, path: str) -> tuple[dict[tuple[str, str], str], int, int]:
+    """(committed (id, revision) -> operation id, end of the last whole line, file size)."""
+    committed: dict[tuple[str, str], str] = {}
+    size = os.fstat(fd).st_size
+    good_end = 0
+    lineno = 0
+    with os.fdopen(os.dup(fd), "rb") as fh:
+        fh.seek(0)
+        for line in fh:
+            if not line.endswith(b"\n"):
+                break  # torn tail
+            lineno += 1
+            try:
+                entry = _line_decoder.decode(line)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                raise ResultLogError(
+                    f"{path}:{lineno}: not a line written by recoverable batch ({exc}); "
+                    "use another --out file"
+                ) from None
+            committed.setdefault((entry.id, entry.revision), entry.operation_id)
+            good_end += len(line)
+    return committed, good_end, size
+
+
+# -- running ------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class BatchConfig:
+    jobs_path: str
+    out_path: str
+    store_path: str
+    endpoint: str = "fixture"  # "fixture" or a base URL
+    api_key_env: str = "OPENAI_API_KEY"
+    account: str | None = None
+    mode: Literal["websocket", "sse"] = "websocket"
+    concurrency: int = 64
+    rps: float | None = None
+    faults: FaultSpec | None = None
+    max_attempts: int = 8
+    initial_backoff: float = 0.5
+    maximum_backoff: float = 30.0
+    idle_timeout: float = 120.0
+
+
+@attrs.define
+class BatchSummary:
+    jobs: int = 0
+    already_committed: int = 0
+    committed: int = 0
+    failed: Counter[str] = attrs.field(factory=Counter)
+    unfinished: int = 0
+    skipped_lines: int = 0
+    duplicates: int = 0
+    prepared: int = 0
+    adopted: int = 0
+    attempts: int = 0
+    acknowledged_late: int = 0
+    truncated_bytes: int = 0
+    elapsed: float = 0.0
+    interrupted: bool = False
+    fatal: str | None = None
+
+    @property
+    def failed_total(self) -> int:
+        return sum(self.failed.values())
+
+    @property
+    def exit_code(self) -> int:
+        if self.interrupted:
+            return EXIT_INTERRUPTED
+        if self.fatal is not None or self.failed_total or self.unfinished or self.skipped_lines:
+            return EXIT_FAILED
+        return EXIT_OK
+
+    def table(self) -> str:
+        rate = self.committed / self.elapsed if self.elapsed > 0 else 0.0
+        rows: list[tuple[str, str]] = [
+            ("jobs", str(self.jobs)),
+            ("committed (this run)", str(self.committed)),
+            ("committed (earlier runs)", str(self.already_committed)),
+            ("failed", str(self.failed_total)),
+        ]
+        rows += [(f"  {reason}", str(n)) for reason, n in sorted(self.failed.items())]
+        rows += [
+            ("unfinished", str(self.unfinished)),
+            ("skipped lines", str(self.skipped_lines)),
+            ("duplicate lines", str(self.duplicates)),
+            ("operations prepared", str(self.prepared)),
+            ("operations resumed", str(self.adopted)),
+            ("POSTs (attempts spent)", str(self.attempts)),
+            ("elapsed", f"{self.elapsed:.2f} s"),
+            ("jobs/s", f"{rate:.1f}"),
+            ("acknowledged late", str(self.acknowledged_late)),
+        ]
+        if self.truncated_bytes:
+            rows.append(("torn output tail cut", f"{self.truncated_bytes} bytes"))
+        if self.fatal is not None:
+            rows.append(("stopped", self.fatal))
+        if self.interrupted:
+            rows.append(("interrupted", "yes (rerun to resume)"))
+        width = max(len(k) for k, _ in rows)
+        return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+
+class _JobFailed(Exception):
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.detail = detail
+
+
+def failure_reason(exc: errors.RecoveryError) -> str:
+    """A short, non-private reason for the summary (error code, and the failure kind)."""
+    last = getattr(exc, "last_failure", None) or getattr(exc, "interruption", None)
+    if last is not None:
+        detail = last.provider_code if last.kind == "invalid_output" else None
+        return f"{exc.code}:{last.kind}" + (f":{detail}" if detail else "")
+    return exc.code
+
+
+class BatchHost:
+    """Runs the jobs of one batch over one runtime; see the module docstring."""
+
+    def __init__(
+        self,
+        rt: Runtime,
+        store: RecoveryStore,
+        log: ResultLog,
+        jobs: list[Job],
+        config: BatchConfig,
+        summary: BatchSummary,
+        *,
+        say: Callable[[str], None],
+        work: trio.CancelScope | None = None,
+    ) -> None:
+        self.rt = rt
+        self.work = work
+        self.fatal: str | None = None
+        self.store = store
+        self.log = log
+        self.jobs = jobs
+        self.config = config
+        self.summary = summary
+        self.say = say
+        self.running = 0
+        self.policy = RetryPolicy(
+            initial_backoff=config.initial_backoff, maximum_backoff=config.maximum_backoff
+        )
+
+    async def authorize(self, attempt: Attempt) -> bool:
+        # The batch is the host: it authorizes every attempt (and logs nothing private).
+        self.summary.attempts += 1
+        return True
+
+    @property
+    def account(self) -> AccountBinding:
+        assert self.rt.account is not None
+        return self.rt.account
+
+    async def acknowledge_committed(self) -> None:
+        """Acknowledge committed jobs whose acknowledgement was lost (no line is rewritten)."""
+        for (job_id, revision), op_id in self.log.committed.items():
+            try:
+                disposition = self.store.get_disposition(op_id)
+                if disposition is not None and disposition.removal_complete:
+                    continue
+                if disposition is None and self.store.get_operation(op_id) is None:
+                    continue  # not in this store (e.g. another --store): nothing to do
+                await self.rt.acknowledge(Handle(op_id))
+                self.summary.acknowledged_late += 1
+            except errors.RecoveryError as exc:
+                self.say(
+                    f"warning: committed job {job_id!r} revision {revision!r}: could not "
+                    f"acknowledge {op_id}: {exc.code}"
+                )
+
+    def find_existing(self, job: Job) -> str | None:
+        """The operation a previous run prepared for this job (not disposed), if any."""
+        found = []
+        for op_id in self.store.ids_by_job(self.account, BATCH_SCOPE, job.id):
+            try:
+                if self.store.get_disposition(op_id) is not None:
+                    continue
+                record = self.store.get_operation(op_id)
+            except (errors.CorruptRecord, errors.UnsupportedRecordVersion):
+                continue
+            if record is None or record.input_revision != job.revision:
+                continue
+            found.append(record)
+        if not found:
+            return None
+        # A saved completion first (never generate again), then the oldest.
+        found.sort(key=lambda r: (not r.has_completion, r.created_at, r.operation_id))
+        record = found[0]
+        if record.body_hash != job.body_hash:
+            raise _JobFailed(
+                "revision_conflict",
+                "the job's content changed but its revision did not (use a new revision)",
+            )
+        return record.operation_id
+
+    async def run_job(self, job: Job) -> None:
+        try:
+            op_id = self.find_existing(job)
+            if op_id is None:
+                handle = await self.rt.prepare(
+                    job.request,
+                    response=job.response,
+                    maximum_attempts=job.max_attempts or self.config.max_attempts,
+                    retry_policy=self.policy,
+                    scope=BATCH_SCOPE,
+                    job_id=job.id,
+                    input_revision=job.revision,
+                )
+                self.summary.prepared += 1
+            else:
+                handle = Handle(op_id)
+                self.summary.adopted += 1
+            self.running += 1
+            try:
+                value: Any = await self.rt.send_recovering(
+                    handle, response=job.response, authorize=self.authorize
+                )
+            finally:
+                self.running -= 1
+        except _JobFailed as failed:
+            self._failed(job, failed.reason, failed.detail)
+            return
+        except errors.OperationSuspended:
+            self.summary.unfinished += 1
+            self.say(f"job {job.id!r} (line {job.lineno}): suspended from outside; rerun to resume")
+            return
+        except errors.RecoveryError as exc:
+            detail = str(exc) if str(exc) != exc.code else ""
+            if exc.operation_id is not None:
+                detail = (detail + "; " if detail else "") + (
+                    f"operation {exc.operation_id} (to try again: recoverable abandon, then rerun)"
+                )
+            self._failed(job, failure_reason(exc), detail)
+            return
+        line = msgspec.json.encode(
+            {
+                "id": job.id,
+                "revision": job.revision,
+                "operation_id": handle.operation_id,
+                "result": value,
+            }
+        )
+        try:
+            await self.log.append(line)
+        except OSError as exc:
+            # The receipt stays saved (unacknowledged); a rerun writes the line.
+            if self.fatal is None:
+                self.fatal = f"writing {self.log.path} failed: {exc}"
+                self.summary.fatal = self.fatal
+                self.say(f"error: {self.fatal}; stopping (a rerun resumes)")
+            if self.work is not None:
+                self.work.cancel()
+            return
+        self.log.committed[job.key] = handle.operation_id
+        self.summary.committed += 1
+        _killpoints.hit("host.committed")
+        try:
+            await self.rt.acknowledge(handle)
+        except errors.RecoveryError as exc:
+            # The line is durable: a rerun acknowledges it without writing again.
+            self.say(f"warning: job {job.id!r}: acknowledge failed ({exc.code}); rerun to finish")
+
+    def _failed(self, job: Job, reason: str, detail: str) -> None:
+        self.summary.failed[reason] += 1
+        self.say(f"job {job.id!r} revision {job.revision!r} (line {job.lineno}) failed: {reason}"
+                 + (f" — {detail}" if detail and detail != reason else ""))
+
+    async def run(self) -> None:
+        todo = [job for job in self.jobs if job.key not in self.log.committed]
+        self.summary.already_committed = len(self.jobs) - len(todo)
+        send, receive = trio.open_memory_channel[Job](0)
+
+        async def worker() -> None:
+            async for job in receive:
+                await self.run_job(job)
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(min(self.config.concurrency, len(todo))):
+                nursery.start_soon(worker)
+            async with send:
+                for job in todo:
+                    await send.send(job)
+
+
+# -- progress ---------------------------------------------------------------------------------
+
+
+class ProgressDisplay:
+    """A live status line on a terminal (~5 redraws/s), a plain log line otherwise (1/s)."""
+
+    def __init__(self, host: BatchHost, out: IO[str], *, live: bool, started: float) -> None:
+        self.host = host
+        self.out = out
+        self.live = live
+        self.started = started
+        self._last = ""
+
+    def line(self) -> str:
+        s = self.host.summary
+        done = s.committed + s.already_committed
+        failed = s.failed_total
+        elapsed = time.monotonic() - self.started
+        rate = s.committed / elapsed if elapsed > 0 else 0.0
+        remaining = s.jobs - done - failed - s.unfinished
+        eta = f"{remaining / rate:.0f}s" if rate > 0 and remaining > 0 else "-"
+        waiting = self.host.rt.scheduler.waiting
+        running = max(0, self.host.running - waiting)
+        return (
+            f"done {done}/{s.jobs}  running {running}  waiting {waiting}  failed {failed}  "
+            f"attempts {s.attempts}  {rate:.1f} jobs/s  eta {eta}"
+        )
+
+    def draw(self, final: bool = False) -> None:
+        text = self.line()
+        if self.live:
+            self.out.write("\r\x1b[K" + text + ("\n" if final else ""))
+            self.out.flush()
+        elif text != self._last or final:
+            self.out.write(f"[{time.monotonic() - self.started:7.1f}s] {text}\n")
+            self.out.flush()
+        self._last = text
+
+    async def run(self) -> None:
+        interval = 0.2 if self.live else 1.0
+        while True:
+            await trio.sleep(interval)
+            self.draw()
+
+
+# -- the whole batch --------------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def _backend(
+    config: BatchConfig, account: AccountBinding
+) -> AsyncIterator[ResponsesBackend]:
+    from recoverable.transport.base import StreamLimits
+
+    limits = StreamLimits(idle_timeout=config.idle_timeout)
+    if config.endpoint == "fixture":
+        async with FixtureProvider.serve(faults=config.faults) as provider:
+            backend = ResponsesBackend(
+                provider.http_url,
+                credentials=StaticCredentials(FIXTURE_KEY, account=account),
+                mode=config.mode,
+                limits=limits,
+                endpoint_id="fixture",  # the port changes per run; the identity must not
+            )
+            async with backend:
+                yield backend
+        return
+    key = os.environ.get(config.api_key_env, "")
+    backend = ResponsesBackend(
+        config.endpoint,
+        credentials=StaticCredentials(key, account=account),
+        mode=config.mode,
+        limits=limits,
+    )
+    async with backend:
+        yield backend
+
+
+def batch_account(config: BatchConfig) -> AccountBinding:
+    if config.account is not None:
+        return AccountBinding(config.account, "api-key")
+    return FIXTURE_ACCOUNT if config.endpoint == "fixture" else AccountBinding("default")
+
+
+class _Output:
+    """Where messages go: stderr, clearing the live progress line first."""
+
+    def __init__(self, out: IO[str], err: IO[str], *, live: bool) -> None:
+        self.out = out
+        self.err = err
+        self.live = live
+
+    def say(self, message: str) -> None:
+        if self.live:
+            self.out.write("\r\x1b[K")
+            self.out.flush()
+        self.err.write(message + "\n")
+        self.err.flush()
+
+
+async def _run(
+    config: BatchConfig,
+    jobs: list[Job],
+    log: ResultLog,
+    store: RecoveryStore,
+    summary: BatchSummary,
+    output: _Output,
+) -> None:
+    started = time.monotonic()
+    work = trio.CancelScope()
+    try:
+        async with trio.open_nursery() as top:
+            # Installed for the whole run: Ctrl-C is a message here, never an exception
+            # raised in the middle of a state change.
+            top.start_soon(_watch_interrupts, work, summary, output.say)
+            try:
+                await _run_host(config, jobs, log, store, summary, output, work, started)
+            finally:
+                top.cancel_scope.cancel()
+    finally:
+        summary.elapsed = time.monotonic() - started
+
+
+async def _run_host(
+    config: BatchConfig,
+    jobs: list[Job],
+    log: ResultLog,
+    store: RecoveryStore,
+    summary: BatchSummary,
+    output: _Output,
+    work: trio.CancelScope,
+    started: float,
+) -> None:
+    account = batch_account(config)
+    async with (
+        _backend(config, account) as backend,
+        open_runtime(
+            store,
+            backend,
+            account=account,
+            max_concurrency=config.concurrency,
+            requests_per_second=config.rps,
+        ) as rt,
+    ):
+        host = BatchHost(rt, store, log, jobs, config, summary, say=output.say, work=work)
+        display = ProgressDisplay(host, output.out, live=output.live, started=started)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(display.run)
+            with work:
+                await host.acknowledge_committed()
+                await host.run()
+            nursery.cancel_scope.cancel()
+        if summary.interrupted or summary.fatal is not None:
+            summary.unfinished = (
+                summary.jobs
+                - summary.already_committed
+                - summary.committed
+                - summary.failed_total
+            )
+        display.draw(final=True)
+
+
+async def _watch_interrupts(
+    scope: trio.CancelScope, summary: BatchSummary, say: Callable[[str], None]
+) -> None:
+    """First Ctrl-C (or SIGTERM): cancel the work, which suspends every running operation.
+    Second: exit at once (still safe: the store and the output file are crash-consistent)."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for _ in signals:
+            if summary.interrupted:
+                say("interrupted again: exiting now (a rerun resumes)")
+                os._exit(EXIT_INTERRUPTED)
+            summary.interrupted = True
+            say("interrupted: suspending running operations (Ctrl-C again to exit at once)")
+            scope.cancel()
+
+
+def run_batch(config: BatchConfig, *, out: IO[str], err: IO[str]) -> int:
+    """Run a whole batch; return the exit code (0 ok, 1 failures, 2 usage, 130 interrupted)."""
+    try:
+        jobs_file = read_jobs(config.jobs_path)
+    except OSError as exc:
+        err.write(f"recoverable batch: cannot read {config.jobs_path}: {exc.strerror}\n")
+        return EXIT_USAGE
+    summary = BatchSummary(
+        jobs=len(jobs_file.jobs),
+        skipped_lines=len(jobs_file.bad_lines),
+        duplicates=len(jobs_file.duplicates),
+    )
+    for bad in jobs_file.bad_lines:
+        err.write(f"{config.jobs_path}:{bad.lineno}: skipped: {bad.reason}\n")
+    for lineno, first in jobs_file.duplicates:
+        err.write(
+            f"{config.jobs_path}:{lineno}: duplicate of line {first} (same id and revision); "
+            "run once\n"
+        )
+    if config.endpoint != "fixture" and not os.environ.get(config.api_key_env):
+        err.write(
+            f"recoverable batch: the environment variable {config.api_key_env} "
+            "(--api-key-env) is not set\n"
+        )
+        return EXIT_USAGE
+    try:
+        log = ResultLog.open(config.out_path)
+    except ResultLogError as exc:
+        err.write(f"recoverable batch: {exc}\n")
+        return EXIT_USAGE
+    except OSError as exc:
+        err.write(f"recoverable batch: cannot use {config.out_path}: {exc}\n")
+        return EXIT_USAGE
+    summary.truncated_bytes = log.truncated_bytes
+    try:
+        try:
+            store = RecoveryStore.open(config.store_path)
+        except errors.RecoveryError as exc:
+            err.write(f"recoverable batch: cannot open the store: {exc}\n")
+            return EXIT_USAGE
+        output = _Output(out, err, live=out.isatty())
+        try:
+            trio.run(
+                functools.partial(_run, config, jobs_file.jobs, log, store, summary, output),
+                restrict_keyboard_interrupt_to_checkpoints=True,
+            )
+        except BaseException as exc:
+            if not _only(exc, KeyboardInterrupt):
+                raise
+            summary.interrupted = True  # Ctrl-C before the signal watcher was installed
+        finally:
+            store.close()
+    finally:
+        log.close()
+    out.write(summary.table() + "\n")
+    out.flush()
+    return summary.exit_code
+
+
+def _only(exc: BaseException, kind: type[BaseException]) -> bool:
+    """``exc`` is ``kind``, or a (nested) exception group made only of ``kind``."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_only(inner, kind) for inner in exc.exceptions)
+    return isinstance(exc, kind)

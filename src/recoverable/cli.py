@@ -1,0 +1,515 @@
+"""The ``recoverable`` command line: the batch host and store operations.
+
+``recoverable batch JOBS.jsonl --out RESULTS.jsonl`` runs a file of jobs durably
+(see ``recoverable.batch``). ``status|inventory|receipt|acknowledge|abandon|
+suspend|cancel|purge --store DIR`` operate on a store from the shell (``--json``
+for machine output). ``fixture-provider`` runs the loopback test provider.
+
+Exit codes: 0 success, 1 a job or an operation failed (or was not found),
+2 usage or input error, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import math
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import IO, Any
+
+import msgspec
+import trio
+
+from recoverable import errors
+from recoverable.actors.runtime import Runtime, open_runtime
+from recoverable.batch import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    BatchConfig,
+    run_batch,
+)
+from recoverable.storage.store import RecoveryStore
+from recoverable.transport.fixture import FaultSpec, fixture_main
+from recoverable.types import AccountBinding, Handle, Inventory, Receipt, Status
+
+__all__ = ["main"]
+
+OPS_COMMANDS = (
+    "status",
+    "inventory",
+    "receipt",
+    "acknowledge",
+    "abandon",
+    "suspend",
+    "cancel",
+    "purge",
+)
+_NEEDS_ID = frozenset({"status", "receipt", "acknowledge", "abandon", "suspend", "cancel"})
+
+
+class UsageError(Exception):
+    """A bad option or argument (exit code 2)."""
+
+
+# -- argument parsing -----------------------------------------------------------------------
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
+    return value
+
+
+def _attempts(text: str) -> int:
+    value = _positive_int(text)
+    if value > 1000:
+        raise argparse.ArgumentTypeError("must be in 1..1000")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number: {text!r}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative number: {text!r}")
+    return value
+
+
+def _fault_spec(text: str) -> FaultSpec:
+    try:
+        return FaultSpec.parse(text)
+    except errors.InvalidRequest as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="recoverable",
+        description="Durable, crash-safe structured LLM requests: batch host and store tools.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    batch = sub.add_parser(
+        "batch",
+        help="run a JSONL file of jobs durably, writing each result once",
+        description=(
+            "Run every job of JOBS.jsonl as one durable operation keyed by (id, revision). "
+            "Each validated result is appended to --out as one fsynced JSON line, then "
+            "acknowledged. Ctrl-C suspends; rerunning resumes without generating again "
+            "for saved results."
+        ),
+    )
+    batch.add_argument("jobs", metavar="JOBS.jsonl")
+    batch.add_argument("--out", required=True, metavar="RESULTS.jsonl")
+    batch.add_argument("--store", metavar="DIR", help="recovery store (default: <out>.store)")
+    batch.add_argument(
+        "--endpoint",
+        default="fixture",
+        metavar="URL|fixture",
+        help="a Responses-compatible base URL, or 'fixture' (embedded provider, the default)",
+    )
+    batch.add_argument(
+        "--api-key-env",
+        default="OPENAI_API_KEY",
+        metavar="VAR",
+        help="environment variable holding the API key (read, never written anywhere)",
+    )
+    batch.add_argument(
+        "--account",
+        metavar="ID",
+        help="account id the operations belong to (default: 'batch' for the fixture, "
+        "else 'default')",
+    )
+    batch.add_argument("--mode", choices=("websocket", "sse"), default="websocket")
+    batch.add_argument("--concurrency", type=_positive_int, default=64, metavar="N")
+    batch.add_argument("--rps", type=_positive_float, metavar="R", help="max POSTs per second")
+    batch.add_argument(
+        "--faults",
+        type=_fault_spec,
+        metavar="SPEC",
+        help="fixture faults, e.g. disconnect=0.2,rate_limited=0.1,seed=7",
+    )
+    batch.add_argument(
+        "--max-attempts",
+        type=_attempts,
+        default=8,
+        metavar="N",
+        help="total attempt budget per job unless the job sets max_attempts (default 8)",
+    )
+    batch.add_argument(
+        "--backoff",
+        type=_non_negative_float,
+        default=0.5,
+        metavar="SECONDS",
+        help="initial backoff before a replacement attempt (doubles, at most 30 s)",
+    )
+    batch.add_argument(
+        "--idle-timeout",
+        type=_positive_float,
+        default=120.0,
+        metavar="SECONDS",
+        help="a stream silent this long is interrupted (and replaced)",
+    )
+
+    for name in OPS_COMMANDS:
+        helps = {
+            "status": "show an operation's status",
+            "inventory": "list the account's operations",
+            "receipt": "show a saved, validated result",
+            "acknowledge": "remove a committed operation's content (keeps a marker)",
+            "abandon": "give up an operation (removes content, keeps a marker)",
+            "suspend": "suspend an operation (also while another process runs it)",
+            "cancel": "permanently cancel an operation",
+            "purge": "remove every idle record of an account (asks for --account)",
+        }
+        p = sub.add_parser(name, help=helps[name])
+        p.add_argument("--store", required=True, metavar="DIR")
+        p.add_argument(
+            "--account",
+            metavar="ID",
+            help="account id (default: the operation's own, or the store's only account)",
+        )
+        if name in _NEEDS_ID:
+            p.add_argument("operation_id", metavar="OPERATION_ID")
+        if name in ("inventory", "purge"):
+            p.add_argument("--scope", help="only operations with this host scope")
+        p.add_argument("--json", action="store_true", help="machine output (JSON)")
+
+    sub.add_parser(
+        "fixture-provider",
+        help="run the loopback fixture Responses provider",
+        add_help=False,
+    )
+    return parser
+
+
+# -- entry point ------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list and args_list[0] == "fixture-provider":
+        return fixture_main(args_list[1:])
+    parser = build_parser()
+    try:
+        args = parser.parse_args(args_list)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    if args.command == "batch":
+        return _batch(args, sys.stdout, sys.stderr)
+    try:
+        return _ops(args, sys.stdout, sys.stderr)
+    except UsageError as exc:
+        sys.stderr.write(f"recoverable {args.command}: {exc}\n")
+        return EXIT_USAGE
+
+
+def _batch(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    out_path = os.path.abspath(args.out)
+    config = BatchConfig(
+        jobs_path=args.jobs,
+        out_path=out_path,
+        store_path=args.store or out_path + ".store",
+        endpoint=args.endpoint,
+        api_key_env=args.api_key_env,
+        account=args.account,
+        mode=args.mode,
+        concurrency=args.concurrency,
+        rps=args.rps,
+        faults=args.faults,
+        max_attempts=args.max_attempts,
+        initial_backoff=args.backoff,
+        idle_timeout=args.idle_timeout,
+    )
+    if args.faults is not None and args.endpoint != "fixture":
+        err.write("recoverable batch: --faults only applies to --endpoint fixture\n")
+        return EXIT_USAGE
+    if args.endpoint != "fixture":
+        try:
+            from recoverable.transport.base import normalize_base_url
+
+            normalize_base_url(args.endpoint)
+        except errors.InvalidRequest as exc:
+            err.write(f"recoverable batch: --endpoint: {exc}\n")
+            return EXIT_USAGE
+    return run_batch(config, out=out, err=err)
+
+
+# -- store operations -----------------------------------------------------------------------
+
+
+def _open_store(path: str) -> RecoveryStore:
+    if not os.path.isdir(path) or not os.path.exists(os.path.join(path, "data.mdb")):
+        raise UsageError(f"no recovery store at {path}")
+    try:
+        return RecoveryStore.open(path)
+    except errors.RecoveryError as exc:
+        raise UsageError(f"cannot open the store at {path}: {exc}") from exc
+
+
+def resolve_account(
+    store: RecoveryStore, explicit: str | None, operation_id: str | None
+) -> AccountBinding:
+    """``--account``, else the operation's own account, else the store's only account."""
+    if explicit is not None:
+        return AccountBinding(explicit, "api-key")
+    if operation_id is not None:
+        try:
+            record = store.get_operation(operation_id)
+            if record is not None:
+                return record.account
+            marker = store.get_disposition(operation_id)
+            if marker is not None:
+                return marker.account
+        except (errors.CorruptRecord, errors.UnsupportedRecordVersion):
+            pass
+        except errors.InvalidRequest as exc:
+            raise UsageError(str(exc)) from exc
+        raise UsageError(f"no operation {operation_id} in this store")
+    records, _unreadable = store.inventory()
+    accounts = {r.account for r in records}
+    if len(accounts) > 1:
+        names = ", ".join(sorted(a.account_id for a in accounts))
+        raise UsageError(f"the store holds several accounts ({names}); pass --account")
+    if accounts:
+        return accounts.pop()
+    return AccountBinding("batch", "api-key")
+
+
+def _ops(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    command: str = args.command
+    if command == "purge" and args.account is None:
+        raise UsageError("purge removes an account's records: pass --account explicitly")
+    store = _open_store(args.store)
+    try:
+        operation_id: str | None = getattr(args, "operation_id", None)
+        account = resolve_account(store, args.account, operation_id)
+        if command == "purge":
+            return _purge(store, account, args, out, err)
+        return trio.run(_run_op, store, account, command, operation_id, args, out, err)
+    finally:
+        store.close()
+
+
+async def _run_op(
+    store: RecoveryStore,
+    account: AccountBinding,
+    command: str,
+    operation_id: str | None,
+    args: argparse.Namespace,
+    out: IO[str],
+    err: IO[str],
+) -> int:
+    as_json: bool = args.json
+    async with open_runtime(store, None, account=account) as rt:
+        try:
+            if command == "inventory":
+                inventory = await rt.inventory(scope=args.scope)
+                out.write(_encode_json(inventory) if as_json else format_inventory(inventory))
+                return EXIT_OK
+            assert operation_id is not None
+            handle = Handle(operation_id)
+            if command == "status":
+                status = await rt.status(handle)
+                out.write(_encode_json(status) if as_json else format_status(status))
+                return EXIT_OK
+            if command == "receipt":
+                receipt = await rt.receipt(handle)
+                out.write(receipt_json(receipt) if as_json else format_receipt(receipt))
+                return EXIT_OK
+            action = _LIFECYCLE[command]
+            await action(rt, handle)
+            status = rt.status_of(operation_id)
+            if as_json:
+                out.write(_encode_json(status))
+            else:
+                out.write(f"{command}: {operation_id} is now {status.state}\n")
+            return EXIT_OK
+        except errors.RecoveryError as exc:
+            if as_json:
+                err.write(json.dumps({"error": exc.code, "message": str(exc),
+                                     "operation_id": exc.operation_id}) + "\n")
+            else:
+                err.write(f"recoverable {command}: {exc.code}: {exc}\n")
+            return EXIT_FAILED
+
+
+async def _acknowledge(rt: Runtime, handle: Handle) -> None:
+    await rt.acknowledge(handle)
+
+
+async def _abandon(rt: Runtime, handle: Handle) -> None:
+    await rt.abandon(handle)
+
+
+async def _suspend(rt: Runtime, handle: Handle) -> None:
+    await rt.suspend(handle)
+
+
+async def _cancel(rt: Runtime, handle: Handle) -> None:
+    await rt.cancel(handle)
+
+
+_LIFECYCLE: dict[str, Callable[[Runtime, Handle], Any]] = {
+    "acknowledge": _acknowledge,
+    "abandon": _abandon,
+    "suspend": _suspend,
+    "cancel": _cancel,
+}
+
+
+def _purge(
+    store: RecoveryStore,
+    account: AccountBinding,
+    args: argparse.Namespace,
+    out: IO[str],
+    err: IO[str],
+) -> int:
+    purge = getattr(store, "purge_account", None)
+    if purge is None:
+        err.write("recoverable purge: not available in this version of the store\n")
+        return EXIT_USAGE
+    try:
+        result = purge(account, scope=args.scope)
+        if inspect.isawaitable(result):
+
+            async def wait() -> Any:
+                return await result
+
+            result = trio.run(wait)
+    except errors.RecoveryError as exc:
+        err.write(f"recoverable purge: {exc.code}: {exc}\n")
+        return EXIT_FAILED
+    if args.json:
+        out.write(_encode_json(result))
+    else:
+        removed = getattr(result, "removed", ())
+        skipped = getattr(result, "skipped", ())
+        out.write(f"purged {len(removed)} record(s) of account {account.account_id!r}")
+        out.write(f"; skipped {len(skipped)} (busy or unreadable)\n" if skipped else "\n")
+        for op_id in skipped:
+            out.write(f"  skipped {op_id}\n")
+    return EXIT_OK
+
+
+# -- output -------------------------------------------------------------------------------------
+
+
+def _encode_json(value: Any) -> str:
+    return msgspec.json.encode(value).decode() + "\n"
+
+
+def receipt_json(receipt: Receipt) -> str:
+    """The Receipt as msgspec encodes it (payload base64), plus the decoded ``result``."""
+    data = msgspec.to_builtins(receipt)
+    try:
+        data["result"] = msgspec.json.decode(receipt.payload)
+    except msgspec.DecodeError:
+        data["result"] = None
+    return msgspec.json.encode(data).decode() + "\n"
+
+
+def _rows(rows: Sequence[tuple[str, object]]) -> str:
+    shown = [(k, v) for k, v in rows if v not in (None, "", (), frozenset())]
+    width = max(len(k) for k, _ in shown)
+    return "".join(f"{k.ljust(width)}  {v}\n" for k, v in shown)
+
+
+def format_status(status: Status) -> str:
+    failure = status.last_failure
+    rows: list[tuple[str, object]] = [
+        ("operation", status.operation_id),
+        ("state", status.state),
+        ("availability", status.availability),
+        ("blockers", ", ".join(sorted(status.blockers))),
+        (
+            "attempts",
+            f"{status.attempts_used} of {status.maximum_attempts} used, "
+            f"{status.attempts_remaining} remaining",
+        ),
+        ("saved result", "yes" if status.has_saved_completion else "no"),
+        ("job", status.job_id),
+        ("revision", status.input_revision),
+        ("scope", status.scope),
+        ("model", status.model),
+        ("next attempt at", status.next_attempt_at.isoformat() if status.next_attempt_at else None),
+        ("expires at", status.expires_at.isoformat() if status.expires_at else None),
+        ("last failure", _failure(failure) if failure is not None else None),
+        ("response id", status.response_id),
+        ("suggested", ", ".join(status.suggested_actions)),
+        ("redacted", "yes (another account)" if status.redacted else None),
+    ]
+    return _rows(rows)
+
+
+def _failure(failure: Any) -> str:
+    parts = [failure.kind]
+    if failure.http_status is not None:
+        parts.append(f"http {failure.http_status}")
+    if failure.provider_code:
+        parts.append(failure.provider_code)
+    return " / ".join(parts)
+
+
+def format_inventory(inventory: Inventory) -> str:
+    header = ("OPERATION", "STATE", "AVAILABILITY", "ATTEMPTS", "JOB", "REVISION")
+    rows = [
+        (
+            s.operation_id,
+            s.state,
+            s.availability,
+            f"{s.attempts_used}/{s.maximum_attempts}",
+            s.job_id or "-",
+            s.input_revision or "-",
+        )
+        for s in inventory.operations
+    ]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+             for r in [header, *rows]]
+    text = "\n".join(lines) + "\n"
+    text += f"{len(rows)} operation(s)\n"
+    for op_id in inventory.unreadable:
+        text += f"unreadable record: {op_id}\n"
+    return text
+
+
+def format_receipt(receipt: Receipt) -> str:
+    try:
+        result = json.dumps(msgspec.json.decode(receipt.payload), indent=2, ensure_ascii=False)
+    except msgspec.DecodeError:
+        result = "<not JSON>"
+    rows: list[tuple[str, object]] = [
+        ("operation", receipt.operation_id),
+        ("job", receipt.job_id),
+        ("revision", receipt.input_revision),
+        ("scope", receipt.scope),
+        ("format", receipt.format_name),
+        ("completed at", receipt.completed_at.isoformat()),
+        ("response id", receipt.response_id),
+    ]
+    return _rows(rows) + "result:\n" + result + "\n"
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
