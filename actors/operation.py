@@ -205,8 +205,9 @@ class OperationActor:
                     expected_contract_version=expected_contract_version,
                     check_contract_version=check_contract_version,
                 )
-            except trio.Cancelled:
-                await self._suspend_on_cancel()
+            except BaseException as exc:
+                if _is_cancellation(exc):
+                    await self._suspend_on_cancel()
                 raise
         finally:
             await self._release()
@@ -438,6 +439,16 @@ class OperationActor:
             ) from exc
 
     _token: str | None = None
+
+
+def _is_cancellation(exc: BaseException) -> bool:
+    """Trio cancellation, also when an inner nursery grouped several ``Cancelled``."""
+    if isinstance(exc, trio.Cancelled):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        _, rest = exc.split(trio.Cancelled)
+        return rest is None
+    return False
 
 
 def _saves(t: machine.Transition) -> bool:

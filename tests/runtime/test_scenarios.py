@@ -437,3 +437,25 @@ async def test_acknowledge_leaves_only_a_marker_and_blocks_generation(
         with pytest.raises(recoverable.StateUnavailable):
             await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
     assert len(generation_requests(provider, handle.operation_id)) == 1
+
+
+async def test_cancelling_the_sending_task_mid_stream_suspends_in_both_modes(
+    provider: FixtureProvider, store: recoverable.RecoveryStore, mode: str
+) -> None:
+    provider.script([Reply.stall(after_events=2)])
+    async with recoverable.open_runtime(store, make_backend(provider, mode), account=ACCOUNT) as rt:
+        handle = await rt.prepare(REQUEST, response=Answer, maximum_attempts=3)
+        async with trio.open_nursery() as nursery:
+
+            async def send() -> None:
+                await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
+
+            nursery.start_soon(send)
+            await provider.wait_for_requests(1)
+            nursery.cancel_scope.cancel()
+        status = await rt.status(handle)
+        assert status.state == "suspended" and status.attempts_used == 1
+        assert status.attempts[0].outcome == "interrupted"
+        value = await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
+        assert isinstance(value, Answer)
+    assert len(generation_requests(provider, handle.operation_id)) == 2
