@@ -3,7 +3,7 @@
 The fixture provider runs in its own process (``fixture_main``); this process
 drives ``ResponsesBackend`` under Trio. Usage::
 
-    /work/venv/bin/python bench/transport.py [--requests-per-level 1:300,100:3000,1000:5000]
+    /work/venv/bin/python bench/transport.py [--requests-per-level 1:200,100:1500,1000:3000]
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def parse_levels(text: str) -> list[tuple[int, int]]:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--requests-per-level", default="1:300,100:3000,1000:5000",
+    parser.add_argument("--requests-per-level", default="1:200,100:1500,1000:3000",
                         help="concurrency:total pairs")
     args = parser.parse_args()
     trio.run(main, parse_levels(args.requests_per_level))
