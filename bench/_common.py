@@ -1,0 +1,126 @@
+"""Shared helpers for the bench scripts: the provider process, percentiles, peak RSS.
+
+The fixture provider always runs as a separate process (``fixture_main``), so the
+measured process pays only for its own side of every socket.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import resource
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+PROVIDER_CODE = (
+    "import sys; from recoverable.transport.fixture import fixture_main;"
+    " sys.exit(fixture_main(sys.argv[1:]))"
+)
+
+
+@contextmanager
+def provider_process(faults: str | None = None) -> Iterator[dict[str, Any]]:
+    """Start the fixture provider in its own process; yield its URL line (plus ``pid``)."""
+    argv = [sys.executable, "-c", PROVIDER_CODE, "--port", "0"]
+    if faults:
+        argv += ["--faults", faults]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the fixture provider exited with {proc.wait()}")
+        info: dict[str, Any] = json.loads(line)
+        info["pid"] = proc.pid
+        info["base_url"] = info["http_url"]
+        yield info
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def script_provider(info: dict[str, Any], specs: Sequence[dict[str, Any]]) -> None:
+    """Replace the provider's reply script (``POST /_fixture/script``)."""
+    url = info["requests_url"].replace("/_fixture/requests", "/_fixture/script")
+    r = httpx.post(url, json=list(specs), timeout=60)
+    r.raise_for_status()
+
+
+def provider_requests(info: dict[str, Any]) -> list[dict[str, Any]]:
+    """The provider's request log (``GET /_fixture/requests``)."""
+    r = httpx.get(info["requests_url"], timeout=60)
+    r.raise_for_status()
+    log: list[dict[str, Any]] = r.json()
+    return log
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """Nearest-rank percentile (``p`` in 0..100); NaN for no values."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = max(1, math.ceil(p / 100.0 * len(ordered)))
+    return ordered[min(rank, len(ordered)) - 1]
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident set size in MiB (Linux reports KiB)."""
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return kib / 1024.0
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds consumed so far by another process (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks
+
+
+def self_cpu_seconds() -> float:
+    """User + system CPU seconds of this process (all threads)."""
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return u.ru_utime + u.ru_stime
+
+
+def ms(seconds: float) -> str:
+    return "n/a" if math.isnan(seconds) else f"{seconds * 1000:.1f}"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A plain fixed-width table."""
+    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = []
+    for n, row in enumerate(cells):
+        lines.append("  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)))
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def raise_fd_limit(wanted: int = 16384) -> None:
+    """Thousands of concurrent sockets need more than the default 1,024 descriptors."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = min(hard, max(soft, wanted)) if hard != resource.RLIM_INFINITY else max(soft, wanted)
+    if target > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
+def child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("RECOVERABLE_KILL_AT", None)
+    return env

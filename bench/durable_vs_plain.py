@@ -1,0 +1,259 @@
+"""Durable vs plain throughput: the same N jobs through the same provider process.
+
+Run:  python bench/durable_vs_plain.py [--n 1000 --n 10000] [--concurrency 1000]
+                                       [--mode websocket --mode sse] [--quick]
+
+One fixture provider runs in its own process for the whole run. For every
+(mode, N) the same N jobs (job i asks "Question i") are run twice, each phase
+in a fresh worker process (so peak RSS is per phase):
+
+- durable: ``prepare`` + ``send_recovering`` + ``acknowledge`` on a fresh
+  LMDB store (every durable step fsynced; group commit);
+- plain:   ``freeze_body`` + ``ResponsesBackend.stream`` of the same frozen body
+  + the same output validation and decoding, no store.
+
+Reported: jobs/s, durable/plain ratio (target >= 0.8), store commits (fsyncs)
+per operation (target <= 0.5), p50/p99 latency per job, peak RSS, POSTs seen by
+the provider (must be N: no retries are expected, no fault is injected).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common
+
+import recoverable
+from recoverable.body import freeze_body
+from recoverable.contract import contract_for
+
+ACCOUNT = recoverable.AccountBinding("acct-bench", "api-key")
+FAST = recoverable.RetryPolicy(initial_backoff=0.0, maximum_backoff=0.0)
+
+
+class Answer(msgspec.Struct, frozen=True):
+    answer: int
+    note: str
+
+
+def request_for(i: int) -> recoverable.StructuredRequest:
+    return recoverable.StructuredRequest(
+        model="gpt-bench", instructions="Answer briefly.", input=f"Question {i}"
+    )
+
+
+async def approve(attempt: recoverable.Attempt) -> bool:
+    return True
+
+
+async def run_pool(
+    n: int, concurrency: int, job: Callable[[int], Awaitable[None]], offset: int = 0
+) -> tuple[float, list[float]]:
+    """Run jobs ``offset..offset+n-1`` with at most ``concurrency`` at once."""
+    latencies: list[float] = []
+    counter = iter(range(offset, offset + n))
+
+    async def worker() -> None:
+        for i in counter:
+            t0 = time.perf_counter()
+            await job(i)
+            latencies.append(time.perf_counter() - t0)
+
+    start = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for _ in range(min(concurrency, n)):
+            nursery.start_soon(worker)
+    return time.perf_counter() - start, latencies
+
+
+def make_backend(args: argparse.Namespace) -> recoverable.ResponsesBackend:
+    return recoverable.ResponsesBackend(
+        args.base_url,
+        credentials=recoverable.StaticCredentials("sk-bench-secret", account=ACCOUNT),
+        mode=args.mode,
+        endpoint_id="fixture",
+    )
+
+
+async def durable_phase(args: argparse.Namespace) -> dict[str, Any]:
+    store = recoverable.RecoveryStore.open(str(Path(args.dir) / "store"))
+    backend = make_backend(args)
+    try:
+        async with backend, recoverable.open_runtime(store, backend, account=ACCOUNT) as rt:
+
+            async def job(i: int) -> None:
+                handle = await rt.prepare(
+                    request_for(i), response=Answer, maximum_attempts=3, retry_policy=FAST,
+                    job_id=f"job-{i}", input_revision="r1",
+                )
+                value = await rt.send_recovering(handle, response=Answer, authorize=approve)
+                assert isinstance(value, Answer)
+                await rt.acknowledge(handle)
+
+            await run_pool(args.warmup, args.concurrency, job, offset=args.n)
+            before = store.stats()
+            cpu0 = _common.self_cpu_seconds()
+            elapsed, latencies = await run_pool(args.n, args.concurrency, job)
+            cpu = _common.self_cpu_seconds() - cpu0
+            after = store.stats()
+            pending = store.inventory(account=ACCOUNT)[0]
+            assert not pending, f"{len(pending)} operations left unacknowledged"
+    finally:
+        store.close()
+    return {
+        "elapsed": elapsed,
+        "latencies": latencies,
+        "commits": after["commits"] - before["commits"],
+        "writes": after["writes"] - before["writes"],
+        "largest_batch": after["largest_batch"],
+        "cpu": cpu,
+        "rss_mib": _common.peak_rss_mib(),
+    }
+
+
+async def plain_phase(args: argparse.Namespace) -> dict[str, Any]:
+    backend = make_backend(args)
+    contract = contract_for(Answer)
+    token = await backend.credentials.token()
+    async with backend:
+
+        async def job(i: int) -> None:
+            body = freeze_body(request_for(i), contract)
+            outcome = await backend.stream(body, attempt_id=f"plain-{i}.1", token=token)
+            assert isinstance(outcome, recoverable.Completed), outcome
+            value = contract.decode(contract.validate(outcome.text))
+            assert isinstance(value, Answer)
+
+        await run_pool(args.warmup, args.concurrency, job, offset=args.n)
+        cpu0 = _common.self_cpu_seconds()
+        elapsed, latencies = await run_pool(args.n, args.concurrency, job)
+        cpu = _common.self_cpu_seconds() - cpu0
+    return {"elapsed": elapsed, "latencies": latencies, "cpu": cpu,
+            "rss_mib": _common.peak_rss_mib()}
+
+
+def worker_main(args: argparse.Namespace) -> None:
+    _common.raise_fd_limit()
+    phase = durable_phase if args.worker == "durable" else plain_phase
+    if args.profile:
+        # CPU attribution of the event-loop thread (thread_time: waits are not counted).
+        import cProfile
+        import io
+        import pstats
+
+        profiler = cProfile.Profile(time.thread_time)
+        result = profiler.runcall(trio.run, phase, args)
+        text = io.StringIO()
+        stats = pstats.Stats(profiler, stream=text).strip_dirs()
+        stats.sort_stats("tottime").print_stats(40)
+        stats.sort_stats("cumulative").print_stats(80)
+        Path(args.profile).write_text(text.getvalue())
+    else:
+        result = trio.run(phase, args)
+    print(json.dumps(result), flush=True)
+
+
+def run_worker(
+    phase: str, mode: str, n: int, concurrency: int, warmup: int, base_url: str, workdir: str,
+    profile: str | None,
+) -> dict[str, Any]:
+    argv = [sys.executable, __file__, "--worker", phase, "--mode", mode, "--n", str(n),
+            "--concurrency", str(concurrency), "--warmup", str(warmup), "--base-url", base_url,
+            "--dir", workdir]
+    if profile:
+        argv += ["--profile", profile]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=_common.child_env(),
+                          timeout=900)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{phase} worker failed:\n{proc.stderr[-4000:]}")
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, action="append", help="jobs per run (repeatable)")
+    parser.add_argument("--concurrency", type=int, default=1000)
+    parser.add_argument("--mode", action="append", choices=["websocket", "sse"])
+    parser.add_argument("--warmup", type=int, default=None, help="untimed jobs first (default c/4)")
+    parser.add_argument("--quick", action="store_true", help="n=500, concurrency=100, sse only")
+    parser.add_argument("--profile", metavar="DIR",
+                        help="write cProfile CPU profiles (event-loop thread) of workers to DIR")
+    parser.add_argument("--worker", choices=["durable", "plain"], help=argparse.SUPPRESS)
+    parser.add_argument("--base-url", help=argparse.SUPPRESS)
+    parser.add_argument("--dir", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        args.n = args.n[0]
+        args.mode = args.mode[0]
+        worker_main(args)
+        return
+    sizes = args.n or ([500] if args.quick else [1000, 10000])
+    modes = args.mode or (["sse"] if args.quick else ["websocket", "sse"])
+    concurrency = 100 if args.quick and args.concurrency == 1000 else args.concurrency
+    warmup = args.warmup if args.warmup is not None else max(1, concurrency // 4)
+    rows = []
+    base = tempfile.mkdtemp(prefix="durable-vs-plain-")
+    try:
+        with _common.provider_process() as info:
+            posts_before = len(_common.provider_requests(info))
+            for mode in modes:
+                for n in sizes:
+                    results: dict[str, dict[str, Any]] = {}
+                    for phase in ("plain", "durable"):
+                        workdir = tempfile.mkdtemp(prefix=f"{phase}-", dir=base)
+                        profile = (
+                            str(Path(args.profile) / f"{phase}-{mode}-{n}.txt")
+                            if args.profile else None
+                        )
+                        provider_cpu0 = _common.process_cpu_seconds(info["pid"])
+                        results[phase] = run_worker(
+                            phase, mode, n, concurrency, warmup, info["base_url"], workdir, profile
+                        )
+                        results[phase]["provider_cpu"] = (
+                            _common.process_cpu_seconds(info["pid"]) - provider_cpu0
+                        )
+                        posts = len(_common.provider_requests(info))
+                        results[phase]["posts"] = posts - posts_before - warmup
+                        posts_before = posts
+                    rows.append((mode, n, results))
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    print(f"durable vs plain, concurrency {concurrency} (provider in a separate process)")
+    headers = ["mode", "N", "phase", "jobs/s", "ratio", "fsync/op", "writes/op", "p50 ms",
+               "p99 ms", "client CPU ms/job", "provider CPU ms/job", "peak RSS MiB", "POSTs"]
+    out = []
+    for mode, n, results in rows:
+        plain_rate = n / results["plain"]["elapsed"]
+        for phase in ("plain", "durable"):
+            r = results[phase]
+            rate = n / r["elapsed"]
+            lat = r["latencies"]
+            out.append([
+                mode, n, phase, f"{rate:.0f}",
+                f"{rate / plain_rate:.2f}" if phase == "durable" else "",
+                f"{r['commits'] / n:.3f}" if "commits" in r else "",
+                f"{r['writes'] / n:.1f}" if "writes" in r else "",
+                _common.ms(_common.percentile(lat, 50)), _common.ms(_common.percentile(lat, 99)),
+                f"{r['cpu'] / n * 1000:.2f}", f"{r['provider_cpu'] / (n + warmup) * 1000:.2f}",
+                f"{r['rss_mib']:.0f}", r["posts"],
+            ])
+    print(_common.table(headers, out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""Cross-process cancel: a child process streams a stalled operation; this process
+cancels it through its own runtime on the same store.
+
+The provider runs in this test's event loop on a real loopback socket; the child
+(``cancel_child.py``) is a real separate process with its own store handle,
+writer thread and lifecycle monitor. The only channel between the two runtimes
+is the LMDB store.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+import recoverable
+from recoverable.testing import FixtureProvider, Reply
+
+from .cancel_child import Answer
+
+CHILD = str(Path(__file__).with_name("cancel_child.py"))
+ACCOUNT = recoverable.AccountBinding("acct-cancel", "api-key")
+LATENCY_BOUND = 2.0  # seconds; generous (the bench measures the real figure)
+
+
+class LineReader:
+    """JSON lines from a child's stdout (a Trio receive stream)."""
+
+    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
+        self._stream = stream
+        self._buffer = b""
+
+    async def next(self) -> dict[str, Any]:
+        while b"\n" not in self._buffer:
+            chunk = await self._stream.receive_some(65536)
+            if not chunk:
+                raise EOFError("the child closed its stdout")
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        event: dict[str, Any] = json.loads(line)
+        return event
+
+
+@pytest.mark.parametrize("mode", ["sse", "websocket"])
+async def test_cancel_from_another_process_stops_the_stalled_stream_at_once(
+    tmp_path: Path, mode: str
+) -> None:
+    store_path = str(tmp_path / "store")
+    env = dict(os.environ)
+    env.pop("RECOVERABLE_KILL_AT", None)
+    async with FixtureProvider.serve() as provider:
+        provider.script([Reply.stall(after_events=2)] + [Reply.stall(after_events=0)] * 4)
+        argv = [sys.executable, CHILD, "--store", store_path, "--base-url", provider.http_url,
+                "--mode", mode, "--count", "1", "--max-attempts", "3"]
+        with trio.fail_after(60):
+            process = await trio.lowlevel.open_process(
+                argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+            )
+            try:
+                assert process.stdout is not None
+                lines = LineReader(process.stdout)
+                prepared = await lines.next()
+                assert prepared["event"] == "prepared", prepared
+                operation_id = prepared["operation_id"]
+                handle = recoverable.Handle(operation_id)
+
+                # The child's generation POST reached the provider, which now stalls.
+                await provider.wait_for_requests(1)
+                assert provider.requests[0].attempt_id == f"{operation_id}.1"
+
+                store = recoverable.RecoveryStore.open(store_path)
+                try:
+                    async with recoverable.open_runtime(store, None, account=ACCOUNT) as rt:
+                        before = await rt.status(handle)
+                        assert before.state not in ("cancelled", "completed"), before
+                        started = time.time()
+                        await rt.cancel(handle)
+                        with trio.fail_after(10):  # a lost cancel would stall forever
+                            observed = await lines.next()
+                        assert observed["event"] == "cancelled", observed
+                        assert observed["operation_id"] == operation_id
+                        latency = observed["t"] - started
+                        print(f"cross-process cancel latency ({mode}): {latency * 1000:.1f} ms")
+                        assert 0.0 <= latency < LATENCY_BOUND
+
+                        assert (await lines.next())["event"] == "done"
+                        assert await process.wait() == 0
+                        after = await rt.status(handle)
+                        assert after.state == "cancelled"
+                        assert after.availability == "permanently_cancelled"
+                        assert after.attempts_used == 1
+                        with pytest.raises(recoverable.OperationCancelled):
+                            await rt.receipt(handle)
+                    lease = store.get_lease(operation_id)
+                    assert lease is None or not store.lease_is_live(lease)
+                    assert store.check_integrity() == []
+                finally:
+                    store.close()
+            finally:
+                if process.returncode is None:
+                    process.kill()
+                    await process.wait()
+        # Exactly one POST: the cancel was not turned into a replacement attempt.
+        assert [r.attempt_id for r in provider.requests] == [f"{operation_id}.1"]
+        assert len(provider.pending_script) == 4
+
+
+async def test_a_second_send_after_a_cross_process_cancel_is_refused_without_a_post(
+    tmp_path: Path,
+) -> None:
+    """The cancel is durable: reopening the operation in a fresh runtime never POSTs."""
+    store_path = str(tmp_path / "store")
+    env = dict(os.environ)
+    env.pop("RECOVERABLE_KILL_AT", None)
+    async with FixtureProvider.serve() as provider:
+        provider.script([Reply.stall(after_events=1)])
+        argv = [sys.executable, CHILD, "--store", store_path, "--base-url", provider.http_url,
+                "--count", "1"]
+        with trio.fail_after(60):
+            process = await trio.lowlevel.open_process(
+                argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+            )
+            try:
+                assert process.stdout is not None
+                lines = LineReader(process.stdout)
+                prepared = await lines.next()
+                handle = recoverable.Handle(prepared["operation_id"])
+                await provider.wait_for_requests(1)
+                store = recoverable.RecoveryStore.open(store_path)
+                try:
+                    backend = recoverable.ResponsesBackend(
+                        provider.http_url,
+                        credentials=recoverable.StaticCredentials("sk-other", account=ACCOUNT),
+                        mode="sse", endpoint_id="fixture",
+                    )
+                    async with recoverable.open_runtime(store, backend, account=ACCOUNT) as rt:
+                        await rt.cancel(handle)
+                        assert (await lines.next())["event"] == "cancelled"
+                        assert (await lines.next())["event"] == "done"
+                        assert await process.wait() == 0
+                        calls: list[recoverable.Attempt] = []
+
+                        async def authorize(attempt: recoverable.Attempt) -> bool:
+                            calls.append(attempt)
+                            return True
+
+                        with pytest.raises(recoverable.OperationCancelled):
+                            await rt.send_recovering(
+                                handle, response=Answer, authorize=authorize
+                            )
+                        assert calls == []
+                finally:
+                    store.close()
+            finally:
+                if process.returncode is None:
+                    process.kill()
+                    await process.wait()
+        assert len(provider.requests) == 1
+
