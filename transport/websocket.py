@@ -136,6 +136,12 @@ class WebSocketTransport:
             raise _Rejected(
                 state.interrupt("disconnected", transport_code="connect_failed")
             ) from None
+        except Exception:
+            # A peer that breaks the HTTP/WebSocket handshake protocol (h11/wsproto errors,
+            # possibly grouped by trio-websocket's nursery): a typed outcome, never a crash.
+            raise _Rejected(
+                state.interrupt("malformed", transport_code="handshake_protocol_error")
+            ) from None
         return _Connection(ws, release, scope, (self.url, token_fingerprint(token)))
 
     @staticmethod
