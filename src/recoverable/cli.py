@@ -27,6 +27,7 @@ from recoverable import errors
 from recoverable.actors.runtime import Runtime, open_runtime
 from recoverable.batch import (
     EXIT_FAILED,
+    EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_USAGE,
     BatchConfig,
@@ -159,9 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument(
         "--backoff",
         type=_non_negative_float,
-        default=0.5,
         metavar="SECONDS",
-        help="initial backoff before a replacement attempt (doubles, at most 30 s)",
+        help="initial backoff before a replacement attempt (doubles, at most 30 s; "
+        "default 0.5, or 0.05 for the local fixture)",
     )
     batch.add_argument(
         "--idle-timeout",
@@ -215,13 +216,17 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(args_list)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-    if args.command == "batch":
-        return _batch(args, sys.stdout, sys.stderr)
     try:
+        if args.command == "batch":
+            return _batch(args, sys.stdout, sys.stderr)
         return _ops(args, sys.stdout, sys.stderr)
     except UsageError as exc:
         sys.stderr.write(f"recoverable {args.command}: {exc}\n")
         return EXIT_USAGE
+    except KeyboardInterrupt:
+        # Before or after the batch's own signal handling (startup, shutdown, ops).
+        sys.stderr.write(f"recoverable {args.command}: interrupted\n")
+        return EXIT_INTERRUPTED
 
 
 def _batch(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
@@ -238,7 +243,10 @@ def _batch(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         rps=args.rps,
         faults=args.faults,
         max_attempts=args.max_attempts,
-        initial_backoff=args.backoff,
+        initial_backoff=(
+            args.backoff if args.backoff is not None
+            else 0.05 if args.endpoint == "fixture" else 0.5
+        ),
         idle_timeout=args.idle_timeout,
     )
     if args.faults is not None and args.endpoint != "fixture":

@@ -222,6 +222,13 @@ def test_a_job_the_provider_answers_invalidly_fails_with_exit_1(tmp_path: Path) 
     assert again.returncode == 1
     assert _stat(again.stdout, "POSTs (attempts spent)") == "0"
     assert _stat(again.stdout, "operations resumed") == "3"
+    # New content under the same revision is refused, never mixed with the saved operation.
+    changed = write_jobs(tmp_path / "jobs.jsonl",
+                         [job_line(0, input="different text"), job_line(1), job_line(2)])
+    third = run_cli("batch", str(changed), "--out", str(out))
+    assert third.returncode == 1
+    assert _stat(third.stdout, "  revision_conflict") == "1"
+    assert "(line 1) failed: revision_conflict" in third.stderr
 
 
 def test_usage_and_input_file_errors_exit_2(tmp_path: Path) -> None:
