@@ -1,0 +1,459 @@
+"""Hypothesis drives the pure operation state machine with random event sequences.
+
+The model follows the driver's rule exactly: only the record returned by a
+transition is kept (it is what the driver persisted), and only the action returned
+may be followed by its matching next event (AskHost → an answer, Transmit → progress,
+failure or completion, WaitUntil → wake). A simulated crash drops the live execution
+and reopens the record as last persisted. Invariants are checked after every step.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+from recoverable.storage.records import CommandKind, OperationRecord
+from recoverable.transport.outcome import Interruption
+
+from recoverable import errors
+from recoverable import machine as m
+from recoverable.machine import (
+    Action,
+    AskHost,
+    Context,
+    Deliver,
+    InvalidTransition,
+    Stop,
+    Transition,
+    Transmit,
+    WaitUntil,
+)
+from recoverable.types import AccountBinding, RetryPolicy
+
+ALICE = AccountBinding("alice")
+BOB = AccountBinding("bob")
+ALICE_OAUTH = AccountBinding("alice", "oauth")
+T0 = 1_700_000_000.0
+OP = "op-s"
+FH = "fh"
+EP = "ep"
+
+# Mostly the happy value, so that long runs reach deep states; sometimes the others.
+accounts = st.sampled_from([ALICE] * 12 + [BOB, ALICE_OAUTH, None])
+cred_accounts = st.sampled_from([None] * 10 + [ALICE, ALICE, BOB])
+commands: st.SearchStrategy[CommandKind | None] = st.sampled_from(
+    [None] * 30 + ["suspend", "suspend", "cancel"]
+)
+# A command observed at a checkpoint of a live execution (answer, failure, completion, wake).
+checkpoint_commands: st.SearchStrategy[CommandKind | None] = st.sampled_from(
+    [None] * 8 + ["suspend", "cancel"]
+)
+advances = st.one_of(st.just(0.0), st.floats(0.0, 5.0), st.floats(0.0, 5.0), st.floats(5.0, 300.0))
+
+interruptions = st.builds(
+    Interruption,
+    kind=st.sampled_from(
+        [
+            "disconnected", "disconnected", "timeout", "timeout", "http_rejected",
+            "disconnected", "timeout", "premature_eof", "http_rejected", "provider_failed",
+            "incomplete", "tool_activity", "malformed", "refusal", "invalid_output",
+            "interrupted",
+        ]
+    ),
+    http_status=st.sampled_from([None, 400, 401, 401, 403, 408, 429, 429, 500, 501, 503]),
+    provider_type=st.sampled_from([None, None, "insufficient_quota", "server_error"]),
+    provider_code=st.sampled_from(
+        [None, None, "server_error", "rate_limit_exceeded", "insufficient_quota",
+         "credit_balance_exhausted", "invalid_prompt", "max_output_tokens"]
+    ),
+    retry_after=st.one_of(
+        st.none(), st.sampled_from([0.0, -1.0, math.inf, math.nan, 1e12]),
+        st.floats(0.0, 120.0),
+    ),
+    response_id=st.sampled_from([None, "resp_1"]),
+    sequence_number=st.sampled_from([None, 0, 17]),
+    had_output=st.booleans(),
+    had_tool_activity=st.sampled_from([False, False, False, True]),
+)
+
+policies = st.builds(
+    RetryPolicy,
+    initial_backoff=st.sampled_from([0.0, 1.0, 10.0, 10.0]),
+    maximum_backoff=st.sampled_from([0.0, 5.0, 60.0, 60.0]),
+    multiplier=st.sampled_from([1.0, 2.0, 1e200]),
+    maximum_retry_after=st.sampled_from([0.0, 30.0, 3600.0]),
+    replace_invalid_output=st.booleans(),
+    replace_incomplete=st.booleans(),
+)
+
+GENERATIVE = (AskHost, Transmit, Deliver)
+
+
+class OperationMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rec: OperationRecord = OperationRecord(
+            operation_id=OP, account=ALICE, endpoint_id=EP, created_at=T0,
+            maximum_attempts=1, model="m", format_name="F", format_hash=FH, body_hash="b",
+            root_operation_id=OP,
+        )
+        self.now = T0
+        self.action: Action | None = None  # the action the live execution is performing
+        self.live = False  # an execution (send_recovering) currently owns the record
+        self.cancelled_seen = False
+        self.transmits = 0
+        self.terminal_visits = 0
+        self.operations = 0
+
+    # --- plumbing -------------------------------------------------------------------
+
+    def ctx(self, account: AccountBinding | None = ALICE,
+            credentials_account: AccountBinding | None = None,
+            command: CommandKind | None = None, endpoint_id: str | None = None) -> Context:
+        return Context(now=self.now, account=account, credentials_account=credentials_account,
+                       endpoint_id=endpoint_id, command=command)
+
+    def advance(self, dt: float) -> None:
+        assert dt >= 0
+        self.now += dt  # time only moves forward
+
+    def apply(self, t: Transition, *, c: Context | None = None) -> None:
+        old, new, action = self.rec, t.record, t.action
+        # The driver may skip the write when told nothing changed: never lie about it.
+        if new != old:
+            assert t.changed, "record changed but transition says unchanged"
+        assert new.operation_id == old.operation_id and new.account == old.account
+        assert new.maximum_attempts == old.maximum_attempts
+        assert new.attempts_used >= old.attempts_used, "attempts refunded"
+        # History is append-only; only the last attempt's outcome/diagnostics may change.
+        assert len(new.attempts) >= len(old.attempts)
+        assert new.attempts[: len(old.attempts) - 1] == old.attempts[:-1]
+        if old.attempts:
+            a, b = old.attempts[-1], new.attempts[len(old.attempts) - 1]
+            assert (a.attempt_id, a.number, a.reason, a.consumed_at) == (
+                b.attempt_id, b.number, b.reason, b.consumed_at
+            ), "attempt history rewritten"
+            if a.outcome != "in_flight":
+                assert b == a, "a finished attempt was changed"
+        if old.completed_at is not None:
+            assert new.completed_at == old.completed_at, "saved completion dropped"
+        if old.phase == "cancelled":
+            assert new.phase == "cancelled", "cancelled is absorbing"
+        if self.cancelled_seen or new.phase == "cancelled":
+            assert not isinstance(action, GENERATIVE), f"{action} after cancel"
+        if isinstance(action, Transmit):
+            assert old.phase == "authorizing" and old.pending is not None
+            assert old.pending.attempt_id == action.attempt_id
+            assert new.phase == "transmitting"
+            assert new.attempts_used == old.attempts_used + 1, "Transmit without consuming"
+            last = new.attempts[-1]
+            assert last.attempt_id == action.attempt_id and last.outcome == "in_flight"
+            assert last.consumed_at == self.now
+            assert not new.has_completion, "Transmit after a saved completion"
+            assert action.renew == (last.reason == "authentication_reissue")
+            if c is not None:
+                assert c.command is None and c.account == new.account
+                assert c.credentials_account in (None, new.account)
+                assert new.expires_at is None or self.now < new.expires_at
+            self.transmits += 1
+        else:
+            assert new.attempts_used == old.attempts_used, "attempt consumed without Transmit"
+        if isinstance(action, AskHost):
+            asked = action.attempt
+            assert new.phase == "authorizing" and new.pending is not None
+            assert new.pending.attempt_id == asked.attempt_id
+            assert asked.number == new.attempts_used + 1
+            assert asked.attempt_id == m.attempt_id_for(OP, asked.number)
+            assert not new.has_completion
+            assert new.attempts_remaining > 0
+            assert new.next_attempt_at is None or new.next_attempt_at <= self.now
+            assert new.expires_at is None or self.now < new.expires_at
+            if old.pending is not None and old.pending.number == asked.number:
+                assert old.pending.attempt_id == asked.attempt_id, "replay changed the id"
+        if isinstance(action, Deliver):
+            assert new.has_completion and new.phase == "completed"
+            if c is not None:
+                assert c.account == new.account and c.credentials_account in (None, new.account)
+        if isinstance(action, WaitUntil):
+            assert new.phase == "waiting" and new.next_attempt_at == action.at
+            assert action.at > self.now
+        if isinstance(action, Stop):
+            assert isinstance(action.error, errors.RecoveryError)
+        if new.phase == "cancelled":
+            self.cancelled_seen = True
+        self.rec = new
+        if action is not None:
+            self.action = action
+            self.live = isinstance(action, (AskHost, Transmit, WaitUntil))
+
+    # --- setup ----------------------------------------------------------------------
+
+    @initialize(
+        maximum=st.integers(1, 5),
+        policy=policies,
+        expires=st.sampled_from([None, None, None, 30.0, 600.0, 5000.0]),
+    )
+    def prepare(self, maximum: int, policy: RetryPolicy, expires: float | None) -> None:
+        m.validate_preparation(maximum_attempts=maximum, retry_policy=policy, scope=None,
+                               job_id=None, input_revision=None, contract_version=None)
+        self.expires = expires
+        self._fresh(maximum, policy)
+
+    def _fresh(self, maximum: int, policy: RetryPolicy) -> None:
+        """A new prepared operation (the pure machine has no memory of the previous one)."""
+        self.rec = OperationRecord(
+            operation_id=OP, account=ALICE, endpoint_id=EP, created_at=self.now,
+            maximum_attempts=maximum, retry_policy=policy,
+            expires_at=None if self.expires is None else self.now + self.expires,
+            model="m", format_name="F", format_hash=FH, body_hash="b", root_operation_id=OP,
+        )
+        self.action = None
+        self.live = False
+        self.cancelled_seen = False
+        self.transmits = 0
+        self.terminal_visits = 0
+        self.operations += 1
+
+    def _maybe_restart(self) -> None:
+        """Once a finished record has been re-checked twice, keep the run productive by
+        preparing a new operation instead of poking the terminal one for the remaining steps."""
+        rec = self.rec
+        if rec.phase in ("cancelled", "completed") or (
+            rec.phase == "failed" and rec.failure_reason != "authentication_required"
+        ):
+            self.terminal_visits += 1
+            if self.terminal_visits > 2:
+                self._fresh(rec.maximum_attempts, rec.retry_policy)
+
+    # --- events -----------------------------------------------------------------------
+
+    def _open(self, account: AccountBinding | None, creds: AccountBinding | None,
+              command: CommandKind | None, endpoint: str | None, fmt: str) -> None:
+        c = self.ctx(account, creds, command, endpoint)
+        before = self.rec
+        t = m.open_operation(self.rec, c, format_hash=fmt, expected_contract_version=None,
+                             check_contract_version=False)
+        if fmt != FH or account != ALICE or creds not in (None, ALICE):
+            assert not isinstance(t.action, GENERATIVE)
+            if before.phase != "cancelled" and command != "cancel":
+                assert t.record == before, "a refused open changed the record"
+        if endpoint not in (None, EP):
+            assert not isinstance(t.action, (AskHost, Transmit))
+        if before.has_completion and before.phase != "cancelled" and command != "cancel":
+            assert not isinstance(t.action, (AskHost, Transmit))
+        self.apply(t, c=c)
+
+    @precondition(lambda self: not self.live)
+    @rule(dt=advances, account=accounts, creds=cred_accounts, command=commands,
+          endpoint=st.sampled_from([None] * 4 + [EP] * 4 + ["other-ep"]),
+          fmt=st.sampled_from([FH] * 8 + ["other-format"]),
+          idle_command=st.sampled_from([None] * 6 + ["suspend", "suspend", "cancel"]))
+    def open(self, dt: float, account: AccountBinding | None, creds: AccountBinding | None,
+             command: CommandKind | None, endpoint: str | None, fmt: str,
+             idle_command: CommandKind | None) -> None:
+        """No execution owns the record: another runtime may command it, or it is reopened."""
+        self.advance(dt)
+        self._maybe_restart()
+        if idle_command is not None:
+            self._command_on_idle(idle_command)
+        else:
+            self._open(account, creds, command, endpoint, fmt)
+
+    @precondition(lambda self: isinstance(self.action, AskHost) and self.live)
+    @rule(dt=advances, approved=st.sampled_from([True, True, True, False]),
+          account=accounts, creds=cred_accounts, command=checkpoint_commands)
+    def answer(self, dt: float, approved: bool, account: AccountBinding | None,
+               creds: AccountBinding | None, command: CommandKind | None) -> None:
+        assert isinstance(self.action, AskHost)
+        self.advance(dt)
+        before = self.rec
+        c = self.ctx(account, creds, command)
+        t = m.authorization_answered(self.rec, self.action.attempt.attempt_id, approved, c)
+        if not approved:
+            assert isinstance(t.action, Stop)
+            assert isinstance(t.action.error, errors.AttemptNotAuthorized)
+            assert t.record.pending == before.pending and t.record.phase != "cancelled"
+            assert t.record.attempts_used == before.attempts_used
+        self.apply(t, c=c)
+
+    @precondition(
+        lambda self: isinstance(self.action, AskHost) and self.live
+        and self.action.attempt.reason == "authentication_reissue"
+    )
+    @rule()
+    def renewal_unavailable(self) -> None:
+        assert isinstance(self.action, AskHost)
+        t = m.credentials_unavailable(self.rec, self.action.attempt.attempt_id)
+        assert isinstance(t.action, Stop)
+        assert isinstance(t.action.error, errors.AuthenticationRequired)
+        self.apply(t)
+
+    @precondition(lambda self: isinstance(self.action, Transmit) and self.live)
+    @rule(response_id=st.sampled_from([None, "resp_x"]),
+          seq=st.one_of(st.none(), st.integers(0, 1000)))
+    def progress(self, response_id: str | None, seq: int | None) -> None:
+        assert isinstance(self.action, Transmit)
+        t = m.progress(self.rec, self.action.attempt_id, response_id, seq)
+        assert t.action is None
+        self.apply(t)
+
+    @precondition(lambda self: isinstance(self.action, Transmit) and self.live)
+    @rule(dt=advances, failure=interruptions, account=accounts, creds=cred_accounts,
+          command=checkpoint_commands)
+    def fail(self, dt: float, failure: Interruption, account: AccountBinding | None,
+             creds: AccountBinding | None, command: CommandKind | None) -> None:
+        assert isinstance(self.action, Transmit)
+        self.advance(dt)
+        c = self.ctx(account, creds, command)
+        t = m.attempt_failed(self.rec, self.action.attempt_id, failure, c)
+        assert t.record.last_failure == failure
+        assert t.record.attempts[-1].outcome == "failed"
+        never_replaced = (
+            failure.is_quota or failure.kind == "tool_activity" or failure.had_tool_activity
+            or (failure.kind == "http_rejected" and failure.http_status == 403)
+        )
+        if never_replaced:  # an oracle independent of classify()
+            assert not isinstance(t.action, (AskHost, Transmit, WaitUntil))
+            assert t.record.phase in ("failed", "suspended", "cancelled")
+        reason = m.classify(failure, self.rec.retry_policy)
+        if reason is not None:
+            assert not isinstance(t.action, (AskHost, Transmit)), "terminal failure replaced"
+            if command is None:
+                assert t.record.phase == "failed" and t.record.failure_reason == reason
+        self.apply(t, c=c)
+
+    @precondition(lambda self: isinstance(self.action, Transmit) and self.live)
+    @rule(dt=advances, account=accounts, creds=cred_accounts, command=checkpoint_commands)
+    def complete(self, dt: float, account: AccountBinding | None,
+                 creds: AccountBinding | None, command: CommandKind | None) -> None:
+        assert isinstance(self.action, Transmit)
+        self.advance(dt)
+        c = self.ctx(account, creds, command)
+        t = m.completion_validated(self.rec, self.action.attempt_id, c, response_id="resp_c",
+                                   sequence_number=99)
+        if command == "cancel":
+            assert not t.record.has_completion and t.record.phase == "cancelled"
+        self.apply(t, c=c)
+
+    @precondition(lambda self: isinstance(self.action, WaitUntil) and self.live)
+    @rule(dt=advances, account=accounts, creds=cred_accounts, command=checkpoint_commands,
+          until=st.booleans())
+    def wake(self, dt: float, account: AccountBinding | None, creds: AccountBinding | None,
+             command: CommandKind | None, until: bool) -> None:
+        assert isinstance(self.action, WaitUntil)
+        self.now = max(self.now, self.action.at) + dt if until else self.now + dt
+        c = self.ctx(account, creds, command)
+        t = m.wake(self.rec, c)
+        self.apply(t, c=c)
+
+    @precondition(lambda self: self.live)
+    @rule(dt=advances, crash=st.booleans())
+    def end_execution(self, dt: float, crash: bool) -> None:
+        """The live execution ends without its next event: a crash, or a local interruption."""
+        if crash:
+            # The driver died: the record as last persisted is reopened by a new execution.
+            self.live = False
+            self.action = None
+            self.advance(dt)
+            self._open(ALICE, None, None, None, FH)
+            return
+        before = self.rec
+        t = m.interrupted_locally(self.rec)
+        assert isinstance(t.action, Stop)
+        assert isinstance(t.action.error, errors.OperationSuspended)
+        assert t.record.attempts_used == before.attempts_used
+        assert t.record.next_attempt_at == before.next_attempt_at
+        assert t.record.completed_at == before.completed_at
+        self.apply(t)
+
+    def _command_on_idle(self, kind: CommandKind) -> None:
+        before = self.rec
+        t = m.command_on_idle(self.rec, kind)
+        assert t.record.attempts_used == before.attempts_used
+        if kind == "cancel":
+            assert t.record.phase == "cancelled"
+        self.apply(t)
+
+    @invariant()
+    def stray_events_are_rejected(self) -> None:
+        """Events that do not match the phase raise InvalidTransition, changing nothing."""
+        rec = self.rec
+        stray: list[Any] = []
+        if rec.phase != "waiting":
+            stray.append(lambda: m.wake(rec, self.ctx()))
+        if rec.phase != "transmitting":
+            stray.append(lambda: m.progress(rec, m.attempt_id_for(OP, 1), None, None))
+            stray.append(lambda: m.attempt_failed(
+                rec, m.attempt_id_for(OP, rec.attempts_used or 1),
+                Interruption(kind="timeout"), self.ctx()))
+        if rec.phase != "authorizing":
+            stray.append(lambda: m.authorization_answered(
+                rec, m.attempt_id_for(OP, rec.attempts_used + 1), True, self.ctx()))
+        else:
+            stray.append(lambda: m.authorization_answered(
+                rec, m.attempt_id_for(OP, rec.attempts_used + 2), True, self.ctx()))
+        for call in stray:
+            try:
+                call()
+            except InvalidTransition:
+                pass
+            else:
+                raise AssertionError("a stray event was accepted")
+        assert self.rec == rec
+
+    @invariant()
+    def status_agrees_with_the_record(self) -> None:
+        for viewer, lease in ((ALICE, False), (ALICE, True), (BOB, False), (None, False)):
+            self._check_status(viewer, lease)
+
+    def _check_status(self, viewer: AccountBinding | None, lease: bool) -> None:
+        s = m.derive_status(self.rec, now=self.now, lease_live=lease, viewer=viewer)
+        if viewer != ALICE:
+            assert s.redacted and s.attempts == () and not s.has_saved_completion
+            return
+        assert s.attempts_used == self.rec.attempts_used
+        assert s.has_saved_completion == self.rec.has_completion
+        if self.rec.phase == "cancelled":
+            assert s.state == "cancelled" and s.availability == "permanently_cancelled"
+            assert "read_receipt" not in s.suggested_actions
+        elif self.rec.has_completion:
+            assert s.availability == "completion_saved"
+        if not lease:
+            assert all(a.outcome != "in_flight" for a in s.attempts)
+
+    # --- invariants after every step -----------------------------------------------
+
+    @invariant()
+    def budget_and_history(self) -> None:
+        rec = self.rec
+        assert 0 <= rec.attempts_used <= rec.maximum_attempts
+        assert rec.attempts_used == len(rec.attempts)
+        assert [a.number for a in rec.attempts] == list(range(1, len(rec.attempts) + 1))
+        assert all(a.outcome != "in_flight" for a in rec.attempts[:-1])
+        if rec.pending is not None:
+            assert rec.pending.number == rec.attempts_used + 1
+            assert rec.pending.attempt_id == m.attempt_id_for(OP, rec.pending.number)
+        if rec.phase == "transmitting":
+            assert rec.attempts and rec.pending is None
+        if rec.phase == "completed":
+            assert rec.has_completion
+        if self.cancelled_seen:
+            assert rec.phase == "cancelled"
+        if isinstance(self.action, Deliver):
+            assert rec.has_completion
+        assert self.transmits == rec.attempts_used
+
+
+OperationMachine.TestCase.settings = settings(
+    max_examples=200, stateful_step_count=40, deadline=None
+)
+TestOperationMachine = OperationMachine.TestCase
