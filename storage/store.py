@@ -682,19 +682,29 @@ class RecoveryStore:
 
         Unreadable command rows are skipped here (``check_integrity`` lists them).
         """
+        return self.commands_snapshot(after_serial=after_serial)[1]
 
-        def scan(txn: lmdb.Transaction[bytes]) -> list[CommandRecord]:
+    def commands_snapshot(self, *, after_serial: int = 0) -> tuple[int, list[CommandRecord]]:
+        """``(txnid, commands)`` read from ONE snapshot; ``txnid`` is that snapshot's id.
+
+        A poller should remember this ``txnid`` (not ``last_txnid()``): a reader may
+        briefly get the previous snapshot while ``last_txnid()`` already names the
+        newer commit, and remembering the snapshot's own id makes the next poll scan
+        again instead of missing that commit.
+        """
+
+        def scan(txn: lmdb.Transaction[bytes]) -> tuple[int, list[CommandRecord]]:
             found = []
             for key, raw in txn.cursor(db=self._dbs["commands"]).iternext():
                 try:
-                    record = codec.decode_command(raw, operation_id=key.decode(errors="replace"))
+                    record = codec.decode_command(raw, operation_id=_key_str(key))
                 except (CorruptRecord, UnsupportedRecordVersion):
                     continue
                 if record.serial > after_serial:
                     found.append(record)
-            return found
+            return txn.id(), sorted(found, key=lambda c: c.serial)
 
-        return sorted(self._read(scan), key=lambda c: c.serial)
+        return self._read(scan)
 
     def last_command_serial(self) -> int:
         return _u64(self._get("meta", _META_SERIAL))

@@ -117,6 +117,8 @@ async def test_command_serials_increase_and_cancel_is_never_replaced(
     assert [c.operation_id for c in store.commands()] == ["a", "b"]
     assert store.commands(after_serial=1) == [second]
     assert store.last_command_serial() == 2
+    txnid, snapshot = store.commands_snapshot(after_serial=1)
+    assert txnid == store.last_txnid() and snapshot == [second]
     assert await store.write(lambda t: t.delete_command("a")) is True
     assert store.get_command("a") is None
 
@@ -184,24 +186,25 @@ async def test_invalid_ids_and_kinds_are_typed_errors(store: RecoveryStore) -> N
 async def test_registered_upgrader_reads_an_old_version_and_allows_rewrite(
     store: RecoveryStore,
 ) -> None:
-    old = msgspec.msgpack.encode({"version": 1, "id": "v1-op", "attempts": 2})
+    # a version nobody else registers (the real V1 migration registers version 1)
+    old = msgspec.msgpack.encode({"version": 101, "id": "v1-op", "attempts": 2})
 
     def upgrade(data: bytes) -> OperationRecord:
         legacy = msgspec.msgpack.decode(data)
-        return make_op(legacy["id"], attempts_used=legacy["attempts"], upgraded_from=1)
+        return make_op(legacy["id"], attempts_used=legacy["attempts"], upgraded_from=101)
 
     await store.write(lambda t: t.put_raw("operations", b"v1-op", old))
     with pytest.raises(UnsupportedRecordVersion):
         store.get_operation("v1-op")
-    register_operation_upgrader(1, upgrade)
+    register_operation_upgrader(101, upgrade)
     try:
         record = store.get_operation("v1-op")
-        assert record is not None and record.upgraded_from == 1 and record.attempts_used == 2
+        assert record is not None and record.upgraded_from == 101 and record.attempts_used == 2
         assert store.inventory()[1] == []
         await store.write(lambda t: t.put_operation(record))  # migration writes version 2
         assert codec.read_version(store.get_raw("operations", b"v1-op") or b"") == 2
     finally:
-        unregister_operation_upgrader(1)
+        unregister_operation_upgrader(101)
     assert store.get_operation("v1-op") == record  # now a current record
 
 
@@ -209,11 +212,13 @@ def test_failing_upgrader_makes_the_record_corrupt() -> None:
     def broken(data: bytes) -> OperationRecord:
         raise KeyError("id")
 
-    register_operation_upgrader(1, broken)
+    register_operation_upgrader(102, broken)
     try:
         with pytest.raises(CorruptRecord):
-            codec.decode_operation(msgspec.msgpack.encode({"version": 1}))
+            codec.decode_operation(msgspec.msgpack.encode({"version": 102}))
     finally:
-        unregister_operation_upgrader(1)
+        unregister_operation_upgrader(102)
+    with pytest.raises(UnsupportedRecordVersion):
+        codec.decode_operation(msgspec.msgpack.encode({"version": 102}))
     with pytest.raises(ValueError):
         register_operation_upgrader(2, broken)
