@@ -81,12 +81,15 @@ class LifecycleMonitor:
             if watch is not None:
                 watch.deliver(command)
 
-    def scan(self) -> None:
+    def scan(self) -> int:
+        """Deliver every command; returns the id of the snapshot actually read."""
         self.scans += 1
-        for command in self._store.commands():
+        txnid, commands = self._store.commands_snapshot()
+        for command in commands:
             watch = self._watches.get(command.operation_id)
             if watch is not None:
                 watch.deliver(command)
+        return txnid
 
     async def run(self) -> None:
         last = self._store.last_txnid()
@@ -95,7 +98,8 @@ class LifecycleMonitor:
             self.polls += 1
             if not self._watches:
                 continue
-            txnid = self._store.last_txnid()
-            if txnid != last:
-                last = txnid
-                self.scan()
+            if self._store.last_txnid() != last:
+                # Remember the snapshot's own id, not last_txnid(): a reader may briefly
+                # get the previous snapshot while last_txnid() already names a newer
+                # commit; then the next poll scans again instead of missing it.
+                last = self.scan()
