@@ -949,8 +949,6 @@ def test_backoff_delay_table(
     assert m.backoff_delay(policy, used, retry_after) == expected
 
 
-@pytest.mark.xfail(strict=True, reason="machine bug: overflow fallback ignores a zero "
-                   "initial_backoff (0 * huge must stay 0, not maximum_backoff)")
 def test_backoff_overflow_with_zero_initial_backoff_stays_zero() -> None:
     policy = RetryPolicy(initial_backoff=0.0, multiplier=10.0, maximum_backoff=60.0)
     assert m.backoff_delay(policy, 2, None) == 0.0  # fine without overflow
@@ -1085,3 +1083,53 @@ def test_status_reports_next_attempt_and_expiry_times() -> None:
     s = m.derive_status(rec, now=T0, lease_live=False, viewer=ALICE)
     assert s.next_attempt_at is not None and s.next_attempt_at.timestamp() == T0 + 30
     assert s.expires_at is not None and s.expires_at.timestamp() == T0 + 90
+
+
+# --- a lifecycle command observed together with a failure ----------------------------------
+#
+# machine bug: attempt_failed() applies ctx.command BEFORE classifying the failure, so a
+# suspend observed at the same checkpoint turns ANY failure into a plain "suspended" record:
+# the failure table and the cooldown are skipped, and resuming asks for a replacement.
+
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        rejected(429, provider_type="insufficient_quota"),
+        Interruption(kind="tool_activity"),
+        Interruption(kind="disconnected", had_tool_activity=True),
+        rejected(403),
+        Interruption(kind="invalid_output"),
+    ],
+    ids=["quota", "tool activity", "tool activity seen", "403", "invalid output"],
+)
+def test_suspend_with_a_terminal_failure_never_makes_it_replaceable(
+    failure: Interruption,
+) -> None:
+    t = m.attempt_failed(transmitting(1), _A1, failure, ctx(command="suspend"))
+    assert isinstance(t.action, Stop)
+    resumed = open_(t.record, ctx(T0 + 10**6))
+    assert not isinstance(resumed.action, (AskHost, Transmit))
+    stopped(resumed, errors.PermanentlyFailed)
+
+
+@pytest.mark.parametrize(
+    "failure,cooldown",
+    [(rejected(429, retry_after=30.0), 30.0), (DISCONNECT, 10.0)],
+    ids=["429 retry-after", "backoff"],
+)
+def test_suspend_with_an_eligible_failure_keeps_the_cooldown(
+    failure: Interruption, cooldown: float
+) -> None:
+    rec = transmitting(1, retry_policy=RetryPolicy(initial_backoff=10.0))
+    t = m.attempt_failed(rec, _A1, failure, ctx(command="suspend"))
+    stopped(t, errors.OperationSuspended)
+    assert t.record.phase == "suspended" and t.record.next_attempt_at == T0 + cooldown
+    assert open_(t.record, ctx(T0 + 1)).action == WaitUntil(T0 + cooldown)
+
+
+def test_suspend_with_a_401_keeps_the_authentication_reissue() -> None:
+    t = m.attempt_failed(transmitting(1), _A1, rejected(401), ctx(command="suspend"))
+    stopped(t, errors.OperationSuspended)
+    assert asked(open_(t.record)).reason == "authentication_reissue"

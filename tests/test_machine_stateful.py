@@ -18,7 +18,6 @@ from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
     invariant,
-    precondition,
     rule,
 )
 from recoverable.storage.records import CommandKind, OperationRecord
@@ -85,6 +84,11 @@ interruptions = st.builds(
     had_tool_activity=st.sampled_from([False, False, False, True]),
 )
 
+progresses = st.one_of(
+    st.none(),
+    st.tuples(st.sampled_from([None, "resp_x"]), st.one_of(st.none(), st.integers(0, 1000))),
+)
+
 policies = st.builds(
     RetryPolicy,
     initial_backoff=st.sampled_from([0.0, 1.0, 10.0, 10.0]),
@@ -113,6 +117,9 @@ class OperationMachine(RuleBasedStateMachine):
         self.transmits = 0
         self.terminal_visits = 0
         self.operations = 0
+        self.never_again = False  # a never-replaceable failure was recorded
+        self.cooldown_until = -math.inf  # no AskHost before this (backoff / Retry-After)
+        self.suspend_bug = False
 
     # --- plumbing -------------------------------------------------------------------
 
@@ -167,6 +174,10 @@ class OperationMachine(RuleBasedStateMachine):
             self.transmits += 1
         else:
             assert new.attempts_used == old.attempts_used, "attempt consumed without Transmit"
+        if isinstance(action, (AskHost, Transmit)) and not self.suspend_bug:
+            assert not self.never_again, "a never-replaceable failure was replaced"
+        if isinstance(action, AskHost) and not self.suspend_bug:
+            assert self.now >= self.cooldown_until, "asked before the persisted cooldown"
         if isinstance(action, AskHost):
             asked = action.attempt
             assert new.phase == "authorizing" and new.pending is not None
@@ -222,6 +233,12 @@ class OperationMachine(RuleBasedStateMachine):
         self.transmits = 0
         self.terminal_visits = 0
         self.operations += 1
+        self.never_again = False
+        self.cooldown_until = -math.inf
+        # Known machine bug (see the strict xfails in test_machine.py): a suspend observed
+        # together with a failure skips classify() and the cooldown. Once that happened on
+        # this operation the two oracles below cannot hold, so they are switched off for it.
+        self.suspend_bug = False
 
     def _maybe_restart(self) -> None:
         """Once a finished record has been re-checked twice, keep the run productive by
@@ -252,12 +269,7 @@ class OperationMachine(RuleBasedStateMachine):
             assert not isinstance(t.action, (AskHost, Transmit))
         self.apply(t, c=c)
 
-    @precondition(lambda self: not self.live)
-    @rule(dt=advances, account=accounts, creds=cred_accounts, command=commands,
-          endpoint=st.sampled_from([None] * 4 + [EP] * 4 + ["other-ep"]),
-          fmt=st.sampled_from([FH] * 8 + ["other-format"]),
-          idle_command=st.sampled_from([None] * 6 + ["suspend", "suspend", "cancel"]))
-    def open(self, dt: float, account: AccountBinding | None, creds: AccountBinding | None,
+    def idle(self, dt: float, account: AccountBinding | None, creds: AccountBinding | None,
              command: CommandKind | None, endpoint: str | None, fmt: str,
              idle_command: CommandKind | None) -> None:
         """No execution owns the record: another runtime may command it, or it is reopened."""
@@ -268,9 +280,6 @@ class OperationMachine(RuleBasedStateMachine):
         else:
             self._open(account, creds, command, endpoint, fmt)
 
-    @precondition(lambda self: isinstance(self.action, AskHost) and self.live)
-    @rule(dt=advances, approved=st.sampled_from([True, True, True, False]),
-          account=accounts, creds=cred_accounts, command=checkpoint_commands)
     def answer(self, dt: float, approved: bool, account: AccountBinding | None,
                creds: AccountBinding | None, command: CommandKind | None) -> None:
         assert isinstance(self.action, AskHost)
@@ -285,11 +294,6 @@ class OperationMachine(RuleBasedStateMachine):
             assert t.record.attempts_used == before.attempts_used
         self.apply(t, c=c)
 
-    @precondition(
-        lambda self: isinstance(self.action, AskHost) and self.live
-        and self.action.attempt.reason == "authentication_reissue"
-    )
-    @rule()
     def renewal_unavailable(self) -> None:
         assert isinstance(self.action, AskHost)
         t = m.credentials_unavailable(self.rec, self.action.attempt.attempt_id)
@@ -297,21 +301,26 @@ class OperationMachine(RuleBasedStateMachine):
         assert isinstance(t.action.error, errors.AuthenticationRequired)
         self.apply(t)
 
-    @precondition(lambda self: isinstance(self.action, Transmit) and self.live)
-    @rule(response_id=st.sampled_from([None, "resp_x"]),
-          seq=st.one_of(st.none(), st.integers(0, 1000)))
-    def progress(self, response_id: str | None, seq: int | None) -> None:
+    def _progress(self, progress: tuple[str | None, int | None] | None) -> None:
+        """Response id / cursor arrive while the attempt streams (no action follows)."""
+        if progress is None:
+            return
         assert isinstance(self.action, Transmit)
-        t = m.progress(self.rec, self.action.attempt_id, response_id, seq)
+        t = m.progress(self.rec, self.action.attempt_id, *progress)
         assert t.action is None
+        last = t.record.attempts[-1]
+        assert last.outcome == "in_flight"
+        if progress[0] is not None:
+            assert last.response_id == progress[0]
+        if progress[1] is not None:
+            assert last.sequence_number == progress[1]
         self.apply(t)
 
-    @precondition(lambda self: isinstance(self.action, Transmit) and self.live)
-    @rule(dt=advances, failure=interruptions, account=accounts, creds=cred_accounts,
-          command=checkpoint_commands)
     def fail(self, dt: float, failure: Interruption, account: AccountBinding | None,
-             creds: AccountBinding | None, command: CommandKind | None) -> None:
+             creds: AccountBinding | None, command: CommandKind | None,
+             progress: tuple[str | None, int | None] | None) -> None:
         assert isinstance(self.action, Transmit)
+        self._progress(progress)
         self.advance(dt)
         c = self.ctx(account, creds, command)
         t = m.attempt_failed(self.rec, self.action.attempt_id, failure, c)
@@ -324,18 +333,28 @@ class OperationMachine(RuleBasedStateMachine):
         if never_replaced:  # an oracle independent of classify()
             assert not isinstance(t.action, (AskHost, Transmit, WaitUntil))
             assert t.record.phase in ("failed", "suspended", "cancelled")
-        reason = m.classify(failure, self.rec.retry_policy)
+        policy = self.rec.retry_policy
+        reason = m.classify(failure, policy)
+        if command == "suspend":
+            self.suspend_bug = True
+        elif never_replaced:
+            self.never_again = True
+        elif reason is None and not (
+            failure.kind == "http_rejected" and failure.http_status == 401
+        ):
+            delay = m.backoff_delay(policy, self.rec.attempts_used, failure.retry_after)
+            self.cooldown_until = max(self.cooldown_until, self.now + delay)
         if reason is not None:
             assert not isinstance(t.action, (AskHost, Transmit)), "terminal failure replaced"
             if command is None:
                 assert t.record.phase == "failed" and t.record.failure_reason == reason
         self.apply(t, c=c)
 
-    @precondition(lambda self: isinstance(self.action, Transmit) and self.live)
-    @rule(dt=advances, account=accounts, creds=cred_accounts, command=checkpoint_commands)
     def complete(self, dt: float, account: AccountBinding | None,
-                 creds: AccountBinding | None, command: CommandKind | None) -> None:
+                 creds: AccountBinding | None, command: CommandKind | None,
+                 progress: tuple[str | None, int | None] | None) -> None:
         assert isinstance(self.action, Transmit)
+        self._progress(progress)
         self.advance(dt)
         c = self.ctx(account, creds, command)
         t = m.completion_validated(self.rec, self.action.attempt_id, c, response_id="resp_c",
@@ -344,9 +363,6 @@ class OperationMachine(RuleBasedStateMachine):
             assert not t.record.has_completion and t.record.phase == "cancelled"
         self.apply(t, c=c)
 
-    @precondition(lambda self: isinstance(self.action, WaitUntil) and self.live)
-    @rule(dt=advances, account=accounts, creds=cred_accounts, command=checkpoint_commands,
-          until=st.booleans())
     def wake(self, dt: float, account: AccountBinding | None, creds: AccountBinding | None,
              command: CommandKind | None, until: bool) -> None:
         assert isinstance(self.action, WaitUntil)
@@ -355,8 +371,6 @@ class OperationMachine(RuleBasedStateMachine):
         t = m.wake(self.rec, c)
         self.apply(t, c=c)
 
-    @precondition(lambda self: self.live)
-    @rule(dt=advances, crash=st.booleans())
     def end_execution(self, dt: float, crash: bool) -> None:
         """The live execution ends without its next event: a crash, or a local interruption."""
         if crash:
@@ -374,6 +388,43 @@ class OperationMachine(RuleBasedStateMachine):
         assert t.record.next_attempt_at == before.next_attempt_at
         assert t.record.completed_at == before.completed_at
         self.apply(t)
+
+    # One rule, dispatching on what the driver may do next. (Separate rules would be
+    # thinned out by Hypothesis' swarm testing, which disables random rules per example and
+    # would leave most runs stuck between "open" and "stop" without ever failing an attempt.)
+    @rule(data=st.data())
+    def step(self, data: st.DataObject) -> None:
+        d = data.draw
+        action = self.action
+        if not self.live:
+            self.idle(d(advances), d(accounts), d(cred_accounts), d(commands),
+                      d(st.sampled_from([None] * 4 + [EP] * 4 + ["other-ep"])),
+                      d(st.sampled_from([FH] * 8 + ["other-format"])),
+                      d(st.sampled_from([None] * 6 + ["suspend", "suspend", "cancel"])))
+            return
+        what = d(st.sampled_from(["event"] * 4 + ["crash", "interrupt"]), label="what")
+        if what != "event":
+            self.end_execution(d(advances), crash=what == "crash")
+        elif isinstance(action, AskHost):
+            if action.attempt.reason == "authentication_reissue" and d(
+                st.sampled_from([False] * 4 + [True]), label="renewal_unavailable"
+            ):
+                self.renewal_unavailable()
+            else:
+                self.answer(d(advances), d(st.sampled_from([True, True, True, False])),
+                            d(accounts), d(cred_accounts), d(checkpoint_commands))
+        elif isinstance(action, Transmit):
+            progress = d(progresses, label="progress")
+            if d(st.booleans(), label="completes"):
+                self.complete(d(advances), d(accounts), d(cred_accounts),
+                              d(checkpoint_commands), progress)
+            else:
+                self.fail(d(advances), d(interruptions), d(accounts), d(cred_accounts),
+                          d(checkpoint_commands), progress)
+        else:
+            assert isinstance(action, WaitUntil)
+            self.wake(d(advances), d(accounts), d(cred_accounts), d(checkpoint_commands),
+                      d(st.booleans(), label="until"))
 
     def _command_on_idle(self, kind: CommandKind) -> None:
         before = self.rec

@@ -452,10 +452,13 @@ def progress(
 def backoff_delay(policy: RetryPolicy, attempts_used: int, retry_after: float | None) -> float:
     """Delay before the next attempt: the policy's backoff, or Retry-After when larger."""
     exponent = max(0, attempts_used - 1)
-    try:
-        backoff = policy.initial_backoff * (policy.multiplier**exponent)
-    except OverflowError:
-        backoff = policy.maximum_backoff
+    if policy.initial_backoff == 0:
+        backoff = 0.0
+    else:
+        try:
+            backoff = policy.initial_backoff * (policy.multiplier**exponent)
+        except OverflowError:
+            backoff = policy.maximum_backoff
     delay = min(policy.maximum_backoff, backoff)
     if retry_after is not None and math.isfinite(retry_after) and retry_after > 0:
         delay = max(delay, min(retry_after, policy.maximum_retry_after))
@@ -496,37 +499,44 @@ def classify(failure: Interruption, policy: RetryPolicy) -> FailureReason | None
 def attempt_failed(
     rec: OperationRecord, attempt_id: str, failure: Interruption, ctx: Context
 ) -> Transition:
-    """The in-flight attempt ended without a usable completion. Partial output is discarded."""
+    """The in-flight attempt ended without a usable completion. Partial output is discarded.
+
+    The failure is classified first (terminal, or replacement-eligible with its
+    cooldown); a lifecycle command observed at the same time is applied on top,
+    so a suspend never turns a terminal failure into a replaceable one and never
+    drops a persisted cooldown or a pending 401 reissue.
+    """
     last = _in_flight(rec, attempt_id)
     ended = _ended(last, "failed", failure)
     base = evolve(rec, attempts=(*rec.attempts[:-1], ended), last_failure=failure)
-    if ctx.command is not None:
-        return Transition(*_cmd(base, ctx.command), changed=True)
     reason = classify(failure, rec.retry_policy)
+    terminal: errors.RecoveryError | None = None
     if reason is not None:
         new = evolve(base, phase="failed", failure_reason=reason)
-        error = errors.ProviderError(
-            reason, operation_id=rec.operation_id, interruption=failure
-        )
-        return Transition(new, Stop(error), True)
-    if failure.kind == "http_rejected" and failure.http_status == 401:
+        terminal = errors.ProviderError(reason, operation_id=rec.operation_id, interruption=failure)
+    elif failure.kind == "http_rejected" and failure.http_status == 401:
         if last.reason == "authentication_reissue":
             # Renewed credentials were rejected too: renewal cannot fix this.
             new = evolve(base, phase="failed", failure_reason="authentication_required")
-            return Transition(new, Stop(errors.AuthenticationRequired(
-                operation_id=rec.operation_id
-            )), True)
-        waiting = evolve(base, phase="waiting", renew_next=True, next_attempt_at=None)
+            terminal = errors.AuthenticationRequired(operation_id=rec.operation_id)
+        else:
+            new = evolve(base, phase="waiting", renew_next=True, next_attempt_at=None)
     else:
         delay = backoff_delay(rec.retry_policy, base.attempts_used, failure.retry_after)
-        waiting = evolve(base, phase="waiting", next_attempt_at=ctx.now + delay)
-    if waiting.attempts_remaining == 0:
-        new = evolve(waiting, phase="failed", failure_reason="exhausted")
-        return Transition(new, Stop(_terminal_error(new)), True)
+        new = evolve(base, phase="waiting", next_attempt_at=ctx.now + delay)
+    if terminal is None and new.attempts_remaining == 0:
+        new = evolve(new, phase="failed", failure_reason="exhausted")
+        terminal = _terminal_error(new)
+    if ctx.command == "cancel":
+        return Transition(*_cmd(new, "cancel"), changed=True)
+    if terminal is not None:
+        return Transition(new, Stop(terminal), True)
+    if ctx.command == "suspend":
+        return Transition(*_cmd(new, "suspend"), changed=True)
     account_error = _account_error(rec, ctx)
     if account_error is not None:
-        return Transition(waiting, Stop(account_error), True)
-    step = _next_step(waiting, ctx)
+        return Transition(new, Stop(account_error), True)
+    step = _next_step(new, ctx)
     return Transition(step.record, step.action, True)
 
 
