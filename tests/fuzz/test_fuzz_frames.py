@@ -13,17 +13,17 @@ tight ``StreamLimits`` bounding every endless input.
 
 from __future__ import annotations
 
-import os
 import base64
 import functools
 import hashlib
 import json
+import os
 import struct
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import pytest
 import trio
+import trio.lowlevel
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -246,7 +246,7 @@ def test_sse_stream_of_arbitrary_bytes_returns_a_typed_outcome(
             if chunked:
                 piece = b"%x\r\n" % len(piece) + piece + b"\r\n"
             await stream.send_all(piece)
-            await trio.sleep(0)
+            await trio.lowlevel.checkpoint()
         if ending == "silence":
             await trio.sleep_forever()  # the idle bound must end it
         elif ending == "endless":
@@ -350,7 +350,7 @@ def test_websocket_frames_of_arbitrary_shape_return_a_typed_outcome(
             await stream.send_all(raw_frame(0x1, json.dumps(ev).encode()))
         for frame in frames:
             await stream.send_all(frame)
-            await trio.sleep(0)
+            await trio.lowlevel.checkpoint()
         if ending == "silence":
             await trio.sleep_forever()
         elif ending == "endless":
