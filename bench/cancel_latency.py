@@ -182,7 +182,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, action="append",
                         help="operations A streams at once (repeatable; default 1 and 16)")
     parser.add_argument("--mode", action="append", choices=["sse", "websocket"])
-    parser.add_argument("--nudge-after", type=float, default=1.0,
+    parser.add_argument("--nudge-after", type=float, default=0.25,
                         help="seconds after which an unobserved cancel counts as lost")
     parser.add_argument("--quick", action="store_true", help="100 samples, sse, concurrency 1")
     args = parser.parse_args()

@@ -2,6 +2,7 @@
 
 Run:  python bench/durable_vs_plain.py [--n 1000 --n 10000] [--concurrency 1000]
                                        [--mode websocket --mode sse] [--quick]
+(default: N = 1,000 and 10,000, WebSocket; add ``--mode sse --n 1000`` for SSE)
 
 One fixture provider runs in its own process for the whole run. For every
 (mode, N) the same N jobs (job i asks "Question i") are run twice, each phase
@@ -203,7 +204,7 @@ def main() -> None:
         worker_main(args)
         return
     sizes = args.n or ([500] if args.quick else [1000, 10000])
-    modes = args.mode or (["sse"] if args.quick else ["websocket", "sse"])
+    modes = args.mode or (["sse"] if args.quick else ["websocket"])
     concurrency = 100 if args.quick and args.concurrency == 1000 else args.concurrency
     warmup = args.warmup if args.warmup is not None else max(1, concurrency // 4)
     rows = []

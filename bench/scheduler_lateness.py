@@ -1,6 +1,6 @@
 """Scheduler lateness with many waiting operations (target p99 <= 10 ms, zero early starts).
 
-Run:  python bench/scheduler_lateness.py [--n 10000] [--spread 10] [--real-n 3000] [--quick]
+Run:  python bench/scheduler_lateness.py [--n 10000] [--spread 10] [--real-n 10000] [--quick]
 
 1. Bare ``actors.scheduler.Scheduler`` (wall clock ``time.time``): ``--n`` tasks
    each ``wait_until(at)`` with ``at`` spread uniformly over ``--spread`` seconds,
@@ -175,9 +175,9 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=10000, help="bare scheduler waiters")
     parser.add_argument("--spread", type=float, default=10.0, help="seconds the wakes spread over")
     parser.add_argument("--lead", type=float, default=3.0, help="bare: seconds before the first")
-    parser.add_argument("--real-n", type=int, default=3000, help="real parked operations (0: skip)")
+    parser.add_argument("--real-n", type=int, default=10000, help="real parked ops (0: skip)")
     parser.add_argument("--real-lead", type=float, default=None,
-                        help="real: minimum retry-after (default: 15 ms per operation + 5 s)")
+                        help="real: minimum retry-after (default: 5 s + 5 ms per operation)")
     parser.add_argument("--mode", default="sse", choices=["sse", "websocket"])
     parser.add_argument("--quick", action="store_true", help="n=2000, real-n=300, spread 3 s")
     args = parser.parse_args()
@@ -186,7 +186,7 @@ def main() -> None:
     _common.raise_fd_limit()
     rows = [trio.run(bare, args.n, args.spread, args.lead)]
     if args.real_n:
-        lead = args.real_lead if args.real_lead is not None else 5.0 + 0.015 * args.real_n
+        lead = args.real_lead if args.real_lead is not None else 5.0 + 0.005 * args.real_n
         base = tempfile.mkdtemp(prefix="sched-lateness-")
         try:
             with _common.provider_process() as info:
