@@ -22,6 +22,7 @@ import struct
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import pytest
 import trio
 import trio.lowlevel
 from hypothesis import HealthCheck, given, settings
@@ -285,6 +286,28 @@ def raw_frame(opcode: int, payload: bytes, *, fin: bool = True, rsv: int = 0,
     return header + payload
 
 
+async def accept_websocket(stream: trio.SocketStream, head: bytes) -> None:
+    key = b""
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"sec-websocket-key":
+            key = value.strip()
+    accept = base64.b64encode(hashlib.sha1(key + WS_GUID).digest())
+    await stream.send_all(
+        b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: Upgrade\r\n"
+        b"sec-websocket-accept: " + accept + b"\r\n\r\n"
+    )
+
+
+async def hang_up_when_client_speaks(stream: trio.SocketStream) -> None:
+    """Write nothing more; drop TCP once the client sends anything (e.g. its close frame).
+
+    A server that stays silent even after the client's close frame can hang the client
+    for ever after a completed stream: see the xfail test below.
+    """
+    await stream.receive_some(65536)
+
+
 @st.composite
 def ws_frames(draw: st.DrawFn) -> bytes:
     shape = draw(st.sampled_from(["text", "text", "binary", "raw", "close", "truncated"]))
@@ -335,16 +358,7 @@ def test_websocket_frames_of_arbitrary_shape_return_a_typed_outcome(
                 b"content-length: %d\r\n\r\n" % len(body) + body
             )
             return
-        key = b""
-        for line in head.split(b"\r\n")[1:]:
-            name, _, value = line.partition(b":")
-            if name.strip().lower() == b"sec-websocket-key":
-                key = value.strip()
-        accept = base64.b64encode(hashlib.sha1(key + WS_GUID).digest())
-        await stream.send_all(
-            b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: Upgrade\r\n"
-            b"sec-websocket-accept: " + accept + b"\r\n\r\n"
-        )
+        await accept_websocket(stream, head)
         await stream.receive_some(65536)  # the client's response.create (masked frame)
         for ev in valid_stream()[:prefix]:
             await stream.send_all(raw_frame(0x1, json.dumps(ev).encode()))
@@ -352,14 +366,14 @@ def test_websocket_frames_of_arbitrary_shape_return_a_typed_outcome(
             await stream.send_all(frame)
             await trio.lowlevel.checkpoint()
         if ending == "silence":
-            await trio.sleep_forever()
+            await hang_up_when_client_speaks(stream)
         elif ending == "endless":
             filler = raw_frame(0x1, b'{"type":"response.in_progress","sequence_number":1}')
             while True:
                 await stream.send_all(filler)
         elif ending == "oversize":
             await stream.send_all(raw_frame(0x1, b"x" * (LIMITS.max_frame_bytes + 10)))
-            await trio.sleep_forever()
+            await hang_up_when_client_speaks(stream)
 
     result = trio.run(run_client, handler, "websocket")
     if handshake != "accept":
@@ -374,3 +388,32 @@ async def garbage_handshake(stream: trio.SocketStream) -> None:
 def test_websocket_garbage_handshake_answer_returns_a_typed_outcome() -> None:
     result = trio.run(run_client, garbage_handshake, "websocket")
     assert isinstance(result, Interruption)
+
+
+async def completed_then_invalid_frame_then_silence(stream: trio.SocketStream) -> None:
+    head = await read_request(stream)
+    await accept_websocket(stream, head)
+    await stream.receive_some(65536)  # the response.create message
+    await stream.send_all(b"".join(raw_frame(0x1, json.dumps(e).encode())
+                                   for e in valid_stream()))
+    await stream.send_all(b"\x81\x01\xc8")  # a text frame that is not UTF-8
+    await stream.send_all(raw_frame(0x1, b"x"))
+    await trio.sleep_forever()  # never answers the client's close frame, never hangs up
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG (transport/websocket.py): without a pooling nursery, stream() returns only "
+    "after the connection's keeper task exits; after response.completed the client closes "
+    "gracefully, and if the server then sends an invalid (non-UTF-8) text frame and never "
+    "answers or hangs up, trio-websocket's close never finishes, so stream() never returns "
+    "(about 4 runs in 5 here; a silent server alone costs the 2 s disconnect timeout).",
+)
+def test_websocket_completed_then_invalid_frame_and_silent_server_does_not_hang() -> None:
+    async def attempt() -> None:
+        with trio.move_on_after(3.0) as guard:
+            await run_client(completed_then_invalid_frame_then_silence, "websocket")
+        assert not guard.cancelled_caught, "stream() did not return after response.completed"
+
+    for _ in range(4):  # timing dependent: the first hang ends the test
+        trio.run(attempt)
