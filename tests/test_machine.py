@@ -563,6 +563,8 @@ FAILURE_TABLE: list[tuple[str, Interruption, RetryPolicy, FailureReason | None]]
     ("process interrupted", Interruption(kind="interrupted"), P, None),
     ("disconnect after output", Interruption(kind="disconnected", had_output=True), P, None),
     ("429 rate limit", rejected(429, retry_after=5.0), P, None),
+    ("429 even if not configured", rejected(429), RetryPolicy(retryable_statuses=frozenset()),
+     None),
     ("429 insufficient_quota", rejected(429, provider_type="insufficient_quota"), P, "quota"),
     ("429 quota code", rejected(429, provider_code="insufficient_quota"), P, "quota"),
     ("credit exhausted", Interruption(kind="provider_failed",
