@@ -1087,10 +1087,9 @@ def test_status_reports_next_attempt_and_expiry_times() -> None:
 
 # --- a lifecycle command observed together with a failure ----------------------------------
 #
-# machine bug: attempt_failed() applies ctx.command BEFORE classifying the failure, so a
-# suspend observed at the same checkpoint turns ANY failure into a plain "suspended" record:
-# the failure table and the cooldown are skipped, and resuming asks for a replacement.
-
+# A suspend observed at the same checkpoint as a failure must not bypass the failure table,
+# the cooldown or a pending 401 reissue (regression: attempt_failed once applied the command
+# before classifying, so resuming asked for a replacement of e.g. a quota/tool failure).
 
 
 @pytest.mark.parametrize(
@@ -1133,3 +1132,16 @@ def test_suspend_with_a_401_keeps_the_authentication_reissue() -> None:
     t = m.attempt_failed(transmitting(1), _A1, rejected(401), ctx(command="suspend"))
     stopped(t, errors.OperationSuspended)
     assert asked(open_(t.record)).reason == "authentication_reissue"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="machine bug: classify() treats any HTTP rejection whose error code says "
+    "rate_limit_exceeded as a rate limit, so a 403 (or 400) carrying that code is replaced",
+)
+@pytest.mark.parametrize("status", [403, 400])
+def test_http_status_decides_a_rejection_even_with_a_rate_limit_code(status: int) -> None:
+    # Found by the stateful model: a 403 must never be replaced automatically ("no blanket
+    # refresh"); only 429 (or a configured retryable status) is a rate limit over HTTP.
+    failure = rejected(status, provider_code="rate_limit_exceeded")
+    assert m.classify(failure, RetryPolicy()) == "rejected"
