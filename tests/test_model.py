@@ -288,7 +288,7 @@ async def step(
 ) -> None:
     # Every parameter is drawn up front, whatever the action: the draws never depend on
     # timing (which operations or sends happen to exist), so examples replay exactly.
-    d = data.draw(st.fixed_dictionaries({
+    d: dict[str, Any] = data.draw(st.fixed_dictionaries({
         "action": st.sampled_from(ACTIONS),
         "runtime": st.integers(0, 1),
         "maximum": st.integers(1, 4),
