@@ -563,8 +563,8 @@ FAILURE_TABLE: list[tuple[str, Interruption, RetryPolicy, FailureReason | None]]
     ("process interrupted", Interruption(kind="interrupted"), P, None),
     ("disconnect after output", Interruption(kind="disconnected", had_output=True), P, None),
     ("429 rate limit", rejected(429, retry_after=5.0), P, None),
-    ("429 even if not configured", rejected(429), RetryPolicy(retryable_statuses=frozenset()),
-     None),
+    ("429 not configured: the policy decides", rejected(429),
+     RetryPolicy(retryable_statuses=frozenset()), "rejected"),
     ("429 insufficient_quota", rejected(429, provider_type="insufficient_quota"), P, "quota"),
     ("429 quota code", rejected(429, provider_code="insufficient_quota"), P, "quota"),
     ("credit exhausted", Interruption(kind="provider_failed",
@@ -1134,11 +1134,6 @@ def test_suspend_with_a_401_keeps_the_authentication_reissue() -> None:
     assert asked(open_(t.record)).reason == "authentication_reissue"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="machine bug: classify() treats any HTTP rejection whose error code says "
-    "rate_limit_exceeded as a rate limit, so a 403 (or 400) carrying that code is replaced",
-)
 @pytest.mark.parametrize("status", [403, 400])
 def test_http_status_decides_a_rejection_even_with_a_rate_limit_code(status: int) -> None:
     # Found by the stateful model: a 403 must never be replaced automatically ("no blanket

@@ -323,10 +323,7 @@ class OperationMachine(RuleBasedStateMachine):
         assert t.record.attempts[-1].outcome == "failed"
         never_replaced = (
             failure.is_quota or failure.kind == "tool_activity" or failure.had_tool_activity
-            or (failure.kind == "http_rejected" and failure.http_status == 403
-                # Known machine bug, strict xfail in test_machine.py: a 403 whose code says
-                # rate_limit_exceeded is classified as a rate limit. Excluded here only.
-                and failure.provider_code != "rate_limit_exceeded")
+            or (failure.kind == "http_rejected" and failure.http_status == 403)
         )
         if never_replaced:  # an oracle independent of classify()
             assert not isinstance(t.action, (AskHost, Transmit, WaitUntil))

@@ -480,7 +480,13 @@ def classify(failure: Interruption, policy: RetryPolicy) -> FailureReason | None
     if kind == "http_rejected":
         if failure.http_status == 401:
             return None  # handled by the caller: same-account renewal + reissue
-        if failure.is_rate_limit or failure.http_status in policy.retryable_statuses:
+        # Over HTTP the status decides (a 403 carrying a rate-limit code is a 403), and
+        # only the configured statuses are replaced — 429 included (it is by default).
+        if failure.http_status in policy.retryable_statuses:
+            return None
+        if failure.http_status is None and failure.provider_code in (
+            policy.retryable_provider_codes
+        ):
             return None
         return "rejected"  # 403 and other rejections: no refresh, no downgrade
     if kind == "provider_failed":
