@@ -55,6 +55,7 @@ def main() -> int:
     print(f"host starts={result.host_starts} adopted orphans={result.adopted_orphans} "
           f"failure codes={result.failure_codes} seconds={result.seconds:.1f}")
     print(f"replies={dict(sorted(result.reply_kinds.items()))}")
+    print(f"attempts of failed jobs={dict(sorted(result.failed_attempts.items()))}")
     for violation in result.violations:
         print("VIOLATION:", violation)
     return 1 if result.violations else 0

@@ -236,6 +236,7 @@ class SoakResult:
     extra_operations: list[str]  # jobs with more than one SDK operation
     unacknowledged: list[str]  # committed jobs whose operation is not acknowledged
     failure_codes: dict[str, int]
+    failed_attempts: dict[str, int]  # how the attempts of failed jobs' operations ended
     problems: list[str]  # store.check_integrity() and unreadable ids
     reply_kinds: dict[str, int]
     seconds: float
@@ -346,14 +347,16 @@ def run_soak(
         ]
         done_kills = 0
         starts = 0
-        step = max(1, jobs // (kills + 1))
         finished = False
         while done_kills < kills and not finished:
             host = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     text=True)
             starts += 1
             # Kill after observed progress (durable state, polled) plus random jitter.
-            target = _committed_count(host_db) + rng.randint(0, step)
+            progress = _committed_count(host_db)
+            # Spread the kills over the remaining work, so that all K happen before the end.
+            step = max(1, (jobs - progress) // (kills - done_kills + 1))
+            target = progress + rng.randint(0, 2 * step - 1)
             while host.poll() is None and _committed_count(host_db) < target:
                 if time.monotonic() - started > deadline:
                     host.kill()
@@ -399,6 +402,7 @@ def _check(
         applied = Counter(j for (j,) in db.execute("SELECT job FROM commit_log"))
         committed = {j: op for j, op in db.execute("SELECT job, operation_id FROM commits")}
         failed = {j: code for j, code in db.execute("SELECT job, code FROM failures")}
+        failed_op = {j: op for j, op in db.execute("SELECT job, operation_id FROM failures")}
         (adopted,) = db.execute("SELECT COALESCE(SUM(orphans_adopted), 0) FROM starts").fetchone()
     finally:
         db.close()
@@ -408,6 +412,12 @@ def _check(
         problems = store.check_integrity() + [f"unreadable: {u}" for u in unreadable]
         # Every operation the store knows (live records and disposition markers).
         spent: dict[str, int] = {r.operation_id: r.attempts_used for r in records}
+        failed_ops = set(failed_op.values())
+        failed_attempts = Counter(
+            (a.failure.kind + (f"/{a.failure.transport_code}" if a.failure.transport_code
+                               else "")) if a.failure is not None else a.outcome
+            for r in records if r.operation_id in failed_ops for a in r.attempts
+        )
         job_of: dict[str, str | None] = {r.operation_id: r.job_id for r in records}
         budget: dict[str, int] = {r.operation_id: r.maximum_attempts for r in records}
         post_ops = {
@@ -460,6 +470,7 @@ def _check(
             or not dispositions[op].removal_complete
         ),
         failure_codes=dict(Counter(failed.values())),
+        failed_attempts=dict(failed_attempts),
         problems=problems,
         reply_kinds=dict(Counter(str(r.get("reply_kind")) for r in requests)),
         seconds=seconds,
