@@ -68,18 +68,27 @@ class OperationActor:
         self.lease: LeaseRecord | None = None
         self.record: OperationRecord | None = None
         self.watch: Watch | None = None
+        self.fence = 0  # the generation fence of our acquisition (checked by every write)
         self.known_serial = 0  # commands up to this serial are accounted for in the record
         self._payload: bytes | None = None
 
     # --- lease ----------------------------------------------------------------------
 
-    async def _acquire(self) -> tuple[OperationRecord, CommandKind | None]:
-        op_id = self.operation_id
-        now = self.rt.now()
+    async def _acquire(
+        self, open_step: Callable[[OperationRecord, CommandKind | None], machine.Transition]
+    ) -> machine.Transition:
+        """Take the lease and persist the opening transition in ONE transaction.
 
-        def acquire(txn: WriteTxn) -> tuple[LeaseRecord, OperationRecord, int, CommandKind | None]:
+        A suspend written before this execution is spent (reopening is resuming);
+        a cancel is folded into the record. When the opening already ends the
+        execution (a saved receipt to deliver, a terminal state), the lease is
+        released in the same transaction too.
+        """
+        op_id = self.operation_id
+
+        def acquire(txn: WriteTxn) -> tuple[LeaseRecord, machine.Transition, int, bool]:
             check_disposition(txn, op_id)
-            lease = acquire_lease(txn, op_id, now)
+            lease = acquire_lease(txn, op_id, self.rt.now())
             record = txn.get_operation(op_id)
             assert record is not None
             command = txn.get_command(op_id)
@@ -88,18 +97,26 @@ class OperationActor:
             if command is not None:
                 serial = command.serial
                 if command.kind == "suspend":
-                    # Reopening is resuming: a suspend written before this execution is spent.
                     txn.delete_command(op_id)
                 else:
                     kind = command.kind
-            return lease, record, serial, kind
+            t = open_step(record, kind)
+            if t.changed:
+                if kind is not None and t.record.phase == "cancelled":
+                    txn.delete_command(op_id)  # folded into the record's phase
+                txn.put_operation(t.record, expect_fence=lease.fence)
+            final = _ends(t)
+            if final:
+                release_lease(txn, op_id, lease.token)
+            return lease, t, serial, final
 
-        lease, record, serial, kind = await self.rt.store.write(acquire)
-        self.lease = lease
-        self.record = record
+        lease, t, serial, final = await self.rt.store.write(acquire)
+        self.fence = lease.fence
+        self.lease = None if final else lease
+        self.record = t.record
         self.known_serial = serial
         self.watch = self.rt.monitor.watch(op_id, serial)
-        return record, kind
+        return t
 
     async def _release(self) -> None:
         if self.watch is not None:
@@ -138,13 +155,17 @@ class OperationActor:
         *,
         completion: bytes | None = None,
         check_commands: bool = True,
+        release: bool = False,
     ) -> None:
-        """Write ``t.record`` fenced by our lease; refuse if an unseen command arrived."""
-        assert self.lease is not None
-        if not t.changed and completion is None:
+        """Write ``t.record`` fenced by our lease; refuse if an unseen command arrived.
+
+        With ``release`` the lease goes in the same transaction (the execution ends).
+        """
+        lease = self.lease if release else None
+        if not t.changed and completion is None and lease is None:
             return
         record = t.record
-        fence = self.lease.fence
+        fence = self.fence
         op_id = self.operation_id
         known = self.known_serial
         folds_command = record.phase in ("suspended", "cancelled")
@@ -158,7 +179,10 @@ class OperationActor:
                     txn.delete_command(op_id)  # folded into the record's phase
             if completion is not None:
                 txn.put_payload(op_id, "completion", completion)
-            txn.put_operation(record, expect_fence=fence)
+            if t.changed or completion is not None:
+                txn.put_operation(record, expect_fence=fence)
+            if lease is not None:
+                release_lease(txn, op_id, lease.token)
 
         try:
             await self.rt.store.write(write)
@@ -167,6 +191,8 @@ class OperationActor:
                 "the operation's lease was taken over", operation_id=op_id
             ) from exc
         self.record = record
+        if lease is not None:
+            self.lease = None
 
     async def _advance(
         self,
@@ -179,14 +205,16 @@ class OperationActor:
         assert self.watch is not None
         t = step(self.watch.command)
         try:
-            await self._persist(t, completion=completion if _saves(t) else None)
+            await self._persist(
+                t, completion=completion if _saves(t) else None, release=_ends(t)
+            )
         except _CommandArrived as arrived:
             self.known_serial = arrived.serial
             self.watch.command = arrived.kind
             self.watch.command_serial = arrived.serial
             t = step(arrived.kind)
             await self._persist(t, completion=completion if _saves(t) else None,
-                                check_commands=False)
+                                check_commands=False, release=_ends(t))
         if self.watch.command_serial is not None:
             self.known_serial = max(self.known_serial, self.watch.command_serial)
         return t
@@ -197,14 +225,17 @@ class OperationActor:
         self, *, expected_contract_version: str | None, check_contract_version: bool
     ) -> Any:
         try:
-            record, cancel = await self._acquire()
-            try:
-                return await self._drive(
+            t = await self._acquire(
+                lambda record, cancel: machine.open_operation(
                     record,
-                    cancel,
+                    self._ctx(cancel),
+                    format_hash=self.contract.format_hash,
                     expected_contract_version=expected_contract_version,
                     check_contract_version=check_contract_version,
                 )
+            )
+            try:
+                return await self._drive(t)
             except BaseException as exc:
                 if _is_cancellation(exc):
                     await self._suspend_on_cancel()
@@ -220,30 +251,14 @@ class OperationActor:
         with trio.CancelScope(shield=True):
             try:
                 t = machine.interrupted_locally(record)
-                await self._persist(t, check_commands=False)
+                await self._persist(t, check_commands=False, release=True)
                 self.rt.telemetry.emit("operation.suspended", self.operation_id)
             except errors.RecoveryError:
                 pass  # the lease dies with us; a stale in-flight attempt reads as interrupted
 
-    async def _drive(
-        self,
-        record: OperationRecord,
-        cancel: CommandKind | None,
-        *,
-        expected_contract_version: str | None,
-        check_contract_version: bool,
-    ) -> Any:
+    async def _drive(self, t: machine.Transition) -> Any:
         rt = self.rt
         op_id = self.operation_id
-        t = await self._advance(
-            lambda command: machine.open_operation(
-                record,
-                self._ctx(command or cancel),
-                format_hash=self.contract.format_hash,
-                expected_contract_version=expected_contract_version,
-                check_contract_version=check_contract_version,
-            )
-        )
         while True:
             action = t.action
             current = t.record
@@ -449,6 +464,11 @@ def _is_cancellation(exc: BaseException) -> bool:
         _, rest = exc.split(trio.Cancelled)
         return rest is None
     return False
+
+
+def _ends(t: machine.Transition) -> bool:
+    """The transition ends this execution: its write also releases the lease."""
+    return isinstance(t.action, (machine.Deliver, machine.Stop))
 
 
 def _saves(t: machine.Transition) -> bool:

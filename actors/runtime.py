@@ -558,7 +558,18 @@ class Runtime:
         now = self.now()
         account = self.account
 
-        def mark(txn: WriteTxn) -> bool:
+        def remove_content(txn: WriteTxn, marker: DispositionRecord) -> None:
+            for kind in ("body", "request", "completion"):
+                txn.delete_payload(operation_id, kind)
+            if txn.get_operation(operation_id) is not None:
+                txn.delete_operation(operation_id)
+            if txn.get_command(operation_id) is not None:
+                txn.delete_command(operation_id)
+            if txn.get_lease(operation_id) is not None:
+                txn.delete_lease(operation_id)
+            txn.put_disposition(msgspec.structs.replace(marker, removal_complete=True))
+
+        def dispose(txn: WriteTxn) -> None:
             existing = txn.get_disposition(operation_id)
             if existing is not None:
                 if account is None or existing.account != account:
@@ -567,7 +578,9 @@ class Runtime:
                     raise errors.StateUnavailable(
                         f"operation is {existing.disposition}", operation_id=operation_id
                     )
-                return not existing.removal_complete
+                if not existing.removal_complete:
+                    remove_content(txn, existing)  # a repeat completes an earlier removal
+                return
             record = txn.get_operation(operation_id)
             if record is None:
                 raise errors.StateUnavailable("no such operation", operation_id=operation_id)
@@ -580,7 +593,10 @@ class Runtime:
                 )
             if disposition == "acknowledged":
                 machine.check_acknowledge(record)
-            txn.put_disposition(
+            # The marker and the removal of the content commit together: the operation
+            # can never generate again, and nothing sensitive stays behind it.
+            remove_content(
+                txn,
                 DispositionRecord(
                     operation_id=operation_id,
                     disposition=disposition,  # type: ignore[arg-type]
@@ -593,29 +609,11 @@ class Runtime:
                     previous_operation_id=record.previous_operation_id,
                     attempts_used=record.attempts_used,
                     maximum_attempts=record.maximum_attempts,
-                )
+                ),
             )
-            return True
 
-        if not await self.store.write(mark):
-            return
+        await self.store.write(dispose)
         _killpoints.hit("acknowledge.marker_saved")
-
-        def remove(txn: WriteTxn) -> None:
-            existing = txn.get_disposition(operation_id)
-            if existing is None or existing.removal_complete:
-                return
-            for kind in ("body", "request", "completion"):
-                txn.delete_payload(operation_id, kind)
-            if txn.get_operation(operation_id) is not None:
-                txn.delete_operation(operation_id)
-            if txn.get_command(operation_id) is not None:
-                txn.delete_command(operation_id)
-            if txn.get_lease(operation_id) is not None:
-                txn.delete_lease(operation_id)
-            txn.put_disposition(msgspec.structs.replace(existing, removal_complete=True))
-
-        await self.store.write(remove)
 
 
 @asynccontextmanager

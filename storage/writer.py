@@ -110,13 +110,27 @@ class MapGuard:
 
 
 class _Job:
-    __slots__ = ("ctx", "deliver", "fn", "result")
+    __slots__ = ("ctx", "deliver", "fn", "result", "task", "token")
 
-    def __init__(self, fn: Callable[[Any], Any], deliver: Callable[[outcome.Outcome[Any]], None]):
+    def __init__(
+        self,
+        fn: Callable[[Any], Any],
+        deliver: Callable[[outcome.Outcome[Any]], None] | None = None,
+        *,
+        token: trio.lowlevel.TrioToken | None = None,
+        task: trio.lowlevel.Task | None = None,
+    ):
         self.fn = fn
         self.deliver = deliver
+        self.token = token  # Trio waiters are woken together, one callback per loop
+        self.task = task
         self.result: outcome.Outcome[Any] | None = None
         self.ctx: MutationContext | None = None
+
+
+def _reschedule_all(waiters: list[tuple[trio.lowlevel.Task, outcome.Outcome[Any]]]) -> None:
+    for task, result in waiters:
+        trio.lowlevel.reschedule(task, result)
 
 
 class _GrowMap(Exception):
@@ -165,12 +179,7 @@ class Writer(Generic[Ctx]):
         """Queue ``fn`` and wait (shielded from cancellation) for its durable outcome."""
         task = trio.lowlevel.current_task()
         token = trio.lowlevel.current_trio_token()
-
-        def deliver(result: outcome.Outcome[Any]) -> None:
-            with contextlib.suppress(trio.RunFinishedError):
-                token.run_sync_soon(trio.lowlevel.reschedule, task, result)
-
-        self._enqueue(_Job(fn, deliver))
+        self._enqueue(_Job(fn, token=token, task=task))
         value: T = await trio.lowlevel.wait_task_rescheduled(_refuse_cancel)
         return value
 
@@ -228,9 +237,21 @@ class Writer(Generic[Ctx]):
                 failure.__cause__ = exc
                 for job in batch:
                     job.result = outcome.Error(failure)
-            for job in batch:
-                assert job.result is not None
+            self._wake(batch)
+
+    @staticmethod
+    def _wake(batch: list[_Job]) -> None:
+        """Release every caller of a committed batch: one wake-up per Trio loop."""
+        waiters: dict[trio.lowlevel.TrioToken, list[tuple[trio.lowlevel.Task, Any]]] = {}
+        for job in batch:
+            assert job.result is not None
+            if job.token is not None and job.task is not None:
+                waiters.setdefault(job.token, []).append((job.task, job.result))
+            elif job.deliver is not None:
                 job.deliver(job.result)
+        for token, pairs in waiters.items():
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(_reschedule_all, pairs)
 
     def _commit_batch(self, batch: list[_Job]) -> None:
         while True:
