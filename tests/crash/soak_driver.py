@@ -355,14 +355,14 @@ def run_soak(
             # Kill after observed progress (durable state, polled) plus random jitter.
             progress = _committed_count(host_db)
             # Spread the kills over the remaining work, so that all K happen before the end.
-            step = max(1, (jobs - progress) // (kills - done_kills + 1))
+            step = max(1, (jobs - progress) // (kills - done_kills + 2))
             target = progress + rng.randint(0, 2 * step - 1)
             while host.poll() is None and _committed_count(host_db) < target:
                 if time.monotonic() - started > deadline:
                     host.kill()
                     raise TimeoutError("the soak made no progress before its deadline")
                 time.sleep(0.01)
-            time.sleep(rng.uniform(0.0, 0.15))
+            time.sleep(rng.uniform(0.0, 0.03))
             if host.poll() is None:
                 host.send_signal(signal.SIGKILL)
                 done_kills += 1
