@@ -209,24 +209,31 @@ def _expired(rec: OperationRecord, now: float) -> bool:
 def _apply_command(rec: OperationRecord, kind: CommandKind) -> Transition:
     """A lifecycle command observed at a checkpoint: suspend keeps everything, cancel fences."""
     if kind == "cancel":
-        new = evolve(rec, phase="cancelled", next_attempt_at=None)
+        new = evolve(_close_in_flight(rec, "cancelled"), phase="cancelled", next_attempt_at=None)
         return _t(rec, new, Stop(errors.OperationCancelled(operation_id=rec.operation_id)))
     new = rec if rec.phase in ("completed", "failed", "cancelled") else _suspended(rec)
     return _t(rec, new, Stop(errors.OperationSuspended(operation_id=rec.operation_id)))
 
 
-def _suspended(rec: OperationRecord) -> OperationRecord:
+def _close_in_flight(rec: OperationRecord, code: str) -> OperationRecord:
+    """An attempt still marked in flight stays spent and becomes an interruption."""
     attempts = rec.attempts
-    if rec.phase == "transmitting" and attempts and attempts[-1].outcome == "in_flight":
-        last = attempts[-1]
-        failure = Interruption(
-            kind="interrupted",
-            response_id=last.response_id,
-            sequence_number=last.sequence_number,
-            transport_code="suspended",
-        )
-        attempts = (*attempts[:-1], _ended(last, "interrupted", failure))
-    return evolve(rec, phase="suspended", attempts=attempts)
+    if not attempts or attempts[-1].outcome != "in_flight":
+        return rec
+    last = attempts[-1]
+    failure = Interruption(
+        kind="interrupted",
+        response_id=last.response_id,
+        sequence_number=last.sequence_number,
+        transport_code=code,
+    )
+    return evolve(
+        rec, attempts=(*attempts[:-1], _ended(last, "interrupted", failure)), last_failure=failure
+    )
+
+
+def _suspended(rec: OperationRecord) -> OperationRecord:
+    return evolve(_close_in_flight(rec, "suspended"), phase="suspended")
 
 
 def _ended(a: AttemptRecord, outcome: str, failure: Interruption | None) -> AttemptRecord:
@@ -310,11 +317,11 @@ def open_operation(
 ) -> Transition:
     """``send_recovering`` took the lease. A pending *suspend* command was cleared by the
     acquisition (reopening is resuming); a pending *cancel* is passed in ``ctx.command``."""
-    if rec.phase == "cancelled" or ctx.command == "cancel":
-        return _apply_command(rec, "cancel")
     account_error = _account_error(rec, ctx)
     if account_error is not None:
-        return _t(rec, rec, Stop(account_error))
+        return _t(rec, rec, Stop(account_error))  # nothing about it, not even a cancel
+    if rec.phase == "cancelled" or ctx.command == "cancel":
+        return _apply_command(rec, "cancel")
     if format_hash != rec.format_hash:
         return _t(rec, rec, Stop(errors.FormatMismatch(
             "the requested response format differs from the saved one",
@@ -576,9 +583,17 @@ def completion_validated(
         return Transition(*_cmd(base, "cancel"), changed=True)
     account_error = _account_error(rec, ctx)
     if account_error is not None:
-        # Never deliver (nor keep for delivery) a result for another account.
-        new = evolve(base, phase="waiting" if base.attempts_remaining else "failed",
-                           failure_reason=None if base.attempts_remaining else "exhausted")
+        # Never deliver (nor keep for delivery) a result for another account: the
+        # completion is discarded and the attempt stays spent as an interruption.
+        discarded = evolve(rec, attempts=(*rec.attempts[:-1], _ended(
+            last, "interrupted", Interruption(
+                kind="interrupted", response_id=done.response_id,
+                sequence_number=done.sequence_number, transport_code="account_changed",
+            ),
+        )))
+        discarded = evolve(discarded, last_failure=discarded.attempts[-1].failure)
+        new = evolve(discarded, phase="waiting" if base.attempts_remaining else "failed",
+                     failure_reason=None if base.attempts_remaining else "exhausted")
         return Transition(new, Stop(account_error), True)
     new = evolve(base, phase="completed", completed_at=ctx.now, next_attempt_at=None,
                        pending=None)
@@ -596,10 +611,7 @@ def interrupted_locally(rec: OperationRecord) -> Transition:
     """
     if rec.phase in ("completed", "failed", "cancelled"):
         return _t(rec, rec, Stop(errors.OperationSuspended(operation_id=rec.operation_id)))
-    new = _suspended(rec)
-    if new.attempts and new.attempts[-1].failure is not None and rec.phase == "transmitting":
-        new = evolve(new, last_failure=new.attempts[-1].failure)
-    return _t(rec, new, Stop(errors.OperationSuspended(operation_id=rec.operation_id)))
+    return _t(rec, _suspended(rec), Stop(errors.OperationSuspended(operation_id=rec.operation_id)))
 
 
 def command_observed(rec: OperationRecord, kind: CommandKind) -> Transition:
