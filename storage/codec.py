@@ -93,7 +93,7 @@ def read_version(data: bytes) -> int:
     """The ``version`` of an encoded record, or ``CorruptRecord``."""
     try:
         return _version_decoder.decode(data).version
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
         raise CorruptRecord("record has no readable version field") from exc
 
 
@@ -117,10 +117,20 @@ def unregister_operation_upgrader(version: int) -> None:
 def _decode_current(data: bytes, type_: type[_R], op_hint: str | None) -> _R:
     try:
         record: _R = _decoders[type_].decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
         raise CorruptRecord(
             f"{type_.__name__} failed strict decoding: {exc}", operation_id=op_hint
         ) from exc
+    return _check_key(record, op_hint)
+
+
+def _check_key(record: _R, op_hint: str | None) -> _R:
+    """A record stored under another operation's key is corrupt, however well it decodes."""
+    if op_hint is not None and record.operation_id != op_hint:
+        raise CorruptRecord(
+            f"the {type(record).__name__} stored under this key names another operation",
+            operation_id=op_hint,
+        )
     return record
 
 
@@ -147,7 +157,7 @@ def decode_operation(data: bytes, *, operation_id: str | None = None) -> Operati
             f"upgrader for version {version} returned {type(record).__name__}",
             operation_id=operation_id,
         )
-    return record
+    return _check_key(record, operation_id)
 
 
 def decode_command(data: bytes, *, operation_id: str | None = None) -> CommandRecord:

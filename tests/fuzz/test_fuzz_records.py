@@ -23,7 +23,7 @@ from typing import Any
 import msgspec
 import pytest
 import trio
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from recoverable.storage import codec
 from recoverable.storage.records import (
@@ -135,22 +135,14 @@ DECODERS: dict[str, Any] = {
 }
 
 
-def hits_known_bug(table: str, data: bytes, operation_id: str) -> bool:
-    """Rows that trigger a known bug (see the xfail tests): kept out of the fuzz run."""
-    try:
-        record = DECODERS[table](data)
-    except UnicodeDecodeError:
-        return True  # invalid UTF-8 in a string field
-    except recoverable.RecoveryError:
-        return False
-    return bool(record.operation_id != operation_id)  # a record naming another operation
+def decodes(table: str, data: bytes, operation_id: str | None = None) -> Any:
+    """The strictly decoded record, or None when the bytes are unreadable (typed error).
 
-
-def decodes(table: str, data: bytes) -> Any:
-    """The strictly decoded record, or None when the bytes are unreadable (typed error)."""
+    Given the key's ``operation_id``, a record naming another operation is unreadable.
+    """
     decode = DECODERS[table]
     try:
-        record = decode(data)
+        record = decode(data, operation_id=operation_id)
     except (recoverable.CorruptRecord, recoverable.UnsupportedRecordVersion):
         return None
     assert isinstance(record, TYPES[table])
@@ -169,13 +161,6 @@ def test_damaged_rows_give_typed_errors_are_listed_and_never_rewritten(
 
 
 @pytest.mark.parametrize("table", list(TYPES))
-@pytest.mark.xfail(
-    strict=True, raises=UnicodeDecodeError,
-    reason="BUG (storage/codec.py): msgspec raises UnicodeDecodeError (not DecodeError) for "
-    "invalid UTF-8 inside a msgpack string; _decode_current only maps DecodeError and "
-    "ValidationError to CorruptRecord, so reads, inventory-by-status, check_integrity and "
-    "the runtime raise an untyped UnicodeDecodeError. Fix: also catch UnicodeDecodeError.",
-)
 def test_invalid_utf8_in_a_string_field_is_a_typed_corrupt_record(table: str) -> None:
     record = OperationRecord(
         operation_id="op_utf8", account=ACCOUNT, endpoint_id="e", created_at=1.0,
@@ -202,9 +187,6 @@ async def exercise(store: RecoveryStore, table: str, shape: str, param: Any) -> 
             record = store.get_operation(op)
             assert record is not None
             data = damaged_bytes(sample_row(table, record), shape, param)
-            if hits_known_bug(table, data, op):
-                await store.write(lambda txn: purge(txn, op))
-                assume(False)
             try:
                 await damaged_example(store, rt, provider, handle, table, data)
             finally:
@@ -223,7 +205,7 @@ async def damaged_example(
     op = handle.operation_id
     key = op.encode()
     await store.write(lambda txn: txn.put_raw(table, key, data))  # type: ignore[arg-type]
-    readable = decodes(table, data) is not None
+    readable = decodes(table, data, op) is not None
     tbl: Table = table  # type: ignore[assignment]
 
     def unchanged(step: str) -> None:
@@ -286,14 +268,6 @@ def purge(txn: Any, op: str) -> None:
         txn.delete_payload(op, kind)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (storage/store.py): a strictly decodable record stored under another "
-    "operation's key (e.g. one flipped bit in operation_id) is returned by get_operation() "
-    "and listed by inventory() as a readable record of a *different* operation; only "
-    "check_integrity() notices. Fix: in _decode_table / inventory, raise CorruptRecord (and "
-    "list the key as unreadable) when record.operation_id != the key.",
-)
 def test_a_record_naming_another_operation_is_unreadable(tmp_path: Path) -> None:
     s = RecoveryStore.open(str(tmp_path / "s"))
     try:
