@@ -192,7 +192,11 @@ class WebSocketTransport:
         if self._nursery is not None:
             return await self._stream_in(self._nursery, message, attempt_id, token, on_progress)
         async with trio.open_nursery() as nursery:
-            return await self._stream_in(nursery, message, attempt_id, token, on_progress)
+            result = await self._stream_in(nursery, message, attempt_id, token, on_progress)
+            # Unpooled: the connection's closing handshake gets a bounded grace, then it is
+            # dropped — a peer that never answers the close must not hold the caller.
+            nursery.cancel_scope.deadline = trio.current_time() + _DISCONNECT_TIMEOUT
+        return result
 
     async def _stream_in(
         self,

@@ -22,7 +22,6 @@ import struct
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import pytest
 import trio
 import trio.lowlevel
 from hypothesis import HealthCheck, given, settings
@@ -401,14 +400,6 @@ async def completed_then_invalid_frame_then_silence(stream: trio.SocketStream) -
     await trio.sleep_forever()  # never answers the client's close frame, never hangs up
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (transport/websocket.py): without a pooling nursery, stream() returns only "
-    "after the connection's keeper task exits; after response.completed the client closes "
-    "gracefully, and if the server then sends an invalid (non-UTF-8) text frame and never "
-    "answers or hangs up, trio-websocket's close never finishes, so stream() never returns "
-    "(about 4 runs in 5 here; a silent server alone costs the 2 s disconnect timeout).",
-)
 def test_websocket_completed_then_invalid_frame_and_silent_server_does_not_hang() -> None:
     async def attempt() -> None:
         with trio.move_on_after(3.0) as guard:
