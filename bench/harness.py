@@ -182,18 +182,72 @@ def worker_main(args: argparse.Namespace) -> None:
 
 
 def run_worker(system: str, args: argparse.Namespace, info: dict[str, Any],
-               warmup: int, workdir: str) -> dict[str, Any]:
+               warmup: int, workdir: str, strace_out: str | None = None) -> dict[str, Any]:
     argv = [
         sys.executable, __file__, "--worker", system, "--mode", args.mode, "--n", str(args.n),
         "--concurrency", str(args.concurrency), "--warmup", str(warmup),
         "--base-url", info["base_url"], "--requests-url", info["requests_url"], "--dir", workdir,
     ]
+    if strace_out:
+        argv = ["strace", "-f", "-c", "-o", strace_out, "-e", f"trace={','.join(SYNC_CALLS)}",
+                *argv]
     proc = subprocess.run(argv, capture_output=True, text=True, env=_common.child_env(),
                           timeout=1200)
     if proc.returncode != 0:
         raise RuntimeError(f"{system} worker failed:\n{proc.stderr[-4000:]}")
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     return result
+
+
+# -- syscall-level fsync counts (strace) ------------------------------------------------
+
+SYNC_CALLS = ("fsync", "fdatasync", "msync", "sync_file_range")
+
+
+def parse_strace_counts(path: str) -> dict[str, int]:
+    """Calls per syscall from an ``strace -c`` summary."""
+    counts: dict[str, int] = {}
+    for line in Path(path).read_text().splitlines():
+        parts = line.split()
+        if len(parts) >= 5 and parts[-1] in SYNC_CALLS and parts[3].isdigit():
+            counts[parts[-1]] = int(parts[3])
+    return counts
+
+
+def count_fsyncs(args: argparse.Namespace, systems: list[str], warmup: int) -> list[list[str]]:
+    """Marginal sync syscalls per job: two runs (n and 4n) under strace, the difference.
+
+    Differencing removes the fixed costs (store creation, DBOS migrations, warm-up);
+    what is left is what one more job costs. strace slows everything: no timings here.
+    """
+    if shutil.which("strace") is None:
+        raise SystemExit("--count-fsyncs needs strace (apt-get install strace)")
+    small, large = args.n, 4 * args.n
+    rows = []
+    base = tempfile.mkdtemp(prefix="harness-strace-")
+    try:
+        with _common.provider_process(None) as info:
+            for system in systems:
+                totals = []
+                for n in (small, large):
+                    workdir = tempfile.mkdtemp(prefix=f"{system}-", dir=base)
+                    out = os.path.join(base, f"{system}-{n}.strace")
+                    run_args = argparse.Namespace(**{**vars(args), "n": n})
+                    result = run_worker(system, run_args, info, warmup, workdir, out)
+                    if "missing" in result:
+                        break
+                    totals.append(parse_strace_counts(out))
+                if len(totals) != 2:
+                    rows.append([LABELS[system], "not installed", "", "", ""])
+                    continue
+                per_job = {c: (totals[1].get(c, 0) - totals[0].get(c, 0)) / (large - small)
+                           for c in SYNC_CALLS}
+                rows.append([LABELS[system]] + [f"{per_job[c]:.2f}" for c in SYNC_CALLS[:3]]
+                            + [f"{sum(per_job.values()):.2f}"])
+                print(f"  strace {system}: {rows[-1]}", file=sys.stderr, flush=True)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    return rows
 
 
 # -- duplicates after random kills (recoverable only) -------------------------------
@@ -322,6 +376,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a run of under 2 minutes")
     parser.add_argument("--out", default=str(BENCH / "results" / "harness.md"))
     parser.add_argument("--no-png", action="store_true")
+    parser.add_argument("--count-fsyncs", action="store_true",
+                        help="instead: count sync syscalls per job under strace (runs n and 4n, "
+                             "no faults; default n=250) and write bench/results/harness_fsyncs.md")
     parser.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
     parser.add_argument("--warmup", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--base-url", help=argparse.SUPPRESS)
@@ -330,6 +387,23 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         worker_main(args)
+        return
+    if args.count_fsyncs:
+        args.n = args.n or 250
+        warmup = args.warmup if args.warmup is not None else max(1, args.concurrency // 4)
+        rows = count_fsyncs(args, args.system or list(SYSTEMS), warmup)
+        headers = ["system", "fsync/job", "fdatasync/job", "msync/job", "all sync calls/job"]
+        title = (f"sync syscalls per job (strace -f -c, marginal: runs of {args.n} and "
+                 f"{4 * args.n} jobs, concurrency {args.concurrency}, {args.mode}, no faults)")
+        print(title)
+        print(_common.table(headers, rows))
+        out = Path(args.out).with_name("harness_fsyncs.md")
+        out.write_text("\n".join([
+            "# Sync syscalls per job (bench/harness.py --count-fsyncs)", "", title, "",
+            "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers),
+            *("| " + " | ".join(r) + " |" for r in rows), "",
+        ]))
+        print(f"wrote {out}")
         return
     args.n = args.n or (1000 if args.quick else 5000)
     soak_jobs = args.soak_jobs or (200 if args.quick else 1000)
