@@ -19,6 +19,7 @@ enforced from a counter, never by scanning, and nothing is ever evicted.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import math
 import os
@@ -71,6 +72,8 @@ _MAX_ID_BYTES: Final = 400  # keeps every key below LMDB's 511-byte limit
 _HASH_BYTES: Final = 16
 _MiB: Final = 2**20
 
+_MISSING: Final = object()
+
 _open_lock = threading.Lock()
 _open_stores: dict[str, RecoveryStore] = {}
 
@@ -82,6 +85,11 @@ def operation_key(operation_id: str) -> bytes:
     """The key of an operation id; ``InvalidRequest`` if it cannot be a key."""
     if not isinstance(operation_id, str) or not operation_id:
         raise InvalidRequest("operation_id must be a non-empty string")
+    return _operation_key(operation_id)
+
+
+@functools.lru_cache(maxsize=16384)
+def _operation_key(operation_id: str) -> bytes:
     try:
         key = operation_id.encode("utf-8")
     except UnicodeEncodeError as exc:
@@ -122,6 +130,7 @@ def schedule_key(record: OperationRecord) -> bytes | None:
     return _sortable_time(record.next_attempt_at) + operation_key(record.operation_id)
 
 
+@functools.lru_cache(maxsize=16384)
 def _h(*parts: str | None) -> bytes:
     """A fixed-size digest of tagged, length-prefixed parts (None differs from "")."""
     digest = hashlib.blake2b(digest_size=_HASH_BYTES)
@@ -187,6 +196,9 @@ class WriteTxn(MutationContext):
         self._dbs = store._dbs
         self._bytes_used = _u64(txn.get(_META_BYTES, db=self._dbs["meta"]))
         self._bytes_dirty = False
+        self._cache: dict[tuple[str, bytes], bytes | None] = {}
+        self._decoded: dict[tuple[str, bytes], tuple[bytes, Any]] = {}
+        self._broken = False
 
     # -- plumbing --
 
@@ -199,26 +211,31 @@ class WriteTxn(MutationContext):
         return self._bytes_used
 
     def finish(self) -> None:
+        if self._broken:
+            raise StorageUnavailable(
+                "a storage helper failed inside this mutation and the mutation went on; "
+                "it was rolled back whole"
+            )
         if self._bytes_dirty:
-            self._txn.put(_META_BYTES, self._bytes_used.to_bytes(8, "big"), db=self._dbs["meta"])
+            raw = self._bytes_used.to_bytes(8, "big")
+            self._txn.put(_META_BYTES, raw, db=self._dbs["meta"])
+            self._cache[("meta", _META_BYTES)] = raw
             self._bytes_dirty = False
 
     @contextlib.contextmanager
     def _atomic(self) -> Iterator[None]:
-        """Run a composite helper in a grandchild transaction: all or nothing."""
-        outer, saved = self._txn, self._bytes_used
-        inner = self._store._env.begin(write=True, parent=outer)
-        self._txn = inner
+        """A composite helper (several keys) is all or nothing.
+
+        No nested transaction is needed for that: a mutation that raises is rolled
+        back whole by the writer. If a mutation catches a composite helper's error
+        and carries on, the partial writes would stay — so the mutation is marked
+        and ``finish`` refuses to commit it (fail closed).
+        """
         try:
             yield
         except BaseException:
-            inner.abort()
-            self._bytes_used = saved
+            self._broken = True
             raise
-        else:
-            inner.commit()
-        finally:
-            self._txn = outer
 
     def _lmdb(self, call: Callable[[], T]) -> T:
         try:
@@ -232,8 +249,29 @@ class WriteTxn(MutationContext):
         except lmdb.Error as exc:
             raise StorageUnavailable(f"LMDB error: {exc}") from exc
 
+    def _lmdb_error(self, exc: lmdb.Error) -> Exception:
+        if isinstance(exc, lmdb.MapFullError):
+            self.map_full = True  # the writer grows the map and runs the batch again
+            return exc
+        if isinstance(exc, lmdb.TxnFullError):
+            self.txn_full = True
+            return exc
+        error = StorageUnavailable(f"LMDB error: {exc}")
+        error.__cause__ = exc
+        return error
+
     def _get(self, table: Table, key: bytes) -> bytes | None:
-        return self._lmdb(lambda: self._txn.get(key, db=self._dbs[table]))
+        # Values read or written by this mutation are remembered: composite helpers read
+        # the same keys several times (old record, quota deltas, index entries).
+        cached = self._cache.get((table, key), _MISSING)
+        if cached is not _MISSING:
+            return cached  # type: ignore[return-value]
+        try:
+            value: bytes | None = self._txn.get(key, db=self._dbs[table])
+        except lmdb.Error as exc:
+            raise self._lmdb_error(exc) from exc
+        self._cache[(table, key)] = value
+        return value
 
     def _put(self, table: Table, key: bytes, value: bytes) -> None:
         store = self._store
@@ -249,7 +287,11 @@ class WriteTxn(MutationContext):
                 f"the store would hold {self._bytes_used + delta} bytes; max_bytes="
                 f"{store.max_bytes}"
             )
-        self._lmdb(lambda: self._txn.put(key, value, db=self._dbs[table]))
+        try:
+            self._txn.put(key, value, db=self._dbs[table])
+        except lmdb.Error as exc:
+            raise self._lmdb_error(exc) from exc
+        self._cache[(table, key)] = value
         self._bytes_used += delta
         self._bytes_dirty = True
 
@@ -257,19 +299,33 @@ class WriteTxn(MutationContext):
         old = self._get(table, key)
         if old is None:
             return False
-        self._lmdb(lambda: self._txn.delete(key, db=self._dbs[table]))
+        try:
+            self._txn.delete(key, db=self._dbs[table])
+        except lmdb.Error as exc:
+            raise self._lmdb_error(exc) from exc
+        self._cache[(table, key)] = None
         self._bytes_used -= len(key) + len(old)
         self._bytes_dirty = True
         return True
 
     def _counter_next(self, name: bytes) -> int:
         value = _u64(self._get("meta", name)) + 1
-        self._lmdb(lambda: self._txn.put(name, value.to_bytes(8, "big"), db=self._dbs["meta"]))
+        raw = value.to_bytes(8, "big")
+        self._lmdb(lambda: self._txn.put(name, raw, db=self._dbs["meta"]))
+        self._cache[("meta", name)] = raw
         return value
 
     def _read_record(self, table: Table, operation_id: str) -> Any:
-        raw = self._get(table, operation_key(operation_id))
-        return None if raw is None else _decode_table(table, raw, operation_id)
+        key = operation_key(operation_id)
+        raw = self._get(table, key)
+        if raw is None:
+            return None
+        seen = self._decoded.get((table, key))
+        if seen is not None and seen[0] is raw:
+            return seen[1]  # records are frozen: the decoded value can be shared
+        record = _decode_table(table, raw, operation_id)
+        self._decoded[(table, key)] = (raw, record)
+        return record
 
     def put_raw(self, table: Table, key: bytes, value: bytes) -> None:
         """Store bytes as they are (fixtures, repair tools): no decoding, no indexes.
@@ -307,12 +363,18 @@ class WriteTxn(MutationContext):
                     f"{'no record' if old is None else old.fence}",
                     operation_id=record.operation_id,
                 )
-            if old is not None:
-                self._unindex(old)
+            new_hosts = hosts_key(record)
+            old_schedule = schedule_key(old) if old is not None else None
+            old_hosts = hosts_key(old) if old is not None else None
+            if old_schedule is not None and old_schedule != new_schedule:
+                self._delete("schedule", old_schedule)
+            if old_hosts is not None and old_hosts != new_hosts:
+                self._delete("hosts", old_hosts)
             self._put("operations", key, data)
-            if new_schedule is not None:
+            if new_schedule is not None and new_schedule != old_schedule:
                 self._put("schedule", new_schedule, b"")
-            self._put("hosts", hosts_key(record), b"")
+            if new_hosts != old_hosts:
+                self._put("hosts", new_hosts, b"")
 
     def delete_operation(self, operation_id: str, *, expect_fence: int | None = None) -> bool:
         """Delete the record and its index entries (not its payloads, lease, command)."""
