@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import trio
 from recoverable.storage.leases import acquire_lease, release_lease
+from recoverable.storage.migration import upgrade_operation
 from recoverable.storage.records import (
     CommandKind,
     LeaseRecord,
@@ -34,6 +35,10 @@ if TYPE_CHECKING:
     from recoverable.storage.store import WriteTxn
 
 Authorize = Callable[[Attempt], Awaitable[bool]]
+
+
+class _NeedsUpgrade(Exception):
+    """Raised inside the acquisition: the record is an unmigrated version-1 record."""
 
 
 class _CommandArrived(Exception):
@@ -71,6 +76,7 @@ class OperationActor:
         self.fence = 0  # the generation fence of our acquisition (checked by every write)
         self.known_serial = 0  # commands up to this serial are accounted for in the record
         self._payload: bytes | None = None
+        self._body: bytes | None = None  # the frozen body, read with the lease
 
     # --- lease ----------------------------------------------------------------------
 
@@ -85,12 +91,20 @@ class OperationActor:
         released in the same transaction too.
         """
         op_id = self.operation_id
+        upgrade_tried = False
 
         def acquire(txn: WriteTxn) -> tuple[LeaseRecord, machine.Transition, int, bool]:
             check_disposition(txn, op_id)
+            stored = txn.get_operation(op_id)
+            if (
+                stored is not None and stored.upgraded_from == 1 and not stored.body_hash
+                and not upgrade_tried
+            ):
+                raise _NeedsUpgrade
             lease = acquire_lease(txn, op_id, self.rt.now())
             record = txn.get_operation(op_id)
             assert record is not None
+            self._body = txn.get_payload(op_id, "body")
             command = txn.get_command(op_id)
             serial = 0
             kind: CommandKind | None = None
@@ -110,7 +124,15 @@ class OperationActor:
                 release_lease(txn, op_id, lease.token)
             return lease, t, serial, final
 
-        lease, t, serial, final = await self.rt.store.write(acquire)
+        try:
+            lease, t, serial, final = await self.rt.store.write(acquire)
+        except _NeedsUpgrade:
+            # A version-1 record: rewrite it as current (lazily, once), then take the lease.
+            backend = self.rt.backend
+            if backend is not None:
+                await upgrade_operation(self.rt.store, op_id, endpoint_id=backend.endpoint_id)
+            upgrade_tried = True  # if it could not be upgraded: still readable, never sent
+            lease, t, serial, final = await self.rt.store.write(acquire)
         self.fence = lease.fence
         self.lease = None if final else lease
         self.record = t.record
@@ -351,7 +373,7 @@ class OperationActor:
         rt = self.rt
         backend = rt.backend
         assert backend is not None
-        body = rt.store.get_payload(self.operation_id, "body")
+        body = self._body
         if body is None:
             raise errors.CorruptRecord("the frozen body is missing", operation_id=self.operation_id)
         token = self._token

@@ -8,6 +8,7 @@ OperationActor in the caller's task (so the caller's cancellation suspends it).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
@@ -19,7 +20,6 @@ import trio
 from recoverable.actors.monitor import LifecycleMonitor
 from recoverable.actors.operation import Authorize, OperationActor, check_disposition
 from recoverable.actors.scheduler import Scheduler
-from recoverable.storage.migration import upgrade_operation
 from recoverable.storage.records import (
     CommandKind,
     DispositionRecord,
@@ -72,6 +72,15 @@ class Backend(Protocol):
         token: str,
         on_progress: Callable[[Progress], None] | None = None,
     ) -> Outcome: ...
+
+
+_ID_PREFIX = secrets.token_bytes(8)  # per process; ids stay unique across processes
+_ID_COUNTER = itertools.count(int.from_bytes(secrets.token_bytes(4), "big"))
+
+
+def new_operation_id() -> str:
+    """A unique operation id without a system call per id (ids are not secrets)."""
+    return "op_" + (_ID_PREFIX + next(_ID_COUNTER).to_bytes(8, "big")).hex()
 
 
 class Runtime:
@@ -147,7 +156,7 @@ class Runtime:
         if self.selector is not None and not request.model_override:
             effective = self.selector(request)
         body = freeze_body(effective, contract)
-        operation_id = "op_" + secrets.token_hex(16)
+        operation_id = new_operation_id()
         record = OperationRecord(
             operation_id=operation_id,
             account=self.account,
@@ -206,8 +215,6 @@ class Runtime:
         cancellation of the calling task suspends the operation.
         """
         contract: ResponseContract = contract_for(response)
-        if self.backend is not None:
-            await self._upgrade_if_version1(handle.operation_id, self.backend.endpoint_id)
         actor = OperationActor(self, handle.operation_id, contract, authorize)
         result: T = await actor.run(
             expected_contract_version=(
@@ -386,14 +393,6 @@ class Runtime:
             effective.model,
             effective.reasoning_effort,
         )
-
-    async def _upgrade_if_version1(self, operation_id: str, endpoint_id: str) -> None:
-        try:
-            record = self.store.get_operation(operation_id)
-        except errors.RecoveryError:
-            return  # the actor reports it
-        if record is not None and record.upgraded_from == 1 and not record.body_hash:
-            await upgrade_operation(self.store, operation_id, endpoint_id=endpoint_id)
 
     # --- reads ----------------------------------------------------------------------
 
