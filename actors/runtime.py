@@ -349,7 +349,7 @@ class Runtime:
 
         await self.store.write(create)
         self.telemetry.emit("operation.manual_retry_created", successor_id,
-                            previous=source_id, selection=selection,
+                            previous_operation_id=source_id, selection=selection,
                             maximum_attempts=maximum_attempts, model=model)
         return self._successor_handle(source)
 

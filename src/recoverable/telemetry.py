@@ -58,7 +58,10 @@ class LoggingSink:
 
 # String-valued fields that are safe by construction: enumerations and codes.
 _SAFE_STRING_FIELDS = frozenset(
-    {"reason", "kind", "code", "model", "effort", "state", "error", "selection", "availability"}
+    {
+        "reason", "kind", "code", "model", "effort", "state", "error", "selection",
+        "availability", "previous_operation_id",
+    }
 )
 
 
