@@ -237,8 +237,8 @@ def main() -> None:
     args = parser.parse_args()
     base = args.dir or tempfile.mkdtemp(prefix="store-scale-")
     path = os.path.join(base, "store")
-    # The default 512 MiB quota is too small for 100k records with ~1 KiB bodies plus
-    # their stored requests; the quota is a setting, not what is measured here.
+    # A generous quota so the fill never meets it: the quota is a setting, not what is
+    # measured here.
     options: dict[str, Any] = {"max_bytes": 8 * GiB}
     try:
         store = recoverable.RecoveryStore.open(path, **options)
