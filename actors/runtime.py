@@ -494,9 +494,28 @@ class Runtime:
         if self.account is None:
             raise errors.AccountChanged("signed out: no inventory")
         records, unreadable = self.store.inventory(account=self.account, scope=scope)
-        return Inventory(
-            operations=tuple(self._status(r) for r in records), unreadable=tuple(unreadable)
-        )
+        leases, commands = self.store.control_rows()
+        live: dict[str, bool] = {}
+        now = self.now()
+        endpoint_id = self.backend.endpoint_id if self.backend is not None else None
+        statuses = []
+        for record in records:
+            lease = leases.get(record.operation_id)
+            is_live = False
+            if lease is not None:
+                key = f"{lease.owner_id}\0{lease.token}"
+                if key not in live:
+                    live[key] = self.store.lease_is_live(lease)
+                is_live = live[key]
+            command = commands.get(record.operation_id)
+            statuses.append(
+                machine.derive_status(
+                    record, now=now, lease_live=is_live, viewer=self.account,
+                    endpoint_id=endpoint_id,
+                    command=command.kind if command is not None else None,
+                )
+            )
+        return Inventory(operations=tuple(statuses), unreadable=tuple(unreadable))
 
     # --- lifecycle ------------------------------------------------------------------
 

@@ -792,7 +792,14 @@ class RecoveryStore:
         self, account: AccountBinding | None = None, scope: str | None = None
     ) -> tuple[list[OperationRecord], list[str]]:
         """Readable records matching ``account``/``scope`` (None: any), and the ids of
-        ALL unreadable operation records (whatever their account)."""
+        ALL unreadable operation records (whatever their account).
+
+        With both ``account`` and ``scope`` given, only that scope is read, through the
+        hosts index (cheap in a large store); the unreadable ids are then those of the
+        indexed records of that scope that no longer decode.
+        """
+        if account is not None and scope is not None:
+            return self._inventory_scope(account, scope)
 
         def scan(txn: lmdb.Transaction[bytes]) -> tuple[list[OperationRecord], list[str]]:
             readable: list[OperationRecord] = []
@@ -810,6 +817,58 @@ class RecoveryStore:
                     continue
                 readable.append(record)
             return readable, unreadable
+
+        return self._read(scan)
+
+    def _inventory_scope(
+        self, account: AccountBinding, scope: str
+    ) -> tuple[list[OperationRecord], list[str]]:
+        prefix = _hosts_prefix(account, scope, with_job=False)
+        skip = len(prefix) + _HASH_BYTES  # the job hash, then the operation id
+
+        def scan(txn: lmdb.Transaction[bytes]) -> tuple[list[OperationRecord], list[str]]:
+            readable: list[OperationRecord] = []
+            unreadable: list[str] = []
+            cursor = txn.cursor(db=self._dbs["hosts"])
+            if not cursor.set_range(prefix):
+                return readable, unreadable
+            operations = self._dbs["operations"]
+            for key in cursor.iternext(values=False):
+                if not key.startswith(prefix):
+                    break
+                op_key = key[skip:]
+                raw = txn.get(op_key, db=operations)
+                if raw is None:
+                    continue
+                op_id = _key_str(op_key)
+                try:
+                    record = codec.decode_operation(raw, operation_id=op_id)
+                except (CorruptRecord, UnsupportedRecordVersion):
+                    unreadable.append(op_id)
+                    continue
+                if record.account == account and record.scope == scope:
+                    readable.append(record)
+            return readable, unreadable
+
+        return self._read(scan)
+
+    def control_rows(self) -> tuple[dict[str, LeaseRecord], dict[str, CommandRecord]]:
+        """Every readable lease and command, from one snapshot (for bulk status)."""
+
+        def scan(
+            txn: lmdb.Transaction[bytes],
+        ) -> tuple[dict[str, LeaseRecord], dict[str, CommandRecord]]:
+            leases: dict[str, LeaseRecord] = {}
+            commands: dict[str, CommandRecord] = {}
+            for key, raw in txn.cursor(db=self._dbs["leases"]).iternext():
+                with contextlib.suppress(CorruptRecord, UnsupportedRecordVersion):
+                    leases[_key_str(key)] = codec.decode_lease(raw, operation_id=_key_str(key))
+            for key, raw in txn.cursor(db=self._dbs["commands"]).iternext():
+                with contextlib.suppress(CorruptRecord, UnsupportedRecordVersion):
+                    commands[_key_str(key)] = codec.decode_command(
+                        raw, operation_id=_key_str(key)
+                    )
+            return leases, commands
 
         return self._read(scan)
 
