@@ -194,7 +194,10 @@ class WriteTxn(MutationContext):
         self._store = store
         self._txn = txn
         self._dbs = store._dbs
-        self._bytes_used = _u64(txn.get(_META_BYTES, db=self._dbs["meta"]))
+        running = store._batch_bytes
+        self._bytes_used = (
+            running if running is not None else _u64(txn.get(_META_BYTES, db=self._dbs["meta"]))
+        )
         self._bytes_dirty = False
         self._cache: dict[tuple[str, bytes], bytes | None] = {}
         self._decoded: dict[tuple[str, bytes], tuple[bytes, Any]] = {}
@@ -216,11 +219,10 @@ class WriteTxn(MutationContext):
                 "a storage helper failed inside this mutation and the mutation went on; "
                 "it was rolled back whole"
             )
-        if self._bytes_dirty:
-            raw = self._bytes_used.to_bytes(8, "big")
-            self._txn.put(_META_BYTES, raw, db=self._dbs["meta"])
-            self._cache[("meta", _META_BYTES)] = raw
-            self._bytes_dirty = False
+        # The counter is carried in memory to the next mutation of the batch and
+        # written once, before the batch commits (RecoveryStore._end_batch).
+        self._store._batch_bytes = self._bytes_used
+        self._bytes_dirty = False
 
     @contextlib.contextmanager
     def _atomic(self) -> Iterator[None]:
@@ -524,6 +526,7 @@ class RecoveryStore:
         self._closed = False
         self._guard = MapGuard()
         self._tokens: set[str] = set()
+        self._batch_bytes: int | None = None  # bytes_used carried across a batch (writer)
         self._tokens_lock = threading.Lock()
         self._owner: OwnerLock | None = None
         self._writer: Writer[WriteTxn] | None = None
@@ -628,7 +631,16 @@ class RecoveryStore:
             lambda txn: WriteTxn(self, txn),
             max_map_size=self.max_map_size,
             name=f"recoverable-writer:{os.path.basename(self.path)}",
+            begin_batch=self._begin_batch,
+            end_batch=self._end_batch,
         )
+
+    def _begin_batch(self) -> None:
+        self._batch_bytes = None  # (re)read from meta by the batch's first mutation
+
+    def _end_batch(self, parent: lmdb.Transaction[bytes]) -> None:
+        if self._batch_bytes is not None:
+            parent.put(_META_BYTES, self._batch_bytes.to_bytes(8, "big"), db=self._dbs["meta"])
 
     def close(self) -> None:
         """Drop one reference; the last one drains the writer and closes the files."""

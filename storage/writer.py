@@ -157,12 +157,18 @@ class Writer(Generic[Ctx]):
         max_map_size: int,
         batch_limit: int = BATCH_LIMIT,
         name: str = "recoverable-writer",
+        begin_batch: Callable[[], None] | None = None,
+        end_batch: Callable[[lmdb.Transaction[bytes]], None] | None = None,
     ) -> None:
         self._env = env
         self._guard = guard
         self._make_context = make_context
         self._max_map_size = max_map_size
         self._batch_limit = batch_limit
+        # Batch-level state (e.g. a counter kept in memory across the batch's mutations
+        # and written once before the commit).
+        self._begin_batch = begin_batch
+        self._end_batch = end_batch
         self._cond = threading.Condition()
         self._queue: collections.deque[_Job] = collections.deque()
         self._stopping = False
@@ -293,10 +299,14 @@ class Writer(Generic[Ctx]):
             parent = self._env.begin(write=True)
             committed_any = False
             try:
+                if self._begin_batch is not None:
+                    self._begin_batch()
                 for job in batch:
                     job.result = None
                     committed_any |= self._run_one(parent, job)
                 if committed_any:
+                    if self._end_batch is not None:
+                        self._end_batch(parent)
                     parent.commit()
                 else:
                     parent.abort()
