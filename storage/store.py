@@ -282,30 +282,53 @@ class WriteTxn(MutationContext):
                 f"a {table} value of {len(value)} bytes exceeds max_record_bytes="
                 f"{store.max_record_bytes}"
             )
-        old = self._get(table, key)
+        db = self._dbs[table]
+        cached = self._cache.get((table, key), _MISSING)
+        try:
+            if cached is _MISSING:
+                old: bytes | None = self._txn.replace(key, value, db=db)  # one LMDB call
+            else:
+                old = cached  # type: ignore[assignment]
+        except lmdb.Error as exc:
+            raise self._lmdb_error(exc) from exc
         delta = len(value) - len(old) if old is not None else len(key) + len(value)
         if delta > 0 and self._bytes_used + delta > store.max_bytes:
+            if cached is _MISSING:  # undo the replace: a refused write changes nothing
+                try:
+                    if old is None:
+                        self._txn.delete(key, db=db)
+                    else:
+                        self._txn.put(key, old, db=db)
+                except lmdb.Error as exc:
+                    raise self._lmdb_error(exc) from exc
             raise StorageLimitExceeded(
                 f"the store would hold {self._bytes_used + delta} bytes; max_bytes="
                 f"{store.max_bytes}"
             )
-        try:
-            self._txn.put(key, value, db=self._dbs[table])
-        except lmdb.Error as exc:
-            raise self._lmdb_error(exc) from exc
+        if cached is not _MISSING:
+            try:
+                self._txn.put(key, value, db=db)
+            except lmdb.Error as exc:
+                raise self._lmdb_error(exc) from exc
         self._cache[(table, key)] = value
         self._bytes_used += delta
         self._bytes_dirty = True
 
     def _delete(self, table: Table, key: bytes) -> bool:
-        old = self._get(table, key)
-        if old is None:
+        cached = self._cache.get((table, key), _MISSING)
+        if cached is None:
             return False
         try:
-            self._txn.delete(key, db=self._dbs[table])
+            if cached is _MISSING:
+                old: bytes | None = self._txn.pop(key, db=self._dbs[table])  # one LMDB call
+            else:
+                old = cached  # type: ignore[assignment]
+                self._txn.delete(key, db=self._dbs[table])
         except lmdb.Error as exc:
             raise self._lmdb_error(exc) from exc
         self._cache[(table, key)] = None
+        if old is None:
+            return False
         self._bytes_used -= len(key) + len(old)
         self._bytes_dirty = True
         return True
