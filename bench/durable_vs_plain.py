@@ -27,7 +27,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,7 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common
+from baselines import run_pool
 
 import recoverable
 from recoverable.body import freeze_body
@@ -59,26 +59,6 @@ def request_for(i: int) -> recoverable.StructuredRequest:
 
 async def approve(attempt: recoverable.Attempt) -> bool:
     return True
-
-
-async def run_pool(
-    n: int, concurrency: int, job: Callable[[int], Awaitable[None]], offset: int = 0
-) -> tuple[float, list[float]]:
-    """Run jobs ``offset..offset+n-1`` with at most ``concurrency`` at once."""
-    latencies: list[float] = []
-    counter = iter(range(offset, offset + n))
-
-    async def worker() -> None:
-        for i in counter:
-            t0 = time.perf_counter()
-            await job(i)
-            latencies.append(time.perf_counter() - t0)
-
-    start = time.perf_counter()
-    async with trio.open_nursery() as nursery:
-        for _ in range(min(concurrency, n)):
-            nursery.start_soon(worker)
-    return time.perf_counter() - start, latencies
 
 
 def make_backend(args: argparse.Namespace) -> recoverable.ResponsesBackend:
