@@ -55,10 +55,8 @@ class OperationBusy(RecoveryError):
     code = "operation_busy"
 
 
-class AttemptsExhausted(RecoveryError):
-    """The saved total attempt budget is spent; only a deliberate manual retry can continue."""
-
-    code = "attempts_exhausted"
+class _EndedWithFailure(RecoveryError):
+    """An operation that can no longer generate; ``last_failure`` keeps the typed cause."""
 
     def __init__(
         self,
@@ -69,6 +67,12 @@ class AttemptsExhausted(RecoveryError):
     ) -> None:
         super().__init__(message, operation_id=operation_id)
         self.last_failure = last_failure
+
+
+class AttemptsExhausted(_EndedWithFailure):
+    """The saved total attempt budget is spent; only a deliberate manual retry can continue."""
+
+    code = "attempts_exhausted"
 
 
 class AttemptNotAuthorized(RecoveryError):
@@ -83,20 +87,10 @@ class AttemptNotAuthorized(RecoveryError):
         self.attempt_id = attempt_id
 
 
-class PermanentlyFailed(RecoveryError):
+class PermanentlyFailed(_EndedWithFailure):
     """The operation ended in a failure that no automatic replacement may repair."""
 
     code = "permanently_failed"
-
-    def __init__(
-        self,
-        message: str = "",
-        *,
-        operation_id: str | None = None,
-        last_failure: Interruption | None = None,
-    ) -> None:
-        super().__init__(message, operation_id=operation_id)
-        self.last_failure = last_failure
 
 
 class OperationCancelled(RecoveryError):
