@@ -25,7 +25,7 @@ import math
 import os
 import struct
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from typing import Any, Final, Literal, TypeVar, get_args
 
@@ -163,6 +163,27 @@ def _key_str(raw: bytes) -> str:
 
 def _u64(value: bytes | None) -> int:
     return 0 if value is None else int.from_bytes(value, "big")
+
+
+def _sort_operations(
+    rows: Iterable[tuple[bytes, bytes]], account: AccountBinding | None, scope: str | None
+) -> tuple[list[OperationRecord], list[str]]:
+    """Readable records matching account/scope (None: any), and every unreadable id."""
+    readable: list[OperationRecord] = []
+    unreadable: list[str] = []
+    for key, raw in rows:
+        op_id = _key_str(key)
+        try:
+            record = codec.decode_operation(raw, operation_id=op_id)
+        except (CorruptRecord, UnsupportedRecordVersion):
+            unreadable.append(op_id)
+            continue
+        if account is not None and record.account != account:
+            continue
+        if scope is not None and record.scope != scope:
+            continue
+        readable.append(record)
+    return readable, unreadable
 
 
 def _decode_table(table: Table, data: bytes, operation_id: str | None) -> Any:
@@ -837,21 +858,8 @@ class RecoveryStore:
             return self._inventory_scope(account, scope)
 
         def scan(txn: lmdb.Transaction[bytes]) -> tuple[list[OperationRecord], list[str]]:
-            readable: list[OperationRecord] = []
-            unreadable: list[str] = []
-            for key, raw in txn.cursor(db=self._dbs["operations"]).iternext():
-                op_id = _key_str(key)
-                try:
-                    record = codec.decode_operation(raw, operation_id=op_id)
-                except (CorruptRecord, UnsupportedRecordVersion):
-                    unreadable.append(op_id)
-                    continue
-                if account is not None and record.account != account:
-                    continue
-                if scope is not None and record.scope != scope:
-                    continue
-                readable.append(record)
-            return readable, unreadable
+            rows = txn.cursor(db=self._dbs["operations"]).iternext()
+            return _sort_operations(rows, account, scope)
 
         return self._read(scan)
 
@@ -862,28 +870,19 @@ class RecoveryStore:
         skip = len(prefix) + _HASH_BYTES  # the job hash, then the operation id
 
         def scan(txn: lmdb.Transaction[bytes]) -> tuple[list[OperationRecord], list[str]]:
-            readable: list[OperationRecord] = []
-            unreadable: list[str] = []
-            cursor = txn.cursor(db=self._dbs["hosts"])
-            if not cursor.set_range(prefix):
-                return readable, unreadable
-            operations = self._dbs["operations"]
-            for key in cursor.iternext(values=False):
-                if not key.startswith(prefix):
-                    break
-                op_key = key[skip:]
-                raw = txn.get(op_key, db=operations)
-                if raw is None:
-                    continue
-                op_id = _key_str(op_key)
-                try:
-                    record = codec.decode_operation(raw, operation_id=op_id)
-                except (CorruptRecord, UnsupportedRecordVersion):
-                    unreadable.append(op_id)
-                    continue
-                if record.account == account and record.scope == scope:
-                    readable.append(record)
-            return readable, unreadable
+            def rows() -> Iterator[tuple[bytes, bytes]]:
+                cursor = txn.cursor(db=self._dbs["hosts"])
+                if not cursor.set_range(prefix):
+                    return
+                operations = self._dbs["operations"]
+                for key in cursor.iternext(values=False):
+                    if not key.startswith(prefix):
+                        return
+                    raw = txn.get(key[skip:], db=operations)
+                    if raw is not None:
+                        yield key[skip:], raw
+
+            return _sort_operations(rows(), account, scope)
 
         return self._read(scan)
 
