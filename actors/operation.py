@@ -93,7 +93,9 @@ class OperationActor:
         op_id = self.operation_id
         upgrade_tried = False
 
-        def acquire(txn: WriteTxn) -> tuple[LeaseRecord, machine.Transition, int, bool]:
+        def acquire(
+            txn: WriteTxn,
+        ) -> tuple[LeaseRecord, machine.Transition, int, bool, bytes | None]:
             check_disposition(txn, op_id)
             stored = txn.get_operation(op_id)
             if (
@@ -104,7 +106,7 @@ class OperationActor:
             lease = acquire_lease(txn, op_id, self.rt.now())
             record = txn.get_operation(op_id)
             assert record is not None
-            self._body = txn.get_payload(op_id, "body")
+            body = txn.get_payload(op_id, "body")
             command = txn.get_command(op_id)
             serial = 0
             kind: CommandKind | None = None
@@ -122,17 +124,18 @@ class OperationActor:
             final = _ends(t)
             if final:
                 release_lease(txn, op_id, lease.token)
-            return lease, t, serial, final
+            return lease, t, serial, final, body
 
         try:
-            lease, t, serial, final = await self.rt.store.write(acquire)
+            lease, t, serial, final, body = await self.rt.store.write(acquire)
         except _NeedsUpgrade:
             # A version-1 record: rewrite it as current (lazily, once), then take the lease.
             backend = self.rt.backend
             if backend is not None:
                 await upgrade_operation(self.rt.store, op_id, endpoint_id=backend.endpoint_id)
             upgrade_tried = True  # if it could not be upgraded: still readable, never sent
-            lease, t, serial, final = await self.rt.store.write(acquire)
+            lease, t, serial, final, body = await self.rt.store.write(acquire)
+        self._body = body
         self.fence = lease.fence
         self.lease = None if final else lease
         self.record = t.record
