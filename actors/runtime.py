@@ -27,6 +27,7 @@ from recoverable.storage.records import (
     RetryReservation,
     StoredRequest,
 )
+from recoverable.storage.retention import remove_content
 from recoverable.storage.store import RecoveryStore, WriteTxn
 from recoverable.transport.base import Credentials
 from recoverable.transport.outcome import Outcome, Progress
@@ -562,7 +563,7 @@ class Runtime:
     async def acknowledge(self, handle: Handle) -> None:
         """After the host's own commit: remove request and response, keep a small marker.
 
-        Idempotent; repeating it completes a removal interrupted by a crash.
+        The marker and the removal commit together. Idempotent.
         """
         await self._dispose(handle.operation_id, "acknowledged")
         self.telemetry.emit("receipt.acknowledged", handle.operation_id)
@@ -576,15 +577,8 @@ class Runtime:
         now = self.now()
         account = self.account
 
-        def remove_content(txn: WriteTxn, marker: DispositionRecord) -> None:
-            for kind in ("body", "request", "completion"):
-                txn.delete_payload(operation_id, kind)
-            if txn.get_operation(operation_id) is not None:
-                txn.delete_operation(operation_id)
-            if txn.get_command(operation_id) is not None:
-                txn.delete_command(operation_id)
-            if txn.get_lease(operation_id) is not None:
-                txn.delete_lease(operation_id)
+        def remove(txn: WriteTxn, marker: DispositionRecord) -> None:
+            remove_content(txn, operation_id)
             txn.put_disposition(msgspec.structs.replace(marker, removal_complete=True))
 
         def dispose(txn: WriteTxn) -> None:
@@ -597,7 +591,7 @@ class Runtime:
                         f"operation is {existing.disposition}", operation_id=operation_id
                     )
                 if not existing.removal_complete:
-                    remove_content(txn, existing)  # a repeat completes an earlier removal
+                    remove(txn, existing)  # a repeat completes an earlier removal
                 return
             record = txn.get_operation(operation_id)
             if record is None:
@@ -613,7 +607,7 @@ class Runtime:
                 machine.check_acknowledge(record)
             # The marker and the removal of the content commit together: the operation
             # can never generate again, and nothing sensitive stays behind it.
-            remove_content(
+            remove(
                 txn,
                 DispositionRecord(
                     operation_id=operation_id,

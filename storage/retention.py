@@ -17,18 +17,29 @@ if TYPE_CHECKING:
 _PAYLOADS = ("body", "request", "completion")
 
 
-def _remove_operation(txn: WriteTxn, operation_id: str) -> None:
+def remove_control_rows(txn: WriteTxn, operation_id: str) -> None:
+    """Delete the operation's lifecycle command and (dead) lease rows, if any."""
+    for getter, deleter in (
+        (txn.get_command, txn.delete_command),
+        (txn.get_lease, txn.delete_lease),
+    ):
+        if getter(operation_id) is not None:
+            deleter(operation_id)
+
+
+def remove_content(txn: WriteTxn, operation_id: str) -> None:
+    """Delete the request, the response and the record (its disposition marker stays)."""
     for kind in _PAYLOADS:
         txn.delete_payload(operation_id, kind)  # type: ignore[arg-type]
     if txn.get_operation(operation_id) is not None:
         txn.delete_operation(operation_id)
-    for getter, deleter in (
-        (txn.get_command, txn.delete_command),
-        (txn.get_lease, txn.delete_lease),
-        (txn.get_disposition, txn.delete_disposition),
-    ):
-        if getter(operation_id) is not None:
-            deleter(operation_id)
+    remove_control_rows(txn, operation_id)
+
+
+def _remove_operation(txn: WriteTxn, operation_id: str) -> None:
+    remove_content(txn, operation_id)
+    if txn.get_disposition(operation_id) is not None:
+        txn.delete_disposition(operation_id)
 
 
 def purge_account(
@@ -93,12 +104,7 @@ def cleanup_disposed(
                 skipped.append(marker.operation_id)
                 continue
             txn.delete_disposition(marker.operation_id)
-            for getter, deleter in (
-                (txn.get_command, txn.delete_command),
-                (txn.get_lease, txn.delete_lease),
-            ):
-                if getter(marker.operation_id) is not None:
-                    deleter(marker.operation_id)
+            remove_control_rows(txn, marker.operation_id)
             removed.append(marker.operation_id)
         return removed, skipped
 
