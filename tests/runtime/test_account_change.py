@@ -276,3 +276,35 @@ async def test_sign_in_of_the_same_account_does_not_stop_running_work(
             assert rt.monitor.account_stop_for(handle.operation_id) is None
             assert (await rt.status(handle)).state == "running"
             await rt.suspend(handle)
+
+
+async def test_signing_the_same_account_back_in_at_once_still_stops_the_stream(
+    provider: FixtureProvider, store: recoverable.RecoveryStore, mode: str
+) -> None:
+    # The sign-out happened: the execution stops even if the host signs the same
+    # account back in before it unwound; the host reopens the handle.
+    provider.script([Reply.stall(after_events=2), Reply.complete({"answer": 3, "note": "r"})])
+    async with recoverable.open_runtime(store, make_backend(provider, mode), account=ACCOUNT) as rt:
+        handle = await rt.prepare(REQUEST, response=Answer, maximum_attempts=3)
+        caught: list[BaseException] = []
+
+        async def send() -> None:
+            try:
+                await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
+            except recoverable.RecoveryError as exc:
+                caught.append(exc)
+
+        with trio.fail_after(UNWIND_BOUND):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(send)
+                await provider.wait_for_requests(1)
+                rt.sign_out()
+                rt.sign_in(ACCOUNT)
+        assert len(caught) == 1 and isinstance(caught[0], recoverable.AccountChanged)
+        status = await rt.status(handle)
+        assert status.attempts_used == 1 and status.state == "interrupted"
+        assert status.attempts[0].failure is not None
+        assert status.attempts[0].failure.transport_code == "signed_out"
+        value = await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
+        assert value == Answer(3, "r")
+    assert len(generation_requests(provider, handle.operation_id)) == 2
