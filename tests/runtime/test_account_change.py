@@ -308,3 +308,26 @@ async def test_signing_the_same_account_back_in_at_once_still_stops_the_stream(
         value = await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
         assert value == Answer(3, "r")
     assert len(generation_requests(provider, handle.operation_id)) == 2
+
+
+async def test_sign_out_while_streaming_on_a_pooled_websocket_connection(
+    provider: FixtureProvider, store: recoverable.RecoveryStore
+) -> None:
+    # With ``async with backend`` WebSocket mode reuses connections: the stopped
+    # stream's connection must not be handed to the next attempt half-read.
+    provider.script([Reply.stall(after_events=2), Reply.complete({"answer": 4, "note": "p"})])
+    backend = make_backend(provider, "websocket")
+    async with backend, recoverable.open_runtime(store, backend, account=ACCOUNT) as rt:
+        handle = await rt.prepare(REQUEST, response=Answer, maximum_attempts=3)
+
+        async def streaming() -> None:
+            await provider.wait_for_requests(1)
+
+        error = await _run_until(rt, handle, streaming, "sign_out")
+        assert isinstance(error, recoverable.AccountChanged)
+        rt.sign_in(ACCOUNT)
+        with trio.fail_after(UNWIND_BOUND):
+            value = await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
+        assert value == Answer(4, "p")
+        assert (await rt.status(handle)).attempts_used == 2
+    assert len(generation_requests(provider, handle.operation_id)) == 2
