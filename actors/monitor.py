@@ -7,26 +7,47 @@ its host callback, transport stream and timer waits. The monitor polls LMDB's
 command table only when another transaction committed, and cancels the scope
 of any watched operation with a command newer than its watch's baseline.
 Commands written by this process are delivered directly, without polling.
+
+The runtime's account is not a stored command: ``sign_out``/``sign_in`` call
+:meth:`LifecycleMonitor.account_changed`, which cancels the scope of every
+watched operation of another account at once (the same path a local
+``suspend``/``cancel`` takes), so its transport, cooldown wait or
+authorization wait stops without waiting for a poll.
 """
 
 from __future__ import annotations
 
 import weakref
+from typing import Literal
 
 import trio
 from recoverable.storage.records import CommandKind, CommandRecord
 from recoverable.storage.store import RecoveryStore
 
+from recoverable.types import AccountBinding
+
+AccountStop = Literal["signed_out", "account_changed"]
+
 
 class Watch:
     """One running operation's registration with the monitor."""
 
-    def __init__(self, operation_id: str, baseline_serial: int) -> None:
+    def __init__(
+        self, operation_id: str, baseline_serial: int, account: AccountBinding | None = None
+    ) -> None:
         self.operation_id = operation_id
         self.baseline_serial = baseline_serial
+        self.account = account  # the operation's account (None: not known, never stopped)
         self.cancel_scope = trio.CancelScope()
         self.command: CommandKind | None = None
         self.command_serial: int | None = None
+        self.account_stop: AccountStop | None = None
+
+    def stop_for_account(self, reason: AccountStop) -> None:
+        """The runtime signed out or changed account: stop this execution (kept once set)."""
+        if self.account_stop is None:
+            self.account_stop = reason
+        self.cancel_scope.cancel()
 
     def deliver(self, command: CommandRecord) -> None:
         if command.serial <= self.baseline_serial:
@@ -40,7 +61,7 @@ class Watch:
     def fresh_scope(self) -> trio.CancelScope:
         """A new scope for the next interruptible step (cancelled at once if a command is known)."""
         self.cancel_scope = trio.CancelScope()
-        if self.command is not None:
+        if self.command is not None or self.account_stop is not None:
             self.cancel_scope.cancel()
         return self.cancel_scope
 
@@ -65,10 +86,31 @@ class LifecycleMonitor:
         watch = self._watches.get(operation_id)
         return watch.command if watch is not None else None
 
-    def watch(self, operation_id: str, baseline_serial: int) -> Watch:
-        watch = Watch(operation_id, baseline_serial)
+    def account_stop_for(self, operation_id: str) -> AccountStop | None:
+        """Why a running operation of this runtime is being stopped for its account, if so."""
+        watch = self._watches.get(operation_id)
+        return watch.account_stop if watch is not None else None
+
+    def watch(
+        self, operation_id: str, baseline_serial: int, account: AccountBinding | None = None
+    ) -> Watch:
+        watch = Watch(operation_id, baseline_serial, account)
         self._watches[operation_id] = watch
         return watch
+
+    def account_changed(self, account: AccountBinding | None) -> int:
+        """The runtime is now bound to ``account`` (None: signed out).
+
+        Every watched operation of another account is stopped at once: its cancel
+        scope is cancelled synchronously, before this returns. Returns how many.
+        """
+        reason: AccountStop = "signed_out" if account is None else "account_changed"
+        stopped = 0
+        for watch in list(self._watches.values()):
+            if watch.account is not None and watch.account != account:
+                watch.stop_for_account(reason)
+                stopped += 1
+        return stopped
 
     def unwatch(self, watch: Watch) -> None:
         if self._watches.get(watch.operation_id) is watch:

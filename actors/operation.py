@@ -140,7 +140,14 @@ class OperationActor:
         self.lease = None if final else lease
         self.record = t.record
         self.known_serial = serial
-        self.watch = self.rt.monitor.watch(op_id, serial)
+        self.watch = self.rt.monitor.watch(op_id, serial, t.record.account)
+        current_account = self.rt.account
+        if current_account != t.record.account:
+            # Signed out (or switched) after the acquisition checked the account and
+            # before this watch existed: stop as if the change came a moment later.
+            self.watch.stop_for_account(
+                "signed_out" if current_account is None else "account_changed"
+            )
         return t
 
     async def _release(self) -> None:
@@ -292,10 +299,15 @@ class OperationActor:
                 raise action.error
             if isinstance(action, machine.Deliver):
                 return await self._deliver(current)
+            assert self.watch is not None
+            if self.watch.account_stop is not None:
+                # Signed out or switched between two steps: stop before the next one.
+                t = await self._on_stop(current)
+                continue
             if isinstance(action, machine.WaitUntil):
                 rt.telemetry.emit("operation.waiting", op_id, until=action.at)
                 if not await self._interruptible(rt.scheduler.wait_until(action.at)):
-                    t = await self._on_command(current)
+                    t = await self._on_stop(current)
                     continue
                 t = await self._advance(functools.partial(self._wake, current))
                 continue
@@ -317,10 +329,19 @@ class OperationActor:
             await work
         return not scope.cancelled_caught
 
-    async def _on_command(self, current: OperationRecord) -> machine.Transition:
-        assert self.watch is not None and self.watch.command is not None
+    async def _on_stop(self, current: OperationRecord) -> machine.Transition:
+        """The watch's scope was cancelled: by a lifecycle command, or by the runtime's
+        sign-out / account change (a command, when both, decides)."""
+        assert self.watch is not None
         kind = self.watch.command
-        return await self._advance(lambda _: machine.command_observed(current, kind))
+        if kind is not None:
+            return await self._advance(lambda _: machine.command_observed(current, kind))
+        code = self.watch.account_stop
+        assert code is not None
+        self.rt.telemetry.emit("operation.account_stopped", self.operation_id, reason=code)
+        return await self._advance(
+            lambda command: machine.account_stopped(current, code, self._ctx(command))
+        )
 
     async def _ask_host(self, current: OperationRecord, attempt: Attempt) -> machine.Transition:
         rt = self.rt
@@ -333,8 +354,10 @@ class OperationActor:
             # A callback exception escapes unchanged: nothing spent, no renewal, no retry.
             answer.append(bool(await self.authorize(attempt)))
 
-        if not await self._interruptible(ask()):
-            return await self._on_command(current)
+        assert self.watch is not None
+        if not await self._interruptible(ask()) or self.watch.account_stop is not None:
+            # A late answer after a sign-out authorizes nothing (nothing is spent).
+            return await self._on_stop(current)
         approved = answer[0]
         token: str | None = None
         if approved:
@@ -358,6 +381,8 @@ class OperationActor:
                 rt.telemetry.emit("operation.authentication_required", self.operation_id)
                 assert isinstance(t.action, machine.Stop)
                 raise t.action.error from exc
+        if self.watch.account_stop is not None:
+            return await self._on_stop(current)  # signed out while fetching the token
         self._token = token
         t = await self._advance(
             lambda command: machine.authorization_answered(
@@ -387,6 +412,9 @@ class OperationActor:
         progress_state: dict[str, Any] = {}
 
         def on_progress(p: Progress) -> None:
+            # The first report comes with the first event: the server has produced its
+            # response (the fixture writes it whole), the client has not read its end.
+            _killpoints.hit("stream.completed_unreceived")
             progress_state["response_id"] = p.response_id
             progress_state["sequence_number"] = p.sequence_number
 
@@ -404,11 +432,13 @@ class OperationActor:
                 progress_state.get("sequence_number"),
             ).record
             self.record = current
-        if not completed:
-            return await self._on_command(current)
+        if not outcome:
+            assert not completed
+            return await self._on_stop(current)
+        # The stream ended before a stop could cut it: its outcome is used as received
+        # (a completion is validated and saved; the step applies the stop on top).
         result = outcome[0]
         if isinstance(result, Completed):
-            _killpoints.hit("stream.completed_unreceived")
             try:
                 payload = self.contract.validate(result.text)
             except OutputInvalid as invalid:
@@ -461,6 +491,16 @@ class OperationActor:
         if self.watch.command == "cancel":
             await self._advance(lambda _: machine.command_observed(current, "cancel"))
             raise errors.OperationCancelled(operation_id=self.operation_id)
+        stop = self.watch.account_stop
+        if stop is not None or self.rt.account != current.account:
+            # Signed out (or switched) while the receipt was being saved: it stays saved
+            # for its own account and is delivered to nobody now.
+            error = errors.AccountChanged(
+                "signed out" if self.rt.account is None else "account changed",
+                operation_id=self.operation_id,
+            )
+            self.rt.telemetry.emit_stop(self.operation_id, error)
+            raise error
         payload = self._payload
         if payload is None:
             payload = self.rt.store.get_payload(self.operation_id, "completion")

@@ -109,11 +109,22 @@ class Runtime:
     # --- account --------------------------------------------------------------------
 
     def sign_out(self) -> None:
-        """Stop authorizing work for any account (running operations stop at their next check)."""
+        """Stop authorizing work for any account, and stop this runtime's running work.
+
+        Every operation this runtime is executing is stopped at once (its transport,
+        cooldown wait or authorization wait is cancelled, as by a local ``cancel``);
+        its ``send_recovering`` raises ``AccountChanged``. An attempt in flight stays
+        spent and reads as interrupted (``transport_code="signed_out"``); a completion
+        already received is validated and kept as the receipt, never delivered.
+        """
         self.account = None
+        self.monitor.account_changed(None)
 
     def sign_in(self, account: AccountBinding) -> None:
+        """Bind the runtime to ``account``; running work of any other account stops
+        as on :meth:`sign_out` (``transport_code="account_changed"``)."""
         self.account = account
+        self.monitor.account_changed(account)
 
     def _require_account(self, record: OperationRecord) -> None:
         if self.account is None:

@@ -404,12 +404,74 @@ def test_completed_record_is_not_delivered_to_another_account() -> None:
         assert t.record == rec
 
 
-def test_completion_for_a_changed_account_is_neither_delivered_nor_kept() -> None:
-    t = m.completion_validated(transmitting(1), m.attempt_id_for(OP, 1), ctx(account=BOB),
+@pytest.mark.parametrize(
+    "context", [ctx(account=BOB), ctx(account=None), ctx(credentials_account=BOB)]
+)
+def test_completion_validated_after_an_account_change_is_kept_but_not_delivered(
+    context: Context,
+) -> None:
+    # Issue 10.3 (changed on purpose): the attempt was authorized for ALICE and its
+    # completion validated, so it is ALICE's paid result. It used to be discarded; now
+    # it is saved as her receipt, and the execution stops without delivering it.
+    t = m.completion_validated(transmitting(1), m.attempt_id_for(OP, 1), context,
                                response_id="resp_1", sequence_number=None)
     stopped(t, errors.AccountChanged)
-    assert not t.record.has_completion and t.record.phase == "waiting"
-    assert t.record.attempts_used == 1
+    assert t.record.has_completion and t.record.phase == "completed"
+    assert t.record.attempts_used == 1 and t.record.attempts[0].outcome == "completed"
+    # ALICE reopening gets it delivered with no generation; nobody else does.
+    assert open_(t.record).action == Deliver()
+    stopped(open_(t.record, ctx(account=BOB)), errors.AccountChanged)
+
+
+def test_completion_validated_with_a_cancel_and_an_account_change_is_fenced() -> None:
+    t = m.completion_validated(transmitting(1), m.attempt_id_for(OP, 1),
+                               ctx(account=None, command="cancel"),
+                               response_id="resp_1", sequence_number=None)
+    stopped(t, errors.OperationCancelled)
+    assert t.record.phase == "cancelled"
+
+
+@pytest.mark.parametrize("code", ["signed_out", "account_changed"])
+def test_account_stop_while_streaming_keeps_the_attempt_spent_as_an_interruption(
+    code: str,
+) -> None:
+    rec = transmitting(2)
+    t = m.account_stopped(rec, code, ctx(account=None))
+    stopped(t, errors.AccountChanged)
+    assert t.record.attempts_used == 2 and t.record.phase == "waiting"
+    last = t.record.attempts[-1]
+    assert last.outcome == "interrupted" and last.failure is not None
+    assert last.failure.kind == "interrupted" and last.failure.transport_code == code
+    assert t.record.last_failure == last.failure
+    assert not t.record.has_completion and t.record.completed_at is None
+
+
+def test_account_stop_while_waiting_keeps_the_cooldown_and_spends_nothing() -> None:
+    rec = record(phase="waiting", next_attempt_at=T0 + 60, **spent(1))
+    t = m.account_stopped(rec, "signed_out", ctx(account=None))
+    stopped(t, errors.AccountChanged)
+    assert t.record == rec and not t.changed
+
+
+def test_account_stop_while_authorizing_keeps_the_pending_id_and_spends_nothing() -> None:
+    rec = _authorizing()
+    t = m.account_stopped(rec, "account_changed", ctx(account=BOB))
+    stopped(t, errors.AccountChanged)
+    nothing_consumed(rec, t.record)
+    assert t.record.phase == "prepared" and t.record.pending == rec.pending
+
+
+@pytest.mark.parametrize(
+    "command,error,phase",
+    [("cancel", errors.OperationCancelled, "cancelled"),
+     ("suspend", errors.OperationSuspended, "suspended")],
+)
+def test_account_stop_with_a_command_applies_the_command(
+    command: CommandKind, error: type[errors.RecoveryError], phase: str
+) -> None:
+    t = m.account_stopped(transmitting(1), "signed_out", ctx(account=None, command=command))
+    stopped(t, error)
+    assert t.record.phase == phase and t.record.attempts[0].outcome == "interrupted"
 
 
 def test_completion_while_suspend_commanded_is_saved_then_suspends() -> None:

@@ -386,6 +386,26 @@ class OperationMachine(RuleBasedStateMachine):
         assert t.record.completed_at == before.completed_at
         self.apply(t)
 
+    def account_stop(self, dt: float, code: str, command: CommandKind | None) -> None:
+        """The runtime signed out / switched account while the execution was live."""
+        before = self.rec
+        self.advance(dt)
+        c = self.ctx(None if code == "signed_out" else BOB, command=command)
+        t = m.account_stopped(self.rec, code, c)
+        assert isinstance(t.action, Stop)
+        assert t.record.attempts_used == before.attempts_used
+        assert t.record.completed_at == before.completed_at
+        if command is None:
+            assert isinstance(t.action.error, errors.AccountChanged)
+            assert t.record.next_attempt_at == before.next_attempt_at
+            assert t.record.pending == before.pending
+            assert not t.record.has_completion or before.has_completion
+            assert all(a.outcome != "in_flight" for a in t.record.attempts)
+            if before.attempts and before.attempts[-1].outcome == "in_flight":
+                failure = t.record.attempts[-1].failure
+                assert failure is not None and failure.transport_code == code
+        self.apply(t, c=c)
+
     # One rule, dispatching on what the driver may do next. (Separate rules would be
     # thinned out by Hypothesis' swarm testing, which disables random rules per example and
     # would leave most runs stuck between "open" and "stop" without ever failing an attempt.)
@@ -399,8 +419,12 @@ class OperationMachine(RuleBasedStateMachine):
                       d(st.sampled_from([FH] * 8 + ["other-format"])),
                       d(st.sampled_from([None] * 6 + ["suspend", "suspend", "cancel"])))
             return
-        what = d(st.sampled_from(["event"] * 4 + ["crash", "interrupt"]), label="what")
-        if what != "event":
+        what = d(st.sampled_from(["event"] * 4 + ["crash", "interrupt", "account"]),
+                 label="what")
+        if what == "account":
+            self.account_stop(d(advances), d(st.sampled_from(["signed_out", "account_changed"])),
+                              d(checkpoint_commands))
+        elif what != "event":
             self.end_execution(d(advances), crash=what == "crash")
         elif isinstance(action, AskHost):
             if action.attempt.reason == "authentication_reissue" and d(

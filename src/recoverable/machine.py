@@ -581,26 +581,40 @@ def completion_validated(
     base = evolve(rec, attempts=(*rec.attempts[:-1], done))
     if ctx.command == "cancel":
         return Transition(*_cmd(base, "cancel"), changed=True)
-    account_error = _account_error(rec, ctx)
-    if account_error is not None:
-        # Never deliver (nor keep for delivery) a result for another account: the
-        # completion is discarded and the attempt stays spent as an interruption.
-        discarded = evolve(rec, attempts=(*rec.attempts[:-1], _ended(
-            last, "interrupted", Interruption(
-                kind="interrupted", response_id=done.response_id,
-                sequence_number=done.sequence_number, transport_code="account_changed",
-            ),
-        )))
-        discarded = evolve(discarded, last_failure=discarded.attempts[-1].failure)
-        new = evolve(discarded, phase="waiting" if base.attempts_remaining else "failed",
-                     failure_reason=None if base.attempts_remaining else "exhausted")
-        return Transition(new, Stop(account_error), True)
     new = evolve(base, phase="completed", completed_at=ctx.now, next_attempt_at=None,
                        pending=None)
+    account_error = _account_error(rec, ctx)
+    if account_error is not None:
+        # The attempt was authorized for the record's account and its completion was
+        # validated: it is that account's result. Keep it as the receipt (never
+        # discard a paid result), but deliver nothing to whoever is signed in now;
+        # the original account reads it on reopening, with no new generation.
+        return Transition(new, Stop(account_error), True)
     if ctx.command == "suspend":
         return Transition(new, Stop(errors.OperationSuspended(operation_id=rec.operation_id)),
                           True)
     return Transition(new, Deliver(), True)
+
+
+def account_stopped(rec: OperationRecord, code: str, ctx: Context) -> Transition:
+    """The runtime signed out (``code="signed_out"``) or changed its account
+    (``"account_changed"``) while this execution was waiting, authorizing or streaming.
+
+    The execution stops with ``AccountChanged``. An attempt in flight stays spent and
+    becomes an interruption (kind ``interrupted``, ``transport_code=code``); nothing is
+    refunded and no completion is invented. A pending attempt id and a persisted
+    cooldown are kept, and the operation is left idle for the original account to
+    reopen. A lifecycle command observed at the same time is applied instead.
+    """
+    if ctx.command is not None:
+        return _apply_command(rec, ctx.command)
+    message = "signed out" if code == "signed_out" else "account changed"
+    error = errors.AccountChanged(message, operation_id=rec.operation_id)
+    if rec.phase in ("completed", "failed", "cancelled", "suspended", "prepared"):
+        return _t(rec, rec, Stop(error))
+    closed = _close_in_flight(rec, code)
+    idle = "waiting" if closed.attempts_used else "prepared"
+    return _t(rec, evolve(closed, phase=idle), Stop(error))
 
 
 def interrupted_locally(rec: OperationRecord) -> Transition:
