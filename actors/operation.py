@@ -14,10 +14,11 @@ import functools
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import msgspec
 import trio
 from recoverable.storage.leases import acquire_lease, release_lease
-from recoverable.storage.migration import upgrade_operation
+from recoverable.storage.migration import saved_completion, upgrade_operation
 from recoverable.storage.records import (
     CommandKind,
     LeaseRecord,
@@ -81,7 +82,8 @@ class OperationActor:
     # --- lease ----------------------------------------------------------------------
 
     async def _acquire(
-        self, open_step: Callable[[OperationRecord, CommandKind | None], machine.Transition]
+        self,
+        open_step: Callable[[OperationRecord, CommandKind | None, bool], machine.Transition],
     ) -> machine.Transition:
         """Take the lease and persist the opening transition in ONE transaction.
 
@@ -95,14 +97,22 @@ class OperationActor:
 
         def acquire(
             txn: WriteTxn,
-        ) -> tuple[LeaseRecord, machine.Transition, int, bool, bytes | None]:
+        ) -> tuple[LeaseRecord | None, machine.Transition, int, bool, bytes | None]:
             check_disposition(txn, op_id)
             stored = txn.get_operation(op_id)
-            if (
-                stored is not None and stored.upgraded_from == 1 and not stored.body_hash
-                and not upgrade_tried
-            ):
-                raise _NeedsUpgrade
+            if stored is not None and stored.awaiting_upgrade:
+                if not upgrade_tried:
+                    raise _NeedsUpgrade
+                # It could not be upgraded here (no backend, or its request cannot be
+                # frozen). Read it as it is: no lease, no write, since rewriting it would
+                # drop the version-1 fields (its request parts, its inline completion).
+                # Nothing can generate for it, so a saved completion is delivered and
+                # everything else stops (a pending cancel still fences delivery).
+                pending = txn.get_command(op_id)
+                cancel: CommandKind | None = (
+                    "cancel" if pending is not None and pending.kind == "cancel" else None
+                )
+                return None, open_step(stored, cancel, False), 0, True, None
             lease = acquire_lease(txn, op_id, self.rt.now())
             record = txn.get_operation(op_id)
             assert record is not None
@@ -116,7 +126,7 @@ class OperationActor:
                     txn.delete_command(op_id)
                 else:
                     kind = command.kind
-            t = open_step(record, kind)
+            t = open_step(record, kind, body is not None)  # a missing body: before the host
             if t.changed:
                 if kind is not None and t.record.phase == "cancelled":
                     txn.delete_command(op_id)  # folded into the record's phase
@@ -136,7 +146,7 @@ class OperationActor:
             upgrade_tried = True  # if it could not be upgraded: still readable, never sent
             lease, t, serial, final, body = await self.rt.store.write(acquire)
         self._body = body
-        self.fence = lease.fence
+        self.fence = lease.fence if lease is not None else 0
         self.lease = None if final else lease
         self.record = t.record
         self.known_serial = serial
@@ -258,9 +268,9 @@ class OperationActor:
     ) -> Any:
         try:
             t = await self._acquire(
-                lambda record, cancel: machine.open_operation(
+                lambda record, cancel, body_available: machine.open_operation(
                     record,
-                    self._ctx(cancel),
+                    attrs.evolve(self._ctx(cancel), body_available=body_available),
                     format_hash=self.contract.format_hash,
                     expected_contract_version=expected_contract_version,
                     check_contract_version=check_contract_version,
@@ -503,7 +513,9 @@ class OperationActor:
             raise error
         payload = self._payload
         if payload is None:
-            payload = self.rt.store.get_payload(self.operation_id, "completion")
+            # A version-1 record delivered by a runtime that did not upgrade it (no
+            # backend) keeps its completion inline: read it from there.
+            payload = saved_completion(self.rt.store, current)
             if payload is None:
                 # Fail closed: a missing receipt is never permission to regenerate.
                 raise errors.CompletionUnavailable(

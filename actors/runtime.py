@@ -20,6 +20,7 @@ import trio
 from recoverable.actors.monitor import LifecycleMonitor
 from recoverable.actors.operation import Authorize, OperationActor, check_disposition
 from recoverable.actors.scheduler import Scheduler
+from recoverable.storage.migration import saved_completion, upgrade_operation
 from recoverable.storage.records import (
     CommandKind,
     DispositionRecord,
@@ -148,8 +149,15 @@ class Runtime:
         job_id: str | None = None,
         input_revision: str | None = None,
         contract_version: str | None = None,
+        previous_operation_id: str | None = None,
     ) -> Handle:
-        """Freeze the request and persist the operation without sending anything."""
+        """Freeze the request and persist the operation without sending anything.
+
+        ``previous_operation_id`` names a prior operation of the same host job, for
+        diagnostics only (shown in status, receipts and markers): the new operation
+        has its own budget and its own root; nothing about the prior one is checked,
+        reserved or changed (it may even be gone). Use ``retry`` for a linked successor.
+        """
         if self.account is None:
             raise errors.AccountChanged("signed out: cannot prepare")
         policy = retry_policy or RetryPolicy()
@@ -161,6 +169,7 @@ class Runtime:
             input_revision=input_revision,
             contract_version=contract_version,
         )
+        machine.validate_metadata("previous_operation_id", previous_operation_id)
         if self.backend is None:
             raise errors.ConfigurationUnavailable("no backend: cannot prepare generation")
         contract = contract_for(response)
@@ -188,6 +197,7 @@ class Runtime:
             input_revision=input_revision,
             body_hash=body_hash(body),
             root_operation_id=operation_id,
+            previous_operation_id=previous_operation_id,
         )
         stored = msgspec.json.encode(
             StoredRequest(request=request, format_name=contract.name, schema=contract.schema)
@@ -195,7 +205,11 @@ class Runtime:
         await self._create(record, body, stored)
         self.telemetry.emit("operation.prepared", operation_id, model=record.model,
                             effort=record.reasoning_effort, maximum_attempts=maximum_attempts)
-        return Handle(operation_id, root_operation_id=operation_id)
+        return Handle(
+            operation_id,
+            root_operation_id=operation_id,
+            previous_operation_id=previous_operation_id,
+        )
 
     async def _create(self, record: OperationRecord, body: bytes, stored: bytes) -> None:
         op_id = record.operation_id
@@ -286,9 +300,10 @@ class Runtime:
         now = self.now()
         endpoint_id = self.backend.endpoint_id
 
-        def reserve(txn: WriteTxn) -> OperationRecord:
-            check_disposition(txn, source_id)
-            source = txn.get_operation(source_id)
+        def conditions(view: Any) -> OperationRecord:
+            """The source-condition table, on the store (a pre-check) or in the write."""
+            check_disposition(view, source_id)
+            source: OperationRecord | None = view.get_operation(source_id)
             if source is None:
                 raise errors.StateUnavailable("no such operation", operation_id=source_id)
             if account is None or source.account != account:
@@ -303,10 +318,40 @@ class Runtime:
                 if reservation.settings_hash != settings_hash:
                     raise errors.RetryConfigurationMismatch(operation_id=source_id)
                 return source
-            lease = txn.get_lease(source_id)
-            if lease is not None and txn.lease_is_live(lease):
+            lease = view.get_lease(source_id)
+            if lease is not None and view.lease_is_live(lease):
                 raise errors.OperationBusy(operation_id=source_id)
             machine.check_retry_source(source, now=now, endpoint_id=endpoint_id)
+            return source
+
+        # Check first, reserve second: the source must be clonable (its frozen request
+        # present and readable) BEFORE its reservation is written, so a refusal leaves
+        # no dangling successor id behind.
+        checked = conditions(self.store)
+        if checked.retry_reservation is not None and checked.retry_reservation.created:
+            return self._successor_handle(checked)
+        if checked.awaiting_upgrade:
+            # A version-1 source: freeze its request (the lazy upgrade send_recovering
+            # does), then check it again as a current record.
+            await upgrade_operation(self.store, source_id, endpoint_id=endpoint_id)
+            checked = conditions(self.store)
+            if checked.awaiting_upgrade:
+                raise errors.RequestUnavailable(
+                    "the version-1 request could not be frozen: it cannot be cloned",
+                    operation_id=source_id,
+                )
+        body, stored, model, effort = self._successor_body(checked, selection)
+
+        def reserve(txn: WriteTxn) -> OperationRecord:
+            source = conditions(txn)
+            if source.retry_reservation is not None:
+                return source
+            if source.body_hash != checked.body_hash or txn.get_payload(
+                source_id, "body"
+            ) is None:
+                raise errors.RequestUnavailable(
+                    "the source's frozen request changed or disappeared", operation_id=source_id
+                )
             reserved = msgspec.structs.replace(
                 source,
                 retry_reservation=RetryReservation(
@@ -323,7 +368,6 @@ class Runtime:
         if source.retry_reservation.created:
             return self._successor_handle(source)
         _killpoints.hit("retry.reserved")
-        body, stored, model, effort = self._successor_body(source, selection)
         child = OperationRecord(
             operation_id=successor_id,
             account=source.account,
@@ -381,8 +425,9 @@ class Runtime:
         body = self.store.get_payload(op_id, "body")
         stored_raw = self.store.get_payload(op_id, "request")
         if body is None or stored_raw is None:
-            raise errors.StateUnavailable(
-                "the source's frozen request is unavailable", operation_id=op_id
+            raise errors.RequestUnavailable(
+                "the source's frozen request is missing from the store: it cannot be cloned",
+                operation_id=op_id,
             )
         if selection == "preserve":
             return body, stored_raw, source.model, source.reasoning_effort
@@ -445,6 +490,7 @@ class Runtime:
         lease = self.store.get_lease(record.operation_id)
         live = lease is not None and self.store.lease_is_live(lease)
         command = self.store.get_command(record.operation_id)
+        payloads = self.store.payload_kinds([record.operation_id])[record.operation_id]
         return machine.derive_status(
             record,
             now=self.now(),
@@ -452,6 +498,7 @@ class Runtime:
             viewer=self.account,
             endpoint_id=self.backend.endpoint_id if self.backend is not None else None,
             command=command.kind if command is not None else None,
+            payloads=payloads,
         )
 
     def _disposition_status(self, d: DispositionRecord) -> Status:
@@ -477,7 +524,9 @@ class Runtime:
         command = self.store.get_command(record.operation_id)
         if record.phase == "cancelled" or (command is not None and command.kind == "cancel"):
             raise errors.OperationCancelled(operation_id=record.operation_id)
-        payload = self.store.get_payload(record.operation_id, "completion")
+        # A version-1 record that was never upgraded keeps its completion inline: it is
+        # read from there (no backend, no lease, no write).
+        payload = saved_completion(self.store, record) if record.has_completion else None
         if not record.has_completion or payload is None or record.completed_at is None:
             raise errors.CompletionUnavailable(
                 "no saved completion", operation_id=record.operation_id
@@ -507,6 +556,7 @@ class Runtime:
             raise errors.AccountChanged("signed out: no inventory")
         records, unreadable = self.store.inventory(account=self.account, scope=scope)
         leases, commands = self.store.control_rows()
+        present = self.store.payload_kinds(r.operation_id for r in records)
         live: dict[str, bool] = {}
         now = self.now()
         endpoint_id = self.backend.endpoint_id if self.backend is not None else None
@@ -525,6 +575,7 @@ class Runtime:
                     record, now=now, lease_live=is_live, viewer=self.account,
                     endpoint_id=endpoint_id,
                     command=command.kind if command is not None else None,
+                    payloads=present.get(record.operation_id),
                 )
             )
         return Inventory(operations=tuple(statuses), unreadable=tuple(unreadable))
@@ -616,6 +667,15 @@ class Runtime:
                 )
             if disposition == "acknowledged":
                 machine.check_acknowledge(record)
+                # Acknowledge what the host could have read: the completion must be
+                # readable (a current payload, or a version-1 record's inline one).
+                # A damaged record fails closed and keeps its state; abandon it instead.
+                if saved_completion(txn, record) is None:
+                    raise errors.CompletionUnavailable(
+                        "the saved completion is missing from the store: nothing to "
+                        "acknowledge (abandon the operation instead)",
+                        operation_id=operation_id,
+                    )
             # The marker and the removal of the content commit together: the operation
             # can never generate again, and nothing sensitive stays behind it.
             remove(

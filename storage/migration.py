@@ -141,6 +141,39 @@ def upgrade_record(old: OperationRecordV1, *, endpoint_id: str = V1_ENDPOINT) ->
     )
 
 
+def v1_completion(raw: bytes) -> bytes | None:
+    """The inline completion of version-1 bytes (``None`` if it has none or is unreadable)."""
+    try:
+        old = decode_v1(raw)
+    except (ValueError, msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    if old.status != "completed" or old.completion is None:
+        return None
+    return old.completion.encode()
+
+
+def saved_completion(reader: Any, record: OperationRecord) -> bytes | None:
+    """The saved completion of ``record``, whatever its record version.
+
+    ``reader`` is a store or a write transaction (``get_payload``/``get_raw``).
+    A version-1 record that was never rewritten keeps its completion inline:
+    it is read from the stored bytes, with no backend, no lease and no write.
+    """
+    from recoverable.storage.store import operation_key
+
+    op_id = record.operation_id
+    payload: bytes | None = reader.get_payload(op_id, "completion")
+    if payload is not None or not record.awaiting_upgrade:
+        return payload
+    raw: bytes | None = reader.get_raw("operations", operation_key(op_id))
+    if raw is None:
+        return None
+    if codec.read_version(raw) != 1:  # upgraded meanwhile by another execution
+        upgraded: bytes | None = reader.get_payload(op_id, "completion")
+        return upgraded
+    return v1_completion(raw)
+
+
 def _read_v1(data: bytes) -> OperationRecord:
     return upgrade_record(decode_v1(data))
 

@@ -120,6 +120,12 @@ class OperationRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     def has_completion(self) -> bool:
         return self.completed_at is not None
 
+    @property
+    def awaiting_upgrade(self) -> bool:
+        """A version-1 record read through the upgrader but not rewritten yet: its body is
+        frozen (and its completion moved to a payload) by ``storage.migration``."""
+        return self.upgraded_from == 1 and not self.body_hash
+
 
 CommandKind = Literal["suspend", "cancel"]
 

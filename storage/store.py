@@ -795,6 +795,22 @@ class RecoveryStore:
         record: CommandRecord | None = self._get_record("commands", operation_id)
         return record
 
+    def payload_kinds(self, operation_ids: Iterable[str]) -> dict[str, frozenset[str]]:
+        """Which payloads each operation has, from one snapshot (keys only: no value is
+        copied, so a status of a large request stays cheap)."""
+        ids = list(operation_ids)
+
+        def scan(txn: lmdb.Transaction[bytes]) -> dict[str, frozenset[str]]:
+            cursor = txn.cursor(db=self._dbs["payloads"])
+            return {
+                op_id: frozenset(
+                    kind for kind in PAYLOAD_KINDS if cursor.set_key(payload_key(op_id, kind))
+                )
+                for op_id in ids
+            }
+
+        return self._read(scan)
+
     def commands(self, *, after_serial: int = 0) -> list[CommandRecord]:
         """Every readable command with ``serial > after_serial``, in serial order.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -10,7 +11,7 @@ import pytest
 
 from recoverable.body import MAX_INPUT_BYTES, body_hash, freeze_body
 from recoverable.contract import contract_for
-from recoverable.errors import InvalidRequest
+from recoverable.errors import InvalidRequest, UnsupportedInputItem
 from recoverable.types import JsonSchema, StructuredRequest
 
 
@@ -152,3 +153,75 @@ def test_not_a_request_or_contract() -> None:
         freeze_body({"model": "m"}, contract_for(Answer))  # type: ignore[arg-type]
     with pytest.raises(InvalidRequest, match="ResponseContract"):
         freeze_body(StructuredRequest(model="m"), Answer)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("item", "item_type"),
+    [
+        ({"type": "item_reference", "id": "msg_123"}, "item_reference"),
+        ({"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+         "function_call"),
+        ({"type": "function_call_output", "call_id": "c1", "output": "42"},
+         "function_call_output"),
+        ({"type": "custom_tool_call_output", "call_id": "c1", "output": "x"},
+         "custom_tool_call_output"),
+        ({"type": "computer_call", "id": "cu_1", "call_id": "c2", "action": {}},
+         "computer_call"),
+        ({"type": "shell_call_output", "call_id": "c3", "output": []}, "shell_call_output"),
+        ({"type": "mcp_call", "id": "m1", "name": "n", "arguments": "{}", "server_label": "s"},
+         "mcp_call"),
+        ({"type": "mcp_approval_response", "approval_request_id": "a", "approve": True},
+         "mcp_approval_response"),
+        ({"type": "reasoning", "id": "rs_1", "summary": []}, "reasoning"),
+        ({"type": "compaction", "encrypted_content": "x"}, "compaction"),
+        ({"role": "user", "content": "hi", "call_id": "c4"}, None),  # anything with call_id
+        ({"content": "no role"}, None),
+    ],
+)
+def test_input_items_that_continue_a_thread_or_replay_tools_are_rejected(
+    item: dict[str, Any], item_type: str | None
+) -> None:
+    """Issue 10.8: refused at freeze time (so at prepare), naming the item."""
+    ok = {"role": "user", "content": "first"}
+    with pytest.raises(UnsupportedInputItem) as refused:
+        freeze_body(StructuredRequest(model="m", input=[ok, item]), contract_for(Answer))
+    assert refused.value.code == "unsupported_input_item"
+    assert isinstance(refused.value, InvalidRequest)
+    assert refused.value.item_index == 1 and refused.value.item_type == item_type
+    assert "input item 1" in str(refused.value)
+
+
+def test_message_items_are_accepted_in_every_spelling() -> None:
+    contract = contract_for(Answer)
+    items: list[dict[str, Any]] = [
+        {"role": "system", "content": "be brief"},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "q"}]},
+        {"role": "assistant", "content": "an example answer"},
+        {"role": "developer", "content": [{"type": "input_text", "text": "rules"}]},
+    ]
+    body = msgspec.json.decode(freeze_body(StructuredRequest(model="m", input=items), contract))
+    assert body["input"] == msgspec.json.decode(msgspec.json.encode(items, order="sorted"))
+
+
+async def test_prepare_rejects_a_tool_history_item_and_saves_nothing(tmp_path: Path) -> None:
+    """Issue 10.8 through the public API: a typed error, no record, no POST."""
+    import recoverable
+
+    account = recoverable.AccountBinding("acct-1")
+    store = recoverable.RecoveryStore.open(str(tmp_path / "store"))
+    backend = recoverable.ResponsesBackend(
+        "http://127.0.0.1:9/v1",
+        credentials=recoverable.StaticCredentials("k", account=account),
+    )
+    request = StructuredRequest(model="m", input=[
+        {"role": "user", "content": "what did the tool say?"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "42"},
+    ])
+    try:
+        async with recoverable.open_runtime(store, backend, account=account) as rt:
+            with pytest.raises(recoverable.UnsupportedInputItem) as refused:
+                await rt.prepare(request, response=Answer, maximum_attempts=1)
+            assert refused.value.item_type == "function_call_output"
+            assert (await rt.inventory()).operations == ()
+    finally:
+        store.close()

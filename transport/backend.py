@@ -6,6 +6,7 @@ import contextlib
 from collections.abc import Callable
 from types import TracebackType
 from typing import Literal
+from urllib.parse import urlsplit
 
 import trio
 from recoverable.transport.base import Credentials, StreamLimits, normalize_base_url
@@ -15,9 +16,58 @@ from recoverable.transport.websocket import WebSocketTransport
 
 from recoverable.errors import InvalidRequest
 
-__all__ = ["ResponsesBackend"]
+__all__ = ["ResponsesBackend", "check_base_url", "endpoint_identity"]
 
 Mode = Literal["websocket", "sse"]
+
+MAX_LABEL_CHARS = 256
+
+
+def check_base_url(base_url: str) -> str:
+    """The normalized HTTP(S) base URL (``.../v1``), the same for both modes.
+
+    A ``ws://``/``wss://`` URL, or a URL naming the ``/responses`` endpoint itself,
+    raises ``InvalidRequest`` here: the WebSocket URL is derived from the HTTP base,
+    and either mistake would otherwise be found only by a rejected attempt.
+    """
+    if isinstance(base_url, str) and urlsplit(base_url.strip()).scheme.lower() in ("ws", "wss"):
+        raise InvalidRequest(
+            "base_url must be the HTTP(S) base URL (for example https://api.openai.com/v1) "
+            "in both modes; the WebSocket URL is derived from it. Got a ws(s):// URL"
+        )
+    normalized = normalize_base_url(base_url)
+    if normalized.rstrip("/").endswith("/responses"):
+        raise InvalidRequest(
+            "base_url is the API base (for example https://api.openai.com/v1), "
+            "not its /responses endpoint"
+        )
+    return normalized
+
+
+def endpoint_identity(normalized_base_url: str, label: str | None) -> str:
+    """The endpoint identity saved with every operation and compared on reopening.
+
+    By default the normalized base URL. A custom ``label`` (for a base URL whose port
+    or path changes while it stays the same service, like the fixture provider's
+    port) is bound to the URL's host as ``label@host``, so a host change is still
+    caught whatever the label says.
+    """
+    if label is None:
+        return normalized_base_url
+    if (
+        not isinstance(label, str)
+        or not label
+        or len(label) > MAX_LABEL_CHARS
+        or "@" in label
+        or "://" in label
+        or "\0" in label
+    ):
+        raise InvalidRequest(
+            f"endpoint_id must be a non-empty label of at most {MAX_LABEL_CHARS} characters "
+            "without '@', '://' or NUL"
+        )
+    host = urlsplit(normalized_base_url).hostname or ""
+    return f"{label}@{host}"
 
 
 class ResponsesBackend:
@@ -31,6 +81,11 @@ class ResponsesBackend:
     Use it as ``async with backend:`` to reuse WebSocket connections (a pool
     keyed by URL and token fingerprint); outside that, each WebSocket stream
     opens its own connection. SSE always reuses HTTP connections.
+
+    ``base_url`` is the HTTP(S) API base (``.../v1``) in both modes; a ``ws(s)://``
+    URL is refused at construction (``check_base_url``). ``endpoint_id`` defaults
+    to the normalized base URL; a custom label is saved as ``label@host``
+    (``endpoint_identity``).
     """
 
     def __init__(
@@ -49,9 +104,9 @@ class ResponsesBackend:
             raise InvalidRequest("max_connections must be a positive integer")
         if not isinstance(limits, StreamLimits):
             raise InvalidRequest("limits must be a StreamLimits")
-        normalized = normalize_base_url(base_url)
+        normalized = check_base_url(base_url)
         self.base_url = normalized
-        self.endpoint_id: str = endpoint_id if endpoint_id is not None else normalized
+        self.endpoint_id: str = endpoint_identity(normalized, endpoint_id)
         self.credentials: Credentials = credentials
         self.mode: str = mode
         self.limits = limits

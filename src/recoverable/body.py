@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 
 from recoverable.contract import ResponseContract
-from recoverable.errors import InvalidRequest
+from recoverable.errors import InvalidRequest, UnsupportedInputItem
 from recoverable.types import StructuredRequest
 
 __all__ = [
@@ -41,7 +41,8 @@ def freeze_body(request: StructuredRequest, contract: ResponseContract) -> bytes
     """Validate ``request`` and return its canonical tool-free Responses body.
 
     Raises ``InvalidRequest`` (with the reason) for tools, tool choices,
-    persistent threads, a bad model, input or reasoning effort, or oversize input.
+    persistent threads, a bad model, input or reasoning effort, or oversize input;
+    ``UnsupportedInputItem`` (naming the item) for an input item that is not a message.
     """
     if not isinstance(request, StructuredRequest):
         raise InvalidRequest(
@@ -133,10 +134,55 @@ def _encode_input(value: Any) -> bytes:
         if not isinstance(item, dict):
             raise InvalidRequest(f"input item {index} must be a dict, not {type(item).__name__}")
     try:
-        return _canonical(value)
+        encoded = _canonical(value)
     except (TypeError, ValueError, OverflowError, RecursionError, msgspec.EncodeError) as exc:
         message = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         raise InvalidRequest(f"input is not JSON-encodable: {message}") from None
+    for index, item in enumerate(value):
+        _check_input_item(index, item)
+    return encoded
+
+
+# Items that continue a stored response or thread rather than stating the request.
+_THREAD_ITEMS = frozenset({"item_reference", "reasoning", "compaction", "compaction_trigger"})
+
+
+def _check_input_item(index: int, item: dict[str, Any]) -> None:
+    """Only messages are accepted (``type: "message"``, or no type and a ``role``).
+
+    Every other Responses input item replays tool history (``function_call``,
+    ``function_call_output``, ``computer_call``, ``shell_call_output``, ``mcp_call``,
+    any item with a ``call_id``...), continues a stored response (``item_reference``,
+    ``reasoning``, ``compaction``) or configures tools. A recoverable request is
+    self-contained and tool-free, so each is refused here, before anything is saved.
+    """
+    kind = item.get("type")
+    shown = kind[:64] if isinstance(kind, str) else None
+    if "call_id" in item or (
+        isinstance(kind, str) and (kind.endswith("_call") or kind.endswith("_output"))
+    ):
+        raise UnsupportedInputItem(
+            f"input item {index} ({shown or 'with a call_id'}) replays tool history: "
+            "recovery sends tool-free requests only",
+            item_index=index, item_type=shown,
+        )
+    if kind in _THREAD_ITEMS:
+        raise UnsupportedInputItem(
+            f"input item {index} ({shown}) continues a stored response or thread: "
+            "recovery sends self-contained requests only",
+            item_index=index, item_type=shown,
+        )
+    if kind not in (None, "message"):
+        raise UnsupportedInputItem(
+            f"input item {index} has type {shown or type(kind).__name__!r}: "
+            "only message items are accepted",
+            item_index=index, item_type=shown,
+        )
+    if kind is None and "role" not in item:
+        raise UnsupportedInputItem(
+            f"input item {index} is not a message (it has neither a type nor a role)",
+            item_index=index, item_type=None,
+        )
 
 
 def _canonical(value: Any) -> bytes:

@@ -254,9 +254,9 @@ def _batch(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         return EXIT_USAGE
     if args.endpoint != "fixture":
         try:
-            from recoverable.transport.base import normalize_base_url
+            from recoverable.transport.backend import check_base_url
 
-            normalize_base_url(args.endpoint)
+            check_base_url(args.endpoint)  # the backend's own check: no ws(s):// URL
         except errors.InvalidRequest as exc:
             err.write(f"recoverable batch: --endpoint: {exc}\n")
             return EXIT_USAGE

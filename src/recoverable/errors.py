@@ -25,6 +25,7 @@ __all__ = [
     "PermanentlyFailed",
     "ProviderError",
     "RecoveryError",
+    "RequestUnavailable",
     "RetryAlreadyCreated",
     "RetryConfigurationMismatch",
     "RetryNotAllowed",
@@ -32,6 +33,7 @@ __all__ = [
     "StateUnavailable",
     "StorageLimitExceeded",
     "StorageUnavailable",
+    "UnsupportedInputItem",
     "UnsupportedRecordVersion",
 ]
 
@@ -147,6 +149,17 @@ class StorageUnavailable(RecoveryError):
     code = "storage_unavailable"
 
 
+class RequestUnavailable(StorageUnavailable):
+    """The operation's frozen request body is missing or unreadable (damaged storage).
+
+    Found before the host is asked and before an attempt is spent; nothing was
+    changed. The request cannot be sent again nor cloned by a manual retry:
+    restore the store, or abandon the operation and decide on a new request.
+    """
+
+    code = "request_unavailable"
+
+
 class FenceMismatch(RecoveryError):
     """A conditional write found the record's generation fence moved (a newer owner exists)."""
 
@@ -199,6 +212,21 @@ class InvalidRequest(RecoveryError, ValueError):
     """The request, schema or option given by the caller is invalid."""
 
     code = "invalid_request"
+
+
+class UnsupportedInputItem(InvalidRequest):
+    """An input item that continues a stored thread or replays tool history.
+
+    ``item_index`` is its position in ``input`` and ``item_type`` its ``type``
+    (``None`` when absent). Recovery sends tool-free, self-contained requests only.
+    """
+
+    code = "unsupported_input_item"
+
+    def __init__(self, message: str, *, item_index: int, item_type: str | None) -> None:
+        super().__init__(message)
+        self.item_index = item_index
+        self.item_type = item_type
 
 
 class ProviderError(RecoveryError):

@@ -136,6 +136,7 @@ class Context:
     credentials_account: AccountBinding | None = None  # the backend's credentials' account
     endpoint_id: str | None = None
     command: CommandKind | None = None  # a pending lifecycle command for this operation
+    body_available: bool = True  # the frozen request body is present in the store
 
 
 def _t(old: OperationRecord, new: OperationRecord, action: Action | None) -> Transition:
@@ -171,10 +172,7 @@ def validate_preparation(
         ("input_revision", input_revision),
         ("contract_version", contract_version),
     ):
-        if value is not None and (not isinstance(value, str) or len(value) > MAX_METADATA_CHARS):
-            raise errors.InvalidRequest(f"{name} must be a string of at most {MAX_METADATA_CHARS}")
-        if value is not None and "\0" in value:
-            raise errors.InvalidRequest(f"{name} must not contain NUL")
+        validate_metadata(name, value)
     p = retry_policy
     for name, number in (
         ("initial_backoff", p.initial_backoff),
@@ -185,6 +183,14 @@ def validate_preparation(
             raise errors.InvalidRequest(f"retry_policy.{name} must be finite and >= 0")
     if not math.isfinite(p.multiplier) or p.multiplier < 1:
         raise errors.InvalidRequest("retry_policy.multiplier must be finite and >= 1")
+
+
+def validate_metadata(name: str, value: object) -> None:
+    """A host metadata string: ``None`` or at most ``MAX_METADATA_CHARS``, no NUL."""
+    if value is not None and (not isinstance(value, str) or len(value) > MAX_METADATA_CHARS):
+        raise errors.InvalidRequest(f"{name} must be a string of at most {MAX_METADATA_CHARS}")
+    if value is not None and "\0" in value:
+        raise errors.InvalidRequest(f"{name} must not contain NUL")
 
 
 # --- the checks shared by every step -----------------------------------------------
@@ -200,6 +206,49 @@ def _account_error(rec: OperationRecord, ctx: Context) -> errors.AccountChanged 
             "credentials belong to another account", operation_id=rec.operation_id
         )
     return None
+
+
+def endpoint_matches(stored: str, current: str) -> bool:
+    """May an operation saved for endpoint ``stored`` run against endpoint ``current``?
+
+    An endpoint identity is the normalized base URL, or ``label@host`` for a custom
+    label (``ResponsesBackend``). A bare label saved before labels were bound to the
+    host (no ``@``, no ``://``) still matches that same label on any host.
+    """
+    if stored == current:
+        return True
+    legacy = "@" not in stored and "://" not in stored
+    return legacy and current.rpartition("@")[0] == stored
+
+
+def endpoint_blocked(rec: OperationRecord, endpoint_id: str | None) -> bool:
+    """The runtime's endpoint is not the operation's (``None``: no backend, not judged).
+
+    A version-1 record awaiting its upgrade recorded no endpoint: it adopts the
+    endpoint of the runtime that upgrades it, so it is never blocked by one."""
+    return (
+        endpoint_id is not None
+        and not rec.awaiting_upgrade
+        and not endpoint_matches(rec.endpoint_id, endpoint_id)
+    )
+
+
+def _body_error(rec: OperationRecord, ctx: Context) -> errors.RecoveryError:
+    op = rec.operation_id
+    if rec.awaiting_upgrade and ctx.endpoint_id is None:
+        return errors.ConfigurationUnavailable(
+            "no backend: a version-1 request is frozen (upgraded) only by a runtime "
+            "with a backend", operation_id=op,
+        )
+    if rec.awaiting_upgrade:
+        return errors.RequestUnavailable(
+            "the version-1 request could not be frozen: nothing was sent or spent",
+            operation_id=op,
+        )
+    return errors.RequestUnavailable(
+        "the frozen request body is missing from the store: nothing was sent or spent",
+        operation_id=op,
+    )
 
 
 def _expired(rec: OperationRecord, now: float) -> bool:
@@ -337,10 +386,13 @@ def open_operation(
         return _t(rec, new, Deliver())
     if rec.phase == "failed" and rec.failure_reason != "authentication_required":
         return _t(rec, rec, Stop(_terminal_error(rec)))
-    if ctx.endpoint_id is not None and ctx.endpoint_id != rec.endpoint_id:
+    if endpoint_blocked(rec, ctx.endpoint_id):
         return _t(rec, rec, Stop(errors.ConfigurationUnavailable(
             "the operation was prepared for another endpoint", operation_id=rec.operation_id
         )))
+    if not ctx.body_available:
+        # Found before the host is asked and before an attempt is spent (fail closed).
+        return _t(rec, rec, Stop(_body_error(rec, ctx)))
     work = rec
     if work.phase == "failed":  # authentication_required: a blocker, reopened after sign-in
         work = evolve(work, phase="waiting", failure_reason=None, renew_next=True)
@@ -667,7 +719,7 @@ def check_retry_source(rec: OperationRecord, *, now: float, endpoint_id: str | N
         return  # exhausted (also: suspended and exhausted)
     if _expired(rec, now):
         return  # expired attempt permission
-    if endpoint_id is not None and endpoint_id != rec.endpoint_id:
+    if endpoint_blocked(rec, endpoint_id):
         return  # configuration-blocked
     raise errors.RetryNotAllowed(
         "the operation can still run: resume it instead", operation_id=op
@@ -695,8 +747,14 @@ def derive_status(
     viewer: AccountBinding | None,
     endpoint_id: str | None = None,
     command: CommandKind | None = None,
+    payloads: frozenset[str] | None = None,
 ) -> Status:
-    """Every dimension of the operation, derived from the record (no lease, no I/O)."""
+    """Every dimension of the operation, derived from the record (no lease, no I/O).
+
+    ``payloads`` are the payload kinds present in the store (``None``: not looked
+    at). A missing frozen body (while the operation could still generate) or a
+    missing saved completion is the ``storage_unavailable`` blocker.
+    """
     if viewer is None or viewer != rec.account:
         return redacted_status(rec.operation_id)
     phase = rec.phase
@@ -704,10 +762,14 @@ def derive_status(
         phase = "cancelled"
     remaining = rec.attempts_remaining
     blockers: set[Blocker] = set()
-    if endpoint_id is not None and endpoint_id != rec.endpoint_id:
+    if endpoint_blocked(rec, endpoint_id):
         blockers.add("configuration_unavailable")
     if rec.failure_reason == "authentication_required":
         blockers.add("authentication_required")
+    if payloads is not None and not rec.awaiting_upgrade and phase != "cancelled":
+        needed = "completion" if rec.has_completion else "body"
+        if needed not in payloads:
+            blockers.add("storage_unavailable")
     state: State
     availability: Availability
     expired = _expired(rec, now)
@@ -741,6 +803,8 @@ def derive_status(
         availability = "expired"
     if blockers and availability in ("ready", "waiting", "replacement_eligible"):
         availability = "blocked"
+    if "storage_unavailable" in blockers and availability in ("suspended", "completion_saved"):
+        availability = "blocked"
     return Status(
         operation_id=rec.operation_id,
         state=state,
@@ -771,7 +835,7 @@ def derive_status(
         response_id=rec.attempts[-1].response_id if rec.attempts else None,
         sequence_number=rec.attempts[-1].sequence_number if rec.attempts else None,
         last_failure=rec.last_failure,
-        suggested_actions=suggested_actions(availability, rec),
+        suggested_actions=suggested_actions(availability, rec, frozenset(blockers)),
         model=rec.model,
         job_id=rec.job_id,
         input_revision=rec.input_revision,
@@ -780,9 +844,11 @@ def derive_status(
     )
 
 
-def suggested_actions(availability: Availability, rec: OperationRecord) -> tuple[
-    SuggestedAction, ...
-]:
+def suggested_actions(
+    availability: Availability,
+    rec: OperationRecord,
+    blockers: frozenset[Blocker] = frozenset(),
+) -> tuple[SuggestedAction, ...]:
     table: dict[str, tuple[SuggestedAction, ...]] = {
         "ready": ("execute", "abandon"),
         "replacement_eligible": ("execute", "abandon"),
@@ -799,7 +865,12 @@ def suggested_actions(availability: Availability, rec: OperationRecord) -> tuple
         "acknowledged": (),
         "abandoned": (),
     }
-    return table[availability]
+    actions = table[availability]
+    if "storage_unavailable" in blockers:
+        # The frozen request (or the saved completion) is gone: nothing can run, be
+        # cloned or be read. Restore the store, or abandon and decide on a new request.
+        actions = tuple(a for a in actions if a in ("wait", "abandon"))
+    return actions
 
 
 def redacted_status(operation_id: str) -> Status:

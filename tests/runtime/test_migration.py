@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -89,3 +90,117 @@ async def test_version1_records_upgrade_conservatively_and_unknown_versions_stay
             store.get_operation("op_future")
     assert store.get_raw("operations", operation_key("op_future")) == raw["op_future"]
     assert len(provider.requests) == 1
+
+
+async def test_version1_receipt_is_read_without_a_send_a_backend_or_a_lease(
+    provider: FixtureProvider, store: recoverable.RecoveryStore
+) -> None:
+    """Issue 10.1: every read path sees a version-1 completion that was never upgraded."""
+    raw = load_records(store)
+    handle = recoverable.Handle("op_v1completed")
+    async with recoverable.open_runtime(store, make_backend(provider), account=ACCOUNT) as rt:
+        status = await rt.status(handle)
+        assert status.state == "completed" and status.availability == "completion_saved"
+        assert status.has_saved_completion and status.blockers == frozenset()
+        receipt = await rt.receipt(handle)
+        assert receipt.decode(Answer) == Answer(42, "from v1")
+        assert receipt.job_id == "legacy-job" and receipt.contract_version == "v1"
+        assert receipt.format_name == "Answer" and receipt.account == ACCOUNT
+    # Reading neither upgraded the record nor took (or left) a lease.
+    assert store.get_raw("operations", operation_key("op_v1completed")) == raw["op_v1completed"]
+    assert store.get_lease("op_v1completed") is None
+    # A runtime with no backend (what the CLI opens) reads and delivers it too.
+    async with recoverable.open_runtime(store, None, account=ACCOUNT) as reader:
+        assert (await reader.receipt(handle)).decode(Answer) == Answer(42, "from v1")
+        auth = Authorizer()
+        value = await reader.send_recovering(handle, response=V1_SCHEMA, authorize=auth)
+        assert value == {"answer": 42, "note": "from v1"} and auth.calls == []
+        # Acknowledge behaves as for a current record: after the host's commit of a
+        # readable completion it leaves a marker, and the content is gone.
+        await reader.acknowledge(handle)
+        assert (await reader.status(handle)).state == "acknowledged"
+        with pytest.raises(recoverable.StateUnavailable):
+            await reader.receipt(handle)
+    assert store.get_raw("operations", operation_key("op_v1completed")) is None
+    assert provider.requests == []
+
+
+def test_version1_receipt_from_the_cli(
+    store: recoverable.RecoveryStore, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 10.1: ``recoverable receipt`` (a backend-less runtime) reads a v1 completion."""
+    from recoverable.cli import main
+
+    load_records(store)
+    store.close()
+    store_dir = str(tmp_path / "store")
+    assert main(["receipt", "--store", store_dir, "--account", "acct-1", "--json",
+                 "op_v1completed"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["result"] == {"answer": 42, "note": "from v1"}
+    assert shown["job_id"] == "legacy-job"
+    assert main(["status", "--store", store_dir, "--account", "acct-1", "--json",
+                 "op_v1completed"]) == 0
+    assert json.loads(capsys.readouterr().out)["availability"] == "completion_saved"
+
+
+async def test_version1_pending_record_reads_as_resumable_and_refuses_a_manual_retry(
+    provider: FixtureProvider, store: recoverable.RecoveryStore
+) -> None:
+    """Issue 10.2: an un-upgraded pending v1 record is resumed (upgraded lazily), not
+    reported as configuration-blocked, and a retry of it reserves nothing."""
+    load_records(store)
+    handle = recoverable.Handle("op_v1pending")
+    provider.script([Reply.complete({"answer": 5, "note": "resumed"})])
+    async with recoverable.open_runtime(store, make_backend(provider), account=ACCOUNT) as rt:
+        status = await rt.status(handle)
+        assert status.blockers == frozenset()
+        assert status.availability == "replacement_eligible"
+        assert "execute" in status.suggested_actions
+        assert "manual_retry" not in status.suggested_actions
+        with pytest.raises(recoverable.RetryNotAllowed):
+            await rt.retry(handle, retry_action_id="click", maximum_attempts=2)
+        assert (await rt.status(handle)).successor_id is None
+        record = store.get_operation("op_v1pending")
+        assert record is not None and record.retry_reservation is None
+        value = await rt.send_recovering(handle, response=V1_SCHEMA, authorize=Authorizer())
+        assert value == {"answer": 5, "note": "resumed"}
+
+
+async def test_version1_exhausted_record_is_retried_from_its_lazily_frozen_body(
+    provider: FixtureProvider, store: recoverable.RecoveryStore
+) -> None:
+    """Issue 10.2: the source is made cloneable (upgraded) before the reservation."""
+    load_records(store)
+    source = recoverable.Handle("op_v1running")  # all 3 attempts spent: exhausted
+    async with recoverable.open_runtime(store, make_backend(provider), account=ACCOUNT) as rt:
+        assert (await rt.status(source)).availability == "exhausted"
+        child = await rt.retry(source, retry_action_id="again", maximum_attempts=1)
+        body = store.get_payload("op_v1running", "body")
+        assert body is not None
+        assert store.get_payload(child.operation_id, "body") == body
+        assert (await rt.status(source)).successor_id == child.operation_id
+        value = await rt.send_recovering(child, response=V1_SCHEMA, authorize=Authorizer())
+        assert set(value) == {"answer", "note"}
+        sent = generation_requests(provider, child.operation_id)
+        assert [r.body for r in sent] == [body]
+
+
+async def test_version1_pending_record_survives_a_send_from_a_backendless_runtime(
+    provider: FixtureProvider, store: recoverable.RecoveryStore
+) -> None:
+    """A runtime that cannot upgrade a version-1 record must not rewrite it: taking
+    the lease would store it as current and drop the parts its body is frozen from."""
+    raw = load_records(store)
+    handle = recoverable.Handle("op_v1pending")
+    async with recoverable.open_runtime(store, None, account=ACCOUNT) as reader:
+        auth = Authorizer()
+        with pytest.raises(recoverable.ConfigurationUnavailable):
+            await reader.send_recovering(handle, response=V1_SCHEMA, authorize=auth)
+        assert auth.calls == []
+    assert store.get_raw("operations", operation_key("op_v1pending")) == raw["op_v1pending"]
+    assert store.get_lease("op_v1pending") is None
+    provider.script([Reply.complete({"answer": 6, "note": "later"})])
+    async with recoverable.open_runtime(store, make_backend(provider), account=ACCOUNT) as rt:
+        value = await rt.send_recovering(handle, response=V1_SCHEMA, authorize=Authorizer())
+        assert value == {"answer": 6, "note": "later"}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import os
 import signal
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 import msgspec
 import pytest
 import trio
+from recoverable.storage.store import WriteTxn
 
 import recoverable
 from recoverable.testing import FixtureProvider, Reply
@@ -217,3 +219,91 @@ async def test_sigkill_between_reservation_and_child_creation_then_same_action_c
         assert (await rt.status(child)).attempts_remaining == 2
         with pytest.raises(recoverable.RetryAlreadyCreated):
             await rt.retry(source, retry_action_id="other", maximum_attempts=2)
+
+
+def delete_body(store: recoverable.RecoveryStore, operation_id: str) -> None:
+    """Damage the store the way a lost payload row would: the frozen body is gone."""
+
+    def damage(txn: WriteTxn) -> None:
+        assert txn.delete_payload(operation_id, "body")
+
+    store.write_sync(damage)
+
+
+async def test_a_source_without_a_frozen_body_is_refused_before_any_reservation(
+    provider: FixtureProvider, store: recoverable.RecoveryStore
+) -> None:
+    """Issue 10.2: check first, reserve second. No dangling successor id."""
+    async with recoverable.open_runtime(store, make_backend(provider), account=ACCOUNT) as rt:
+        source = await exhausted_operation(rt, provider)
+        delete_body(store, source.operation_id)
+        status = await rt.status(source)
+        assert status.blockers == frozenset({"storage_unavailable"})
+        assert "manual_retry" not in status.suggested_actions
+        for action in ("click-1", "click-2"):  # every action gets the same typed refusal
+            with pytest.raises(recoverable.RequestUnavailable) as refused:
+                await rt.retry(source, retry_action_id=action, maximum_attempts=2)
+            assert refused.value.code == "request_unavailable"
+            assert isinstance(refused.value, recoverable.StorageUnavailable)
+        record = store.get_operation(source.operation_id)
+        assert record is not None and record.retry_reservation is None
+        assert (await rt.status(source)).successor_id is None
+        successor_id = "op_" + hashlib.sha256(
+            f"{source.operation_id}\0click-1".encode()
+        ).hexdigest()[:32]
+        assert store.get_operation(successor_id) is None
+    assert len(provider.requests) == 1
+
+
+async def test_configuration_blocked_source_gets_a_successor_for_the_current_endpoint(
+    provider: FixtureProvider, store: recoverable.RecoveryStore
+) -> None:
+    """Seed 000, retry-source table: "configuration-blocked" may create one successor."""
+    old = recoverable.ResponsesBackend(
+        provider.http_url, credentials=recoverable.StaticCredentials("k", account=ACCOUNT),
+        mode="sse", endpoint_id="old-endpoint",
+    )
+    async with recoverable.open_runtime(store, old, account=ACCOUNT) as rt:
+        source = await rt.prepare(REQUEST, response=Answer, maximum_attempts=2)
+    async with recoverable.open_runtime(store, make_backend(provider), account=ACCOUNT) as rt:
+        status = await rt.status(source)
+        assert status.availability == "blocked"
+        assert status.blockers == frozenset({"configuration_unavailable"})
+        assert status.attempts_remaining == 2 and "manual_retry" in status.suggested_actions
+        with pytest.raises(recoverable.ConfigurationUnavailable):
+            await rt.send_recovering(source, response=Answer, authorize=Authorizer())
+        child = await rt.retry(source, retry_action_id="move", maximum_attempts=1)
+        assert (await rt.status(child)).blockers == frozenset()
+        assert (await rt.status(source)).attempts_used == 0  # the source is unchanged
+        value = await rt.send_recovering(child, response=Answer, authorize=Authorizer())
+        assert isinstance(value, Answer)
+    assert generation_requests(provider, source.operation_id) == []
+    assert len(generation_requests(provider, child.operation_id)) == 1
+
+
+async def test_suspended_and_exhausted_source_gets_a_successor(
+    provider: FixtureProvider, store: recoverable.RecoveryStore
+) -> None:
+    """Seed 000, retry-source table: "suspended and exhausted" may create a successor
+    (while "suspended with attempts left" must be resumed instead)."""
+    provider.script([Reply.stall(after_events=2)])
+    async with recoverable.open_runtime(store, make_backend(provider), account=ACCOUNT) as rt:
+        source = await rt.prepare(REQUEST, response=Answer, maximum_attempts=1)
+        async with trio.open_nursery() as nursery:
+
+            async def send() -> None:
+                with pytest.raises(recoverable.OperationSuspended):
+                    await rt.send_recovering(source, response=Answer, authorize=Authorizer())
+
+            nursery.start_soon(send)
+            await provider.wait_for_requests(1)
+            await rt.suspend(source)
+        status = await rt.status(source)
+        assert status.state == "suspended" and status.attempts_remaining == 0
+        assert status.availability == "exhausted"
+        assert "manual_retry" in status.suggested_actions
+        child = await rt.retry(source, retry_action_id="again", maximum_attempts=1)
+        assert (await rt.status(source)).successor_id == child.operation_id
+        value = await rt.send_recovering(child, response=Answer, authorize=Authorizer())
+        assert isinstance(value, Answer)
+    assert len(generation_requests(provider, source.operation_id)) == 1

@@ -8,6 +8,7 @@ from pathlib import Path
 import msgspec
 import pytest
 import trio
+from recoverable.storage.store import WriteTxn
 
 import recoverable
 from recoverable.testing import FixtureProvider, Reply
@@ -459,3 +460,100 @@ async def test_cancelling_the_sending_task_mid_stream_suspends_in_both_modes(
         value = await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
         assert isinstance(value, Answer)
     assert len(generation_requests(provider, handle.operation_id)) == 2
+
+
+async def test_missing_frozen_body_is_found_before_authorization_and_spends_nothing(
+    provider: FixtureProvider, store: recoverable.RecoveryStore
+) -> None:
+    """Issue 10.7: a damaged operation (its body row lost) never asks the host, never
+    spends an attempt, on any reopen; status names the storage blocker."""
+    async with recoverable.open_runtime(store, make_backend(provider), account=ACCOUNT) as rt:
+        handle = await rt.prepare(REQUEST, response=Answer, maximum_attempts=3)
+
+        def damage(txn: WriteTxn) -> None:
+            assert txn.delete_payload(handle.operation_id, "body")
+
+        store.write_sync(damage)
+        for _reopen in range(2):
+            auth = Authorizer()
+            with pytest.raises(recoverable.RequestUnavailable) as refused:
+                await rt.send_recovering(handle, response=Answer, authorize=auth)
+            assert refused.value.operation_id == handle.operation_id
+            assert auth.calls == []
+            status = await rt.status(handle)
+            assert status.attempts_used == 0 and status.pending_attempt_id is None
+            assert status.blockers == frozenset({"storage_unavailable"})
+            assert status.availability == "blocked"
+            assert status.suggested_actions == ("abandon",)
+        inventory = await rt.inventory()
+        listed = [s for s in inventory.operations if s.operation_id == handle.operation_id]
+        assert listed[0].blockers == frozenset({"storage_unavailable"})
+        await rt.abandon(handle)  # the suggested action works
+    assert provider.requests == []
+
+
+async def test_a_saved_completion_lost_from_the_store_is_never_acknowledged(
+    provider: FixtureProvider, store: recoverable.RecoveryStore
+) -> None:
+    """Issue 10.1 (acknowledge's check, the same for every record version): acknowledge
+    needs a completion the host could read; a lost one fails closed and nothing changes."""
+    async with recoverable.open_runtime(store, make_backend(provider), account=ACCOUNT) as rt:
+        handle = await rt.prepare(REQUEST, response=Answer, maximum_attempts=2)
+        await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
+
+        def damage(txn: WriteTxn) -> None:
+            assert txn.delete_payload(handle.operation_id, "completion")
+
+        store.write_sync(damage)
+        status = await rt.status(handle)
+        assert status.state == "completed" and status.has_saved_completion
+        assert status.blockers == frozenset({"storage_unavailable"})
+        assert status.availability == "blocked" and status.suggested_actions == ("abandon",)
+        with pytest.raises(recoverable.CompletionUnavailable):
+            await rt.receipt(handle)
+        with pytest.raises(recoverable.CompletionUnavailable):
+            await rt.acknowledge(handle)
+        assert store.get_operation(handle.operation_id) is not None
+        assert store.get_disposition(handle.operation_id) is None
+        # Never a regeneration either: a missing receipt is not permission to send.
+        auth = Authorizer()
+        with pytest.raises(recoverable.CompletionUnavailable):
+            await rt.send_recovering(handle, response=Answer, authorize=auth)
+        assert auth.calls == []
+    assert len(generation_requests(provider, handle.operation_id)) == 1
+
+
+async def test_previous_operation_id_is_diagnostics_only_and_never_links_budgets(
+    provider: FixtureProvider, store: recoverable.RecoveryStore
+) -> None:
+    """Issue 10.13 (seed H13): a new request may name a prior operation; nothing else."""
+    provider.script([Reply.disconnect(after_events=2)])
+    async with recoverable.open_runtime(store, make_backend(provider), account=ACCOUNT) as rt:
+        old = await rt.prepare(REQUEST, response=Answer, maximum_attempts=1, retry_policy=FAST)
+        with pytest.raises(recoverable.AttemptsExhausted):
+            await rt.send_recovering(old, response=Answer, authorize=Authorizer())
+        new = await rt.prepare(REQUEST, response=Answer, maximum_attempts=2,
+                               previous_operation_id=old.operation_id)
+        assert new.previous_operation_id == old.operation_id
+        assert new.root_operation_id == new.operation_id  # its own chain: not a successor
+        status = await rt.status(new)
+        assert status.previous_operation_id == old.operation_id
+        assert status.root_operation_id == new.operation_id
+        assert status.attempts_used == 0 and status.attempts_remaining == 2
+        before = await rt.status(old)
+        assert before.successor_id is None and before.attempts_used == 1
+        # The old operation is still a retry source of its own (no link was reserved),
+        # and a prior id that no longer exists is accepted (diagnostics only).
+        child = await rt.retry(old, retry_action_id="click", maximum_attempts=1)
+        assert child.operation_id != new.operation_id
+        unknown = await rt.prepare(REQUEST, response=Answer, maximum_attempts=1,
+                                   previous_operation_id="op_gone")
+        assert (await rt.status(unknown)).previous_operation_id == "op_gone"
+        with pytest.raises(recoverable.InvalidRequest):
+            await rt.prepare(REQUEST, response=Answer, maximum_attempts=1,
+                             previous_operation_id="x" * 2000)
+        await rt.send_recovering(new, response=Answer, authorize=Authorizer())
+        receipt = await rt.receipt(new)
+        assert receipt.previous_operation_id == old.operation_id
+        await rt.acknowledge(new)
+        assert (await rt.status(new)).previous_operation_id == old.operation_id
