@@ -79,12 +79,17 @@ class StaticCredentials:
 
 @attrs.frozen
 class StreamLimits:
-    """Bounds on everything a stream reads. Passing one yields a typed interruption."""
+    """Bounds on everything a stream reads.
 
-    max_frame_bytes: int = 16 * 2**20
+    Passing a size bound (frame, events, total bytes) yields a terminal
+    ``response_too_large`` interruption; passing ``idle_timeout`` a replaceable
+    ``timeout``.
+    """
+
+    max_frame_bytes: int = 16 * 2**20  # one SSE frame / WebSocket message
     max_events: int = 200_000
-    max_total_bytes: int = 64 * 2**20
-    idle_timeout: float = 120.0
+    max_total_bytes: int = 64 * 2**20  # everything received, keepalives included
+    idle_timeout: float = 120.0  # time without ANY bytes (keepalives reset it)
     connect_timeout: float = 15.0
 
     def __attrs_post_init__(self) -> None:

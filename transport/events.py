@@ -245,8 +245,11 @@ class ResponseStream:
             return self._finish(self.interrupt("malformed", transport_code="invalid_json"))
         if not isinstance(event, dict):
             return self._finish(self.interrupt("malformed", transport_code="event_not_object"))
-        if "type" not in event and event_name:
-            event["type"] = event_name
+        if "type" not in event:
+            if event_name:
+                event["type"] = event_name
+            elif isinstance(event.get("error"), dict):
+                event["type"] = "error"  # ``data: {"error": {...}}``, as proxies stream it
         try:
             return self.feed_event(event)
         except _Malformed as exc:

@@ -137,3 +137,23 @@ async def test_rate_limit_error_frame_without_status_is_replaced_like_a_429(
         assert first is not None and first.is_rate_limit
         assert first.provider_type == "rate_limit_exceeded" and first.http_status is None
     assert len(generation_requests(provider, handle.operation_id)) == 2
+
+
+async def test_a_very_long_response_id_is_stored_bounded(
+    provider: FixtureProvider, store: recoverable.RecoveryStore, mode: str
+) -> None:
+    long_id = "resp_" + "Z" * 50_000
+    provider.script([Reply.lenient(response_id=long_id)])
+    async with recoverable.open_runtime(store, make_backend(provider, mode),
+                                        account=ACCOUNT) as rt:
+        handle = await rt.prepare(REQUEST, response=Answer, maximum_attempts=1,
+                                  retry_policy=FAST)
+        value = await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
+        assert isinstance(value, Answer)
+        receipt = await rt.receipt(handle)
+        status = await rt.status(handle)
+    assert receipt.response_id == status.response_id
+    assert status.response_id is not None and len(status.response_id) == 512
+    assert status.response_id.startswith("resp_ZZZ")
+    raw = store.get_raw("operations", operation_key(handle.operation_id))
+    assert raw is not None and len(raw) < 8192, len(raw)

@@ -240,6 +240,14 @@ def test_done_sentinel_is_ignored_after_completion_and_is_an_eof_before() -> Non
     assert isinstance(out, Completed) and out.text == "{}"
 
 
+def test_an_event_with_only_an_error_object_is_an_error_event() -> None:
+    # LiteLLM streams a mid-stream failure as ``data: {"error": {...}}`` (no "type").
+    stream = ResponseStream(max_events=10)
+    out = stream.feed(b'{"error":{"type":"rate_limit_exceeded","code":null,"message":"m"}}')
+    assert isinstance(out, Interruption) and out.kind == "provider_failed"
+    assert out.provider_type == "rate_limit_exceeded" and out.is_rate_limit
+
+
 async def test_sse_done_before_the_terminal_event_is_a_premature_eof() -> None:
     from test_transport_bounds import CREATED, SSE_HEAD, raw_server, run_sse
 
