@@ -44,6 +44,7 @@ FailureReason = Literal[
     "invalid_output",  # invalid JSON / schema violation / refusal
     "incomplete",  # response.incomplete
     "tool_activity",  # tool call seen: nothing executed, never replaced
+    "response_too_large",  # a configured size bound was passed: a replacement would too
     "authentication_required",  # 401 and renewal unavailable
 ]
 

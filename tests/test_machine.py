@@ -610,6 +610,12 @@ P = RetryPolicy()
 P_INVALID = RetryPolicy(replace_invalid_output=True)
 P_INCOMPLETE = RetryPolicy(replace_incomplete=True)
 P_501 = RetryPolicy(retryable_statuses=frozenset({501}))
+P_CODES = RetryPolicy(retryable_provider_codes=frozenset({"server_error"}))
+P_NO_429 = RetryPolicy(retryable_statuses=frozenset({500}))
+
+
+def failed(**kw: Any) -> Interruption:
+    return Interruption(kind="provider_failed", **kw)
 
 
 def rejected(status: int, **kw: Any) -> Interruption:
@@ -620,8 +626,15 @@ FAILURE_TABLE: list[tuple[str, Interruption, RetryPolicy, FailureReason | None]]
     ("disconnect", DISCONNECT, P, None),
     ("timeout", Interruption(kind="timeout"), P, None),
     ("premature eof", Interruption(kind="premature_eof"), P, None),
-    ("malformed stream", Interruption(kind="malformed", transport_code="frame_too_large"), P,
-     None),
+    ("garbled stream", Interruption(kind="malformed", transport_code="invalid_json"), P, None),
+    # Issue 10.6: a configured size bound is terminal (a replacement would pass it again).
+    ("frame too large", Interruption(kind="response_too_large", transport_code="frame_too_large"),
+     P, "response_too_large"),
+    ("stream too large",
+     Interruption(kind="response_too_large", transport_code="stream_too_large"), P,
+     "response_too_large"),
+    ("too many events", Interruption(kind="response_too_large", transport_code="too_many_events"),
+     P_INVALID, "response_too_large"),
     ("process interrupted", Interruption(kind="interrupted"), P, None),
     ("disconnect after output", Interruption(kind="disconnected", had_output=True), P, None),
     ("429 rate limit", rejected(429, retry_after=5.0), P, None),
@@ -644,7 +657,32 @@ FAILURE_TABLE: list[tuple[str, Interruption, RetryPolicy, FailureReason | None]]
     ("403", rejected(403), P, "rejected"),
     ("400", rejected(400), P, "rejected"),
     ("401 handled by reissue", rejected(401), P, None),
-    ("failed allowed code", Interruption(kind="provider_failed", provider_code="server_error"),
+    # Issue 10.5: no provider code is replaced unless the host allows it explicitly.
+    ("failed server_error, default policy", failed(provider_code="server_error"), P,
+     "provider_failed"),
+    ("failed allowed code", failed(provider_code="server_error"), P_CODES, None),
+    # Issue 10.14: status, then code, then error.type — the same on both transports.
+    ("no status, rate-limit code: like a 429", failed(provider_code="rate_limit_exceeded"), P,
+     None),
+    ("no status, rate-limit type: like a 429",
+     failed(provider_type="rate_limit_exceeded"), P, None),
+    ("no status, rate-limit type, 429 not configured",
+     failed(provider_type="rate_limit_exceeded"), P_NO_429, "provider_failed"),
+    ("no status, server_error type, default policy", failed(provider_type="server_error"), P,
+     "provider_failed"),
+    ("no status, server_error type, opted in", failed(provider_type="server_error"), P_CODES,
+     None),
+    ("code before type", failed(provider_code="invalid_prompt", provider_type="server_error"),
+     P_CODES, "provider_failed"),
+    ("code before rate-limit type",
+     failed(provider_code="invalid_prompt", provider_type="rate_limit_exceeded"), P,
+     "provider_failed"),
+    ("no status, quota type", failed(provider_type="insufficient_quota"), P, "quota"),
+    ("500 server_error type, null code: the status decides",
+     rejected(500, provider_type="server_error"), P, None),
+    ("403 with a rate-limit code is a 403", rejected(403, provider_code="rate_limit_exceeded"),
+     P, "rejected"),
+    ("ws error frame with status 429", rejected(429, provider_type="rate_limit_exceeded"),
      P, None),
     ("failed other code", Interruption(kind="provider_failed", provider_code="invalid_prompt"),
      P, "provider_failed"),
@@ -701,6 +739,7 @@ def test_eligible_failure_asks_for_replacement_when_the_delay_has_passed(
     immediate = RetryPolicy(
         initial_backoff=0.0, maximum_retry_after=0.0,
         retryable_statuses=policy.retryable_statuses,
+        retryable_provider_codes=policy.retryable_provider_codes,
         replace_invalid_output=policy.replace_invalid_output,
         replace_incomplete=policy.replace_incomplete,
     )

@@ -65,11 +65,13 @@ interruptions = st.builds(
             "disconnected", "disconnected", "timeout", "timeout", "http_rejected",
             "disconnected", "timeout", "premature_eof", "http_rejected", "provider_failed",
             "incomplete", "tool_activity", "malformed", "refusal", "invalid_output",
-            "interrupted",
+            "interrupted", "response_too_large",
         ]
     ),
     http_status=st.sampled_from([None, 400, 401, 401, 403, 408, 429, 429, 500, 501, 503]),
-    provider_type=st.sampled_from([None, None, "insufficient_quota", "server_error"]),
+    provider_type=st.sampled_from(
+        [None, None, "insufficient_quota", "server_error", "rate_limit_exceeded"]
+    ),
     provider_code=st.sampled_from(
         [None, None, "server_error", "rate_limit_exceeded", "insufficient_quota",
          "credit_balance_exhausted", "invalid_prompt", "max_output_tokens"]
@@ -97,6 +99,9 @@ policies = st.builds(
     maximum_retry_after=st.sampled_from([0.0, 30.0, 3600.0]),
     replace_invalid_output=st.booleans(),
     replace_incomplete=st.booleans(),
+    retryable_provider_codes=st.sampled_from(
+        [frozenset(), frozenset({"server_error", "slow_down"})]
+    ),
 )
 
 GENERATIVE = (AskHost, Transmit, Deliver)
@@ -324,6 +329,7 @@ class OperationMachine(RuleBasedStateMachine):
         never_replaced = (
             failure.is_quota or failure.kind == "tool_activity" or failure.had_tool_activity
             or (failure.kind == "http_rejected" and failure.http_status == 403)
+            or failure.kind == "response_too_large"
         )
         if never_replaced:  # an oracle independent of classify()
             assert not isinstance(t.action, (AskHost, Transmit, WaitUntil))

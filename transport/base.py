@@ -16,7 +16,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import attrs
 import msgspec
-from recoverable.transport.events import error_fields
+from recoverable.transport.events import FrameTooLarge, SseDecoder, error_fields
 
 from recoverable.errors import InvalidRequest
 from recoverable.types import AccountBinding
@@ -79,12 +79,17 @@ class StaticCredentials:
 
 @attrs.frozen
 class StreamLimits:
-    """Bounds on everything a stream reads. Passing one yields a typed interruption."""
+    """Bounds on everything a stream reads.
 
-    max_frame_bytes: int = 16 * 2**20
+    Passing a size bound (frame, events, total bytes) yields a terminal
+    ``response_too_large`` interruption; passing ``idle_timeout`` a replaceable
+    ``timeout``.
+    """
+
+    max_frame_bytes: int = 16 * 2**20  # one SSE frame / WebSocket message
     max_events: int = 200_000
-    max_total_bytes: int = 64 * 2**20
-    idle_timeout: float = 120.0
+    max_total_bytes: int = 64 * 2**20  # everything received, keepalives included
+    idle_timeout: float = 120.0  # time without ANY bytes (keepalives reset it)
     connect_timeout: float = 15.0
 
     def __attrs_post_init__(self) -> None:
@@ -178,14 +183,39 @@ def parse_retry_after(
     return min(max(0.0, when.timestamp() - current), _MAX_RETRY_AFTER)
 
 
+def _error_object(decoded: object) -> tuple[str | None, str | None] | None:
+    if not isinstance(decoded, dict):
+        return None
+    nested = decoded.get("error")
+    if isinstance(nested, dict):
+        return error_fields(nested)
+    if decoded.get("type") == "error":  # a flat error event: {"type": "error", "code": ...}
+        return error_fields({"code": decoded.get("code")})
+    return None
+
+
 def parse_error_body(body: bytes) -> tuple[str | None, str | None]:
-    """(error.type, error.code) from an ``{"error": {...}}`` body; (None, None) otherwise."""
+    """(error.type, error.code) of a rejection body; (None, None) when there is none.
+
+    The body is either the JSON ``{"error": {...}}`` or the same framed as SSE
+    (``data: {"error": {...}}``, as some proxies answer a non-2xx); the first frame
+    that carries an error object is used. Both values are bounded codes.
+    """
     if not body or len(body) > MAX_ERROR_BODY_BYTES:
         return None, None
     try:
-        decoded = msgspec.json.decode(body)
+        found = _error_object(msgspec.json.decode(body))
     except (msgspec.DecodeError, UnicodeDecodeError):
-        return None, None
-    if not isinstance(decoded, dict):
-        return None, None
-    return error_fields(decoded.get("error"))
+        found = None
+        try:
+            frames = SseDecoder(MAX_ERROR_BODY_BYTES).feed(body + b"\n\n")
+        except FrameTooLarge:
+            frames = []
+        for frame in frames:
+            try:
+                found = _error_object(msgspec.json.decode(frame.data))
+            except (msgspec.DecodeError, UnicodeDecodeError):
+                continue
+            if found is not None:
+                break
+    return found if found is not None else (None, None)

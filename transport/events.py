@@ -20,6 +20,8 @@ from recoverable.transport.outcome import (
     InterruptionKind,
     Outcome,
     Progress,
+    bounded_code,
+    bounded_response_id,
 )
 
 __all__ = [
@@ -147,10 +149,14 @@ def _str(value: object) -> str | None:
 
 
 def error_fields(error: object) -> tuple[str | None, str | None]:
-    """(type, code) of an ``{"type", "code", "message"}`` error object, if shaped so."""
+    """(type, code) of an ``{"type", "code", "message"}`` error object, if shaped so.
+
+    Both are bounded application codes (:func:`bounded_code`): a provider string never
+    leaves the adapter unbounded. The message is never read.
+    """
     if not isinstance(error, Mapping):
         return None, None
-    return _str(error.get("type")), _str(error.get("code"))
+    return bounded_code(_str(error.get("type"))), bounded_code(_str(error.get("code")))
 
 
 class _Malformed(Exception):
@@ -219,19 +225,31 @@ class ResponseStream:
         )
 
     # -- feeding ---------------------------------------------------------------
-    def feed(self, data: bytes | str) -> Outcome | None:
-        """Parse one event's JSON text. Never raises for bad input."""
+    def feed(self, data: bytes | str, *, event_name: str | None = None) -> Outcome | None:
+        """Parse one event's JSON text. Never raises for bad input.
+
+        ``event_name`` is the SSE ``event:`` line, when the frame had one: it is used
+        only when the JSON itself carries no ``type`` (servers send the line on some
+        frames only; the JSON ``type`` is authoritative).
+        """
         if self.outcome is not None:
             return self.outcome
         self.events += 1
         if self.events > self._max_events:
-            return self._finish(self.interrupt("malformed", transport_code="too_many_events"))
+            return self._finish(
+                self.interrupt("response_too_large", transport_code="too_many_events")
+            )
         try:
             event = msgspec.json.decode(data)
         except (msgspec.DecodeError, UnicodeDecodeError):
             return self._finish(self.interrupt("malformed", transport_code="invalid_json"))
         if not isinstance(event, dict):
             return self._finish(self.interrupt("malformed", transport_code="event_not_object"))
+        if "type" not in event:
+            if event_name:
+                event["type"] = event_name
+            elif isinstance(event.get("error"), dict):
+                event["type"] = "error"  # ``data: {"error": {...}}``, as proxies stream it
         try:
             return self.feed_event(event)
         except _Malformed as exc:
@@ -265,7 +283,7 @@ class ResponseStream:
             if not isinstance(rid, str):
                 raise _Malformed("bad_response_id")
             if self.response_id is None:
-                self.response_id = rid
+                self.response_id = bounded_response_id(rid)
         return response
 
     def _dispatch(self, etype: str, event: dict[str, Any]) -> Outcome | None:
@@ -318,7 +336,9 @@ class ResponseStream:
         if etype == "response.incomplete":
             response = self._learn_response(event)
             details = response.get("incomplete_details") if response is not None else None
-            reason = _str(details.get("reason")) if isinstance(details, Mapping) else None
+            reason = (
+                bounded_code(_str(details.get("reason"))) if isinstance(details, Mapping) else None
+            )
             return self.interrupt("incomplete", provider_code=reason)
         if etype == "error":
             return self._error(event)
@@ -342,7 +362,8 @@ class ResponseStream:
         if isinstance(nested, Mapping):
             ptype, pcode = error_fields(nested)
         else:
-            ptype, pcode = None, _str(event.get("code"))
+            # Flat shape: ``type`` is "error" itself; only the code is the provider's.
+            ptype, pcode = None, bounded_code(_str(event.get("code")))
         status = event.get("status")
         if isinstance(status, int) and not isinstance(status, bool) and 100 <= status <= 599:
             headers = event.get("headers")

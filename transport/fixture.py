@@ -341,13 +341,23 @@ class FixtureProvider:
             ]),
         )
         limit = self._prefix(reply, events)
+        if reply.kind == "lenient":
+            events = [_lenient(event) for event in events]
         # One write for the whole (prefix of the) stream: the bytes are exactly the
         # real API's frames; only their pacing is compressed.
         frames = b"".join(
-            b"event: " + event["type"].encode() + b"\ndata: " + msgspec.json.encode(event)
-            + b"\n\n"
-            for event in events[:limit]
+            _sse_frame(event, with_event_line=reply.kind != "lenient" or i % 2 == 0)
+            for i, event in enumerate(events[:limit])
         )
+        if reply.kind == "lenient":
+            frames += b"data: [DONE]\n\n"
+        if reply.kind == "keepalive":
+            await self._send(conn, stream, h11.Data(data=frames))
+            await self._keepalives(reply, lambda: self._send(conn, stream, h11.Data(
+                data=b": ping\n\n")))
+            rest = b"".join(_sse_frame(event) for event in events[limit:])
+            await self._send(conn, stream, h11.Data(data=rest), h11.EndOfMessage())
+            return True
         if reply.kind in ("disconnect", "stall"):
             await self._send(conn, stream, h11.Data(data=frames))
             if reply.kind == "stall":
@@ -358,9 +368,20 @@ class FixtureProvider:
 
     @staticmethod
     def _prefix(reply: Reply, events: list[dict[str, Any]]) -> int:
-        if reply.kind in ("disconnect", "stall"):
+        if reply.kind in ("disconnect", "stall", "keepalive"):
             return min(reply.after_events or 0, len(events) - 1)
         return len(events)
+
+    @staticmethod
+    async def _keepalives(reply: Reply, send: Callable[[], Any]) -> None:
+        """Silence for ``reply.pause`` seconds, broken only by a keepalive every ``every``."""
+        assert reply.pause is not None and reply.every is not None
+        end = trio.current_time() + reply.pause
+        while True:
+            await trio.sleep(min(reply.every, max(0.0, end - trio.current_time())))
+            if trio.current_time() >= end:
+                return
+            await send()
 
     @staticmethod
     async def _until_peer_gone(stream: trio.SocketStream) -> None:
@@ -473,16 +494,40 @@ class FixtureProvider:
             return True
         events = self._events(reply, obj)
         limit = self._prefix(reply, events)
+        if reply.kind == "lenient":
+            events = [_lenient(event) for event in events]
         await stream.send_all(b"".join(
             ws.send(wse.TextMessage(data=msgspec.json.encode(event).decode()))
             for event in events[:limit]
         ))
+        if reply.kind == "keepalive":
+            async def ping() -> None:
+                await stream.send_all(ws.send(wse.Ping(payload=b"keepalive")))
+
+            await self._keepalives(reply, ping)
+            await stream.send_all(b"".join(
+                ws.send(wse.TextMessage(data=msgspec.json.encode(event).decode()))
+                for event in events[limit:]
+            ))
+            return True
         if reply.kind == "disconnect":
             return False  # TCP dropped without a close frame (client sees 1006)
         if reply.kind == "stall":
             await self._until_peer_gone(stream)
             return False
         return True
+
+
+def _sse_frame(event: Mapping[str, Any], *, with_event_line: bool = True) -> bytes:
+    data = b"data: " + msgspec.json.encode(event) + b"\n\n"
+    if not with_event_line:
+        return data
+    return b"event: " + str(event["type"]).encode() + b"\n" + data
+
+
+def _lenient(event: dict[str, Any]) -> dict[str, Any]:
+    """An event with the unknown top-level fields a lenient proxy adds."""
+    return {**event, "provider_specific_fields": {"upstream": "fixture"}, "x_trace": "t-1"}
 
 
 # -- separate process ----------------------------------------------------------------------

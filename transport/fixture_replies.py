@@ -45,6 +45,9 @@ ReplyKind = Literal[
     "schema_violation",
     "tool_call",
     "refusal",
+    "error_event",
+    "keepalive",
+    "lenient",
 ]
 REPLY_KINDS: frozenset[str] = frozenset(get_args(ReplyKind))
 # Kinds answered at the HTTP level (status + JSON error body); a refused WS handshake.
@@ -67,6 +70,11 @@ class Reply:
     code: str | None = None
     reason: str | None = None
     text: str | None = None
+    error_type: str | None = None
+    pause: float | None = None
+    every: float | None = None
+    response_id: str | None = None
+    framing: str | None = None
 
     # -- constructors ---------------------------------------------------------
     @classmethod
@@ -92,12 +100,24 @@ class Reply:
 
     @classmethod
     def http_error(
-        cls, status: int, body: Any = None, headers: Mapping[str, str] | None = None
+        cls,
+        status: int,
+        body: Any = None,
+        headers: Mapping[str, str] | None = None,
+        framing: str | None = None,
     ) -> Reply:
-        """An HTTP rejection (WS: refused handshake) with ``status``, JSON ``body`` and headers."""
+        """An HTTP rejection (WS: refused handshake) with ``status``, JSON ``body`` and headers.
+
+        ``framing="sse"`` sends the body as one SSE ``data:`` frame with
+        ``content-type: text/event-stream`` (as some proxies answer a non-2xx).
+        """
         if not isinstance(status, int) or not 400 <= status <= 599:
             raise InvalidRequest("http_error status must be an int in 400..599")
-        return cls("http_error", status=status, body=body, headers=_headers(headers))
+        if framing not in (None, "sse"):
+            raise InvalidRequest("http_error framing must be None or 'sse'")
+        return cls(
+            "http_error", status=status, body=body, headers=_headers(headers), framing=framing
+        )
 
     @classmethod
     def rate_limited(cls, retry_after: float = 1.0) -> Reply:
@@ -149,6 +169,47 @@ class Reply:
         """The model refuses: ``response.refusal.*`` events, then ``response.completed``."""
         return cls("refusal", text=_text(text, "text"))
 
+    @classmethod
+    def error_event(
+        cls,
+        error_type: str | None = None,
+        code: str | None = None,
+        status: int | None = None,
+        after_events: int = 2,
+    ) -> Reply:
+        """``after_events`` events, then an ``error`` event
+        ``{"type": "error", "error": {"type", "code", "message"}}`` (plus ``status`` when
+        given, as the WebSocket mode wraps an HTTP error). No status and no code is how a
+        proxy forwards an upstream 429 or 5xx over WebSocket."""
+        if error_type is not None:
+            _text(error_type, "error_type")
+        if code is not None:
+            _text(code, "code")
+        if status is not None and (not isinstance(status, int) or not 400 <= status <= 599):
+            raise InvalidRequest("error_event status must be an int in 400..599")
+        return cls("error_event", error_type=error_type, code=code, status=status,
+                   after_events=_count(after_events))
+
+    @classmethod
+    def keepalive(cls, pause: float, every: float, after_events: int = 2) -> Reply:
+        """A normal stream that goes silent for ``pause`` seconds after ``after_events``
+        events, sending only keepalives every ``every`` seconds (SSE ``: ping`` comments,
+        WebSocket ping frames), then finishes."""
+        for name, value in (("pause", pause), ("every", every)):
+            if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
+                raise InvalidRequest(f"{name} must be a positive number")
+        return cls("keepalive", pause=float(pause), every=float(every),
+                   after_events=_count(after_events))
+
+    @classmethod
+    def lenient(cls, response_id: str | None = None) -> Reply:
+        """A synthesized completion the way lenient third-party servers send it: unknown
+        top-level fields on every event, SSE ``event:`` lines on some frames only,
+        ``data: [DONE]`` after ``response.completed``, and (optionally) this response id."""
+        if response_id is not None:
+            _text(response_id, "response_id")
+        return cls("lenient", response_id=response_id)
+
     # -- JSON specs -----------------------------------------------------------
     def to_spec(self) -> dict[str, Any]:
         spec: dict[str, Any] = {"kind": self.kind}
@@ -172,7 +233,7 @@ class Reply:
             "synthesize": (),
             "disconnect": ("after_events",),
             "stall": ("after_events",),
-            "http_error": ("status", "body", "headers"),
+            "http_error": ("status", "body", "headers", "framing"),
             "rate_limited": ("retry_after",),
             "quota_exceeded": (),
             "unauthorized": (),
@@ -183,6 +244,9 @@ class Reply:
             "schema_violation": (),
             "tool_call": (),
             "refusal": ("text",),
+            "error_event": ("error_type", "code", "status", "after_events"),
+            "keepalive": ("pause", "every", "after_events"),
+            "lenient": ("response_id",),
         }
         if kind not in builders:
             raise InvalidRequest(f"unknown reply kind {kind!r}")
@@ -496,6 +560,11 @@ def http_rejection(reply: Reply) -> HttpRejection:
             else _error_body("server_error", "server_error", "The server had an error.")
         )
         headers += [(k.lower(), v) for k, v in reply.headers]
+        if reply.framing == "sse":
+            headers[0] = ("content-type", "text/event-stream")
+            return HttpRejection(
+                status, tuple(headers), b"data: " + msgspec.json.encode(body) + b"\n\n"
+            )
     else:
         raise ValueError(f"{reply.kind} is not an HTTP-level reply")
     return HttpRejection(status, tuple(headers), msgspec.json.encode(body))
@@ -566,7 +635,7 @@ def events_for(
     reply: Reply, request: Mapping[str, Any], *, serial: int, created_at: int
 ) -> list[dict[str, Any]]:
     """The full event list of a streamed reply (a disconnect/stall sends only a prefix)."""
-    rid = f"resp_fixture{serial:012d}"
+    rid = reply.response_id or f"resp_fixture{serial:012d}"
     mid = f"msg_fixture{serial:012d}"
     kind = reply.kind
     schema = request_schema(request)
@@ -592,6 +661,18 @@ def events_for(
 
     emit({"type": "response.created", "response": resp("in_progress", [])})
     emit({"type": "response.in_progress", "response": resp("in_progress", [])})
+
+    if kind == "error_event":
+        error: dict[str, Any] = {"type": "error", "error": {
+            "type": reply.error_type, "code": reply.code, "message": "The upstream failed.",
+            "param": None}}
+        if reply.status is not None:
+            error["status"] = reply.status
+        prefix = events[: reply.after_events or 0]
+        events.clear()
+        events.extend(prefix)
+        emit(error)
+        return events
 
     if kind == "failed":
         failed = resp("failed", [])

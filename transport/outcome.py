@@ -8,9 +8,12 @@ only bounded, non-sensitive fields (no provider message text, no headers).
 
 from __future__ import annotations
 
-from typing import Literal
+import hashlib
+import re
+from typing import Final, Literal
 
 import msgspec
+import msgspec.structs
 
 InterruptionKind = Literal[
     "disconnected",  # the connection dropped / closed before a terminal event
@@ -20,7 +23,8 @@ InterruptionKind = Literal[
     "provider_failed",  # response.failed, or an error event without an HTTP status
     "incomplete",  # response.incomplete (incomplete_details.reason in provider_code)
     "tool_activity",  # a function/tool call item appeared: stopped, nothing executed
-    "malformed",  # a frame or event broke the protocol or a bound (size, count, bytes)
+    "malformed",  # a frame or event broke the protocol (garbled, wrong types, bad JSON)
+    "response_too_large",  # a configured size bound (frame, total bytes, event count) passed
     "refusal",  # the model refused (response.refusal.*) instead of producing output
     "invalid_output",  # completed, but the text is not valid JSON / not schema-valid
     "interrupted",  # the local process died or was cancelled while the attempt was in flight
@@ -41,8 +45,59 @@ QUOTA_CODES: frozenset[str] = frozenset(
 )
 
 
+# Error types that mean a rate limit (the same as an HTTP 429) when no status says otherwise.
+RATE_LIMIT_NAMES: frozenset[str] = frozenset({"rate_limit_exceeded", "rate_limit_error"})
+
+# -- bounds on every provider-supplied string -------------------------------------------------
+# A provider code/type/reason is kept only when it looks like a code: a short token. Anything
+# else (too long, spaces, control or non-ASCII characters) becomes ``UNRECOGNIZED_CODE``, so no
+# record, status, telemetry event, log line or CLI output ever carries provider text.
+MAX_CODE_CHARS: Final = 64
+UNRECOGNIZED_CODE: Final = "unrecognized"
+_CODE = re.compile(rf"[A-Za-z0-9_.:/-]{{1,{MAX_CODE_CHARS}}}")
+# Response ids are kept up to this length (third-party servers encode routing data in them);
+# a longer or non-printable id is stored as a prefix plus a digest of the whole id.
+MAX_RESPONSE_ID_CHARS: Final = 512
+_ID = re.compile(rf"[\x21-\x7e]{{1,{MAX_RESPONSE_ID_CHARS}}}")
+_ID_DIGEST_CHARS: Final = 32
+
+
+def bounded_code(value: object) -> str | None:
+    """A provider code/type as a bounded application code (``None`` stays ``None``)."""
+    if value is None:
+        return None
+    if isinstance(value, str) and _CODE.fullmatch(value):
+        return value
+    return UNRECOGNIZED_CODE
+
+
+def bounded_response_id(value: object) -> str | None:
+    """A response id of at most ``MAX_RESPONSE_ID_CHARS`` printable ASCII characters.
+
+    Ids within the bound are kept exactly. A longer (or non-printable) id keeps a
+    printable prefix and ends with ``~`` and a digest of the whole id, so two different
+    long ids stay different and the same id always maps to the same value.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        value = repr(value)
+    if _ID.fullmatch(value):
+        return value
+    digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:_ID_DIGEST_CHARS]
+    keep = MAX_RESPONSE_ID_CHARS - _ID_DIGEST_CHARS - 1
+    prefix = "".join(c for c in value[: keep * 4] if "!" <= c <= "~")[:keep]
+    return f"{prefix}~{digest}"
+
+
 class Interruption(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Why an attempt did not produce a completed response."""
+    """Why an attempt did not produce a completed response.
+
+    Every string field is bounded when the value is built (or decoded): provider codes
+    and types through :func:`bounded_code`, the response id through
+    :func:`bounded_response_id`. The transports already bound them; this also covers a
+    custom backend and records written before the bound existed.
+    """
 
     kind: InterruptionKind
     http_status: int | None = None
@@ -55,16 +110,38 @@ class Interruption(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     had_tool_activity: bool = False
     transport_code: str | None = None  # e.g. "ws_close_1006", "connect_refused", "frame_too_large"
 
+    def __post_init__(self) -> None:
+        for name in ("provider_type", "provider_code", "transport_code"):
+            value = getattr(self, name)
+            if value is not None:
+                bounded = bounded_code(value)
+                if bounded is not value:
+                    msgspec.structs.force_setattr(self, name, bounded)
+        rid = self.response_id
+        if rid is not None:
+            bounded_id = bounded_response_id(rid)
+            if bounded_id is not rid:
+                msgspec.structs.force_setattr(self, "response_id", bounded_id)
+
     @property
     def is_quota(self) -> bool:
         """Recognized quota/credit/spending-limit exhaustion (never a rate limit)."""
         return (self.provider_type in QUOTA_CODES) or (self.provider_code in QUOTA_CODES)
 
     @property
+    def provider_key(self) -> str | None:
+        """The provider's own word on the failure: ``provider_code``, else ``provider_type``."""
+        return self.provider_code if self.provider_code is not None else self.provider_type
+
+    @property
     def is_rate_limit(self) -> bool:
-        return not self.is_quota and (
-            self.http_status == 429 or self.provider_code == "rate_limit_exceeded"
-        )
+        """A temporary rate limit: HTTP 429 when there is a status; without one, a
+        rate-limit code, or (no code) a rate-limit ``error.type``. Never quota."""
+        if self.is_quota:
+            return False
+        if self.http_status is not None:
+            return self.http_status == 429
+        return self.provider_key in RATE_LIMIT_NAMES
 
 
 class Completed(msgspec.Struct, frozen=True, kw_only=True):
@@ -73,6 +150,17 @@ class Completed(msgspec.Struct, frozen=True, kw_only=True):
     text: str
     response_id: str | None = None
     sequence_number: int | None = None
+
+    def __post_init__(self) -> None:
+        _bound_id(self)
+
+
+def _bound_id(value: Completed | Progress) -> None:
+    rid = value.response_id
+    if rid is not None:
+        bounded = bounded_response_id(rid)
+        if bounded is not rid:
+            msgspec.structs.force_setattr(value, "response_id", bounded)
 
 
 Outcome = Completed | Interruption
@@ -84,3 +172,6 @@ class Progress(msgspec.Struct, frozen=True, kw_only=True):
     response_id: str | None
     sequence_number: int | None
     had_output: bool
+
+    def __post_init__(self) -> None:
+        _bound_id(self)

@@ -113,18 +113,24 @@ class SseTransport:
             decoder = SseDecoder(limits.max_frame_bytes)
             total = 0
             async for chunk in response.aiter_raw():
+                # Any bytes are a sign of life (``: ping`` comments during a long silent
+                # stretch included); the total-bytes bound below still caps the stream.
+                idle.deadline = trio.current_time() + limits.idle_timeout
                 total += len(chunk)
                 if total > limits.max_total_bytes:
-                    return state.interrupt("malformed", transport_code="stream_too_large")
+                    return state.interrupt("response_too_large", transport_code="stream_too_large")
                 try:
                     frames = decoder.feed(chunk)
                 except FrameTooLarge:
-                    return state.interrupt("malformed", transport_code="frame_too_large")
+                    return state.interrupt("response_too_large", transport_code="frame_too_large")
                 for frame in frames:
-                    outcome = state.feed(frame.data)
+                    if frame.data == b"[DONE]":
+                        # A sentinel some servers add after the terminal event; before one,
+                        # the stream simply ended without it.
+                        return state.interrupt("premature_eof", transport_code="done_sentinel")
+                    outcome = state.feed(frame.data, event_name=frame.event)
                     if outcome is not None:
                         return outcome
-                    idle.deadline = trio.current_time() + limits.idle_timeout
             return state.interrupt("premature_eof")
         finally:
             with trio.CancelScope(shield=True):

@@ -11,6 +11,7 @@ Without that nursery every stream uses its own connection.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import attrs
 import trio
@@ -59,6 +60,51 @@ class _Connection:
     @property
     def usable(self) -> bool:
         return self.ws.closed is None and not self.release.is_set()
+
+
+class _ActivityStream(trio.abc.Stream):
+    """The connection's byte stream, seen through: every received chunk is reported.
+
+    trio-websocket answers ping frames inside its reader task and never hands them to
+    us, so a server that keeps a silent stream alive with pings would look idle. The
+    reader reads ``ws._stream`` on every loop, so replacing it with this wrapper (once
+    per connection) lets ``on_bytes`` see every chunk after the swap: pings, pongs and
+    message bytes alike.
+    """
+
+    def __init__(self, inner: trio.abc.Stream) -> None:
+        self.inner = inner
+        self.on_bytes: Callable[[int], None] | None = None
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        data = await self.inner.receive_some(max_bytes)
+        callback = self.on_bytes
+        if data and callback is not None:
+            callback(len(data))
+        return data
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self.inner.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.inner.wait_send_all_might_not_block()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    def __getattr__(self, name: str) -> Any:  # e.g. ``socket``, for ws.local / ws.remote
+        return getattr(self.inner, name)
+
+
+def _watch(ws: trio_websocket.WebSocketConnection) -> _ActivityStream | None:
+    current = getattr(ws, "_stream", None)
+    if isinstance(current, _ActivityStream):
+        return current
+    if not isinstance(current, trio.abc.Stream):
+        return None  # an unknown trio-websocket layout: messages alone reset the idle timer
+    watched = _ActivityStream(current)
+    ws._stream = watched
+    return watched
 
 
 class _Rejected(Exception):
@@ -252,12 +298,43 @@ class WebSocketTransport:
     ) -> Interruption:
         code = exc.reason.code if exc.reason is not None else 1006
         if code == 1009:
-            return state.interrupt("malformed", transport_code="frame_too_large")
+            return state.interrupt("response_too_large", transport_code="frame_too_large")
         if code == 1000:
             return state.interrupt("premature_eof", transport_code="ws_close_1000")
         return state.interrupt("disconnected", transport_code=f"ws_close_{code}")
 
     async def _receive(
+        self, conn: _Connection, state: ResponseStream, idle: trio.CancelScope
+    ) -> Outcome:
+        """Read events until an outcome. Any bytes received (a ping frame included)
+        reset the idle timer; all of them count against ``max_total_bytes``."""
+        limits = self._limits
+        flood = trio.CancelScope()
+        received = 0
+
+        def on_bytes(n: int) -> None:
+            nonlocal received
+            received += n
+            if received > limits.max_total_bytes:
+                flood.cancel()
+            else:
+                idle.deadline = trio.current_time() + limits.idle_timeout
+
+        watched = _watch(conn.ws)
+        if watched is not None:
+            watched.on_bytes = on_bytes
+        outcome: Outcome | None = None
+        try:
+            with flood:
+                outcome = await self._messages(conn, state, idle)
+        finally:
+            if watched is not None:
+                watched.on_bytes = None
+        if outcome is None:
+            return state.interrupt("response_too_large", transport_code="stream_too_large")
+        return outcome
+
+    async def _messages(
         self, conn: _Connection, state: ResponseStream, idle: trio.CancelScope
     ) -> Outcome:
         limits = self._limits
@@ -271,7 +348,7 @@ class WebSocketTransport:
                 return state.interrupt("disconnected", transport_code="ws_binary_frame")
             total += len(msg)
             if total > limits.max_total_bytes:
-                return state.interrupt("malformed", transport_code="stream_too_large")
+                return state.interrupt("response_too_large", transport_code="stream_too_large")
             outcome = state.feed(msg)
             if outcome is not None:
                 return outcome

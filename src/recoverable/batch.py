@@ -367,6 +367,11 @@ def _read_back(fd: int, path: str) -> tuple[dict[tuple[str, str], str], int, int
 # -- running ------------------------------------------------------------------------------------
 
 
+DEFAULT_RETRY_PROVIDER_CODES: frozenset[str] = frozenset(
+    {"server_error", "server_is_overloaded", "slow_down", "rate_limit_exceeded"}
+)
+
+
 @attrs.frozen
 class BatchConfig:
     jobs_path: str
@@ -383,6 +388,9 @@ class BatchConfig:
     initial_backoff: float = 0.5
     maximum_backoff: float = 30.0
     idle_timeout: float = 120.0
+    # The batch opts in explicitly to replacing these response.failed codes (the library
+    # default replaces none); ``--retry-provider-codes`` overrides, "" disables.
+    retry_provider_codes: frozenset[str] = DEFAULT_RETRY_PROVIDER_CODES
 
 
 @attrs.define
@@ -402,6 +410,7 @@ class BatchSummary:
     elapsed: float = 0.0
     interrupted: bool = False
     fatal: str | None = None
+    retry_provider_codes: tuple[str, ...] = ()  # the opt-in this run used (shown, sorted)
 
     @property
     def failed_total(self) -> int:
@@ -434,6 +443,7 @@ class BatchSummary:
             ("elapsed", f"{self.elapsed:.2f} s"),
             ("jobs/s", f"{rate:.1f}"),
             ("acknowledged late", str(self.acknowledged_late)),
+            ("replaced provider codes", ", ".join(self.retry_provider_codes) or "none"),
         ]
         if self.truncated_bytes:
             rows.append(("torn output tail cut", f"{self.truncated_bytes} bytes"))
@@ -487,7 +497,9 @@ class BatchHost:
         self.say = say
         self.running = 0
         self.policy = RetryPolicy(
-            initial_backoff=config.initial_backoff, maximum_backoff=config.maximum_backoff
+            initial_backoff=config.initial_backoff,
+            maximum_backoff=config.maximum_backoff,
+            retryable_provider_codes=config.retry_provider_codes,
         )
 
     async def authorize(self, attempt: Attempt) -> bool:
@@ -819,6 +831,7 @@ def run_batch(config: BatchConfig, *, out: IO[str], err: IO[str]) -> int:
         jobs=len(jobs_file.jobs),
         skipped_lines=len(jobs_file.bad_lines),
         duplicates=len(jobs_file.duplicates),
+        retry_provider_codes=tuple(sorted(config.retry_provider_codes)),
     )
     for bad in jobs_file.bad_lines:
         err.write(f"{config.jobs_path}:{bad.lineno}: skipped: {bad.reason}\n")

@@ -26,6 +26,7 @@ import trio
 from recoverable import errors
 from recoverable.actors.runtime import Runtime, open_runtime
 from recoverable.batch import (
+    DEFAULT_RETRY_PROVIDER_CODES,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -96,6 +97,16 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _provider_codes(text: str) -> frozenset[str]:
+    from recoverable.transport.outcome import bounded_code
+
+    codes = frozenset(c.strip() for c in text.split(",") if c.strip())
+    for code in codes:
+        if bounded_code(code) != code:
+            raise argparse.ArgumentTypeError(f"not a provider code: {code[:80]!r}")
+    return codes
+
+
 def _fault_spec(text: str) -> FaultSpec:
     try:
         return FaultSpec.parse(text)
@@ -163,6 +174,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="initial backoff before a replacement attempt (doubles, at most 30 s; "
         "default 0.5, or 0.05 for the local fixture)",
+    )
+    batch.add_argument(
+        "--retry-provider-codes",
+        type=_provider_codes,
+        metavar="CODES",
+        help="comma-separated response.failed codes the batch lets be replaced within the "
+        "budget (default: " + ",".join(sorted(DEFAULT_RETRY_PROVIDER_CODES)) + "; '' for none)",
     )
     batch.add_argument(
         "--idle-timeout",
@@ -248,6 +266,10 @@ def _batch(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
             else 0.05 if args.endpoint == "fixture" else 0.5
         ),
         idle_timeout=args.idle_timeout,
+        retry_provider_codes=(
+            args.retry_provider_codes if args.retry_provider_codes is not None
+            else DEFAULT_RETRY_PROVIDER_CODES
+        ),
     )
     if args.faults is not None and args.endpoint != "fixture":
         err.write("recoverable batch: --faults only applies to --endpoint fixture\n")

@@ -527,33 +527,37 @@ def backoff_delay(policy: RetryPolicy, attempts_used: int, retry_after: float | 
 def classify(failure: Interruption, policy: RetryPolicy) -> FailureReason | None:
     """``None`` means replacement-eligible; otherwise the terminal reason.
 
-    This is the failure table of the specification, row by row.
+    This is the failure table of the specification, row by row. A provider error is
+    judged by its HTTP status when it has one, else by its code, else by its
+    ``error.type`` — the same on both transports, so an error frame without a status is
+    judged exactly like the HTTP answer it stands for: a rate limit (code or type) like
+    a 429, any other code or type only when it is explicitly allowed in
+    ``retryable_provider_codes`` (empty by default).
     """
     kind = failure.kind
     if kind == "tool_activity" or failure.had_tool_activity:
         return "tool_activity"  # never replaced: it could repeat effects
     if failure.is_quota:
         return "quota"  # even for HTTP 429
+    if kind == "response_too_large":
+        return "response_too_large"  # a replacement would pass the same bound again
     if kind in TRANSPORT_KINDS:
         return None
-    if kind == "http_rejected":
-        if failure.http_status == 401:
-            return None  # handled by the caller: same-account renewal + reissue
-        # Over HTTP the status decides (a 403 carrying a rate-limit code is a 403), and
-        # only the configured statuses are replaced — 429 included (it is by default).
-        if failure.http_status in policy.retryable_statuses:
+    if kind in ("http_rejected", "provider_failed"):
+        terminal: FailureReason = "rejected" if kind == "http_rejected" else "provider_failed"
+        status = failure.http_status
+        if status is not None:
+            if status == 401:
+                return None  # handled by the caller: same-account renewal + reissue
+            # The status decides (a 403 carrying a rate-limit code is a 403), and only
+            # the configured statuses are replaced — 429 included (it is by default).
+            return None if status in policy.retryable_statuses else terminal
+        if failure.is_rate_limit:
+            return None if 429 in policy.retryable_statuses else terminal
+        key = failure.provider_key
+        if key is not None and key in policy.retryable_provider_codes:
             return None
-        if failure.http_status is None and failure.provider_code in (
-            policy.retryable_provider_codes
-        ):
-            return None
-        return "rejected"  # 403 and other rejections: no refresh, no downgrade
-    if kind == "provider_failed":
-        if failure.provider_code is not None and (
-            failure.provider_code in policy.retryable_provider_codes
-        ):
-            return None
-        return "provider_failed"
+        return terminal  # 403 and other rejections: no refresh, no downgrade
     if kind == "incomplete":
         return None if policy.replace_incomplete else "incomplete"
     if kind in ("invalid_output", "refusal"):

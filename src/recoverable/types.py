@@ -100,7 +100,11 @@ class RetryPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """Saved with the operation: which failures may be replaced, and the backoff.
 
     Transport interruptions (disconnect, timeout, premature EOF, malformed
-    stream, a process interrupted mid-attempt) are always replacement-eligible.
+    stream, a process interrupted mid-attempt) are always replacement-eligible;
+    a response past a configured size bound never is. ``retryable_provider_codes``
+    lists the provider error codes (or, without a code, ``error.type`` values) of a
+    ``response.failed`` / status-less error that may be replaced: none by default,
+    only what the host allows explicitly. A rate limit is judged like HTTP 429.
     The delay before attempt ``n+1`` is
     ``min(maximum_backoff, initial_backoff * multiplier**(n-1))``, or the
     provider's Retry-After when larger (capped at ``maximum_retry_after``).
@@ -111,9 +115,7 @@ class RetryPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     multiplier: float = 2.0
     maximum_retry_after: float = 24 * 3600.0
     retryable_statuses: frozenset[int] = frozenset({408, 409, 429, 500, 502, 503, 504})
-    retryable_provider_codes: frozenset[str] = frozenset(
-        {"server_error", "server_is_overloaded", "slow_down", "rate_limit_exceeded"}
-    )
+    retryable_provider_codes: frozenset[str] = frozenset()
     replace_invalid_output: bool = False
     replace_incomplete: bool = False
 

@@ -83,8 +83,11 @@ class Host:
         self.args = args
         self.db = db
         self.revision = "r1"
+        # The host opts in to replacing response.failed server_error explicitly (issue
+        # 10.5: the library default replaces no provider code).
         self.policy = recoverable.RetryPolicy(
-            initial_backoff=args.backoff, maximum_backoff=args.backoff * 4
+            initial_backoff=args.backoff, maximum_backoff=args.backoff * 4,
+            retryable_provider_codes=frozenset({"server_error"}),
         )
 
     def _row(self, sql: str, job: str) -> Any:

@@ -14,7 +14,13 @@ from functools import partial
 import pytest
 import trio
 import trio_websocket
-from recoverable.transport import Interruption, ResponsesBackend, StaticCredentials, StreamLimits
+from recoverable.transport import (
+    Completed,
+    Interruption,
+    ResponsesBackend,
+    StaticCredentials,
+    StreamLimits,
+)
 from transport_helpers import make_body
 
 BODY = make_body()
@@ -23,6 +29,10 @@ SSE_HEAD = (
     b"connection: close\r\n\r\n"
 )
 CREATED = b'data: {"type":"response.created","sequence_number":0,"response":{"id":"resp_raw"}}\n\n'
+COMPLETED = (
+    b'data: {"type":"response.completed","response":{"id":"resp_raw","output":[{"type":'
+    b'"message","content":[{"type":"output_text","text":"{}"}]}]}}\n\n'
+)
 
 Handler = Callable[[trio.SocketStream], Awaitable[None]]
 
@@ -74,7 +84,7 @@ async def run_sse(url: str, limits: StreamLimits) -> Interruption:
     return outcome
 
 
-async def test_sse_oversized_frame_is_malformed_with_bounded_memory() -> None:
+async def test_sse_oversized_frame_is_response_too_large_with_bounded_memory() -> None:
     chunk = b"x" * 65536
 
     async def handler(stream: trio.SocketStream) -> None:
@@ -89,7 +99,7 @@ async def test_sse_oversized_frame_is_malformed_with_bounded_memory() -> None:
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert (out.kind, out.transport_code) == ("malformed", "frame_too_large")
+    assert (out.kind, out.transport_code) == ("response_too_large", "frame_too_large")
     assert out.response_id == "resp_raw" and out.sequence_number == 0
     assert peak < 4 * 2**20, peak
 
@@ -103,7 +113,7 @@ async def test_sse_endless_small_events_hit_event_bound() -> None:
 
     async with raw_server(handler) as url:
         out = await run_sse(url, StreamLimits(max_events=5000))
-    assert (out.kind, out.transport_code) == ("malformed", "too_many_events")
+    assert (out.kind, out.transport_code) == ("response_too_large", "too_many_events")
 
 
 async def test_sse_endless_comments_hit_total_bytes_bound() -> None:
@@ -114,15 +124,36 @@ async def test_sse_endless_comments_hit_total_bytes_bound() -> None:
 
     async with raw_server(handler) as url:
         out = await run_sse(url, StreamLimits(max_total_bytes=2**20))
-    assert (out.kind, out.transport_code) == ("malformed", "stream_too_large")
+    assert (out.kind, out.transport_code) == ("response_too_large", "stream_too_large")
 
 
-async def test_sse_comments_do_not_reset_idle_timeout() -> None:
+async def test_sse_comments_reset_the_idle_timer() -> None:
+    # Issue 10.15 (was: comments did not reset it). A server that keeps a silent stream
+    # alive with ``: ping`` comments for 3x the idle bound: the attempt completes. Margins
+    # are generous on purpose (a ping every 0.1 s against a 0.6 s bound) so a loaded
+    # machine does not turn a late ping into a false timeout.
     async def handler(stream: trio.SocketStream) -> None:
         await stream.send_all(SSE_HEAD + CREATED)
-        while True:
-            await stream.send_all(b": ping\n")
-            await trio.sleep(0.02)  # pacing of the hostile server, not a test barrier
+        for _ in range(18):
+            await stream.send_all(b": ping\n\n")
+            await trio.sleep(0.1)  # pacing of the server, not a test barrier
+        await stream.send_all(COMPLETED)
+
+    async with raw_server(handler) as url:
+        backend = ResponsesBackend(url, credentials=StaticCredentials("k"), mode="sse",
+                                   limits=StreamLimits(idle_timeout=0.6))
+        try:
+            outcome = await backend.stream(BODY, attempt_id="a", token="k")
+        finally:
+            await backend.aclose()
+    assert isinstance(outcome, Completed), outcome
+    assert outcome.text == "{}"
+
+
+async def test_sse_silence_without_pings_still_times_out() -> None:
+    async def handler(stream: trio.SocketStream) -> None:
+        await stream.send_all(SSE_HEAD + CREATED)
+        await trio.sleep_forever()
 
     async with raw_server(handler) as url:
         out = await run_sse(url, StreamLimits(idle_timeout=0.3))
@@ -206,7 +237,7 @@ async def run_ws(url: str, limits: StreamLimits) -> Interruption:
 CREATED_TEXT = CREATED[len(b"data: "):].strip().decode()
 
 
-async def test_ws_oversized_message_is_malformed() -> None:
+async def test_ws_oversized_message_is_response_too_large() -> None:
     async def handler(ws: trio_websocket.WebSocketConnection) -> None:
         await ws.send_message(CREATED_TEXT)
         await ws.send_message("x" * (2 * 2**20))
@@ -214,7 +245,7 @@ async def test_ws_oversized_message_is_malformed() -> None:
 
     async with ws_server(handler) as url:
         out = await run_ws(url, StreamLimits(max_frame_bytes=2**20))
-    assert (out.kind, out.transport_code) == ("malformed", "frame_too_large")
+    assert (out.kind, out.transport_code) == ("response_too_large", "frame_too_large")
     assert out.response_id == "resp_raw"
 
 
@@ -266,7 +297,7 @@ async def test_ws_endless_events_hit_event_bound() -> None:
 
     async with ws_server(handler) as url:
         out = await run_ws(url, StreamLimits(max_events=3000))
-    assert (out.kind, out.transport_code) == ("malformed", "too_many_events")
+    assert (out.kind, out.transport_code) == ("response_too_large", "too_many_events")
 
 
 async def test_ws_refused_handshake_carries_status_and_retry_after() -> None:

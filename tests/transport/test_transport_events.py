@@ -244,6 +244,10 @@ def test_stream_limits_validate() -> None:
         Reply.rate_limited(retry_after=0.5), Reply.quota_exceeded(), Reply.unauthorized(),
         Reply.forbidden(), Reply.failed("slow_down"), Reply.incomplete("content_filter"),
         Reply.invalid_json(), Reply.schema_violation(), Reply.tool_call(), Reply.refusal("no"),
+        Reply.error_event(error_type="rate_limit_exceeded"),
+        Reply.error_event(error_type="server_error", code="x", status=500, after_events=1),
+        Reply.keepalive(pause=2.0, every=0.5), Reply.lenient(), Reply.lenient("resp_long"),
+        Reply.http_error(500, body={"error": {}}, framing="sse"),
     ],
 )
 def test_reply_spec_round_trip(reply: Reply) -> None:
@@ -255,7 +259,9 @@ def test_reply_spec_round_trip(reply: Reply) -> None:
     "spec",
     [{"kind": "nope"}, {"kind": "disconnect", "after_events": -1}, {"kind": "complete"},
      {"kind": "stall", "payload": 1}, {"kind": "http_error", "status": 200}, "x", {"kind": 3},
-     {"kind": "rate_limited", "retry_after": "soon"}],
+     {"kind": "rate_limited", "retry_after": "soon"},
+     {"kind": "keepalive", "pause": 0, "every": 1}, {"kind": "error_event", "status": 200},
+     {"kind": "http_error", "status": 500, "framing": "xml"}],
 )
 def test_bad_reply_specs_are_rejected(spec: Any) -> None:
     with pytest.raises(InvalidRequest):
