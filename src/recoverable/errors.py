@@ -16,8 +16,10 @@ __all__ = [
     "CompletionUnavailable",
     "ConfigurationUnavailable",
     "CorruptRecord",
+    "EndpointUnavailable",
     "FenceMismatch",
     "FormatMismatch",
+    "InvalidCredentials",
     "InvalidRequest",
     "OperationBusy",
     "OperationCancelled",
@@ -199,6 +201,29 @@ class InvalidRequest(RecoveryError, ValueError):
     """The request, schema or option given by the caller is invalid."""
 
     code = "invalid_request"
+
+
+class InvalidCredentials(InvalidRequest):
+    """An API key or token that cannot be sent in an HTTP header (empty, non-ASCII,
+    whitespace or control characters). Raised before any attempt is consumed."""
+
+    code = "invalid_credentials"
+
+
+class EndpointUnavailable(RecoveryError):
+    """The endpoint could not be connected to (nothing was sent, no attempt was spent).
+
+    ``kind`` is the typed connect failure: ``connect_refused``, ``dns_failure``,
+    ``tls_failure``, ``connect_timeout``, ``handshake_failed`` or ``connect_failed``.
+    """
+
+    code = "endpoint_unavailable"
+
+    def __init__(
+        self, message: str = "", *, operation_id: str | None = None, kind: str = "connect_failed"
+    ) -> None:
+        super().__init__(message or f"endpoint unavailable ({kind})", operation_id=operation_id)
+        self.kind = kind
 
 
 class ProviderError(RecoveryError):

@@ -417,8 +417,22 @@ def authorization_answered(
         attempts_used=rec.attempts_used + 1,
         next_attempt_at=None,
         renew_next=False,
+        endpoint_failure=None,
     )
     return _t(rec, new, Transmit(pending.attempt_id, pending.reason == "authentication_reissue"))
+
+
+def endpoint_unreachable(rec: OperationRecord, attempt_id: str, kind: str) -> Transition:
+    """Connecting for the approved pending attempt failed before anything was sent.
+
+    Nothing is spent: the phase stays ``authorizing`` with the same pending attempt id
+    (the driver waits in the runtime's shared connect backoff and tries again); the
+    typed kind is recorded so that status reads ``endpoint_unavailable``, also from
+    another process and after this execution ends.
+    """
+    if rec.phase != "authorizing" or rec.pending is None or rec.pending.attempt_id != attempt_id:
+        raise InvalidTransition(f"endpoint_unreachable in phase {rec.phase}")
+    return _t(rec, evolve(rec, endpoint_failure=kind), None)
 
 
 def credentials_unavailable(rec: OperationRecord, attempt_id: str) -> Transition:
@@ -681,8 +695,13 @@ def derive_status(
     viewer: AccountBinding | None,
     endpoint_id: str | None = None,
     command: CommandKind | None = None,
+    endpoint_down: str | None = None,
 ) -> Status:
-    """Every dimension of the operation, derived from the record (no lease, no I/O)."""
+    """Every dimension of the operation, derived from the record (no lease, no I/O).
+
+    ``endpoint_down`` is the viewing runtime's own knowledge that its endpoint cannot
+    be connected to (its shared connect backoff); it applies to a live execution.
+    """
     if viewer is None or viewer != rec.account:
         return redacted_status(rec.operation_id)
     phase = rec.phase
@@ -727,6 +746,15 @@ def derive_status(
         availability = "expired"
     if blockers and availability in ("ready", "waiting", "replacement_eligible"):
         availability = "blocked"
+    endpoint_failure = rec.endpoint_failure or (
+        endpoint_down if lease_live and rec.phase == "authorizing" else None
+    )
+    if endpoint_failure is not None and availability in (
+        "ready", "waiting", "replacement_eligible", "running", "suspended"
+    ):
+        # Nothing was spent for it; the budget is intact and the job is not failed.
+        blockers.add("endpoint_unavailable")
+        availability = "endpoint_unavailable"
     return Status(
         operation_id=rec.operation_id,
         state=state,
@@ -763,6 +791,7 @@ def derive_status(
         input_revision=rec.input_revision,
         scope=rec.scope,
         pending_attempt_id=rec.pending.attempt_id if rec.pending else None,
+        endpoint_failure=endpoint_failure,
     )
 
 
@@ -782,6 +811,7 @@ def suggested_actions(availability: Availability, rec: OperationRecord) -> tuple
         "failed": ("manual_retry", "abandon"),
         "expired": ("manual_retry", "abandon"),
         "blocked": ("manual_retry", "abandon"),
+        "endpoint_unavailable": ("wait", "resume", "abandon"),
         "acknowledged": (),
         "abandoned": (),
     }
