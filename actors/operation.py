@@ -405,11 +405,17 @@ class OperationActor:
         gate = rt.endpoint_gate(backend.endpoint_id)
         authorized = current
         while True:
+            known = gate.failure
+            if known is not None and authorized.endpoint_failure != known:
+                # About to wait behind the shared backoff: record why (status, other processes).
+                t = await self._advance(functools.partial(
+                    _unreachable, authorized, attempt_id, known
+                ))
+                authorized = t.record
             result = await self._connect_and_send(authorized, attempt_id, token, body, gate)
             if isinstance(result, machine.Transition):
                 return result
-            kind, record = result
-            authorized = record
+            kind, authorized = result
             if authorized.endpoint_failure != kind:
                 t = await self._advance(functools.partial(
                     _unreachable, authorized, attempt_id, kind
@@ -460,6 +466,7 @@ class OperationActor:
             consumed.append(t)
             if not isinstance(t.action, machine.Transmit):
                 raise _NotTransmitted
+            rt.attempts_consumed += 1
             _killpoints.hit("attempt.consumed_saved")
             rt.telemetry.emit("attempt.transmission_authorized", self.operation_id,
                               attempt=t.record.attempts_used)

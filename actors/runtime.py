@@ -109,6 +109,7 @@ class Runtime:
         self.telemetry = telemetry
         self.monitor = monitor
         self.connect_backoff = connect_backoff
+        self.attempts_consumed = 0  # attempts this runtime consumed (persisted before sending)
         self._gates: dict[str, EndpointGate] = {}
 
     def endpoint_gate(self, endpoint_id: str) -> EndpointGate:

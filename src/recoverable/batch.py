@@ -499,7 +499,8 @@ class BatchHost:
 
     async def authorize(self, attempt: Attempt) -> bool:
         # The batch is the host: it authorizes every attempt (and logs nothing private).
-        self.summary.attempts += 1
+        # Attempts spent are counted by the runtime when consumed: an approved attempt
+        # whose connection was never established spends nothing.
         return True
 
     @property
@@ -660,6 +661,7 @@ class ProgressDisplay:
         remaining = s.jobs - done - failed - s.unfinished
         eta = f"{remaining / rate:.0f}s" if rate > 0 and remaining > 0 else "-"
         waiting = self.host.rt.scheduler.waiting
+        s.attempts = self.host.rt.attempts_consumed
         running = max(0, self.host.running - waiting)
         text = (
             f"done {done}/{s.jobs}  running {running}  waiting {waiting}  failed {failed}  "
@@ -796,6 +798,7 @@ async def _run_host(
                 await host.run()
             nursery.cancel_scope.cancel()
         summary.endpoint_unavailable = rt.endpoint_failure()
+        summary.attempts = rt.attempts_consumed
         if summary.interrupted or summary.fatal is not None:
             summary.unfinished = (
                 summary.jobs
