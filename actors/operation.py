@@ -310,6 +310,11 @@ class OperationActor:
                 continue
             raise machine.InvalidTransition(f"no action after {current.phase}")
 
+    def _approved(
+        self, rec: OperationRecord, attempt_id: str, command: CommandKind | None
+    ) -> machine.Transition:
+        return machine.authorization_answered(rec, attempt_id, True, self._ctx(command))
+
     def _wake(self, current: OperationRecord, command: CommandKind | None) -> machine.Transition:
         return machine.wake(current, self._ctx(command))
 
@@ -423,6 +428,15 @@ class OperationActor:
                 authorized = t.record
             rt.telemetry.emit("endpoint.unavailable", self.operation_id, kind=kind,
                               failures=gate.failures)
+            # Before the next try: still allowed (account, expiry, budget, commands)?
+            assert self.watch is not None
+            recheck = machine.authorization_answered(
+                authorized, attempt_id, True, self._ctx(self.watch.command)
+            )
+            if not isinstance(recheck.action, machine.Transmit):
+                return await self._advance(
+                    functools.partial(self._approved, authorized, attempt_id)
+                )
 
     async def _connect_and_send(
         self,

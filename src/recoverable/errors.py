@@ -16,7 +16,6 @@ __all__ = [
     "CompletionUnavailable",
     "ConfigurationUnavailable",
     "CorruptRecord",
-    "EndpointUnavailable",
     "FenceMismatch",
     "FormatMismatch",
     "InvalidCredentials",
@@ -208,22 +207,6 @@ class InvalidCredentials(InvalidRequest):
     whitespace or control characters). Raised before any attempt is consumed."""
 
     code = "invalid_credentials"
-
-
-class EndpointUnavailable(RecoveryError):
-    """The endpoint could not be connected to (nothing was sent, no attempt was spent).
-
-    ``kind`` is the typed connect failure: ``connect_refused``, ``dns_failure``,
-    ``tls_failure``, ``connect_timeout``, ``handshake_failed`` or ``connect_failed``.
-    """
-
-    code = "endpoint_unavailable"
-
-    def __init__(
-        self, message: str = "", *, operation_id: str | None = None, kind: str = "connect_failed"
-    ) -> None:
-        super().__init__(message or f"endpoint unavailable ({kind})", operation_id=operation_id)
-        self.kind = kind
 
 
 class ProviderError(RecoveryError):

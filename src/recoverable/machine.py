@@ -755,6 +755,8 @@ def derive_status(
         # Nothing was spent for it; the budget is intact and the job is not failed.
         blockers.add("endpoint_unavailable")
         availability = "endpoint_unavailable"
+    else:
+        endpoint_failure = None
     return Status(
         operation_id=rec.operation_id,
         state=state,

@@ -319,3 +319,38 @@ async def test_dynamic_token_is_validated_before_any_attempt_is_consumed(
             assert provider.requests == []
     finally:
         store.close()
+
+
+async def test_sign_out_while_waiting_for_the_endpoint_stops_without_spending(
+    tmp_path: Path
+) -> None:
+    """The approval is rechecked before every new try, not only at consumption."""
+    port = await closed_port()
+    store = recoverable.RecoveryStore.open(str(tmp_path / "store"))
+    try:
+        async with recoverable.open_runtime(
+            store, backend_for(f"http://127.0.0.1:{port}/v1", "websocket"), account=ACCOUNT,
+            connect_backoff=FAST_CONNECT,
+        ) as rt:
+            handle = await rt.prepare(REQUEST, response=Answer, maximum_attempts=1)
+            gate = rt.endpoint_gate("the-endpoint")
+            raised: list[BaseException] = []
+
+            async def run() -> None:
+                try:
+                    await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
+                except recoverable.AccountChanged as exc:
+                    raised.append(exc)
+
+            with trio.fail_after(60):  # generous: CI load; the stop follows the next round
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(run)
+                    await until(gate, lambda g: g.failures >= 1)
+                    rt.sign_out()
+            assert len(raised) == 1
+            rt.sign_in(ACCOUNT)
+            status = await rt.status(handle)
+            assert status.attempts_used == 0 and status.attempts_remaining == 1
+            assert status.pending_attempt_id == f"{handle.operation_id}.1"
+    finally:
+        store.close()
