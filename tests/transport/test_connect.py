@@ -225,3 +225,38 @@ def test_gate_without_a_result_lets_another_probe() -> None:
         assert gate.available
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+async def test_a_websocket_handshake_answered_with_a_status_is_an_established_connection() -> None:
+    """The server answered (429 on the upgrade): the attempt is spent like any 429."""
+
+    async def reject(stream: trio.SocketStream) -> None:
+        try:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += await stream.receive_some(4096)
+            body = b'{"error":{"type":"requests","code":"rate_limit_exceeded","message":"x"}}'
+            await stream.send_all(
+                b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\n"
+                b"retry-after: 3\r\ncontent-length: %d\r\n\r\n" % len(body) + body
+            )
+        except trio.BrokenResourceError:
+            pass
+        finally:
+            await stream.aclose()
+
+    called: list[bool] = []
+
+    async def before_send() -> None:
+        called.append(True)
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(trio.serve_tcp, reject, 0)
+        port = listeners[0].socket.getsockname()[1]
+        b = backend(f"http://127.0.0.1:{port}/v1", "websocket")
+        outcome = await b.stream(BODY, attempt_id="a", token="sk-test", before_send=before_send)
+        await b.aclose()
+        nursery.cancel_scope.cancel()
+    assert called == [True]
+    assert isinstance(outcome, Interruption)
+    assert (outcome.kind, outcome.http_status, outcome.retry_after) == ("http_rejected", 429, 3.0)
