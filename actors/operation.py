@@ -498,6 +498,8 @@ class OperationActor:
             return consumed[0]  # persisted; its Stop says why (command, account, expiry, ...)
         finally:
             if not reported:
+                # Give up a probe held without a result (cut, cancelled, raised). The ticket
+                # stays valid: a connect failure is still reported with it just below.
                 gate.abandon(ticket)
         if not consumed:
             # Never connected: nothing was sent and nothing is spent.

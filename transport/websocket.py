@@ -138,11 +138,13 @@ class WebSocketTransport:
         started = False
         try:
             with trio.CancelScope() as scope:
-                with trio.fail_after(self._limits.connect_timeout):
+                # One bound for TCP + TLS + the opening handshake together.
+                deadline = trio.current_time() + self._limits.connect_timeout
+                with trio.fail_at(deadline):
                     stream = await self._open_stream()
                 try:
                     async with trio.open_nursery() as inner:
-                        with trio.fail_after(self._limits.connect_timeout):
+                        with trio.fail_at(deadline):
                             ws = await trio_websocket.wrap_client_stream(
                                 inner, stream, self._host_header, self._resource,
                                 extra_headers=headers,
@@ -154,9 +156,9 @@ class WebSocketTransport:
                             await release.wait()
                         finally:
                             if not scope.cancel_called:
-                                # Graceful close handshake, bounded by the disconnect timeout.
-                                with trio.move_on_after(_DISCONNECT_TIMEOUT) as grace:
-                                    grace.shield = True
+                                # Graceful close handshake, bounded by the disconnect timeout
+                                # (skipped at once when the keeper itself is cancelled).
+                                with trio.move_on_after(_DISCONNECT_TIMEOUT):
                                     await ws.aclose()
                             inner.cancel_scope.cancel()
                 finally:
