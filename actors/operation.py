@@ -24,6 +24,8 @@ from recoverable.storage.records import (
     LeaseRecord,
     OperationRecord,
 )
+from recoverable.transport.base import validate_api_key
+from recoverable.transport.connect import CONNECT_CODES, ConnectKind, EndpointGate
 from recoverable.transport.outcome import Completed, Interruption, Progress
 
 from recoverable import _killpoints, errors, machine
@@ -40,6 +42,10 @@ Authorize = Callable[[Attempt], Awaitable[bool]]
 
 class _NeedsUpgrade(Exception):
     """Raised inside the acquisition: the record is an unmigrated version-1 record."""
+
+
+class _NotTransmitted(Exception):
+    """Raised from ``before_send``: the recheck at consumption stopped the attempt."""
 
 
 class _CommandArrived(Exception):
@@ -324,10 +330,12 @@ class OperationActor:
             if isinstance(action, machine.AskHost):
                 t = await self._ask_host(current, action.attempt)
                 continue
-            if isinstance(action, machine.Transmit):
-                t = await self._transmit(current, action)
-                continue
             raise machine.InvalidTransition(f"no action after {current.phase}")
+
+    def _approved(
+        self, rec: OperationRecord, attempt_id: str, command: CommandKind | None
+    ) -> machine.Transition:
+        return machine.authorization_answered(rec, attempt_id, True, self._ctx(command))
 
     def _wake(self, current: OperationRecord, command: CommandKind | None) -> machine.Transition:
         return machine.wake(current, self._ctx(command))
@@ -393,31 +401,100 @@ class OperationActor:
                 raise t.action.error from exc
         if self.watch.account_stop is not None:
             return await self._on_stop(current)  # signed out while fetching the token
-        self._token = token
-        t = await self._advance(
-            lambda command: machine.authorization_answered(
-                current, attempt.attempt_id, approved, self._ctx(command)
+        if not approved:
+            return await self._advance(
+                lambda command: machine.authorization_answered(
+                    current, attempt.attempt_id, False, self._ctx(command)
+                )
             )
+        assert token is not None
+        # A token that cannot be sent in a header is a typed error before anything is spent.
+        validate_api_key(token, what="the credentials' token")
+        # Recheck now (lifecycle, account, expiry, budget): connect only for an attempt that
+        # could be consumed. The same check is repeated, atomically, at consumption.
+        assert self.watch is not None
+        precheck = machine.authorization_answered(
+            current, attempt.attempt_id, True, self._ctx(self.watch.command)
         )
-        if isinstance(t.action, machine.Transmit):
-            _killpoints.hit("attempt.consumed_saved")
-            rt.telemetry.emit("attempt.transmission_authorized", self.operation_id,
-                              attempt=attempt.number)
-        return t
+        if not isinstance(precheck.action, machine.Transmit):
+            return await self._advance(
+                lambda command: machine.authorization_answered(
+                    current, attempt.attempt_id, True, self._ctx(command)
+                )
+            )
+        return await self._transmit(current, attempt.attempt_id, token)
 
     async def _transmit(
-        self, current: OperationRecord, action: machine.Transmit
+        self, current: OperationRecord, attempt_id: str, token: str
     ) -> machine.Transition:
+        """Connect, THEN consume the approved attempt, then send the frozen body.
+
+        The attempt is consumed (persisted) in ``before_send``: once a connection to the
+        endpoint is established and before the first byte of the request is written. A
+        connection that was never established spends nothing: the pending attempt stays
+        (same id), the runtime's shared connect backoff for the endpoint is waited (a
+        lifecycle command or the caller's cancellation cuts it), and connecting is tried
+        again.
+        """
         rt = self.rt
         backend = rt.backend
         assert backend is not None
         body = self._body
         if body is None:
             raise errors.CorruptRecord("the frozen body is missing", operation_id=self.operation_id)
-        token = self._token
-        self._token = None
-        assert token is not None
-        attempt_id = action.attempt_id
+        gate = rt.endpoint_gate(backend.endpoint_id)
+        authorized = current
+        while True:
+            known = gate.failure
+            if known is not None and authorized.endpoint_failure != known:
+                # About to wait behind the shared backoff: record why (status, other processes).
+                t = await self._advance(functools.partial(
+                    _unreachable, authorized, attempt_id, known
+                ))
+                authorized = t.record
+            result = await self._connect_and_send(authorized, attempt_id, token, body, gate)
+            if isinstance(result, machine.Transition):
+                return result
+            kind, authorized = result
+            if authorized.endpoint_failure != kind:
+                t = await self._advance(functools.partial(
+                    _unreachable, authorized, attempt_id, kind
+                ))
+                authorized = t.record
+            rt.telemetry.emit("endpoint.unavailable", self.operation_id, kind=kind,
+                              failures=gate.failures)
+            # Before the next try: still allowed (account, expiry, budget, commands)?
+            assert self.watch is not None
+            recheck = machine.authorization_answered(
+                authorized, attempt_id, True, self._ctx(self.watch.command)
+            )
+            if not isinstance(recheck.action, machine.Transmit):
+                return await self._advance(
+                    functools.partial(self._approved, authorized, attempt_id)
+                )
+
+    async def _connect_and_send(
+        self,
+        authorized: OperationRecord,
+        attempt_id: str,
+        token: str,
+        body: bytes,
+        gate: EndpointGate,
+    ) -> machine.Transition | tuple[ConnectKind, OperationRecord]:
+        """One try: the transition after the attempt, or the connect failure (nothing spent)."""
+        rt = self.rt
+        backend = rt.backend
+        assert backend is not None
+        tickets: list[int] = []
+
+        async def admitted() -> None:
+            tickets.append(await gate.admit())
+
+        if not await self._interruptible(admitted()):
+            return await self._on_stop(authorized)
+        ticket = tickets[0]
+        reported = False
+        consumed: list[machine.Transition] = []
         outcome: list[Completed | Interruption] = []
         progress_state: dict[str, Any] = {}
 
@@ -428,14 +505,57 @@ class OperationActor:
             progress_state["response_id"] = p.response_id
             progress_state["sequence_number"] = p.sequence_number
 
+        async def before_send() -> None:
+            nonlocal reported
+            gate.succeeded(ticket)
+            reported = True
+            with trio.CancelScope(shield=True):  # the consumption write always completes
+                t = await self._advance(
+                    lambda command: machine.authorization_answered(
+                        authorized, attempt_id, True, self._ctx(command)
+                    )
+                )
+            consumed.append(t)
+            if not isinstance(t.action, machine.Transmit):
+                raise _NotTransmitted
+            rt.attempts_consumed += 1
+            _killpoints.hit("attempt.consumed_saved")
+            rt.telemetry.emit("attempt.transmission_authorized", self.operation_id,
+                              attempt=t.record.attempts_used)
+
         async def stream() -> None:
             async with rt.scheduler.transmission_slot():
                 outcome.append(
                     await backend.stream(body, attempt_id=attempt_id, token=token,
-                                         on_progress=on_progress)
+                                         on_progress=on_progress, before_send=before_send)
                 )
 
-        completed = await self._interruptible(stream())
+        try:
+            completed = await self._interruptible(stream())
+        except _NotTransmitted:
+            return consumed[0]  # persisted; its Stop says why (command, account, expiry, ...)
+        finally:
+            if not reported:
+                # Give up a probe held without a result (cut, cancelled, raised). The ticket
+                # stays valid: a connect failure is still reported with it just below.
+                gate.abandon(ticket)
+        if not consumed:
+            # Never connected: nothing was sent and nothing is spent.
+            if not completed:
+                return await self._on_stop(authorized)
+            result = outcome[0]
+            if isinstance(result, Completed):
+                raise errors.ConfigurationUnavailable(
+                    "the backend sent a request without reporting the connection first",
+                    operation_id=self.operation_id,
+                )
+            code = result.transport_code
+            kind: ConnectKind = (
+                code if code in CONNECT_CODES else "connect_failed"  # type: ignore[assignment]
+            )
+            gate.failed(ticket, kind)
+            return kind, authorized
+        current = consumed[0].record
         if progress_state:
             current = machine.progress(
                 current, attempt_id, progress_state.get("response_id"),
@@ -530,7 +650,12 @@ class OperationActor:
                 operation_id=self.operation_id,
             ) from exc
 
-    _token: str | None = None
+
+def _unreachable(
+    rec: OperationRecord, attempt_id: str, kind: str, command: CommandKind | None
+) -> machine.Transition:
+    del command  # recorded whatever arrives; the next interruptible step observes a command
+    return machine.endpoint_unreachable(rec, attempt_id, kind)
 
 
 def _is_cancellation(exc: BaseException) -> bool:

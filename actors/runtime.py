@@ -11,7 +11,7 @@ import hashlib
 import itertools
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Protocol, TypeVar
 
@@ -31,6 +31,7 @@ from recoverable.storage.records import (
 from recoverable.storage.retention import remove_content
 from recoverable.storage.store import RecoveryStore, WriteTxn
 from recoverable.transport.base import Credentials
+from recoverable.transport.connect import ConnectBackoff, EndpointGate
 from recoverable.transport.outcome import Outcome, Progress
 
 from recoverable import _killpoints, errors, machine
@@ -73,6 +74,7 @@ class Backend(Protocol):
         attempt_id: str,
         token: str,
         on_progress: Callable[[Progress], None] | None = None,
+        before_send: Callable[[], Awaitable[None]] | None = None,
     ) -> Outcome: ...
 
 
@@ -97,6 +99,7 @@ class Runtime:
         scheduler: Scheduler,
         telemetry: Telemetry,
         monitor: LifecycleMonitor,
+        connect_backoff: ConnectBackoff = ConnectBackoff(),
     ) -> None:
         self.store = store
         self.backend = backend
@@ -106,6 +109,23 @@ class Runtime:
         self.scheduler = scheduler
         self.telemetry = telemetry
         self.monitor = monitor
+        self.connect_backoff = connect_backoff
+        self.attempts_consumed = 0  # attempts this runtime consumed (persisted before sending)
+        self._gates: dict[str, EndpointGate] = {}
+
+    def endpoint_gate(self, endpoint_id: str) -> EndpointGate:
+        """The shared connect backoff of one endpoint in this runtime (item 11.7)."""
+        gate = self._gates.get(endpoint_id)
+        if gate is None:
+            gate = self._gates[endpoint_id] = EndpointGate(endpoint_id, self.connect_backoff)
+        return gate
+
+    def endpoint_failure(self) -> str | None:
+        """The typed connect failure of this runtime's endpoint, None while it is reachable."""
+        if self.backend is None:
+            return None
+        gate = self._gates.get(self.backend.endpoint_id)
+        return gate.failure if gate is not None else None
 
     # --- account --------------------------------------------------------------------
 
@@ -499,6 +519,7 @@ class Runtime:
             endpoint_id=self.backend.endpoint_id if self.backend is not None else None,
             command=command.kind if command is not None else None,
             payloads=payloads,
+            endpoint_down=self.endpoint_failure(),
         )
 
     def _disposition_status(self, d: DispositionRecord) -> Status:
@@ -560,6 +581,7 @@ class Runtime:
         live: dict[str, bool] = {}
         now = self.now()
         endpoint_id = self.backend.endpoint_id if self.backend is not None else None
+        endpoint_down = self.endpoint_failure()
         statuses = []
         for record in records:
             lease = leases.get(record.operation_id)
@@ -576,6 +598,7 @@ class Runtime:
                     endpoint_id=endpoint_id,
                     command=command.kind if command is not None else None,
                     payloads=present.get(record.operation_id),
+                    endpoint_down=endpoint_down,
                 )
             )
         return Inventory(operations=tuple(statuses), unreadable=tuple(unreadable))
@@ -711,6 +734,7 @@ async def open_runtime(
     telemetry: TelemetrySink | None = None,
     wall_clock: Callable[[], float] = time.time,
     monitor_interval: float = 0.002,
+    connect_backoff: ConnectBackoff = ConnectBackoff(),
 ) -> AsyncIterator[Runtime]:
     """Open the supervisor: scheduler, lifecycle monitor and telemetry pump."""
     scheduler = Scheduler(
@@ -727,6 +751,7 @@ async def open_runtime(
         scheduler=scheduler,
         telemetry=pump,
         monitor=monitor,
+        connect_backoff=connect_backoff,
     )
     body_error: BaseException | None = None
     async with trio.open_nursery() as nursery:

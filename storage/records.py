@@ -112,6 +112,9 @@ class OperationRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     completed_at: float | None = None
     fence: int = 0  # generation fence: incremented by every lease acquisition
     upgraded_from: int | None = None  # set when migrated from an older record version
+    # The typed connect failure (transport.connect.ConnectKind) seen while trying to send
+    # the pending attempt; no budget was spent for it. Cleared when an attempt is consumed.
+    endpoint_failure: str | None = None
 
     @property
     def attempts_remaining(self) -> int:

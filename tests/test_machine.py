@@ -1241,3 +1241,65 @@ def test_http_status_decides_a_rejection_even_with_a_rate_limit_code(status: int
     # refresh"); only 429 (or a configured retryable status) is a rate limit over HTTP.
     failure = rejected(status, provider_code="rate_limit_exceeded")
     assert m.classify(failure, RetryPolicy()) == "rejected"
+
+
+# --- issue 11.7: an endpoint that cannot be connected to -------------------------------
+
+
+def _asking() -> OperationRecord:
+    t = open_(record())
+    assert isinstance(t.action, AskHost)
+    return t.record
+
+
+def test_endpoint_unreachable_spends_nothing_and_keeps_the_pending_id() -> None:
+    rec = _asking()
+    pending = rec.pending
+    t = m.endpoint_unreachable(rec, f"{OP}.1", "connect_refused")
+    assert t.action is None and t.changed
+    assert t.record.phase == "authorizing" and t.record.pending == pending
+    assert t.record.attempts_used == 0 and t.record.attempts == ()
+    assert t.record.endpoint_failure == "connect_refused"
+    # Consuming the attempt (the connection was established) clears it.
+    sent = m.authorization_answered(t.record, f"{OP}.1", True, ctx())
+    assert isinstance(sent.action, m.Transmit)
+    assert sent.record.endpoint_failure is None and sent.record.attempts_used == 1
+
+
+def test_endpoint_unreachable_outside_authorizing_is_invalid() -> None:
+    with pytest.raises(m.InvalidTransition):
+        m.endpoint_unreachable(record(), f"{OP}.1", "connect_refused")
+    with pytest.raises(m.InvalidTransition):
+        m.endpoint_unreachable(_asking(), f"{OP}.2", "connect_refused")
+
+
+@pytest.mark.parametrize(
+    ("phase", "live", "state"),
+    [("authorizing", True, "running"), ("authorizing", False, "interrupted"),
+     ("suspended", False, "suspended"), ("prepared", False, "prepared")],
+)
+def test_status_reads_endpoint_unavailable_from_the_record(
+    phase: str, live: bool, state: str
+) -> None:
+    rec = m.evolve(_asking(), phase=phase, endpoint_failure="dns_failure")
+    s = m.derive_status(rec, now=T0, lease_live=live, viewer=ALICE)
+    assert (s.state, s.availability) == (state, "endpoint_unavailable")
+    assert s.endpoint_failure == "dns_failure" and "endpoint_unavailable" in s.blockers
+    assert s.attempts_remaining == 3 and s.suggested_actions == ("wait", "resume", "abandon")
+
+
+def test_status_endpoint_down_in_this_runtime_applies_to_a_live_authorizing_execution() -> None:
+    rec = _asking()
+    live = m.derive_status(rec, now=T0, lease_live=True, viewer=ALICE,
+                           endpoint_down="connect_refused")
+    assert live.availability == "endpoint_unavailable"
+    idle = m.derive_status(record(), now=T0, lease_live=False, viewer=ALICE,
+                           endpoint_down="connect_refused")
+    assert idle.availability == "ready" and idle.endpoint_failure is None
+
+
+def test_status_terminal_states_win_over_an_endpoint_failure() -> None:
+    failed = m.evolve(record(), phase="failed", failure_reason="exhausted",
+                      endpoint_failure="connect_refused")
+    s = m.derive_status(failed, now=T0, lease_live=False, viewer=ALICE)
+    assert s.availability == "exhausted" and s.endpoint_failure is None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Literal
 from urllib.parse import urlsplit
@@ -78,6 +78,12 @@ class ResponsesBackend:
     (the connection is closed, never reused) and ``InvalidRequest`` for a body
     that is not a JSON object.
 
+    ``before_send`` (optional) runs once the connection is established and before
+    the request is written; when no connection could be established it is never
+    called, and the interruption's ``transport_code`` is one of
+    ``transport.connect.CONNECT_CODES`` (nothing was sent). The runtime keeps
+    one shared connect backoff per endpoint (``transport.connect.EndpointGate``).
+
     Use it as ``async with backend:`` to reuse WebSocket connections (a pool
     keyed by URL and token fingerprint); outside that, each WebSocket stream
     opens its own connection. SSE always reuses HTTP connections.
@@ -132,6 +138,7 @@ class ResponsesBackend:
         attempt_id: str,
         token: str,
         on_progress: Callable[[Progress], None] | None = None,
+        before_send: Callable[[], Awaitable[None]] | None = None,
     ) -> Outcome:
         if not isinstance(body, bytes) or not body.startswith(b"{") or not body.endswith(b"}"):
             raise InvalidRequest("body must be the canonical JSON object bytes")
@@ -141,7 +148,8 @@ class ResponsesBackend:
             raise InvalidRequest("token must be a non-empty string")
         async with self._slots:
             return await self._transport.stream(
-                body, attempt_id=attempt_id, token=token, on_progress=on_progress
+                body, attempt_id=attempt_id, token=token, on_progress=on_progress,
+                before_send=before_send,
             )
 
     async def __aenter__(self) -> ResponsesBackend:

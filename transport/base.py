@@ -18,7 +18,7 @@ import attrs
 import msgspec
 from recoverable.transport.events import FrameTooLarge, SseDecoder, error_fields
 
-from recoverable.errors import InvalidRequest
+from recoverable.errors import InvalidCredentials, InvalidRequest
 from recoverable.types import AccountBinding
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "parse_error_body",
     "parse_retry_after",
     "token_fingerprint",
+    "validate_api_key",
 ]
 
 # A rejection body is read only this far: enough for {"error": {...}}, never a flood.
@@ -48,6 +49,31 @@ class Credentials(Protocol):
     async def token(self, *, renew: bool = False) -> str: ...
 
 
+def validate_api_key(key: object, *, what: str = "api_key") -> str:
+    """Return ``key`` if it can be sent as ``Authorization: Bearer <key>``.
+
+    Only printable ASCII without spaces is accepted (0x21..0x7e): a non-ASCII
+    character would fail to encode in the HTTP client, and ``\\r``/``\\n``/spaces
+    would corrupt or split the header. The message never contains the key.
+    """
+    if not isinstance(key, str):
+        raise InvalidCredentials(f"{what} must be a string")
+    if not key:
+        raise InvalidCredentials(f"{what} is empty")
+    for index, char in enumerate(key):
+        if not "\x21" <= char <= "\x7e":
+            if char in "\r\n":
+                problem = "a line break"
+            elif char.isspace():
+                problem = "whitespace"
+            elif ord(char) > 0x7E:
+                problem = "a non-ASCII character"
+            else:
+                problem = "a control character"
+            raise InvalidCredentials(f"{what} contains {problem} (at position {index})")
+    return key
+
+
 class StaticCredentials:
     """A fixed API key.
 
@@ -61,9 +87,7 @@ class StaticCredentials:
     def __init__(
         self, api_key: str, *, account: AccountBinding = AccountBinding("default", "api-key")
     ) -> None:
-        if not isinstance(api_key, str) or not api_key:
-            raise InvalidRequest("api_key must be a non-empty string")
-        self._key = api_key
+        self._key = validate_api_key(api_key)
         self._account = account
 
     @property

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import httpx
 import trio
@@ -12,6 +13,7 @@ from recoverable.transport.base import (
     parse_error_body,
     parse_retry_after,
 )
+from recoverable.transport.connect import classify_connect_error
 from recoverable.transport.events import FrameTooLarge, ResponseStream, SseDecoder
 from recoverable.transport.outcome import Interruption, Outcome, Progress
 
@@ -52,7 +54,12 @@ class SseTransport:
         attempt_id: str,
         token: str,
         on_progress: Callable[[Progress], None] | None,
+        before_send: Callable[[], Awaitable[None]] | None = None,
     ) -> Outcome:
+        """Stream one generation. ``before_send`` runs once a connection is established
+        (new or from the pool) and before the first byte of the request is written; if
+        the connection cannot be established it is never called and the interruption's
+        ``transport_code`` is a connect code (``transport.connect.CONNECT_CODES``)."""
         limits = self._limits
         state = ResponseStream(max_events=limits.max_events, on_progress=on_progress)
         content = add_field(body, b'"stream":true')
@@ -64,7 +71,20 @@ class SseTransport:
             # Raw bytes only: a compressed stream could expand past every bound in one chunk.
             "accept-encoding": "identity",
         }
-        request = self._client.build_request("POST", self.url, content=content, headers=headers)
+        hooked = False
+
+        async def trace(name: str, info: dict[str, Any]) -> None:
+            # httpcore calls this with the connection established, before it writes the
+            # request line: the one point where "connected" and "nothing sent" both hold.
+            nonlocal hooked
+            if name.endswith(".send_request_headers.started") and not hooked:
+                hooked = True
+                if before_send is not None:
+                    await before_send()
+
+        request = self._client.build_request(
+            "POST", self.url, content=content, headers=headers, extensions={"trace": trace}
+        )
         idle = trio.CancelScope()
         # The first event must arrive within connect + idle; afterwards idle per event.
         idle.deadline = trio.current_time() + limits.connect_timeout + limits.idle_timeout
@@ -72,10 +92,16 @@ class SseTransport:
         with idle:
             try:
                 outcome = await self._exchange(request, state, idle)
-            except httpx.ConnectTimeout:
-                outcome = state.interrupt("timeout", transport_code="connect_timeout")
-            except httpx.ConnectError:
-                outcome = state.interrupt("disconnected", transport_code="connect_failed")
+            except httpx.ConnectTimeout as exc:
+                code = classify_connect_error(exc, default="connect_timeout")
+                outcome = state.interrupt(
+                    "timeout" if code == "connect_timeout" else "disconnected", transport_code=code
+                )
+            except httpx.ConnectError as exc:
+                code = classify_connect_error(exc)
+                outcome = state.interrupt(
+                    "timeout" if code == "connect_timeout" else "disconnected", transport_code=code
+                )
             except httpx.RemoteProtocolError:
                 outcome = state.interrupt("disconnected", transport_code="http_protocol_error")
             except httpx.ReadError:

@@ -10,8 +10,10 @@ Without that nursery every stream uses its own connection.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import ssl
+from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import attrs
 import trio
@@ -23,6 +25,7 @@ from recoverable.transport.base import (
     parse_retry_after,
     token_fingerprint,
 )
+from recoverable.transport.connect import classify_connect_error
 from recoverable.transport.events import ResponseStream
 from recoverable.transport.outcome import Completed, Interruption, Outcome, Progress
 from recoverable.transport.sse import add_field
@@ -113,9 +116,24 @@ class _Rejected(Exception):
         self.outcome = outcome
 
 
+def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc
+
+
 class WebSocketTransport:
     def __init__(self, base_url: str, *, limits: StreamLimits, max_connections: int) -> None:
         self.url = websocket_url(base_url)
+        parts = urlsplit(self.url)
+        self._tls = parts.scheme == "wss"
+        assert parts.hostname is not None
+        self._host = parts.hostname
+        self._port = parts.port or (443 if self._tls else 80)
+        self._host_header = parts.netloc
+        self._resource = parts.path or "/"
+        self._ssl_context: ssl.SSLContext | None = None
         self._limits = limits
         self._max_idle = max_connections
         self._idle: dict[tuple[str, str], list[_Connection]] = {}
@@ -136,6 +154,24 @@ class WebSocketTransport:
         self._idle_count = 0
 
     # -- connections -----------------------------------------------------------
+    async def _open_stream(self) -> trio.SocketStream | trio.SSLStream[trio.SocketStream]:
+        """TCP, then TLS for ``wss``, with the handshake done here so that a TLS failure
+        is reported as such (trio-websocket would only see it as a handshake timeout)."""
+        tcp = await trio.open_tcp_stream(self._host, self._port)
+        if not self._tls:
+            return tcp
+        if self._ssl_context is None:
+            self._ssl_context = ssl.create_default_context()
+        tls = trio.SSLStream(
+            tcp, self._ssl_context, server_hostname=self._host, https_compatible=True
+        )
+        try:
+            await tls.do_handshake()
+        except BaseException:
+            await trio.aclose_forcefully(tcp)
+            raise
+        return tls
+
     async def _keeper(
         self,
         headers: list[tuple[bytes, bytes]],
@@ -148,20 +184,44 @@ class WebSocketTransport:
         started = False
         try:
             with trio.CancelScope() as scope:
-                async with trio_websocket.open_websocket_url(
-                    self.url,
-                    extra_headers=headers,
-                    max_message_size=self._limits.max_frame_bytes,
-                    connect_timeout=self._limits.connect_timeout,
-                    disconnect_timeout=_DISCONNECT_TIMEOUT,
-                ) as ws:
-                    task_status.started((ws, scope))
-                    started = True
-                    await release.wait()
-        except Exception:
+                # One bound for TCP + TLS + the opening handshake together.
+                deadline = trio.current_time() + self._limits.connect_timeout
+                with trio.fail_at(deadline):
+                    stream = await self._open_stream()
+                try:
+                    async with trio.open_nursery() as inner:
+                        with trio.fail_at(deadline):
+                            ws = await trio_websocket.wrap_client_stream(
+                                inner, stream, self._host_header, self._resource,
+                                extra_headers=headers,
+                                max_message_size=self._limits.max_frame_bytes,
+                            )
+                        task_status.started((ws, scope))
+                        started = True
+                        try:
+                            await release.wait()
+                        finally:
+                            if not scope.cancel_called:
+                                # Graceful close handshake, bounded by the disconnect timeout
+                                # (skipped at once when the keeper itself is cancelled).
+                                with trio.move_on_after(_DISCONNECT_TIMEOUT):
+                                    await ws.aclose()
+                            inner.cancel_scope.cancel()
+                finally:
+                    await trio.aclose_forcefully(stream)
+        except BaseException as exc:
             # Before ``started`` the error belongs to the caller (nursery.start raises it);
             # afterwards a failing close must not take the shared nursery down.
             if not started:
+                if isinstance(exc, BaseExceptionGroup):
+                    # The reader's nursery groups what ended the handshake: unwrap the
+                    # rejection or the timeout; anything else stays a protocol failure.
+                    for kind in (trio_websocket.ConnectionRejected, trio.TooSlowError):
+                        matched, _ = exc.split(kind)
+                        if matched is not None:
+                            raise _first(matched) from None
+                raise
+            if not isinstance(exc, Exception):
                 raise
 
     async def _connect(
@@ -176,18 +236,26 @@ class WebSocketTransport:
             ws, scope = await nursery.start(self._keeper, headers, release)
         except trio_websocket.ConnectionRejected as exc:
             raise _Rejected(self._rejection(exc, state)) from None
-        except trio_websocket.ConnectionTimeout:
+        except (trio.TooSlowError, trio_websocket.ConnectionTimeout):
             raise _Rejected(state.interrupt("timeout", transport_code="connect_timeout")) from None
-        except (trio_websocket.HandshakeError, trio_websocket.ConnectionClosed, OSError):
-            raise _Rejected(
-                state.interrupt("disconnected", transport_code="connect_failed")
-            ) from None
-        except Exception:
+        except (OSError, trio.BrokenResourceError) as exc:
+            # Nothing was established: refused, name not resolved, TLS failed, unreachable.
+            code = classify_connect_error(exc)
+            raise _Rejected(state.interrupt(
+                "timeout" if code == "connect_timeout" else "disconnected", transport_code=code
+            )) from None
+        except Exception as exc:
             # A peer that breaks the HTTP/WebSocket handshake protocol (h11/wsproto errors,
-            # possibly grouped by trio-websocket's nursery): a typed outcome, never a crash.
-            raise _Rejected(
-                state.interrupt("malformed", transport_code="handshake_protocol_error")
-            ) from None
+            # possibly grouped by the reader's nursery): a typed outcome, never a crash.
+            code = classify_connect_error(exc, default="handshake_failed")
+            raise _Rejected(state.interrupt(
+                "malformed" if code == "handshake_failed" else "disconnected", transport_code=code
+            )) from None
+        if ws.closed is not None:
+            # The peer closed during the opening handshake: never established.
+            scope.cancel()
+            release.set()
+            raise _Rejected(state.interrupt("malformed", transport_code="handshake_failed"))
         return _Connection(ws, release, scope, (self.url, token_fingerprint(token)))
 
     @staticmethod
@@ -233,12 +301,22 @@ class WebSocketTransport:
         attempt_id: str,
         token: str,
         on_progress: Callable[[Progress], None] | None,
+        before_send: Callable[[], Awaitable[None]] | None = None,
     ) -> Outcome:
+        """Stream one generation. ``before_send`` runs once a connection is open (TCP, TLS,
+        WebSocket handshake; or a pooled one) and before ``response.create`` is sent. A
+        handshake answered with an HTTP status counts as established (the rejection is the
+        attempt's outcome). If no connection could be established it is never called and
+        the interruption's ``transport_code`` is a connect code."""
         message = add_field(body, b'"type":"response.create"').decode("utf-8")
         if self._nursery is not None:
-            return await self._stream_in(self._nursery, message, attempt_id, token, on_progress)
+            return await self._stream_in(
+                self._nursery, message, attempt_id, token, on_progress, before_send
+            )
         async with trio.open_nursery() as nursery:
-            result = await self._stream_in(nursery, message, attempt_id, token, on_progress)
+            result = await self._stream_in(
+                nursery, message, attempt_id, token, on_progress, before_send
+            )
             # Unpooled: the connection's closing handshake gets a bounded grace, then it is
             # dropped — a peer that never answers the close must not hold the caller.
             nursery.cancel_scope.deadline = trio.current_time() + _DISCONNECT_TIMEOUT
@@ -251,9 +329,19 @@ class WebSocketTransport:
         attempt_id: str,
         token: str,
         on_progress: Callable[[Progress], None] | None,
+        before_send: Callable[[], Awaitable[None]] | None,
     ) -> Outcome:
         limits = self._limits
         state = ResponseStream(max_events=limits.max_events, on_progress=on_progress)
+        hooked = False
+
+        async def established() -> None:
+            nonlocal hooked
+            if not hooked:
+                hooked = True
+                if before_send is not None:
+                    await before_send()
+
         idle = trio.CancelScope()
         idle.deadline = trio.current_time() + limits.connect_timeout + limits.idle_timeout
         conn: _Connection | None = None
@@ -263,6 +351,7 @@ class WebSocketTransport:
                 try:
                     conn = self._take_idle((self.url, token_fingerprint(token)))
                     if conn is not None:
+                        await established()
                         try:
                             await conn.ws.send_message(message)
                         except trio_websocket.ConnectionClosed:
@@ -270,6 +359,7 @@ class WebSocketTransport:
                             conn = None
                     if conn is None:
                         conn = await self._connect(nursery, token, attempt_id, state)
+                        await established()
                         try:
                             await conn.ws.send_message(message)
                         except trio_websocket.ConnectionClosed as exc:
@@ -278,6 +368,8 @@ class WebSocketTransport:
                         outcome = await self._receive(conn, state, idle)
                 except _Rejected as rejected:
                     outcome = rejected.outcome
+                    if outcome.kind == "http_rejected":
+                        await established()  # the server answered: the attempt is spent
             if idle.cancelled_caught:
                 outcome = state.interrupt("timeout", transport_code="idle_timeout")
             assert outcome is not None

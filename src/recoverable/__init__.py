@@ -21,6 +21,7 @@ from recoverable.storage.store import RecoveryStore
 from recoverable.telemetry import LoggingSink, TelemetryEvent, TelemetrySink
 from recoverable.transport.backend import ResponsesBackend
 from recoverable.transport.base import Credentials, StaticCredentials, StreamLimits
+from recoverable.transport.connect import ConnectBackoff
 from recoverable.transport.outcome import Completed, Interruption
 from recoverable.types import (
     AccountBinding,
@@ -43,6 +44,7 @@ __all__ = [
     "Backend",
     "CleanupResult",
     "Completed",
+    "ConnectBackoff",
     "Credentials",
     "Handle",
     "Interruption",

@@ -32,7 +32,8 @@ from recoverable.body import body_hash, freeze_body
 from recoverable.contract import contract_for
 from recoverable.storage.store import RecoveryStore
 from recoverable.transport.backend import ResponsesBackend
-from recoverable.transport.base import StaticCredentials
+from recoverable.transport.base import StaticCredentials, validate_api_key
+from recoverable.transport.connect import EndpointGate
 from recoverable.transport.fixture import FaultSpec, FixtureProvider
 from recoverable.types import (
     AccountBinding,
@@ -411,6 +412,7 @@ class BatchSummary:
     interrupted: bool = False
     fatal: str | None = None
     retry_provider_codes: tuple[str, ...] = ()  # the opt-in this run used (shown, sorted)
+    endpoint_unavailable: str | None = None  # the typed connect failure at the end, if any
 
     @property
     def failed_total(self) -> int:
@@ -447,6 +449,11 @@ class BatchSummary:
         ]
         if self.truncated_bytes:
             rows.append(("torn output tail cut", f"{self.truncated_bytes} bytes"))
+        if self.endpoint_unavailable is not None:
+            rows.append((
+                "endpoint unavailable",
+                f"{self.endpoint_unavailable} (nothing spent; rerun when it is reachable)",
+            ))
         if self.fatal is not None:
             rows.append(("stopped", self.fatal))
         if self.interrupted:
@@ -504,7 +511,8 @@ class BatchHost:
 
     async def authorize(self, attempt: Attempt) -> bool:
         # The batch is the host: it authorizes every attempt (and logs nothing private).
-        self.summary.attempts += 1
+        # Attempts spent are counted by the runtime when consumed: an approved attempt
+        # whose connection was never established spends nothing.
         return True
 
     @property
@@ -665,11 +673,16 @@ class ProgressDisplay:
         remaining = s.jobs - done - failed - s.unfinished
         eta = f"{remaining / rate:.0f}s" if rate > 0 and remaining > 0 else "-"
         waiting = self.host.rt.scheduler.waiting
+        s.attempts = self.host.rt.attempts_consumed
         running = max(0, self.host.running - waiting)
-        return (
+        text = (
             f"done {done}/{s.jobs}  running {running}  waiting {waiting}  failed {failed}  "
             f"attempts {s.attempts}  {rate:.1f} jobs/s  eta {eta}"
         )
+        down = self.host.rt.endpoint_failure()
+        if down is not None:
+            text += f"  endpoint unavailable ({down})"
+        return text
 
     def draw(self, final: bool = False) -> None:
         text = self.line()
@@ -788,6 +801,7 @@ async def _run_host(
         ) as rt,
     ):
         host = BatchHost(rt, store, log, jobs, config, summary, say=output.say, work=work)
+        _report_endpoint(rt, backend.endpoint_id, output.say)
         display = ProgressDisplay(host, output.out, live=output.live, started=started)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(display.run)
@@ -795,6 +809,8 @@ async def _run_host(
                 await host.acknowledge_committed()
                 await host.run()
             nursery.cancel_scope.cancel()
+        summary.endpoint_unavailable = rt.endpoint_failure()
+        summary.attempts = rt.attempts_consumed
         if summary.interrupted or summary.fatal is not None:
             summary.unfinished = (
                 summary.jobs
@@ -803,6 +819,22 @@ async def _run_host(
                 - summary.failed_total
             )
         display.draw(final=True)
+
+
+def _report_endpoint(rt: Runtime, endpoint_id: str, say: Callable[[str], None]) -> None:
+    """One message when the endpoint becomes unreachable, one when it is back."""
+    gate = rt.endpoint_gate(endpoint_id)
+    shown: list[str | None] = [None]
+
+    def changed(g: EndpointGate) -> None:
+        if g.failure is not None and shown[0] is None:
+            say(f"endpoint unavailable ({g.failure}): jobs wait and spend nothing; retrying "
+                "with backoff (Ctrl-C suspends them; a rerun resumes)")
+        elif g.failure is None and shown[0] is not None:
+            say("endpoint reachable again")
+        shown[0] = g.failure
+
+    gate.listeners.append(changed)
 
 
 async def _watch_interrupts(
@@ -846,6 +878,15 @@ def run_batch(config: BatchConfig, *, out: IO[str], err: IO[str]) -> int:
             "(--api-key-env) is not set\n"
         )
         return EXIT_USAGE
+    if config.endpoint != "fixture":
+        try:
+            validate_api_key(
+                os.environ[config.api_key_env], what=f"the key in {config.api_key_env}"
+            )
+        except errors.InvalidCredentials as exc:
+            # Before any store or output is touched: a key that cannot be sent is a usage error.
+            err.write(f"recoverable batch: {exc}\n")
+            return EXIT_USAGE
     try:
         log = ResultLog.open(config.out_path)
     except ResultLogError as exc:

@@ -18,6 +18,7 @@ __all__ = [
     "CorruptRecord",
     "FenceMismatch",
     "FormatMismatch",
+    "InvalidCredentials",
     "InvalidRequest",
     "OperationBusy",
     "OperationCancelled",
@@ -227,6 +228,13 @@ class UnsupportedInputItem(InvalidRequest):
         super().__init__(message)
         self.item_index = item_index
         self.item_type = item_type
+
+
+class InvalidCredentials(InvalidRequest):
+    """An API key or token that cannot be sent in an HTTP header (empty, non-ASCII,
+    whitespace or control characters). Raised before any attempt is consumed."""
+
+    code = "invalid_credentials"
 
 
 class ProviderError(RecoveryError):

@@ -469,8 +469,22 @@ def authorization_answered(
         attempts_used=rec.attempts_used + 1,
         next_attempt_at=None,
         renew_next=False,
+        endpoint_failure=None,
     )
     return _t(rec, new, Transmit(pending.attempt_id, pending.reason == "authentication_reissue"))
+
+
+def endpoint_unreachable(rec: OperationRecord, attempt_id: str, kind: str) -> Transition:
+    """Connecting for the approved pending attempt failed before anything was sent.
+
+    Nothing is spent: the phase stays ``authorizing`` with the same pending attempt id
+    (the driver waits in the runtime's shared connect backoff and tries again); the
+    typed kind is recorded so that status reads ``endpoint_unavailable``, also from
+    another process and after this execution ends.
+    """
+    if rec.phase != "authorizing" or rec.pending is None or rec.pending.attempt_id != attempt_id:
+        raise InvalidTransition(f"endpoint_unreachable in phase {rec.phase}")
+    return _t(rec, evolve(rec, endpoint_failure=kind), None)
 
 
 def credentials_unavailable(rec: OperationRecord, attempt_id: str) -> Transition:
@@ -752,12 +766,16 @@ def derive_status(
     endpoint_id: str | None = None,
     command: CommandKind | None = None,
     payloads: frozenset[str] | None = None,
+    endpoint_down: str | None = None,
 ) -> Status:
     """Every dimension of the operation, derived from the record (no lease, no I/O).
 
     ``payloads`` are the payload kinds present in the store (``None``: not looked
     at). A missing frozen body (while the operation could still generate) or a
     missing saved completion is the ``storage_unavailable`` blocker.
+
+    ``endpoint_down`` is the viewing runtime's own knowledge that its endpoint cannot
+    be connected to (its shared connect backoff); it applies to a live execution.
     """
     if viewer is None or viewer != rec.account:
         return redacted_status(rec.operation_id)
@@ -809,6 +827,17 @@ def derive_status(
         availability = "blocked"
     if "storage_unavailable" in blockers and availability in ("suspended", "completion_saved"):
         availability = "blocked"
+    endpoint_failure = rec.endpoint_failure or (
+        endpoint_down if lease_live and rec.phase == "authorizing" else None
+    )
+    if endpoint_failure is not None and availability in (
+        "ready", "waiting", "replacement_eligible", "running", "suspended"
+    ):
+        # Nothing was spent for it; the budget is intact and the job is not failed.
+        blockers.add("endpoint_unavailable")
+        availability = "endpoint_unavailable"
+    else:
+        endpoint_failure = None
     return Status(
         operation_id=rec.operation_id,
         state=state,
@@ -845,6 +874,7 @@ def derive_status(
         input_revision=rec.input_revision,
         scope=rec.scope,
         pending_attempt_id=rec.pending.attempt_id if rec.pending else None,
+        endpoint_failure=endpoint_failure,
     )
 
 
@@ -866,6 +896,7 @@ def suggested_actions(
         "failed": ("manual_retry", "abandon"),
         "expired": ("manual_retry", "abandon"),
         "blocked": ("manual_retry", "abandon"),
+        "endpoint_unavailable": ("wait", "resume", "abandon"),
         "acknowledged": (),
         "abandoned": (),
     }

@@ -42,8 +42,10 @@ Availability = Literal[
     "acknowledged",
     "abandoned",
     "blocked",
+    "endpoint_unavailable",  # the endpoint could not be connected to; nothing was spent
 ]
 Blocker = Literal[
+    "endpoint_unavailable",
     "authentication_required",
     "account_mismatch",
     "configuration_unavailable",
@@ -178,6 +180,9 @@ class Status(msgspec.Struct, frozen=True, kw_only=True):
     input_revision: str | None = None
     scope: str | None = None
     pending_attempt_id: str | None = None
+    # The typed connect failure (connect_refused, dns_failure, tls_failure, connect_timeout,
+    # handshake_failed, connect_failed) while availability is "endpoint_unavailable".
+    endpoint_failure: str | None = None
 
 
 class Receipt(msgspec.Struct, frozen=True, kw_only=True):

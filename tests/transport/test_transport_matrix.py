@@ -227,7 +227,7 @@ async def test_connect_refused_is_typed() -> None:
         outcome = await backend.stream(BODY, attempt_id="a", token="k")
         await backend.aclose()
         assert isinstance(outcome, Interruption)
-        assert (outcome.kind, outcome.transport_code) == ("disconnected", "connect_failed")
+        assert (outcome.kind, outcome.transport_code) == ("disconnected", "connect_refused")
 
 
 @pytest.mark.parametrize("mode", MODES)
