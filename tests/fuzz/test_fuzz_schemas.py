@@ -13,11 +13,11 @@ import json
 import os
 from typing import Any
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import recoverable
+from recoverable import batch
 from recoverable.contract import OutputInvalid, contract_for
 from recoverable.testing import synthesize_value
 
@@ -123,7 +123,6 @@ def test_schema_shaped_values_give_a_contract_or_invalid_request(
 
 # -- batch job lines ------------------------------------------------------------------
 
-batch = pytest.importorskip("recoverable.batch")
 job_fields = {
     "id": st.text(max_size=12) | json_values,
     "revision": st.text(max_size=8) | json_values,
