@@ -539,28 +539,49 @@ def _string(schema: Mapping[str, Any]) -> str:
     return value
 
 
+def _bound(schema: Mapping[str, Any], key: str) -> float | None:
+    value = schema.get(key)
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return value
+    return None
+
+
 def _number(schema: Mapping[str, Any], *, integer: bool) -> int | float:
-    low = schema.get("minimum")
-    xlow = schema.get("exclusiveMinimum")
-    high = schema.get("maximum")
-    xhigh = schema.get("exclusiveMaximum")
-    value: float = 1 if integer else 1.5
-    if isinstance(low, int | float) and value < low:
-        value = low
-    if isinstance(xlow, int | float) and value <= xlow:
-        value = xlow + 1 if integer else xlow + 0.5
-    if isinstance(high, int | float) and value > high:
-        value = high
-    if isinstance(xhigh, int | float) and value >= xhigh:
-        value = xhigh - 1 if integer else xhigh - 0.5
-    if integer:
-        value = math.ceil(value)
-    multiple = schema.get("multipleOf")
-    if isinstance(multiple, int | float) and not isinstance(multiple, bool) and multiple > 0:
-        up = math.ceil(value / multiple) * multiple  # the next multiple at or above
-        value = up if not isinstance(high, int | float) or up <= high else (
-            math.floor(value / multiple) * multiple)
-    return int(value) if integer else float(value)
+    """The first candidate within the bounds (and a multiple of ``multipleOf``)."""
+    low, xlow = _bound(schema, "minimum"), _bound(schema, "exclusiveMinimum")
+    high, xhigh = _bound(schema, "maximum"), _bound(schema, "exclusiveMaximum")
+
+    def fits(v: float) -> bool:
+        return ((low is None or v >= low) and (xlow is None or v > xlow)
+                and (high is None or v <= high) and (xhigh is None or v < xhigh))
+
+    floor = max((b for b in (low, xlow) if b is not None), default=None)
+    ceiling = min((b for b in (high, xhigh) if b is not None), default=None)
+    start = floor if floor is not None else (1 if integer else 1.5)
+    multiple = _bound(schema, "multipleOf")
+    candidates: list[float] = []
+    if multiple is not None and multiple > 0:
+        first = math.ceil(start / multiple)
+        candidates = [k * multiple for k in range(first, first + 3)]
+        if ceiling is not None:
+            last = math.floor(ceiling / multiple)
+            candidates += [k * multiple for k in range(last, last - 3, -1)]
+    else:
+        candidates = [1 if integer else 1.5, start, start + 1]
+        if not integer:
+            candidates.append(start + 0.5)
+            if ceiling is not None:
+                candidates.append((start + ceiling) / 2)
+        if ceiling is not None:
+            candidates += [ceiling, ceiling - 0.5, ceiling - 1]
+    for candidate in candidates:
+        if integer:
+            if candidate != math.floor(candidate):
+                candidate = math.ceil(candidate)
+            candidate = int(candidate)
+        if fits(candidate):
+            return int(candidate) if integer else float(candidate)
+    return 1 if integer else 1.5  # nothing fits: the self-check reports it
 
 
 def violate(schema: Any, value: Any) -> Any:
