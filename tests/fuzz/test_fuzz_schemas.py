@@ -3,7 +3,12 @@
 Any JSON value given as a ``recoverable.JsonSchema`` (and any name) must give a
 contract or ``InvalidRequest`` from ``recoverable.contract.contract_for`` —
 never another exception; a contract it gives validates arbitrary output text
-into bytes or a typed ``OutputInvalid``. Any text given to
+into bytes or a typed ``OutputInvalid``, and passes ``check_accepted`` (a
+synthesized value validates, mutations are rejected with a schema path, the
+format hash is stable across builds, the fixture's answer stream completes with a
+valid value). Strict-mode schemas are generated (``strict_schemas``) so that the
+acceptance path is reached; each fuzzer counts and asserts how many examples took
+each path (run with ``-s`` to see the counts). Any text given to
 ``recoverable.batch.parse_job_line`` must give a ``Job`` or a ``JobLineError``.
 """
 
