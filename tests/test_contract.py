@@ -682,7 +682,7 @@ def test_fuzz_object_root_schemas() -> None:
     assert stats["checked_end_to_end"] >= stats["examples"] // 2, line
 
 
-# ----------------------------------------------------------------- timing (reported, loose bound)
+# ----------------------------------------------------------------- timing (reported, CPU-time bound)
 
 
 def _document_text() -> str:
@@ -691,11 +691,13 @@ def _document_text() -> str:
 
 
 def _per_call_us(contract: ResponseContract, text: str, rounds: int = 2000) -> float:
+    # CPU time of this process, not wall-clock time: being descheduled on a loaded
+    # machine (other jobs on the same cores) does not count against the bound.
     contract.validate(text)
-    start = time.perf_counter()
+    start = time.process_time()
     for _ in range(rounds):
         contract.validate(text)
-    return (time.perf_counter() - start) / rounds * 1e6
+    return (time.process_time() - start) / rounds * 1e6
 
 
 def test_validation_timing_twenty_items(capsys: pytest.CaptureFixture[str]) -> None:
@@ -724,5 +726,7 @@ def test_validation_timing_twenty_items(capsys: pytest.CaptureFixture[str]) -> N
             "\nvalidation of a 20-item document (µs/call):",
             {k: round(v, 2) for k, v in figures.items()},
         )
-    # Generous bound (shared CI machines): a regression to pure-Python validation would fail.
-    assert all(value < 500 for value in figures.values())
+    # CPU time per call, measured ~2-5 µs here: 250 µs is a 50x margin for slower or
+    # busier CPUs, and still fails a regression to pure-Python validation (~365 µs for
+    # this document, docs/benchmarks and responses-protocol.md).
+    assert all(value < 250 for value in figures.values()), figures
