@@ -682,7 +682,7 @@ def test_fuzz_object_root_schemas() -> None:
     assert stats["checked_end_to_end"] >= stats["examples"] // 2, line
 
 
-# ----------------------------------------------------------------- timing (reported, CPU-time bound)
+# ------------------------------------------------------------ timing (reported, CPU-time bound)
 
 
 def _document_text() -> str:
