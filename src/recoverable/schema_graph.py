@@ -36,7 +36,7 @@ def resolve_pointer(root: Any, ref: str) -> Any:
     target: Any = root
     for raw in ref[2:].split("/"):
         part = raw.replace("~1", "/").replace("~0", "~")
-        if isinstance(target, Mapping) and part in target:
+        if isinstance(target, dict) and part in target:
             target = target[part]
         elif isinstance(target, list) and part.isdigit() and int(part) < len(target):
             target = target[int(part)]
@@ -106,7 +106,7 @@ class SchemaGraph:
             leaf = self._new(_OR, [])  # one per occurrence, so a message can name it
             self._false_paths[leaf] = path
             return leaf
-        if not isinstance(schema, Mapping):
+        if not isinstance(schema, dict):
             return self._true_leaf  # not a schema: left to the JSON Schema compiler
         key = id(schema)
         node = self._schema_node.get(key)
@@ -126,7 +126,7 @@ class SchemaGraph:
             self._children[node] = self._requirements(schema, path, todo)
 
     def _requirements(
-        self, schema: Mapping[str, Any], path: tuple[str | int, ...], todo: deque[Any]
+        self, schema: dict[str, Any], path: tuple[str | int, ...], todo: deque[Any]
     ) -> list[int]:
         def sub(value: Any, *where: str | int) -> int:
             return self._node_for(value, (*path, *where), todo)
@@ -159,7 +159,7 @@ class SchemaGraph:
         for kind in type_names(schema):
             if kind == "object":
                 props = schema.get("properties")
-                props = props if isinstance(props, Mapping) else {}
+                props = props if isinstance(props, dict) else {}
                 alternatives.append(self._new(_AND, [
                     sub(props[name], "properties", name)
                     for name in required_names(schema) if name in props
@@ -218,7 +218,7 @@ class SchemaGraph:
     # -- queries --------------------------------------------------------------------
     def order(self, schema: Any) -> int | None:
         """When ``schema`` was found inhabited (smaller is simpler); None: no finite instance."""
-        if schema is True or not isinstance(schema, Mapping):
+        if schema is True or not isinstance(schema, dict):
             return -1
         if schema is False:
             return None
@@ -299,26 +299,25 @@ def _path_of_ref(ref: str) -> tuple[str | int, ...]:
     return tuple(raw.replace("~1", "/").replace("~0", "~") for raw in ref[2:].split("/"))
 
 
-_MAP_KEYWORDS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
-_ONE_KEYWORDS = (
+_MAP_KEYWORDS = frozenset(
+    {"properties", "$defs", "definitions", "patternProperties", "dependentSchemas"}
+)
+_ONE_KEYWORDS = frozenset({
     "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames",
     "unevaluatedItems", "unevaluatedProperties", "additionalItems", "contentSchema", "items",
-)
-_LIST_KEYWORDS = ("prefixItems", "items")
+})
+_LIST_KEYWORDS = frozenset({"prefixItems", "items"})
 
 
-def _other_subschemas(schema: Mapping[str, Any]) -> Iterator[tuple[tuple[str | int, ...], Any]]:
-    for keyword in _MAP_KEYWORDS:
-        value = schema.get(keyword)
-        if isinstance(value, Mapping):
-            for name, sub in value.items():
-                yield (keyword, name), sub
-    for keyword in _ONE_KEYWORDS:
-        value = schema.get(keyword)
-        if isinstance(value, Mapping | bool):
-            yield (keyword,), value
-    for keyword in _LIST_KEYWORDS:
-        value = schema.get(keyword)
-        if isinstance(value, list):
-            for i, sub in enumerate(value):
-                yield (keyword, i), sub
+def _other_subschemas(schema: dict[str, Any]) -> Iterator[tuple[tuple[str | int, ...], Any]]:
+    for keyword, value in schema.items():
+        if keyword in _MAP_KEYWORDS:
+            if isinstance(value, dict):
+                for name, sub in value.items():
+                    yield (keyword, name), sub
+        elif keyword in _ONE_KEYWORDS or keyword in _LIST_KEYWORDS:
+            if isinstance(value, dict | bool):
+                yield (keyword,), value
+            elif isinstance(value, list) and keyword in _LIST_KEYWORDS:
+                for i, sub in enumerate(value):
+                    yield (keyword, i), sub
