@@ -7,6 +7,7 @@ accepted, then crashed the embedded fixture's answer synthesis with RecursionErr
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import jsonschema_rs
@@ -26,6 +27,7 @@ from recoverable.errors import InvalidRequest
 from recoverable.schema_graph import SchemaGraph
 from recoverable.testing import FixtureProvider, Reply, synthesize_value
 from recoverable.types import JsonSchema
+from tests.cli.cli_helpers import job_line, read_results, run_cli, write_jobs
 
 
 def obj(props: dict[str, Any], **extra: Any) -> dict[str, Any]:
@@ -203,3 +205,23 @@ async def test_fixture_answers_an_unanswerable_schema_with_400_and_keeps_serving
 def test_cannot_synthesize_is_an_invalid_request() -> None:
     assert issubclass(CannotSynthesize, InvalidRequest)
     assert CannotSynthesize.code == "cannot_synthesize"
+
+
+def test_batch_reports_the_cyclic_job_and_runs_the_others_on_every_rerun(tmp_path: Path) -> None:
+    """The issue's reproduction as real processes: the cyclic job never reaches the store,
+    the provider or the batch's per-job handling; the good job completes."""
+    cyclic = obj({"x": {"$ref": "#/properties/x"}})
+    jobs = write_jobs(tmp_path / "jobs.jsonl", [job_line(1), job_line(2, schema=cyclic)])
+    out, store = tmp_path / "out.jsonl", tmp_path / "store"
+    for _ in range(2):  # a rerun behaves the same and spends nothing on the bad line
+        run = run_cli("batch", str(jobs), "--out", str(out), "--store", str(store),
+                      "--endpoint", "fixture")
+        text = run.stdout + run.stderr
+        assert "Traceback" not in text and "RecursionError" not in text, text
+        assert "jobs.jsonl:2: skipped" in text and "no finite instance" in text, text
+        assert "#/properties/x" in text, text
+        assert run.returncode == 1, text  # a job (the skipped line) did not run
+        assert [r["id"] for r in read_results(out)] == ["gen-0001"]
+    listing = msgspec.json.decode(
+        run_cli("inventory", "--store", str(store), "--json").stdout, type=recoverable.Inventory)
+    assert [op.job_id for op in listing.operations] == []  # gen-0001 acknowledged; no gen-0002
