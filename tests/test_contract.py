@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import time
+from collections import Counter
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
 import jsonschema_rs
@@ -12,6 +13,7 @@ import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from recoverable.transport.fixture_replies import CannotSynthesize
 
 from recoverable.contract import (
     MAX_SCHEMA_BYTES,
@@ -25,6 +27,7 @@ from recoverable.contract import (
 )
 from recoverable.errors import InvalidRequest
 from recoverable.types import JsonSchema
+from tests.fuzz.strict_schemas import check_accepted, strict_property_schemas, strict_schemas
 
 # ----------------------------------------------------------------- Struct types under test
 
@@ -601,17 +604,20 @@ _json_values = st.recursive(
 )
 
 
-@settings(
+_FUZZ = settings(
     max_examples=300,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
     derandomize=True,
 )
-@given(name=st.text(max_size=70) | st.just("ok"), schema=_json_values)
-def test_fuzz_json_schema_gives_contract_or_invalid_request(name: str, schema: Any) -> None:
+
+
+def _accepted_or_refused(name: Any, schema: Any, stats: Counter[str], pick: int) -> None:
+    """A contract (then checked end to end) or InvalidRequest, never anything else."""
     try:
         contract = contract_for(JsonSchema(name, schema))
     except InvalidRequest:
+        stats["rejected"] += 1
         return
     assert isinstance(contract, ResponseContract)
     for text in ("{}", "[]", "1", "{"):
@@ -619,24 +625,64 @@ def test_fuzz_json_schema_gives_contract_or_invalid_request(name: str, schema: A
             contract.validate(text)
         except OutputInvalid:
             pass
-
-
-@settings(max_examples=200, deadline=None, derandomize=True)
-@given(
-    schema=st.fixed_dictionaries(
-        {"type": st.just("object"), "additionalProperties": st.just(False)},
-        optional={"properties": st.dictionaries(st.text(max_size=4), _json_values, max_size=3)},
-    )
-)
-def test_fuzz_object_root_schemas(schema: dict[str, Any]) -> None:
-    schema["required"] = list(schema.get("properties", {}))
+    stats["accepted"] += 1
     try:
-        contract_for(JsonSchema("fuzz", schema))
-    except InvalidRequest:
-        pass
+        check_accepted(contract, name, schema, pick)
+    except CannotSynthesize:  # typed: a random schema the fixture cannot answer
+        stats["cannot_synthesize"] += 1
+        return
+    stats["checked_end_to_end"] += 1
 
 
-# ----------------------------------------------------------------- timing (reported, loose bound)
+def test_fuzz_json_schema_gives_contract_or_invalid_request() -> None:
+    stats: Counter[str] = Counter()
+
+    @_FUZZ
+    @given(
+        case=st.one_of(st.tuples(st.text(max_size=70) | st.just("ok"), _json_values),
+                       st.tuples(st.just("ok"), strict_schemas())),
+        pick=st.integers(0, 99),
+    )
+    def run(case: tuple[str, Any], pick: int) -> None:
+        stats["examples"] += 1
+        _accepted_or_refused(*case, stats, pick)
+
+    run()
+    line = ", ".join(f"{k}={v}" for k, v in sorted(stats.items()))
+    print(f"\ncontract fuzzer: {line}")
+    assert stats["rejected"] >= stats["examples"] // 5, line
+    assert stats["checked_end_to_end"] >= stats["examples"] // 4, line
+
+
+def test_fuzz_object_root_schemas() -> None:
+    stats: Counter[str] = Counter()
+
+    @settings(max_examples=200, deadline=None, derandomize=True,
+              suppress_health_check=[HealthCheck.too_slow])
+    @given(
+        props=st.dictionaries(
+            st.text(max_size=4),
+            st.one_of(strict_property_schemas(), strict_property_schemas(),
+                      strict_property_schemas(), _json_values),
+            max_size=3,
+        ),
+        pick=st.integers(0, 99),
+    )
+    def run(props: dict[str, Any], pick: int) -> None:
+        stats["examples"] += 1
+        schema = {"type": "object", "additionalProperties": False, "properties": props,
+                  "required": list(props)}
+        _accepted_or_refused("fuzz", schema, stats, pick)
+
+    run()
+    line = ", ".join(f"{k}={v}" for k, v in sorted(stats.items()))
+    print(f"\nobject-root fuzzer: {line}")
+    # Most examples reach the acceptance path and every accepted one is checked.
+    assert stats["accepted"] >= stats["examples"] * 6 // 10, line
+    assert stats["checked_end_to_end"] >= stats["examples"] // 2, line
+
+
+# ------------------------------------------------------------ timing (reported, CPU-time bound)
 
 
 def _document_text() -> str:
@@ -645,11 +691,13 @@ def _document_text() -> str:
 
 
 def _per_call_us(contract: ResponseContract, text: str, rounds: int = 2000) -> float:
+    # CPU time of this process, not wall-clock time: being descheduled on a loaded
+    # machine (other jobs on the same cores) does not count against the bound.
     contract.validate(text)
-    start = time.perf_counter()
+    start = time.process_time()
     for _ in range(rounds):
         contract.validate(text)
-    return (time.perf_counter() - start) / rounds * 1e6
+    return (time.process_time() - start) / rounds * 1e6
 
 
 def test_validation_timing_twenty_items(capsys: pytest.CaptureFixture[str]) -> None:
@@ -678,5 +726,7 @@ def test_validation_timing_twenty_items(capsys: pytest.CaptureFixture[str]) -> N
             "\nvalidation of a 20-item document (µs/call):",
             {k: round(v, 2) for k, v in figures.items()},
         )
-    # Generous bound (shared CI machines): a regression to pure-Python validation would fail.
-    assert all(value < 500 for value in figures.values())
+    # CPU time per call, measured ~2-5 µs here: 250 µs is a 50x margin for slower or
+    # busier CPUs, and still fails a regression to pure-Python validation (~365 µs for
+    # this document, docs/benchmarks and responses-protocol.md).
+    assert all(value < 250 for value in figures.values()), figures

@@ -85,6 +85,7 @@ class SseDecoder:
         self._data: list[bytes] = []
         self._data_size = 0
         self._first = True
+        self._skip_lf = False
 
     def feed(self, chunk: bytes) -> list[SseFrame]:
         """Decode a chunk; returns the frames it completed. Raises ``FrameTooLarge``."""
@@ -92,6 +93,12 @@ class SseDecoder:
             self._first = False
             if chunk.startswith(b"\xef\xbb\xbf"):
                 chunk = chunk[3:]
+        if self._skip_lf and chunk:
+            # The previous chunk ended with a CR that was taken as a line end at once; a
+            # LF starting this chunk is the second half of that CRLF.
+            self._skip_lf = False
+            if chunk.startswith(b"\n"):
+                chunk = chunk[1:]
         self._buf += chunk
         frames: list[SseFrame] = []
         pos = 0
@@ -101,7 +108,9 @@ class SseDecoder:
             if m is None:
                 break
             if m.group() == b"\r" and m.end() == len(buf):
-                break  # maybe the first half of a CRLF split across chunks
+                # A CR ends its line now (waiting for a possible LF would stall a stream
+                # whose last line ends with CR); a LF arriving next is skipped.
+                self._skip_lf = True
             line = bytes(buf[pos : m.start()])
             pos = m.end()
             self._scan_from = pos

@@ -32,10 +32,12 @@ import wsproto.events as wse
 from recoverable.transport.base import token_fingerprint
 from recoverable.transport.fixture_replies import (
     HTTP_KINDS,
+    CannotSynthesize,
     FaultSpec,
     Reply,
     events_for,
     http_rejection,
+    schema_rejection,
 )
 from wsproto import ConnectionType
 
@@ -331,7 +333,12 @@ class FixtureProvider:
             rejection = http_rejection(reply)
             await self._simple(conn, stream, rejection.status, rejection.body, rejection.headers)
             return True
-        events = self._events(reply, obj)
+        try:
+            events = self._events(reply, obj)
+        except CannotSynthesize as exc:  # a schema no value can answer: the API's 400
+            rejection = schema_rejection(exc)
+            await self._simple(conn, stream, rejection.status, rejection.body, rejection.headers)
+            return True
         await self._send(
             conn, stream,
             h11.Response(status_code=200, headers=[
@@ -492,7 +499,15 @@ class FixtureProvider:
                 "headers": {k: v for k, v in rejection.headers if k != "content-type"},
             })
             return True
-        events = self._events(reply, obj)
+        try:
+            events = self._events(reply, obj)
+        except CannotSynthesize as exc:  # a schema no value can answer: the API's 400
+            rejection = schema_rejection(exc)
+            await self._ws_send(ws, stream, {
+                "type": "error", "status": rejection.status,
+                "error": msgspec.json.decode(rejection.body).get("error"),
+            })
+            return True
         limit = self._prefix(reply, events)
         if reply.kind == "lenient":
             events = [_lenient(event) for event in events]

@@ -10,22 +10,33 @@ from __future__ import annotations
 
 import math
 import random
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
 import attrs
+import jsonschema_rs
 import msgspec
 
 from recoverable.errors import InvalidRequest
+from recoverable.schema_graph import (
+    SchemaGraph,
+    min_items,
+    required_names,
+    resolve_pointer,
+    type_names,
+)
 
 __all__ = [
     "HTTP_KINDS",
+    "CannotSynthesize",
     "FaultSpec",
     "HttpRejection",
     "Reply",
     "ReplyKind",
     "events_for",
     "http_rejection",
+    "schema_rejection",
     "synthesize_value",
 ]
 
@@ -363,94 +374,207 @@ class FaultSpec:
 
 
 # -- schema synthesis -------------------------------------------------------------
-_MAX_DEPTH = 12
+# Bounds of a synthesized value: recursion follows the schema graph's well-founded order
+# (so it always ends), and these keep a finite but huge value (e.g. an object whose two
+# required properties each need the next level, 40 levels deep) from exhausting memory.
+MAX_SYNTH_DEPTH = 128
+MAX_SYNTH_VALUES = 100_000
+_GRAPHS_SIZE = 64
 
 
-def synthesize_value(schema: Any, root: Any = None, depth: int = 0) -> Any:
-    """A deterministic value valid for ``schema`` (the strict-mode subset and a bit more)."""
-    if root is None:
-        root = schema
+class CannotSynthesize(InvalidRequest):
+    """The fixture cannot build a value for this schema (none exists, or it is too large).
+
+    The fixture answers such a request as the real API answers an unusable schema:
+    HTTP 400 ``invalid_request_error`` with code ``invalid_json_schema``.
+    """
+
+    code = "cannot_synthesize"
+
+
+class _Analysis:
+    """A private copy of a schema, its graph and its compiled validator (cached by bytes)."""
+
+    def __init__(self, schema_bytes: bytes) -> None:
+        self.root: Any = msgspec.json.decode(schema_bytes)
+        self.graph = SchemaGraph(self.root)
+        try:
+            self.validator: Any = jsonschema_rs.Draft202012Validator(self.root, offline=True)
+        except (ValueError, TypeError, OverflowError):
+            self.validator = None
+
+
+_analyses: OrderedDict[bytes, _Analysis] = OrderedDict()
+
+
+def _analysis(schema: Any) -> _Analysis:
+    try:
+        key = msgspec.json.encode(schema, order="sorted")
+    except (TypeError, ValueError, OverflowError, RecursionError, msgspec.EncodeError):
+        raise CannotSynthesize("the schema is not JSON") from None
+    found = _analyses.get(key)
+    if found is None:
+        found = _Analysis(key)
+        _analyses[key] = found
+        while len(_analyses) > _GRAPHS_SIZE:
+            _analyses.popitem(last=False)
+    else:
+        _analyses.move_to_end(key)
+    return found
+
+
+def synthesize_value(schema: Any) -> Any:
+    """A deterministic value valid for ``schema``, or ``CannotSynthesize``.
+
+    Bounded: it follows only branches known to end (see ``recoverable.schema_graph``),
+    stops at ``MAX_SYNTH_DEPTH`` nesting or ``MAX_SYNTH_VALUES`` values, and checks the
+    result against the schema (constraints it does not model are reported, not sent).
+    """
     if schema is True or not isinstance(schema, Mapping):
-        return None if depth else {}
-    ref = schema.get("$ref")
-    if isinstance(ref, str):
-        return synthesize_value(_resolve(ref, root), root, depth + 1)
-    if "const" in schema:
-        return schema["const"]
-    enum = schema.get("enum")
-    if isinstance(enum, list) and enum:
-        return enum[0]
-    for key in ("anyOf", "oneOf"):
-        options = schema.get(key)
-        if isinstance(options, list) and options:
-            # Past the depth bound prefer a terminating branch (null / no $ref).
-            if depth >= _MAX_DEPTH:
-                for option in options:
-                    if isinstance(option, Mapping) and option.get("type") == "null":
-                        return None
-            return synthesize_value(options[0], root, depth + 1)
-    all_of = schema.get("allOf")
-    if isinstance(all_of, list) and all_of:
-        merged: dict[str, Any] = {}
-        for part in all_of:
-            if isinstance(part, Mapping):
-                merged.update(part)
-        return synthesize_value(merged, root, depth + 1)
-    stype = schema.get("type")
-    if isinstance(stype, list):
-        non_null = [t for t in stype if t != "null"]
-        if not non_null or (depth >= _MAX_DEPTH and "null" in stype):
+        return {}
+    analysis = _analysis(schema)
+    reason = analysis.graph.no_finite_instance()
+    if reason is not None:
+        raise CannotSynthesize(reason)
+    value = _Synthesizer(analysis.graph).value(analysis.root, analysis.graph.order(analysis.root))
+    if analysis.validator is None:
+        raise CannotSynthesize("the schema is not a valid JSON Schema")
+    if not analysis.validator.is_valid(value):
+        raise CannotSynthesize(
+            "the fixture's synthesized value does not satisfy the schema "
+            "(constraints it cannot meet, or that no value meets)"
+        )
+    return value
+
+
+class _Synthesizer:
+    def __init__(self, graph: SchemaGraph) -> None:
+        self.graph = graph
+        self.values = 0
+
+    def _safe(self, schema: Any, bound: int | None) -> bool:
+        """Whether ``schema`` is inhabited before ``bound`` (so recursion into it ends)."""
+        order = self.graph.order(schema)
+        return order is not None and (bound is None or order < bound)
+
+    def _child(self, schema: Any, depth: int) -> Any:
+        if depth > MAX_SYNTH_DEPTH:
+            raise CannotSynthesize(
+                f"the smallest value of the schema nests deeper than {MAX_SYNTH_DEPTH}"
+            )
+        return self.value(schema, self.graph.order(schema), depth)
+
+    def value(self, schema: Any, bound: int | None, depth: int = 0) -> Any:
+        self.values += 1
+        if self.values > MAX_SYNTH_VALUES:
+            raise CannotSynthesize(
+                f"the smallest value of the schema has more than {MAX_SYNTH_VALUES} parts"
+            )
+        if schema is True or not isinstance(schema, Mapping):
             return None
-        stype = non_null[0]
-    if stype is None:
-        if "properties" in schema:
-            stype = "object"
-        elif "items" in schema:
-            stype = "array"
-        else:
-            return "example"
-    if stype == "object":
+        if bound is None:
+            bound = self.graph.order(schema)
+        if "const" in schema:
+            return _copy(schema["const"])
+        enum = schema.get("enum")
+        if isinstance(enum, list) and enum:
+            return _copy(enum[0])
+        ref = schema.get("$ref")
+        if isinstance(ref, str):
+            target = resolve_pointer(self.graph.root, ref)
+            if target is None:
+                raise CannotSynthesize(f"unresolvable $ref at {self.graph.path(schema)}")
+            return self._child(target, depth + 1)
+        for key in ("anyOf", "oneOf"):
+            options = schema.get(key)
+            if isinstance(options, list) and options:
+                for option in options:  # the first branch that is known to end
+                    if self._safe(option, bound):
+                        return self._child(option, depth + 1)
+                raise CannotSynthesize(f"no {key} branch ends at {self.graph.path(schema)}")
+        all_of = schema.get("allOf")
+        if isinstance(all_of, list) and all_of:
+            merged: dict[str, Any] = {}
+            for part in all_of:
+                if isinstance(part, Mapping):
+                    merged.update(part)
+            return self.value(merged, bound, depth + 1)
+        return self._typed(schema, bound, depth)
+
+    def _typed(self, schema: Mapping[str, Any], bound: int | None, depth: int) -> Any:
+        kinds = type_names(schema)
+        if "type" not in schema:
+            # Untyped: an object when it declares properties, an array with items.
+            kinds = ("object", *kinds) if "properties" in schema else (
+                ("array", *kinds) if "items" in schema else ("string",))
+        # Non-null types first (a nullable field gets a real value when one ends).
+        for kind in sorted(kinds, key=lambda k: k == "null"):
+            if kind == "object" and self._object_ends(schema, bound):
+                return self._object(schema, bound, depth)
+            if kind == "array" and self._array_ends(schema, bound):
+                return self._array(schema, bound, depth)
+            if kind == "string":
+                return _string(schema)
+            if kind == "integer":
+                return _number(schema, integer=True)
+            if kind == "number":
+                return _number(schema, integer=False)
+            if kind == "boolean":
+                return True
+            if kind == "null":
+                return None
+        raise CannotSynthesize(f"no type of the schema at {self.graph.path(schema)} ends")
+
+    def _properties(self, schema: Mapping[str, Any]) -> Mapping[str, Any]:
         props = schema.get("properties")
-        if not isinstance(props, Mapping):
-            return {}
+        return props if isinstance(props, Mapping) else {}
+
+    def _object_ends(self, schema: Mapping[str, Any], bound: int | None) -> bool:
+        props = self._properties(schema)
+        return all(
+            self._safe(props[name], bound) for name in required_names(schema) if name in props
+        )
+
+    def _object(self, schema: Mapping[str, Any], bound: int | None, depth: int) -> Any:
+        required = set(required_names(schema))
         return {
-            name: synthesize_value(sub, root, depth + 1)
-            for name, sub in props.items()
-            if depth < _MAX_DEPTH or name in (schema.get("required") or ())
+            name: self._child(sub, depth + 1)
+            for name, sub in self._properties(schema).items()
+            if name in required or self._safe(sub, bound)
         }
-    if stype == "array":
+
+    def _item_schemas(self, schema: Mapping[str, Any], count: int) -> list[Any]:
+        prefix = schema.get("prefixItems")
+        prefix = prefix if isinstance(prefix, list) else []
         items = schema.get("items", {})
-        count = schema.get("minItems", 1)
-        count = count if isinstance(count, int) and count >= 0 else 1
+        if isinstance(items, list):  # an older draft's tuple form
+            prefix, items = items, {}
+        return [prefix[i] if i < len(prefix) else items for i in range(count)]
+
+    def _array_count(self, schema: Mapping[str, Any], bound: int | None) -> int:
+        count = min_items(schema)
+        if count == 0 and "minItems" not in schema:
+            # One example item when an item is known to end (recursion stops at []).
+            count = 1 if all(self._safe(s, bound) for s in self._item_schemas(schema, 1)) else 0
         max_items = schema.get("maxItems")
-        if isinstance(max_items, int):
+        if isinstance(max_items, int) and not isinstance(max_items, bool) and max_items >= 0:
             count = min(count, max_items)
-        if depth >= _MAX_DEPTH:
-            count = min(count, schema.get("minItems", 0) or 0)
-        return [synthesize_value(items, root, depth + 1) for _ in range(count)]
-    if stype == "string":
-        return _string(schema)
-    if stype == "integer":
-        return _number(schema, integer=True)
-    if stype == "number":
-        return _number(schema, integer=False)
-    if stype == "boolean":
-        return True
-    if stype == "null":
-        return None
-    return "example"
+        return count
+
+    def _array_ends(self, schema: Mapping[str, Any], bound: int | None) -> bool:
+        count = self._array_count(schema, bound)
+        return all(self._safe(s, bound) for s in self._item_schemas(schema, count))
+
+    def _array(self, schema: Mapping[str, Any], bound: int | None, depth: int) -> Any:
+        count = self._array_count(schema, bound)
+        return [self._child(s, depth + 1) for s in self._item_schemas(schema, count)]
 
 
-def _resolve(ref: str, root: Any) -> Any:
-    if not ref.startswith("#"):
-        raise InvalidRequest(f"only local $ref is supported: {ref!r}")
-    node = root
-    for part in ref[1:].lstrip("/").split("/") if ref != "#" else ():
-        part = part.replace("~1", "/").replace("~0", "~")
-        if not isinstance(node, Mapping) or part not in node:
-            raise InvalidRequest(f"unresolvable $ref {ref!r}")
-        node = node[part]
-    return node
+def _copy(value: Any) -> Any:
+    """A private copy of a const/enum value (the analysis is cached and shared)."""
+    if isinstance(value, dict | list):
+        return msgspec.json.decode(msgspec.json.encode(value))
+    return value
 
 
 _FORMATS = {
@@ -479,28 +603,49 @@ def _string(schema: Mapping[str, Any]) -> str:
     return value
 
 
+def _bound(schema: Mapping[str, Any], key: str) -> float | None:
+    value = schema.get(key)
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return value
+    return None
+
+
 def _number(schema: Mapping[str, Any], *, integer: bool) -> int | float:
-    low = schema.get("minimum")
-    xlow = schema.get("exclusiveMinimum")
-    high = schema.get("maximum")
-    xhigh = schema.get("exclusiveMaximum")
-    value: float = 1 if integer else 1.5
-    if isinstance(low, int | float) and value < low:
-        value = low
-    if isinstance(xlow, int | float) and value <= xlow:
-        value = xlow + 1 if integer else xlow + 0.5
-    if isinstance(high, int | float) and value > high:
-        value = high
-    if isinstance(xhigh, int | float) and value >= xhigh:
-        value = xhigh - 1 if integer else xhigh - 0.5
-    if integer:
-        value = math.ceil(value)
-    multiple = schema.get("multipleOf")
-    if isinstance(multiple, int | float) and not isinstance(multiple, bool) and multiple > 0:
-        up = math.ceil(value / multiple) * multiple  # the next multiple at or above
-        value = up if not isinstance(high, int | float) or up <= high else (
-            math.floor(value / multiple) * multiple)
-    return int(value) if integer else float(value)
+    """The first candidate within the bounds (and a multiple of ``multipleOf``)."""
+    low, xlow = _bound(schema, "minimum"), _bound(schema, "exclusiveMinimum")
+    high, xhigh = _bound(schema, "maximum"), _bound(schema, "exclusiveMaximum")
+
+    def fits(v: float) -> bool:
+        return ((low is None or v >= low) and (xlow is None or v > xlow)
+                and (high is None or v <= high) and (xhigh is None or v < xhigh))
+
+    floor = max((b for b in (low, xlow) if b is not None), default=None)
+    ceiling = min((b for b in (high, xhigh) if b is not None), default=None)
+    start = floor if floor is not None else (1 if integer else 1.5)
+    multiple = _bound(schema, "multipleOf")
+    candidates: list[float] = []
+    if multiple is not None and multiple > 0:
+        first = math.ceil(start / multiple)
+        candidates = [k * multiple for k in range(first, first + 3)]
+        if ceiling is not None:
+            last = math.floor(ceiling / multiple)
+            candidates += [k * multiple for k in range(last, last - 3, -1)]
+    else:
+        candidates = [1 if integer else 1.5, start, start + 1]
+        if not integer:
+            candidates.append(start + 0.5)
+            if ceiling is not None:
+                candidates.append((start + ceiling) / 2)
+        if ceiling is not None:
+            candidates += [ceiling, ceiling - 0.5, ceiling - 1]
+    for candidate in candidates:
+        if integer:
+            if candidate != math.floor(candidate):
+                candidate = math.ceil(candidate)
+            candidate = int(candidate)
+        if fits(candidate):
+            return int(candidate) if integer else float(candidate)
+    return 1 if integer else 1.5  # nothing fits: the self-check reports it
 
 
 def violate(schema: Any, value: Any) -> Any:
@@ -568,6 +713,14 @@ def http_rejection(reply: Reply) -> HttpRejection:
     else:
         raise ValueError(f"{reply.kind} is not an HTTP-level reply")
     return HttpRejection(status, tuple(headers), msgspec.json.encode(body))
+
+
+def schema_rejection(exc: CannotSynthesize) -> HttpRejection:
+    """What the real API answers for a schema it cannot use: 400 ``invalid_json_schema``."""
+    body = _error_body("invalid_request_error", "invalid_json_schema",
+                       f"Invalid schema for response format: {exc}"[:500])
+    body["error"]["param"] = "text.format.schema"
+    return HttpRejection(400, (("content-type", "application/json"),), msgspec.json.encode(body))
 
 
 # -- event streams ------------------------------------------------------------------

@@ -89,9 +89,12 @@ class SseTransport:
         # The first event must arrive within connect + idle; afterwards idle per event.
         idle.deadline = trio.current_time() + limits.connect_timeout + limits.idle_timeout
         outcome: Outcome | None = None
+        # Filled once a 4xx/5xx status is seen: a stalled or broken error body must not hide
+        # the rejection (its status and retry hints) behind a timeout or a disconnect.
+        rejected: list[tuple[httpx.Response, bytearray]] = []
         with idle:
             try:
-                outcome = await self._exchange(request, state, idle)
+                outcome = await self._exchange(request, state, idle, rejected)
             except httpx.ConnectTimeout as exc:
                 code = classify_connect_error(exc, default="connect_timeout")
                 outcome = state.interrupt(
@@ -112,19 +115,29 @@ class SseTransport:
                 outcome = state.interrupt("timeout", transport_code="http_timeout")
             except httpx.TransportError:
                 outcome = state.interrupt("disconnected", transport_code="transport_error")
+        if rejected and (idle.cancelled_caught or not isinstance(outcome, Interruption)
+                         or outcome.kind != "http_rejected"):
+            response, partial = rejected[0]
+            return self._rejection(response, bytes(partial), state)
         if idle.cancelled_caught:
             return state.interrupt("timeout", transport_code="idle_timeout")
         assert outcome is not None
         return outcome
 
     async def _exchange(
-        self, request: httpx.Request, state: ResponseStream, idle: trio.CancelScope
+        self,
+        request: httpx.Request,
+        state: ResponseStream,
+        idle: trio.CancelScope,
+        rejected: list[tuple[httpx.Response, bytearray]],
     ) -> Outcome:
         limits = self._limits
         response = await self._client.send(request, stream=True)
         try:
             if not 200 <= response.status_code < 300:
-                return await self._rejected(response, state)
+                body = bytearray()
+                rejected.append((response, body))
+                return await self._rejected(response, body, state)
             ctype = response.headers.get("content-type", "")
             if not ctype.lower().startswith("text/event-stream"):
                 return state.interrupt(
@@ -162,13 +175,18 @@ class SseTransport:
             with trio.CancelScope(shield=True):
                 await response.aclose()
 
-    async def _rejected(self, response: httpx.Response, state: ResponseStream) -> Interruption:
-        body = bytearray()
+    async def _rejected(
+        self, response: httpx.Response, body: bytearray, state: ResponseStream
+    ) -> Interruption:
         async for chunk in response.aiter_raw():
             body += chunk
             if len(body) > MAX_ERROR_BODY_BYTES:
                 break
-        ptype, pcode = parse_error_body(bytes(body))
+        return self._rejection(response, bytes(body), state)
+
+    @staticmethod
+    def _rejection(response: httpx.Response, body: bytes, state: ResponseStream) -> Interruption:
+        ptype, pcode = parse_error_body(body)
         return state.interrupt(
             "http_rejected",
             http_status=response.status_code,

@@ -11,8 +11,10 @@ A contract is built from either a ``msgspec.Struct`` type or a
   ``T | None``. Types strict mode cannot express (a non-object root, dicts with
   arbitrary keys, ``Any``, tuples) are refused with ``InvalidRequest``.
 - JsonSchema schemas are sent exactly as given (the host owns them) but are
-  checked: bounded size and depth, an object root, local ``$ref`` only, and the
-  strict-mode shape of every object (reported with a JSON-pointer path).
+  checked: bounded size and depth, an object root, local ``$ref`` only, the
+  strict-mode shape of every object, and that some finite JSON value satisfies the
+  schema (recursion needs a way out: a nullable/anyOf branch without the cycle or an
+  array that may be empty); each refusal names a JSON-pointer path.
 
 Validation of an answer never fetches anything and never echoes payload text in
 its error detail. Struct contracts validate with msgspec's typed decoder alone
@@ -38,6 +40,7 @@ import msgspec
 import msgspec.inspect as mi
 
 from recoverable.errors import InvalidRequest
+from recoverable.schema_graph import SchemaGraph
 from recoverable.types import JsonSchema
 
 __all__ = [
@@ -428,6 +431,11 @@ def _check_strict(schema: dict[str, Any]) -> None:
                     "type optional values as nullable instead"
                 )
         stack.extend(_subschemas(node, path))
+    # A schema no finite JSON value satisfies (e.g. a required property whose only way
+    # to exist is to contain itself) can never be answered: refuse it before any POST.
+    reason = SchemaGraph(schema).no_finite_instance()
+    if reason is not None:
+        raise InvalidRequest(reason)
 
 
 # --------------------------------------------------------------------------- Struct types

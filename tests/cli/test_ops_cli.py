@@ -124,16 +124,19 @@ def test_ops_commands_on_a_store_made_by_a_batch(tmp_path: Path) -> None:
     assert done_id not in states and failed_id not in states  # content removed
 
     purge = run_cli("purge", "--store", s, "--account", "batch")
-    if hasattr(recoverable.RecoveryStore, "purge_account"):
-        assert purge.returncode == 0, purge.stderr
-        assert "purged" in purge.stdout
-        empty = msgspec.json.decode(
-            run_cli("inventory", "--store", s, "--account", "batch", "--json").stdout,
-            type=recoverable.Inventory,
-        )
-        assert empty.operations == ()
-    else:
-        assert purge.returncode == 2 and "not available" in purge.stderr
+    # RecoveryStore.purge_account exists: purge must really remove every idle record.
+    assert purge.returncode == 0, purge.stderr
+    # Three live records (gen-0002 failed, the suspended and the cancelled one) and the
+    # two markers left by acknowledge and abandon.
+    assert purge.stdout.startswith("purged 5 record(s) of account 'batch'"), purge.stdout
+    assert "skipped" not in purge.stdout
+    empty = msgspec.json.decode(
+        run_cli("inventory", "--store", s, "--account", "batch", "--json").stdout,
+        type=recoverable.Inventory,
+    )
+    assert empty.operations == ()
+    again = run_cli("purge", "--store", s, "--account", "batch")
+    assert again.returncode == 0 and again.stdout.startswith("purged 0 record(s)"), again.stdout
 
 
 def test_usage_errors_exit_2_with_a_clear_message(

@@ -247,7 +247,9 @@ async def damaged_example(
         ("abandon", lambda: rt.abandon(handle)),
     ]
     for name, call in steps:
-        with trio.move_on_after(10) as guard:
+        # A hang guard (each call is one store read or write, milliseconds): 30 s only
+        # catches a call that never returns, even on a heavily loaded machine.
+        with trio.move_on_after(30) as guard:
             try:
                 await call()
             except recoverable.RecoveryError:

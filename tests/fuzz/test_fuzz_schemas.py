@@ -3,7 +3,12 @@
 Any JSON value given as a ``recoverable.JsonSchema`` (and any name) must give a
 contract or ``InvalidRequest`` from ``recoverable.contract.contract_for`` —
 never another exception; a contract it gives validates arbitrary output text
-into bytes or a typed ``OutputInvalid``. Any text given to
+into bytes or a typed ``OutputInvalid``, and passes ``check_accepted`` (a
+synthesized value validates, mutations are rejected with a schema path, the
+format hash is stable across builds, the fixture's answer stream completes with a
+valid value). Strict-mode schemas are generated (``strict_schemas``) so that the
+acceptance path is reached; each fuzzer counts and asserts how many examples took
+each path (run with ``-s`` to see the counts). Any text given to
 ``recoverable.batch.parse_job_line`` must give a ``Job`` or a ``JobLineError``.
 """
 
@@ -11,15 +16,18 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from typing import Any
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from recoverable.transport.fixture_replies import CannotSynthesize
 
 import recoverable
+from recoverable import batch
 from recoverable.contract import OutputInvalid, contract_for
-from recoverable.testing import synthesize_value
+
+from .strict_schemas import check_accepted, strict_schemas
 
 EXAMPLES = int(os.environ.get("RECOVERABLE_FUZZ_EXAMPLES", "300"))
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
@@ -78,52 +86,194 @@ def schema_nodes(depth: int = 3) -> st.SearchStrategy[Any]:
 
 
 names = st.sampled_from(["result", "Answer_1", "a-b"]) | st.text(max_size=70) | st.just("")
+VALID_NAMES = st.sampled_from(["result", "Answer_1", "a-b", "x" * 64])
 
 
-def check_contract(name: Any, schema: Any, outputs: list[str]) -> None:
+def check_contract(
+    name: Any, schema: Any, outputs: list[str], stats: Counter[str], *, pick: int,
+    must_synthesize: bool = False,
+) -> bool:
+    """A contract or InvalidRequest; every accepted contract is checked end to end.
+
+    Returns whether the schema was accepted. Only ``CannotSynthesize`` (a typed error for
+    a schema the fixture cannot answer) is tolerated from synthesis, and not at all when
+    ``must_synthesize``: TypeError, ValueError and RecursionError are failures.
+    """
     try:
         contract = contract_for(recoverable.JsonSchema(name, schema))
-    except recoverable.InvalidRequest:
-        return
-    assert isinstance(contract.format_hash, str) and contract.format_hash
-    assert contract_for(recoverable.JsonSchema(name, schema)).format_hash == contract.format_hash
-    candidates = list(outputs)
-    try:
-        candidates.append(json.dumps(synthesize_value(contract.schema)))
-    except (recoverable.InvalidRequest, RecursionError, TypeError, ValueError):
-        pass
-    for text in candidates:
+    except recoverable.InvalidRequest as refused:
+        assert refused.code == "invalid_request" and str(refused)
+        stats["rejected"] += 1
+        return False
+    stats["accepted"] += 1
+    for text in outputs:
         try:
             payload = contract.validate(text)
         except OutputInvalid as invalid:
             assert invalid.kind in ("invalid_json", "schema_violation")
             continue
-        assert isinstance(payload, bytes)
+        assert payload == text.encode()
+    try:
+        check_accepted(contract, name, schema, pick)
+    except CannotSynthesize:
+        if must_synthesize:
+            raise
+        stats["cannot_synthesize"] += 1
+        return True
+    stats["checked_end_to_end"] += 1
+    return True
 
 
-@SETTINGS
-@given(name=names, schema=json_values, outputs=st.lists(st.text(max_size=30), max_size=2))
-def test_any_json_value_as_schema_gives_a_contract_or_invalid_request(
-    name: Any, schema: Any, outputs: list[str]
-) -> None:
-    check_contract(name, schema, outputs)
+def _report(stats: Counter[str]) -> str:
+    line = ", ".join(f"{k}={v}" for k, v in sorted(stats.items()))
+    print(f"\nschema fuzzer: {line}")
+    return line
 
 
-@SETTINGS
-@given(
-    name=names,
-    schema=schema_nodes(),
-    outputs=st.lists(st.builds(json.dumps, json_values) | st.text(max_size=20), max_size=3),
-)
-def test_schema_shaped_values_give_a_contract_or_invalid_request(
-    name: Any, schema: Any, outputs: list[str]
-) -> None:
-    check_contract(name, schema, outputs)
+def test_any_json_value_as_schema_gives_a_contract_or_invalid_request() -> None:
+    stats: Counter[str] = Counter()
+
+    @SETTINGS
+    @given(
+        case=st.one_of(st.tuples(names | VALID_NAMES, json_values),
+                       st.tuples(VALID_NAMES | names, strict_schemas()),
+                       st.tuples(VALID_NAMES, strict_schemas())),
+        outputs=st.lists(st.text(max_size=30), max_size=2), pick=st.integers(0, 99),
+    )
+    def run(case: tuple[Any, Any], outputs: list[str], pick: int) -> None:
+        stats["examples"] += 1
+        check_contract(*case, outputs, stats, pick=pick)
+
+    run()
+    line = _report(stats)
+    # Both paths are exercised: arbitrary values are refused, strict ones accepted and
+    # then checked end to end.
+    assert stats["rejected"] >= stats["examples"] // 5, line
+    assert stats["checked_end_to_end"] >= stats["examples"] // 4, line
+
+
+def _object_nodes(schema: Any) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if node.get("type") == "object":
+                found.append(node)
+            stack.extend(v for k, v in node.items() if k not in ("enum", "const"))
+        elif isinstance(node, list):
+            stack.extend(node)
+    return found
+
+
+ODD_PARTS = [
+    "no_additional_properties", "additional_properties_true", "not_required",
+    "remote_ref", "missing_ref", "array_root", "cyclic_required", "non_empty_array_of_root",
+    "sub_id", "bad_pattern", "bad_type", "nan_const",
+]
+
+
+def add_odd_part(schema: dict[str, Any], odd: str, pick: int) -> bool:
+    """Break ``schema`` (a strict one) in one place; False when ``odd`` does not apply."""
+    objects = _object_nodes(schema)
+    node = objects[pick % len(objects)]
+    props: dict[str, Any] = node["properties"]
+    prop = props[sorted(props)[pick % len(props)]] if props else None
+    if odd == "no_additional_properties":
+        del node["additionalProperties"]
+    elif odd == "additional_properties_true":
+        node["additionalProperties"] = True
+    elif odd == "not_required":
+        if not props:
+            return False
+        node["required"] = node["required"][1:]
+    elif odd in ("remote_ref", "missing_ref", "sub_id", "bad_pattern", "bad_type", "nan_const"):
+        if prop is None:
+            return False
+        key, value = {
+            "remote_ref": ("$ref", "http://127.0.0.1:9/x.json"),
+            "missing_ref": ("$ref", "#/$defs/missing"),
+            "sub_id": ("$id", "http://127.0.0.1:9/"),
+            "bad_pattern": ("pattern", "("),
+            "bad_type": ("type", 5),
+            "nan_const": ("const", float("nan")),
+        }[odd]
+        prop[key] = value
+    elif odd == "array_root":
+        schema["type"] = "array"
+    elif odd == "cyclic_required":
+        schema["properties"]["zz_loop"] = {"$ref": "#/properties/zz_loop"}
+        schema["required"].append("zz_loop")
+    elif odd == "non_empty_array_of_root":
+        schema["properties"]["zz_kids"] = {"type": "array", "minItems": 1,
+                                           "items": {"$ref": "#"}}
+        schema["required"].append("zz_kids")
+    return True
+
+
+@st.composite
+def schema_cases(draw: st.DrawFn) -> tuple[str, Any, Any]:
+    """(shape, name, schema): "random" keyword soup and any name; "strict" schemas and
+    "odd:<part>" (a strict schema broken in one place) with valid names."""
+    shape = draw(st.sampled_from(["random", "strict", "strict", "odd", "odd"]))
+    if shape == "random":
+        return shape, draw(names | VALID_NAMES), draw(schema_nodes())
+    schema = draw(strict_schemas())
+    name = draw(VALID_NAMES)
+    if shape == "odd":
+        odd = draw(st.sampled_from(ODD_PARTS))
+        if not add_odd_part(schema, odd, draw(st.integers(0, 99))):
+            return "strict", name, schema
+        return f"odd:{odd}", name, schema
+    return shape, name, schema
+
+
+def test_schema_shaped_values_give_a_contract_or_invalid_request() -> None:
+    stats: Counter[str] = Counter()
+
+    @SETTINGS
+    @given(
+        case=schema_cases(),
+        outputs=st.lists(st.builds(json.dumps, json_values) | st.text(max_size=20), max_size=3),
+        pick=st.integers(0, 99),
+    )
+    def run(case: tuple[str, Any, Any], outputs: list[str], pick: int) -> None:
+        shape, name, schema = case
+        stats["examples"] += 1
+        accepted = check_contract(name, schema, outputs, stats, pick=pick,
+                                  must_synthesize=shape == "strict")
+        if shape.startswith("odd"):
+            assert not accepted, f"{shape} was accepted"
+            stats["odd_part_rejected"] += 1
+        elif shape == "strict":
+            assert accepted, "a strict schema was refused"
+
+    run()
+    line = _report(stats)
+    assert stats["checked_end_to_end"] >= stats["examples"] * 3 // 10, line
+    assert stats["odd_part_rejected"] >= stats["examples"] // 6, line
+
+
+def test_strict_schemas_are_accepted_and_work_end_to_end() -> None:
+    stats: Counter[str] = Counter()
+
+    @SETTINGS
+    @given(name=VALID_NAMES, schema=strict_schemas(max_depth=4), pick=st.integers(0, 99),
+           outputs=st.lists(st.builds(json.dumps, json_values), max_size=2))
+    def run(name: str, schema: dict[str, Any], outputs: list[str], pick: int) -> None:
+        stats["examples"] += 1
+        stats["recursive"] += '"#' in json.dumps(schema)
+        check_contract(name, schema, outputs, stats, pick=pick, must_synthesize=True)
+
+    run()
+    line = _report(stats)
+    # Every one is accepted and checked (the issue asks for at least 60%).
+    assert stats["checked_end_to_end"] == stats["examples"] >= EXAMPLES // 2, line
+    assert stats["recursive"] >= stats["examples"] // 5, line
 
 
 # -- batch job lines ------------------------------------------------------------------
 
-batch = pytest.importorskip("recoverable.batch")
 job_fields = {
     "id": st.text(max_size=12) | json_values,
     "revision": st.text(max_size=8) | json_values,
@@ -143,7 +293,20 @@ job_fields = {
 
 @st.composite
 def job_lines(draw: st.DrawFn) -> str:
-    shape = draw(st.sampled_from(["job", "job", "job", "text", "json", "deep", "cut"]))
+    shape = draw(st.sampled_from(["valid", "valid", "job", "job", "job", "text", "json", "deep",
+                                  "cut"]))
+    if shape == "valid":  # a job that must be accepted: a strict schema, optional fields
+        job: dict[str, Any] = {
+            "id": draw(st.text(min_size=1, max_size=12).filter(str.strip)),
+            "revision": draw(st.sampled_from(["r1", "2024-01-01", "v"])),
+            "model": "gpt-test", "input": draw(st.text(min_size=1, max_size=20)),
+            "schema": draw(strict_schemas(max_depth=2)),
+        }
+        if draw(st.booleans()):
+            job["max_attempts"] = draw(st.integers(1, 8))
+        if draw(st.booleans()):
+            job["instructions"] = draw(st.text(max_size=10))
+        return json.dumps(job)
     if shape == "text":
         return draw(st.text(max_size=200))
     if shape == "json":
@@ -153,7 +316,7 @@ def job_lines(draw: st.DrawFn) -> str:
         return '{"id":"a","revision":"r","model":"m","input":"x","schema":' + (
             '{"a":' * depth) + "1" + "}" * depth + "}"
     keys = draw(st.sets(st.sampled_from(sorted(job_fields)), max_size=len(job_fields)))
-    job = {k: draw(job_fields[k]) for k in keys}
+    job = {k: draw(job_fields[k]) for k in sorted(keys)}  # sorted: str hashes vary per run
     if draw(st.booleans()):  # mostly well-formed jobs with one odd part
         job.update({"id": "job-1", "revision": "r1", "model": "gpt-test", "input": "hi"})
         job.setdefault("schema", {"type": "object", "properties": {"a": {"type": "integer"}},
@@ -164,14 +327,26 @@ def job_lines(draw: st.DrawFn) -> str:
     return line
 
 
-@SETTINGS
-@given(line=job_lines(), lineno=st.integers(1, 10**6))
-def test_any_job_line_gives_a_job_or_a_job_line_error(line: str, lineno: int) -> None:
-    try:
-        job = batch.parse_job_line(line, lineno)
-    except batch.JobLineError as exc:
-        assert exc.lineno == lineno and exc.reason
-        return
-    assert isinstance(job, batch.Job)
-    assert job.lineno == lineno and job.id and job.revision
-    assert contract_for(job.response).format_hash
+def test_any_job_line_gives_a_job_or_a_job_line_error() -> None:
+    stats: Counter[str] = Counter()
+
+    @SETTINGS
+    @given(line=job_lines(), lineno=st.integers(1, 10**6))
+    def run(line: str, lineno: int) -> None:
+        stats["examples"] += 1
+        try:
+            job = batch.parse_job_line(line, lineno)
+        except batch.JobLineError as exc:
+            assert exc.lineno == lineno and exc.reason
+            stats["job_line_error"] += 1
+            return
+        assert isinstance(job, batch.Job)
+        assert job.lineno == lineno and job.id and job.revision
+        assert contract_for(job.response).format_hash
+        stats["job"] += 1
+
+    run()
+    line = _report(stats)
+    # About a fifth are valid jobs (58-74 of 300 seen); the floor leaves room for the draw.
+    assert stats["job"] >= stats["examples"] // 8, line
+    assert stats["job_line_error"] >= stats["examples"] // 3, line

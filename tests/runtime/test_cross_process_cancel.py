@@ -27,7 +27,10 @@ from .cancel_child import Answer
 
 CHILD = str(Path(__file__).with_name("cancel_child.py"))
 ACCOUNT = recoverable.AccountBinding("acct-cancel", "api-key")
-LATENCY_BOUND = 2.0  # seconds; generous (the bench measures the real figure)
+# Seconds. Not a latency target (p99 is ~50 ms; the bench measures it): a lost cancel is
+# never observed at all, so a bound this far above the target tells the two apart even on
+# a loaded 2-core machine where another process can be descheduled for seconds.
+LATENCY_BOUND = 10.0
 
 
 class LineReader:
@@ -58,8 +61,8 @@ def _idle_backend(provider: FixtureProvider) -> recoverable.ResponsesBackend:
 
 
 async def _observed(lines: LineReader) -> dict[str, Any]:
-    """The child's next line: the cancel must be observed well within 2 s."""
-    with trio.fail_after(2.0):
+    """The child's next line: the cancel must be observed (within LATENCY_BOUND)."""
+    with trio.fail_after(LATENCY_BOUND):
         return await lines.next()
 
 
@@ -203,7 +206,9 @@ async def test_every_cross_process_cancel_is_observed_without_any_later_commit(
                             prepared = await lines.next()
                             await provider.wait_for_requests(n + 1)
                         await rt.cancel(recoverable.Handle(prepared["operation_id"]))
-                        with trio.move_on_after(1.0) as waited:  # the target p99 is 50 ms
+                        # A lost cancel is never observed; LATENCY_BOUND separates that
+                        # from a slow machine (the target p99 is 50 ms).
+                        with trio.move_on_after(LATENCY_BOUND) as waited:
                             observed = await lines.next()
                         assert not waited.cancelled_caught, f"cancel #{n} was never observed"
                         assert observed["event"] == "cancelled", observed
