@@ -27,7 +27,7 @@ is never parked (the machine goes straight to the host's authorization): it is
 counted as "not parked" and has no lateness sample, instead of crashing the run.
 Any early wake or early start makes the script exit 1.
 
-``--quick``: a few seconds (500 bare waiters and 20 real operations over 0.5 s).
+``--quick``: a few seconds (500 bare waiters and 20 real operations over 0.3 s).
 """
 
 from __future__ import annotations
@@ -210,22 +210,22 @@ def main() -> int:
                         help="real parked ops (10000; 0: skip)")
     parser.add_argument("--real-lead", type=float, default=None,
                         help="real: minimum retry-after (default: 5 s + 5 ms per operation; "
-                             "quick: 1 s + 5 ms per operation)")
+                             "quick: 0.5 s + 5 ms per operation)")
     parser.add_argument("--mode", default="sse", choices=["sse", "websocket"])
     parser.add_argument("--quick", action="store_true",
-                        help="a few seconds: n=500, real-n=20, spread 0.5 s, lead 0.5 s")
+                        help="a few seconds: n=500, real-n=20, spread 0.3 s, lead 0.3 s")
     args = parser.parse_args()
     quick = args.quick
     n = args.n if args.n is not None else (500 if quick else 10000)
-    spread = args.spread if args.spread is not None else (0.5 if quick else 10.0)
-    bare_lead = args.lead if args.lead is not None else (0.5 if quick else 3.0)
+    spread = args.spread if args.spread is not None else (0.3 if quick else 10.0)
+    bare_lead = args.lead if args.lead is not None else (0.3 if quick else 3.0)
     real_n = args.real_n if args.real_n is not None else (20 if quick else 10000)
     _common.raise_fd_limit()
     bare_row, early = trio.run(bare, n, spread, bare_lead)
     rows = [bare_row]
     if real_n:
         lead = (args.real_lead if args.real_lead is not None
-                else (1.0 if quick else 5.0) + 0.005 * real_n)
+                else (0.5 if quick else 5.0) + 0.005 * real_n)
         base = tempfile.mkdtemp(prefix="sched-lateness-")
         try:
             with _common.provider_process() as info:
