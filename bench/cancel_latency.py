@@ -178,15 +178,16 @@ async def measure(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=200)
+    parser.add_argument("--samples", type=int, default=None, help="200; quick 5")
     parser.add_argument("--concurrency", type=int, action="append",
                         help="operations A streams at once (repeatable; default 1 and 16)")
     parser.add_argument("--mode", action="append", choices=["sse", "websocket"])
     parser.add_argument("--nudge-after", type=float, default=0.25,
                         help="seconds after which an unobserved cancel counts as lost")
-    parser.add_argument("--quick", action="store_true", help="100 samples, sse, concurrency 1")
+    parser.add_argument("--quick", action="store_true",
+                        help="a few seconds: 5 samples, sse, concurrency 1")
     args = parser.parse_args()
-    samples = 100 if args.quick else args.samples
+    samples = args.samples if args.samples is not None else (5 if args.quick else 200)
     modes = args.mode or (["sse"] if args.quick else ["sse", "websocket"])
     concurrencies = args.concurrency or ([1] if args.quick else [1, 16])
     rows = []

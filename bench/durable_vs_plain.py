@@ -171,7 +171,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=1000)
     parser.add_argument("--mode", action="append", choices=["websocket", "sse"])
     parser.add_argument("--warmup", type=int, default=None, help="untimed jobs first (default c/4)")
-    parser.add_argument("--quick", action="store_true", help="n=500, concurrency=100, sse only")
+    parser.add_argument("--quick", action="store_true",
+                        help="a few seconds: n=100, concurrency 25, sse only")
     parser.add_argument("--profile", metavar="DIR",
                         help="write cProfile CPU profiles (event-loop thread) of workers to DIR")
     parser.add_argument("--worker", choices=["durable", "plain"], help=argparse.SUPPRESS)
@@ -183,9 +184,9 @@ def main() -> None:
         args.mode = args.mode[0]
         worker_main(args)
         return
-    sizes = args.n or ([500] if args.quick else [1000, 10000])
+    sizes = args.n or ([100] if args.quick else [1000, 10000])
     modes = args.mode or (["sse"] if args.quick else ["websocket"])
-    concurrency = 100 if args.quick and args.concurrency == 1000 else args.concurrency
+    concurrency = 25 if args.quick and args.concurrency == 1000 else args.concurrency
     warmup = args.warmup if args.warmup is not None else max(1, concurrency // 4)
     rows = []
     base = tempfile.mkdtemp(prefix="durable-vs-plain-")

@@ -28,12 +28,21 @@ driver (``tests/crash/soak_driver.py``: a host SIGKILLed at random moments,
 restarted, invariants checked against the provider's request log).
 
 Prints one table and writes it (with the run's parameters) to ``--out``, plus a
-PNG bar chart next to it when matplotlib is installed.
+PNG bar chart next to it when matplotlib is installed. The table has the CPU share
+(percent of one core over the timed window) of the worker process and of the
+provider process (``/proc/<pid>/stat`` utime + stime read at the edges of the
+window), so a reader can see which side is bound.
+
+``--quick``: a smoke run of a few seconds through the same path (N=100,
+concurrency 25, the faults scenario only, every system, a 10-job crash soak with 1 kill);
+it writes no results file unless ``--out`` is given. Without the ``bench`` extra
+(DBOS, matplotlib) the DBOS row and the PNG are skipped and the output says so.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -76,6 +85,26 @@ LABELS = {
     "files": "(d) JSON files",
 }
 DEFAULT_FAULTS = "disconnect=0.05,rate_limited=0.05,seed=1"
+
+
+class WindowCpu:
+    """``cpu_seconds`` for a phase: this process's CPU seconds, and at the same moments
+    the provider process's. Every phase calls it exactly twice, at the edges of its
+    timed window, so the first and last provider readings bound that window too."""
+
+    def __init__(self, provider_pid: int | None) -> None:
+        self.provider_pid = provider_pid
+        self.provider: list[float] = []
+
+    def __call__(self) -> float:
+        if self.provider_pid:
+            self.provider.append(_common.process_cpu_seconds(self.provider_pid))
+        return _common.self_cpu_seconds()
+
+    def provider_seconds(self) -> float | None:
+        if len(self.provider) != 2:
+            return None
+        return self.provider[1] - self.provider[0]
 
 
 async def approve(attempt: recoverable.Attempt) -> bool:
@@ -151,10 +180,11 @@ def provider_post_count(requests_url: str) -> int:
 
 def worker_main(args: argparse.Namespace) -> None:
     _common.raise_fd_limit()
+    window_cpu = WindowCpu(args.provider_pid)
     kwargs: dict[str, Any] = {
         "base_url": args.base_url, "mode": args.mode, "n": args.n,
         "concurrency": args.concurrency, "warmup": args.warmup, "workdir": args.dir,
-        "cpu_seconds": _common.self_cpu_seconds, "rss_mib": _common.peak_rss_mib,
+        "cpu_seconds": window_cpu, "rss_mib": _common.peak_rss_mib,
     }
     # POSTs of the timed window: the warm-up is counted separately and subtracted.
     if args.worker == "dbos":
@@ -178,6 +208,7 @@ def worker_main(args: argparse.Namespace) -> None:
         result = trio.run(
             lambda: phase(**kwargs, posts=lambda: provider_post_count(args.requests_url))
         )
+    result["provider_cpu"] = window_cpu.provider_seconds()
     print(json.dumps(result), flush=True)
 
 
@@ -187,6 +218,7 @@ def run_worker(system: str, args: argparse.Namespace, info: dict[str, Any],
         sys.executable, __file__, "--worker", system, "--mode", args.mode, "--n", str(args.n),
         "--concurrency", str(args.concurrency), "--warmup", str(warmup),
         "--base-url", info["base_url"], "--requests-url", info["requests_url"], "--dir", workdir,
+        "--provider-pid", str(info["pid"]),
     ]
     if strace_out:
         argv = ["strace", "-f", "-c", "-o", strace_out, "-e", f"trace={','.join(SYNC_CALLS)}",
@@ -258,14 +290,16 @@ def without_seed(spec: str) -> str:
     return ",".join(p for p in spec.split(",") if not p.strip().startswith("seed="))
 
 
-def soak_duplicates(jobs: int, concurrency: int, kills: int, faults: str) -> dict[str, Any]:
+def soak_duplicates(
+    jobs: int, concurrency: int, kills: int, faults: str, idle_timeout: float = 3.0
+) -> dict[str, Any]:
     sys.path.insert(0, str(BENCH.parent))
     from tests.crash.soak_driver import run_soak
 
     workdir = Path(tempfile.mkdtemp(prefix="harness-soak-"))
     try:
         result = run_soak(workdir, jobs=jobs, concurrency=concurrency, kills=kills,
-                          faults=without_seed(faults), seed=1, idle_timeout=3.0,
+                          faults=without_seed(faults), seed=1, idle_timeout=idle_timeout,
                           deadline=900.0)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -280,7 +314,12 @@ def soak_duplicates(jobs: int, concurrency: int, kills: int, faults: str) -> dic
 
 HEADERS = ["scenario", "system", "jobs/s", "ratio to (a)", "p50 ms", "p99 ms",
            "store fsyncs/job", "host fsyncs/job", "peak RSS MiB", "POSTs/job", "failed jobs",
-           "duplicates after kills"]
+           "duplicates after kills", "worker CPU % core", "provider CPU % core"]
+
+
+def cpu_share(seconds: float | None, elapsed: float) -> str:
+    """CPU seconds over the timed window as a percentage of one core."""
+    return "n/a" if seconds is None else f"{100.0 * seconds / elapsed:.0f}"
 
 
 def fsyncs_cell(system: str, r: dict[str, Any], n: int) -> str:
@@ -320,6 +359,7 @@ def build_rows(results: dict[tuple[str, str], dict[str, Any]], n: int,
             fsyncs_cell(system, r, n),
             f"{r['host_fsyncs'] / n:.3f}" if "host_fsyncs" in r else "0",
             f"{r['rss_mib']:.0f}", f"{r['posts'] / n:.3f}", str(r["failed"]), dup,
+            cpu_share(r["cpu"], r["elapsed"]), cpu_share(r.get("provider_cpu"), r["elapsed"]),
         ])
     return rows
 
@@ -384,17 +424,19 @@ def write_png(results: dict[tuple[str, str], dict[str, Any]], n: int, path: Path
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, help="jobs per run (default 5000; quick 1000)")
-    parser.add_argument("--concurrency", type=int, default=1000)
+    parser.add_argument("--n", type=int, help="jobs per run (default 5000; quick 100)")
+    parser.add_argument("--concurrency", type=int, default=None, help="1000; quick 25")
     parser.add_argument("--mode", choices=["websocket", "sse"], default="websocket")
     parser.add_argument("--faults", default=DEFAULT_FAULTS,
                         help="fault spec of the second scenario ('' to skip it)")
     parser.add_argument("--system", action="append", choices=SYSTEMS,
                         help="systems to run (repeatable; default all)")
-    parser.add_argument("--soak-jobs", type=int, help="crash soak jobs (default 1000; quick 200)")
-    parser.add_argument("--soak-kills", type=int, help="SIGKILLs in the soak (default 20; quick 3)")
-    parser.add_argument("--quick", action="store_true", help="a run of under 2 minutes")
-    parser.add_argument("--out", default=str(BENCH / "results" / "harness.md"))
+    parser.add_argument("--soak-jobs", type=int, help="crash soak jobs (default 1000; quick 10)")
+    parser.add_argument("--soak-kills", type=int, help="SIGKILLs in the soak (default 20; quick 1)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a smoke run of a few seconds through the same path (no file)")
+    parser.add_argument("--out", default=None,
+                        help="results file (default bench/results/harness.md; quick: none)")
     parser.add_argument("--no-png", action="store_true")
     parser.add_argument("--count-fsyncs", action="store_true",
                         help="instead: count sync syscalls per job under strace (runs n and 4n, "
@@ -404,7 +446,12 @@ def main() -> None:
     parser.add_argument("--base-url", help=argparse.SUPPRESS)
     parser.add_argument("--requests-url", help=argparse.SUPPRESS)
     parser.add_argument("--dir", help=argparse.SUPPRESS)
+    parser.add_argument("--provider-pid", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.concurrency is None:
+        args.concurrency = 25 if args.quick else 1000
+    if args.out is None and not args.quick:
+        args.out = str(BENCH / "results" / "harness.md")
     if args.worker:
         worker_main(args)
         return
@@ -417,7 +464,7 @@ def main() -> None:
                  f"{4 * args.n} jobs, concurrency {args.concurrency}, {args.mode}, no faults)")
         print(title)
         print(_common.table(headers, rows))
-        out = Path(args.out).with_name("harness_fsyncs.md")
+        out = Path(args.out or BENCH / "results" / "harness.md").with_name("harness_fsyncs.md")
         out.write_text("\n".join([
             "# Sync syscalls per job (bench/harness.py --count-fsyncs)", "", title, "",
             "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers),
@@ -425,12 +472,16 @@ def main() -> None:
         ]))
         print(f"wrote {out}")
         return
-    args.n = args.n or (1000 if args.quick else 5000)
-    soak_jobs = args.soak_jobs or (200 if args.quick else 1000)
-    soak_kills = args.soak_kills if args.soak_kills is not None else (3 if args.quick else 20)
+    args.n = args.n or (100 if args.quick else 5000)
+    soak_jobs = args.soak_jobs or (10 if args.quick else 1000)
+    soak_kills = args.soak_kills if args.soak_kills is not None else (1 if args.quick else 20)
     warmup = args.warmup if args.warmup is not None else max(1, args.concurrency // 4)
     systems = args.system or list(SYSTEMS)
     scenarios = [("no faults", None)] + ([("faults", args.faults)] if args.faults else [])
+    if args.quick and len(scenarios) == 2:
+        # One provider process and three workers fewer: the faults scenario runs every
+        # line the no-faults one does, plus the replacements.
+        scenarios = scenarios[1:]
     started = time.monotonic()
     results: dict[tuple[str, str], dict[str, Any]] = {}
     base = tempfile.mkdtemp(prefix="harness-")
@@ -438,6 +489,10 @@ def main() -> None:
         for scenario, faults in scenarios:
             with _common.provider_process(faults) as info:
                 for system in systems:
+                    if system == "dbos" and importlib.util.find_spec("dbos") is None:
+                        # No worker process just to find the import missing.
+                        results[(scenario, system)] = {"missing": "dbos is not installed"}
+                        continue
                     workdir = tempfile.mkdtemp(prefix=f"{system}-", dir=base)
                     t0 = time.monotonic()
                     results[(scenario, system)] = run_worker(system, args, info, warmup, workdir)
@@ -450,7 +505,8 @@ def main() -> None:
     if "durable" in systems and soak_kills > 0:
         t0 = time.monotonic()
         soak = soak_duplicates(soak_jobs, min(100, soak_jobs), soak_kills,
-                               args.faults or DEFAULT_FAULTS)
+                               args.faults or DEFAULT_FAULTS,
+                               idle_timeout=1.0 if args.quick else 3.0)
         print(f"  soak: {time.monotonic() - t0:.1f} s", file=sys.stderr, flush=True)
     rows = build_rows(results, args.n, soak)
     title = (f"N={args.n} jobs, concurrency {args.concurrency}, {args.mode}, warm-up {warmup}, "
@@ -462,10 +518,19 @@ def main() -> None:
         print(line)
     if soak:
         print(f"soak: {soak}")
+    for (scenario, system), r in results.items():
+        if "missing" in r:
+            print(f"skipped {LABELS[system]} ({scenario}): {r['missing']}; "
+                  "pip install -e '.[bench]' for it")
+    if args.out is None:
+        print("no results file written (--quick; give --out to keep one)")
+        return
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     png = out.with_suffix(".png")
     has_png = not args.no_png and write_png(results, args.n, png)
+    if not args.no_png and not has_png:
+        print("no PNG: matplotlib is not installed (pip install -e '.[bench]')")
     machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
     text = [
         "# Comparative harness (bench/harness.py)", "",

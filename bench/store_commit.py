@@ -1,6 +1,6 @@
 """Durable writes/s: the group-committing writer vs one LMDB transaction per write.
 
-Run:  python bench/store_commit.py [--writes 2000] [--dir DIR]
+Run:  python bench/store_commit.py [--writes 2000] [--dir DIR] [--quick]
 
 For 1, 100 and 1,000 concurrent Trio writers, the same total number of durable
 writes (one operation record each) is made
@@ -12,6 +12,8 @@ writes (one operation record each) is made
 
 "commits/write" counts durable commits (each commit is an fdatasync of the data
 pages plus one of the meta page). Every write is durable when its caller resumes.
+
+``--quick``: 50 writes at 1, 10 and 50 writers (a few seconds).
 """
 
 from __future__ import annotations
@@ -86,14 +88,19 @@ async def one_txn_per_write(path: str, writers: int, total: int) -> tuple[float,
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--writes", type=int, default=2000, help="durable writes per measurement")
+    parser.add_argument("--writes", type=int, default=None,
+                        help="durable writes per measurement (2000; quick 50)")
     parser.add_argument("--dir", default=None, help="where to create the stores (default: tmp)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a few seconds: 50 writes at 1, 10 and 50 writers")
     args = parser.parse_args()
+    writes = args.writes if args.writes is not None else (50 if args.quick else 2000)
+    levels = (1, 10, 50) if args.quick else (1, 100, 1000)
     base = tempfile.mkdtemp(prefix="store-commit-", dir=args.dir)
     rows = []
     try:
-        for writers in (1, 100, 1000):
-            total = max(writers, args.writes // writers * writers)
+        for writers in levels:
+            total = max(writers, writes // writers * writers)
             g_time, g_commits = await group_commit(
                 os.path.join(base, f"g{writers}"), writers, total
             )

@@ -1,7 +1,7 @@
 """Store-scale figures: reads over a store holding 100,000 operation records.
 
 Run:  python bench/store_scale.py [--records 100000] [--samples 1000] [--scopes 100]
-                                  [--out bench/results/store_scale.md] [--dir DIR]
+                                  [--out bench/results/store_scale.md] [--dir DIR] [--quick]
 
 The store is filled quickly (batched ``store.write_sync``, 2,000 records per
 commit) with records shaped like real ones: each has its own frozen body (about
@@ -18,6 +18,9 @@ Measured (page cache warm; this is the steady state of a running host):
 - ``runtime.inventory()`` for the whole store and for one scope (1%);
 - ``store.ids_by_job(account, scope, job)`` p50/p99 over ``--samples`` jobs;
 - ``store.waiting()`` (the scheduler's restart scan) and ``check_integrity()``.
+
+``--quick``: 2,000 records, 50 samples, 10 scopes (a few seconds); it writes no
+results file unless ``--out`` is given.
 """
 
 from __future__ import annotations
@@ -228,13 +231,22 @@ async def measure(path: str, ids: list[str], samples: int, scopes: int,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--records", type=int, default=100_000)
-    parser.add_argument("--samples", type=int, default=1000)
-    parser.add_argument("--scopes", type=int, default=100)
+    parser.add_argument("--records", type=int, default=None, help="100000; quick 2000")
+    parser.add_argument("--samples", type=int, default=None, help="1000; quick 50")
+    parser.add_argument("--scopes", type=int, default=None, help="100; quick 10")
     parser.add_argument("--dir", help="work directory (kept); default: a temporary one")
-    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"
-                                             / "store_scale.md"))
+    parser.add_argument("--out", default=None,
+                        help="results file (default bench/results/store_scale.md; "
+                             "quick: none)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a few seconds: 2000 records, 50 samples, 10 scopes, no file")
     args = parser.parse_args()
+    quick = args.quick
+    args.records = args.records if args.records is not None else (2000 if quick else 100_000)
+    args.samples = args.samples if args.samples is not None else (50 if quick else 1000)
+    args.scopes = args.scopes if args.scopes is not None else (10 if quick else 100)
+    if args.out is None and not quick:
+        args.out = str(Path(__file__).resolve().parent / "results" / "store_scale.md")
     base = args.dir or tempfile.mkdtemp(prefix="store-scale-")
     path = os.path.join(base, "store")
     # A generous quota so the fill never meets it: the quota is a setting, not what is
@@ -259,6 +271,8 @@ def main() -> None:
              f"({stats.get('commits', 0)} commits), store files {size / 2**20:.0f} MiB")
     print(title)
     print(_common.table(headers, rows))
+    if args.out is None:
+        return
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     md = ["# Store scale (bench/store_scale.py)", "",

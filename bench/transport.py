@@ -1,9 +1,11 @@
 """Streamed completions/s and latency, WebSocket vs SSE, at 1 / 100 / 1,000 concurrent streams.
 
 The fixture provider runs in its own process (``fixture_main``); this process
-drives ``ResponsesBackend`` under Trio. Usage::
+drives ``ResponsesBackend`` under Trio. Usage (``python`` from the project's venv)::
 
-    /work/venv/bin/python bench/transport.py [--requests-per-level 1:200,100:1500,1000:3000]
+    python bench/transport.py [--requests-per-level 1:200,100:1500,1000:3000] [--quick]
+
+``--quick``: levels 1:10 and 10:50 (a few seconds).
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ async def run_level(url: str, mode: str, concurrency: int, total: int) -> dict[s
     failures = 0
     counter = iter(range(total))
     async with ResponsesBackend(url, credentials=StaticCredentials("bench"),
-                                mode=mode) as backend:  # type: ignore[arg-type]
+                                mode=mode) as backend:
         # warm-up: open the connections once (not measured)
         async def warm(i: int) -> None:
             await backend.stream(BODY, attempt_id=f"w{i}", token="bench")
@@ -131,7 +133,10 @@ def parse_levels(text: str) -> list[tuple[int, int]]:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--requests-per-level", default="1:200,100:1500,1000:3000",
-                        help="concurrency:total pairs")
+    parser.add_argument("--requests-per-level", default=None,
+                        help="concurrency:total pairs (default 1:200,100:1500,1000:3000)")
+    parser.add_argument("--quick", action="store_true", help="a few seconds: 1:10,10:50")
     args = parser.parse_args()
-    trio.run(main, parse_levels(args.requests_per_level))
+    levels = args.requests_per_level or ("1:10,10:50" if args.quick
+                                         else "1:200,100:1500,1000:3000")
+    trio.run(main, parse_levels(levels))

@@ -1,0 +1,148 @@
+"""Benchmarks that cannot rot (issue 20): every ``bench/`` entry point runs its ``--quick``
+mode here, as a real subprocess with this interpreter (its own fixture provider process,
+real LMDB, real sockets), and must exit 0 and print its usual table or ratio line.
+
+The scripts run one after another (the machine is small). Optional extras (the ``bench``
+extra: DBOS, matplotlib) are never required: a script without them skips just that
+baseline and says so, and these tests check that it says so instead of skipping.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+# Generous: a --quick run takes a few seconds; the bound only stops a hung script from
+# hanging the suite on a loaded machine.
+TIMEOUT = 180.0
+
+
+def run_quick(script: str, *extra: str, quick: bool = True) -> str:
+    """Run ``bench/<script> --quick`` (plus ``extra``); return its stdout, checked rc 0."""
+    argv = [sys.executable, str(BENCH / script), *(["--quick"] if quick else []), *extra]
+    t0 = time.monotonic()
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT,
+                          cwd=BENCH.parent)
+    took = time.monotonic() - t0
+    print(f"{' '.join(argv[1:])}: {took:.1f} s")
+    assert proc.returncode == 0, (
+        f"{script} exited {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\n"
+        f"stderr:\n{proc.stderr[-3000:]}"
+    )
+    return proc.stdout
+
+
+def table_rows(out: str, first_cell: str) -> list[list[str]]:
+    """Data rows of a fixed-width table whose rows start with ``first_cell``."""
+    return [line.split() for line in out.splitlines() if line.split()[:1] == [first_cell]]
+
+
+def test_every_bench_entry_point_is_covered() -> None:
+    """A new script in bench/ must get a --quick test here (no script silently unrun)."""
+    scripts = {p.name for p in BENCH.glob("*.py") if not p.name.startswith("_")}
+    covered = {name for name, _ in ENTRY_POINTS}
+    assert scripts == covered, f"add --quick tests for: {sorted(scripts - covered)}"
+    for path in BENCH.glob("*.py"):
+        if path.name.startswith("_"):
+            continue
+        assert "--quick" in path.read_text(), f"{path.name} has no --quick mode"
+
+
+def check_harness(out: str) -> None:
+    # --quick runs the faults scenario only (it runs every line the other one does).
+    assert re.search(r"^faults: \(a\)/\(b\) = \d+\.\d\d", out, re.M), out
+    assert "worker CPU % core" in out and "provider CPU % core" in out
+    assert "(a) recoverable" in out and "(b) plain stream" in out and "(d) JSON files" in out
+    assert re.search(r"'violations': \[\]", out), out
+    if importlib.util.find_spec("dbos") is None:
+        assert "skipped (c) DBOS/SQLite" in out, out
+    else:
+        assert re.search(r"^faults: .*\(a\)/\(c\) = ", out, re.M), out
+    if importlib.util.find_spec("matplotlib") is None:
+        # --quick writes no file (and so no PNG) unless --out is given.
+        assert "no results file written" in out, out
+
+
+def check_durable_vs_plain(out: str) -> None:
+    rows = table_rows(out, "sse")
+    assert [r[2] for r in rows] == ["plain", "durable"], out
+    durable = rows[1]
+    assert float(durable[4]) > 0  # the durable/plain ratio
+    assert durable[-1] == "100", out  # POSTs: one per job, no retries
+
+
+def check_cancel_latency(out: str) -> None:
+    rows = table_rows(out, "sse")
+    assert len(rows) == 1, out
+    row = rows[0]
+    # samples, then "other outcomes", "not cancelled", "ops != 1 POST" all zero
+    assert row[2] == "5" and row[-3:] == ["0", "0", "0"], out
+
+
+def check_scheduler_lateness(out: str) -> None:
+    assert "early wakes + early starts: 0 (target 0)" in out, out
+    assert re.search(r"bare Scheduler\s+500\s", out), out
+    assert "real ops: wake (sse)" in out and "real ops: attempt start (sse)" in out, out
+
+
+def check_soak(out: str) -> None:
+    # 1 kill is asked for; a host that finishes first is not killed (not a failure).
+    assert re.search(r"^kills=[01] jobs=10 committed=\d+ failed=\d+ duplicates=0 losses=0", out,
+                     re.M), out
+    assert "VIOLATION" not in out
+
+
+def check_store_commit(out: str) -> None:
+    ratios = re.findall(r"\|\s+(\d+\.\d)x$", out, re.M)
+    assert len(ratios) == 3, out
+
+
+def check_store_scale(out: str) -> None:
+    assert "2000 operation records" in out, out
+    assert "runtime.status(handle)" in out and "store.check_integrity()" in out, out
+    assert re.search(r"store\.check_integrity\(\).*\b0 problems", out), out
+
+
+def check_transport(out: str) -> None:
+    rows = [line.split() for line in out.splitlines()
+            if line.split()[:1] in (["websocket"], ["sse"])]
+    assert len(rows) == 4, out
+    assert all(r[3] == "0" for r in rows), out  # no failed stream
+
+
+ENTRY_POINTS = [
+    ("harness.py", check_harness),
+    ("durable_vs_plain.py", check_durable_vs_plain),
+    ("cancel_latency.py", check_cancel_latency),
+    ("scheduler_lateness.py", check_scheduler_lateness),
+    ("soak.py", check_soak),
+    ("store_commit.py", check_store_commit),
+    ("store_scale.py", check_store_scale),
+    ("transport.py", check_transport),
+]
+
+
+@pytest.mark.parametrize(("script", "check"), ENTRY_POINTS, ids=[n for n, _ in ENTRY_POINTS])
+def test_quick_mode_runs_and_prints_its_table(script: str, check: object) -> None:
+    out = run_quick(script)
+    assert callable(check)
+    check(out)
+
+
+def test_scheduler_lateness_survives_operations_that_never_park() -> None:
+    """Regression: with a cooldown that has passed before the failure is processed, the
+    machine goes straight to the host's authorization (no ``scheduler.wait_until``); the
+    bench crashed there with ``KeyError`` in its authorize. It now counts them."""
+    out = run_quick(
+        "scheduler_lateness.py", "--n", "1", "--lead", "0.05", "--real-n", "10",
+        "--real-lead", "0", "--spread", "0", quick=False,
+    )
+    assert "early wakes + early starts: 0 (target 0)" in out, out
+    assert "10 not parked (raise --real-lead)" in out, out
