@@ -378,3 +378,16 @@ def test_exported_json_is_valid(otel: Otel) -> None:
     otel.sink(_event("operation.stopped", "op_s", 5.0, error="state_expired"))
     (span,) = otel.finished()
     assert json.loads(span.to_json())["attributes"]["error.type"] == "state_expired"
+
+
+def test_default_providers_are_the_global_ones() -> None:
+    """Without arguments the sink uses the global providers (no-op unless the host set
+    them): every event is handled, nothing fails."""
+    sink = OpenTelemetrySink()
+    sink(_event("attempt.reserved", "op_g", 1.0, attempt=1, reason="initial", model="m"))
+    sink(_event("attempt.transmission_authorized", "op_g", 1.5, attempt=1))
+    sink(_event("attempt.failed", "op_g", 2.0, kind="timeout", http_status=None, code=None))
+    sink(_event("operation.waiting", "op_g", 2.0, until=3.0))
+    sink(_event("operation.stopped", "op_g", 2.5, error="attempts_exhausted"))
+    sink.end_open_spans()
+    assert sink.failed == 0
