@@ -96,7 +96,7 @@ def test_typed_fields_and_codes_are_unchanged() -> None:
     provider = errors.ProviderError("rejected", operation_id=OP, interruption=rate)
     assert (provider.code, provider.kind, provider.http_status, provider.retry_after) == (
         "provider_error", "http_rejected", 429, 2.0)
-    assert provider.args == ("rejected",) and provider.detail == "rejected"
+    assert provider.args == ("rejected",) and provider._detail == "rejected"
     denied = errors.AttemptNotAuthorized(operation_id=OP, attempt_id="a.1")
     assert denied.attempt_id == "a.1" and denied.code == "attempt_not_authorized"
     item = errors.UnsupportedInputItem("input item 3 is not a message", item_index=3,

@@ -65,7 +65,7 @@ class RecoveryError(Exception):
     # --- the readable message (``str``); the typed fields above stay the API ----------
 
     @property
-    def detail(self) -> str:
+    def _detail(self) -> str:
         """The raiser's own detail text (``""`` when it gave none)."""
         first = self.args[0] if self.args else ""
         return first if isinstance(first, str) and first != self.code else ""
@@ -77,7 +77,7 @@ class RecoveryError(Exception):
             doc = (type(self).__doc__ or "").strip().splitlines()
             generic = type(self) is RecoveryError or not doc
             what = f"the operation failed ({self.code})" if generic else _sentence(doc[0])
-        return _with_detail(what, self.detail)
+        return _with_detail(what, self._detail)
 
     def _todo(self) -> str:
         """What the host can do about it."""
@@ -148,7 +148,7 @@ class AttemptNotAuthorized(RecoveryError):
     def _what(self) -> str:
         which = f"attempt {self.attempt_id}" if self.attempt_id else "the attempt"
         return _with_detail(f"your authorize callback denied {which}; nothing was spent",
-                            self.detail)
+                            self._detail)
 
     def _todo(self) -> str:
         return "call send_recovering again when the attempt may be sent, or abandon the operation"
@@ -160,7 +160,7 @@ class PermanentlyFailed(_EndedWithFailure):
     code = "permanently_failed"
 
     def _what(self) -> str:
-        reason = self.detail
+        reason = self._detail
         if reason in _REASONS:
             facts = _facts(self.last_failure) if self.last_failure is not None else []
             return _REASONS[reason][0] + (f" ({', '.join(facts)})" if facts else "")
@@ -168,7 +168,7 @@ class PermanentlyFailed(_EndedWithFailure):
         return f"{cause}{self._last()}"
 
     def _todo(self) -> str:
-        return _reason_todo(self.detail)
+        return _reason_todo(self._detail)
 
 
 class OperationCancelled(RecoveryError):
@@ -358,7 +358,7 @@ class InvalidRequest(RecoveryError, ValueError):
     _action = "correct it and call again; nothing was saved"
 
     def _what(self) -> str:
-        return self.detail or self._summary
+        return self._detail or self._summary
 
 
 class UnsupportedInputItem(InvalidRequest):
@@ -376,8 +376,8 @@ class UnsupportedInputItem(InvalidRequest):
         self.item_type = item_type
 
     def _what(self) -> str:
-        if self.detail:
-            return self.detail
+        if self._detail:
+            return self._detail
         kind = f"type {_bounded(self.item_type)!r}" if self.item_type else "no type"
         return f"input item {self.item_index} ({kind}) is not a self-contained message"
 
@@ -415,14 +415,14 @@ class ProviderError(RecoveryError):
 
     def _what(self) -> str:
         text = describe_interruption(self.interruption)
-        reason = self.detail if self.detail != self.interruption.kind else ""
+        reason = self._detail if self._detail != self.interruption.kind else ""
         if reason in _REASONS:
             facts = _facts(self.interruption)
             return _REASONS[reason][0] + (f" ({', '.join(facts)})" if facts else "")
         return f"the attempt failed: {text}"
 
     def _todo(self) -> str:
-        reason = self.detail if self.detail != self.interruption.kind else ""
+        reason = self._detail if self._detail != self.interruption.kind else ""
         return _reason_todo(reason) if reason else (
             "see the failure table in docs/failures.md for this kind"
         )
