@@ -365,7 +365,7 @@ class OperationActor:
         rt = self.rt
         _killpoints.hit("attempt.pending_saved")
         rt.telemetry.emit("attempt.reserved", self.operation_id, attempt=attempt.number,
-                          reason=attempt.reason)
+                          reason=attempt.reason, model=current.model)
         answer: list[bool] = []
 
         async def ask() -> None:

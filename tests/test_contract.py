@@ -468,7 +468,7 @@ _DELETE = object()
         ("doc", _with(["properties", "title", "$id"], "http://127.0.0.1:9/"), "\\$id"),
         ("doc", {"type": "array", "items": {"type": "string"}}, "root must have"),
         ("doc", {"anyOf": [{"type": "object"}]}, "root must have"),
-        ("doc", _with(["additionalProperties"], _DELETE), "additionalProperties: false.*at #$"),
+        ("doc", _with(["additionalProperties"], _DELETE), "additionalProperties: false.*at #(;|$)"),
         (
             "doc",
             _with(["$defs", "item", "additionalProperties"], True),

@@ -2,11 +2,19 @@
 
 Every error has a stable ``code`` so hosts branch on types and codes, never on
 message strings. Provider failures carry typed fields (``ProviderError``).
+
+``str(error)`` is for people: what happened, to which operation (when the id is
+known) and what to do, e.g. ``operation op_1: its attempt budget is spent (last
+failure: the connection was lost (connection refused)); ...``. It is built only
+from the library's own text and typed fields (bounded codes, statuses, ids), never
+from prompts, outputs, credentials or account identifiers. Its wording may change
+between versions: hosts never parse it.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import re
+from typing import TYPE_CHECKING, Any, ClassVar
 
 __all__ = [
     "AccountChanged",
@@ -46,16 +54,51 @@ class RecoveryError(Exception):
     """Base class of every error raised by ``recoverable``."""
 
     code: str = "recovery_error"
+    # What happened / what to do, for ``str()`` (a subclass without them falls back to
+    # its docstring and docs/failures.md).
+    _summary: ClassVar[str] = ""
+    _action: ClassVar[str] = ""
 
     def __init__(self, message: str = "", *, operation_id: str | None = None) -> None:
         super().__init__(message or self.code)
         self.operation_id = operation_id
+
+    # --- the readable message (``str``); the typed fields above stay the API ----------
+
+    @property
+    def _detail(self) -> str:
+        """The raiser's own detail text (``""`` when it gave none)."""
+        first = self.args[0] if self.args else ""
+        return first if isinstance(first, str) and first != self.code else ""
+
+    def _what(self) -> str:
+        """What happened (without the operation id)."""
+        what = self._summary
+        if not what:
+            doc = (type(self).__doc__ or "").strip().splitlines()
+            generic = type(self) is RecoveryError or not doc
+            what = f"the operation failed ({self.code})" if generic else _sentence(doc[0])
+        return _with_detail(what, self._detail)
+
+    def _todo(self) -> str:
+        """What the host can do about it."""
+        return self._action or f"see the {self.code} row in docs/failures.md"
+
+    def __str__(self) -> str:
+        head = f"operation {self.operation_id}: " if self.operation_id else ""
+        todo = self._todo()
+        return f"{head}{self._what()}" + (f"; {todo}" if todo else "")
 
 
 class OperationBusy(RecoveryError):
     """Another execution (in this or another process) holds the operation's lease."""
 
     code = "operation_busy"
+    _summary = "another execution (in this or another process) holds its lease"
+    _action = (
+        "wait for that execution to finish, or suspend it (runtime.suspend or `recoverable "
+        "suspend`) and call send_recovering again"
+    )
 
 
 class _EndedWithFailure(RecoveryError):
@@ -71,11 +114,25 @@ class _EndedWithFailure(RecoveryError):
         super().__init__(message, operation_id=operation_id)
         self.last_failure = last_failure
 
+    def _last(self) -> str:
+        if self.last_failure is None:
+            return ""
+        return f" (last failure: {describe_interruption(self.last_failure)})"
+
 
 class AttemptsExhausted(_EndedWithFailure):
     """The saved total attempt budget is spent; only a deliberate manual retry can continue."""
 
     code = "attempts_exhausted"
+
+    def _what(self) -> str:
+        return f"its whole attempt budget is spent{self._last()}"
+
+    def _todo(self) -> str:
+        return (
+            "nothing more is sent automatically; if the user decides to try again, create a "
+            "manual retry: runtime.retry(handle, retry_action_id=..., maximum_attempts=...)"
+        )
 
 
 class AttemptNotAuthorized(RecoveryError):
@@ -89,65 +146,120 @@ class AttemptNotAuthorized(RecoveryError):
         super().__init__(message, operation_id=operation_id)
         self.attempt_id = attempt_id
 
+    def _what(self) -> str:
+        which = f"attempt {self.attempt_id}" if self.attempt_id else "the attempt"
+        return _with_detail(f"your authorize callback denied {which}; nothing was spent",
+                            self._detail)
+
+    def _todo(self) -> str:
+        return "call send_recovering again when the attempt may be sent, or abandon the operation"
+
 
 class PermanentlyFailed(_EndedWithFailure):
     """The operation ended in a failure that no automatic replacement may repair."""
 
     code = "permanently_failed"
 
+    def _what(self) -> str:
+        reason = self._detail
+        if reason in _REASONS:
+            facts = _facts(self.last_failure) if self.last_failure is not None else []
+            return _REASONS[reason][0] + (f" ({', '.join(facts)})" if facts else "")
+        cause = f"it failed permanently ({_bounded(reason)})" if reason else "it failed permanently"
+        return f"{cause}{self._last()}"
+
+    def _todo(self) -> str:
+        return _reason_todo(self._detail)
+
 
 class OperationCancelled(RecoveryError):
     """The operation was permanently cancelled; no delivery and no generation."""
 
     code = "operation_cancelled"
+    _summary = "it was cancelled permanently: nothing is generated or delivered"
+    _action = (
+        "prepare a new operation if the work is still wanted; abandon this one to drop its "
+        "record"
+    )
 
 
 class OperationSuspended(RecoveryError):
     """The operation was suspended (by ``suspend`` from any runtime); reopen to continue."""
 
     code = "operation_suspended"
+    _summary = "it was suspended; its budget, cooldown and any saved receipt are kept"
+    _action = "call send_recovering with the same handle to resume it"
 
 
 class FormatMismatch(RecoveryError):
     """The requested response format or contract version differs from the saved one."""
 
     code = "format_mismatch"
+    _summary = "the requested response format or contract version differs from the saved one"
+    _action = (
+        "pass the response type and contract version used at prepare, or prepare a new "
+        "operation for the new format"
+    )
 
 
 class StateExpired(RecoveryError):
     """``expires_at`` has passed: no new attempt may be authorized."""
 
     code = "state_expired"
+    _summary = "its expires_at has passed, so no new attempt may be authorized"
+    _action = (
+        "if the work is still wanted, create a manual retry with a new expires_at "
+        "(runtime.retry); otherwise abandon it"
+    )
 
 
 class StateUnavailable(RecoveryError):
     """The operation record is missing, acknowledged, abandoned or otherwise not available."""
 
     code = "state_unavailable"
+    _summary = "the operation is not available"
+    _action = (
+        "it may be missing, acknowledged or abandoned: check the operation id and the store "
+        "path; runtime.inventory() or `recoverable inventory` lists what the store holds"
+    )
 
 
 class UnsupportedRecordVersion(RecoveryError):
     """A stored record has a version this library does not interpret (it is left untouched)."""
 
     code = "unsupported_record_version"
+    _summary = "a stored record has a version this library does not read (it was left untouched)"
+    _action = "open the store with the recoverable version that wrote it, or upgrade recoverable"
 
 
 class CorruptRecord(RecoveryError):
     """A stored record failed strict decoding (it is left untouched)."""
 
     code = "corrupt_record"
+    _summary = "a stored record failed strict decoding (it was left untouched)"
+    _action = "restore the store from a backup, or abandon the operation; nothing is regenerated"
 
 
 class StorageLimitExceeded(RecoveryError):
     """A write would pass ``max_record_bytes`` or ``max_bytes``; nothing was changed."""
 
     code = "storage_limit_exceeded"
+    _summary = "a write would pass max_record_bytes or max_bytes; nothing was changed"
+    _action = (
+        "free space (acknowledge receipts, purge old operations) or open the store with "
+        "larger limits, then try again"
+    )
 
 
 class StorageUnavailable(RecoveryError):
     """The store cannot be read or written (closed, I/O error, permissions)."""
 
     code = "storage_unavailable"
+    _summary = "the store cannot be read or written"
+    _action = (
+        "check that the store is open and its disk and permissions, then try again; nothing "
+        "is regenerated meanwhile"
+    )
 
 
 class RequestUnavailable(StorageUnavailable):
@@ -159,60 +271,95 @@ class RequestUnavailable(StorageUnavailable):
     """
 
     code = "request_unavailable"
+    _summary = "the frozen request body is missing or unreadable; nothing was sent or spent"
+    _action = "restore the store, or abandon the operation and prepare a new request"
 
 
 class FenceMismatch(RecoveryError):
     """A conditional write found the record's generation fence moved (a newer owner exists)."""
 
     code = "fence_mismatch"
+    _summary = "a newer owner changed the operation's record; this execution stopped"
+    _action = "call send_recovering again to reopen it (only one execution may own it)"
 
 
 class CompletionUnavailable(RecoveryError):
     """A validated completion could not be saved, or no saved completion exists to read."""
 
     code = "completion_unavailable"
+    _summary = "no validated completion could be saved or read"
+    _action = "nothing is regenerated: restore the store (or its space), or abandon the operation"
 
 
 class AccountChanged(RecoveryError):
     """The runtime's account binding differs from the operation's (or is signed out)."""
 
     code = "account_changed"
+    _summary = "the runtime's account is not the operation's"
+    _action = (
+        "sign the operation's own account in and call send_recovering with the same handle, "
+        "or abandon the operation"
+    )
 
 
 class AuthenticationRequired(RecoveryError):
     """A 401 could not be recovered by renewing the same account's credentials."""
 
     code = "authentication_required"
+    _summary = (
+        "the provider rejected the credentials (HTTP 401), even after renewing them for the "
+        "same account"
+    )
+    _action = "sign in to the same account again, then call send_recovering with the same handle"
 
 
 class ConfigurationUnavailable(RecoveryError):
     """The operation's saved configuration cannot be used here (e.g. a different endpoint)."""
 
     code = "configuration_unavailable"
+    _summary = "the operation's saved configuration cannot be used here"
+    _action = (
+        "open a runtime with a backend for the operation's endpoint, or create a manual retry"
+        " (runtime.retry) if the operation is blocked"
+    )
 
 
 class RetryNotAllowed(RecoveryError):
     """The source operation's condition does not allow a manual retry."""
 
     code = "retry_not_allowed"
+    _summary = "a manual retry is not allowed for this operation"
+    _action = "see 'When a retry is allowed' in docs/manual-retry.md"
 
 
 class RetryAlreadyCreated(RecoveryError):
     """A different retry action already created a successor for this source."""
 
     code = "retry_already_created"
+    _summary = "a different retry action already created this operation's successor"
+    _action = (
+        "continue with the existing successor (status().successor_id); further retries go "
+        "through it"
+    )
 
 
 class RetryConfigurationMismatch(RecoveryError):
     """The same retry action was repeated with different settings."""
 
     code = "retry_configuration_mismatch"
+    _summary = "this retry action was already used with different settings"
+    _action = "repeat it with its original settings, or decide on a new retry from the successor"
 
 
 class InvalidRequest(RecoveryError, ValueError):
     """The request, schema or option given by the caller is invalid."""
 
     code = "invalid_request"
+    _summary = "the request, schema or option is invalid"
+    _action = "correct it and call again; nothing was saved"
+
+    def _what(self) -> str:
+        return self._detail or self._summary
 
 
 class UnsupportedInputItem(InvalidRequest):
@@ -228,6 +375,16 @@ class UnsupportedInputItem(InvalidRequest):
         super().__init__(message)
         self.item_index = item_index
         self.item_type = item_type
+
+    def _what(self) -> str:
+        if self._detail:
+            return self._detail
+        kind = f"type {_bounded(self.item_type)!r}" if self.item_type else "no type"
+        return f"input item {self.item_index} ({kind}) is not a self-contained message"
+
+    def _todo(self) -> str:
+        return ("send self-contained input (messages with text, image or file content) "
+                "without previous_response_id, item references or tool items")
 
 
 class InvalidCredentials(InvalidRequest):
@@ -264,6 +421,20 @@ class ProviderError(RecoveryError):
     def retry_after(self) -> float | None:
         return self.interruption.retry_after
 
+    def _what(self) -> str:
+        text = describe_interruption(self.interruption)
+        reason = self._detail if self._detail != self.interruption.kind else ""
+        if reason in _REASONS:
+            facts = _facts(self.interruption)
+            return _REASONS[reason][0] + (f" ({', '.join(facts)})" if facts else "")
+        return f"the attempt failed: {text}"
+
+    def _todo(self) -> str:
+        reason = self._detail if self._detail != self.interruption.kind else ""
+        return _reason_todo(reason) if reason else (
+            "see the failure table in docs/failures.md for this kind"
+        )
+
     def __reduce__(self) -> tuple[Any, ...]:  # pragma: no cover - pickling support
         return (_rebuild_provider_error, (str(self), self.operation_id, self.interruption))
 
@@ -272,3 +443,133 @@ def _rebuild_provider_error(
     message: str, operation_id: str | None, interruption: Interruption
 ) -> ProviderError:  # pragma: no cover
     return ProviderError(message, operation_id=operation_id, interruption=interruption)
+
+
+# --- readable messages: only library text and bounded typed fields -------------------
+
+_CODE_CHARS = re.compile(r"[^A-Za-z0-9_.:/-]")
+
+
+def _bounded(value: object, limit: int = 64) -> str:
+    """A code-like value, bounded and restricted to code characters."""
+    return _CODE_CHARS.sub("?", str(value))[:limit]
+
+
+def _sentence(doc: str) -> str:
+    text = doc.rstrip(".").strip()
+    return text[:1].lower() + text[1:]
+
+
+def _with_detail(what: str, detail: str) -> str:
+    return f"{what} ({detail})" if detail and detail != what else what
+
+
+# Terminal failure reasons (``machine.classify``): (what happened, what to do).
+_RETRY = "runtime.retry(handle, retry_action_id=..., maximum_attempts=...)"
+_REASONS: dict[str, tuple[str, str]] = {
+    "quota": (
+        "the account's quota, credit or spending limit is exhausted",
+        f"raise the limit or add credit, then create a deliberate manual retry with {_RETRY}",
+    ),
+    "rejected": (
+        "the provider rejected the request",
+        f"fix the authorization or configuration, then create a manual retry with {_RETRY}",
+    ),
+    "provider_failed": (
+        "the provider reported that the response failed",
+        f"if the failure may be transient, create a manual retry with {_RETRY}",
+    ),
+    "incomplete": (
+        "the response ended incomplete",
+        "raise max_output_tokens or opt in with RetryPolicy(replace_incomplete=True), then "
+        f"create a manual retry with {_RETRY}",
+    ),
+    "invalid_output": (
+        "the output was not valid for the response schema",
+        "fix or migrate the contract, or opt in with RetryPolicy(replace_invalid_output=True); "
+        f"a manual retry is {_RETRY}",
+    ),
+    "tool_activity": (
+        "the model started a tool call (nothing was executed, and it is never replaced)",
+        "fix the request or integration: recoverable sends tool-free requests only",
+    ),
+    "authentication_required": (
+        "the provider rejected the credentials (HTTP 401), even after renewing them",
+        "sign in to the same account again, then call send_recovering with the same handle",
+    ),
+}
+
+
+def _reason_todo(reason: str) -> str:
+    if reason in _REASONS:
+        return _REASONS[reason][1]
+    return f"see docs/failures.md; a deliberate manual retry is {_RETRY}"
+
+
+_KINDS: dict[str, str] = {
+    "disconnected": "the connection was lost",
+    "timeout": "it timed out",
+    "premature_eof": "the stream ended without a final event",
+    "http_rejected": "the provider rejected it",
+    "provider_failed": "the provider reported response.failed",
+    "incomplete": "the response was incomplete",
+    "tool_activity": "the model started a tool call",
+    "malformed": "the stream broke the protocol or a bound",
+    "refusal": "the model refused",
+    "invalid_output": "the output was not valid JSON for the schema",
+    "interrupted": "the attempt was interrupted locally",
+}
+
+_TRANSPORT_CODES: dict[str, str] = {
+    "connect_refused": "connection refused",
+    "connect_failed": "could not connect",
+    "connect_timeout": "connecting timed out",
+    "idle_timeout": "no event within the idle timeout",
+    "http_timeout": "the HTTP exchange timed out",
+    "read_error": "reading failed",
+    "http_protocol_error": "the server broke the HTTP exchange",
+    "transport_error": "a transport error",
+    "handshake_protocol_error": "the server broke the WebSocket handshake",
+    "frame_too_large": "an event was larger than the bound",
+    "stream_too_large": "the stream was larger than the bound",
+    "too_many_events": "the stream had more events than the bound",
+    "invalid_json": "an event was not valid JSON",
+    "write_error": "writing failed",
+    "signed_out": "signed out",
+    "account_changed": "the account changed",
+    "owner_lost": "the process that owned it was lost",
+}
+
+
+def _transport_text(code: str) -> str:
+    if code in _TRANSPORT_CODES:
+        return _TRANSPORT_CODES[code]
+    if code.startswith("tls") or "certificate" in code or code.startswith("ssl"):
+        return f"TLS handshake failed: {_bounded(code)}"
+    if code.startswith("dns") or code.startswith("name_resolution"):
+        return f"the host name did not resolve: {_bounded(code)}"
+    if code.startswith("ws_close_"):
+        return f"WebSocket closed with code {_bounded(code[len('ws_close_'):])}"
+    return _bounded(code)
+
+
+def describe_interruption(interruption: Interruption) -> str:
+    """A short readable description of a typed interruption (bounded codes only)."""
+    text = _KINDS.get(interruption.kind, _bounded(interruption.kind))
+    facts = _facts(interruption)
+    return f"{text} ({', '.join(facts)})" if facts else text
+
+
+def _facts(interruption: Interruption) -> list[str]:
+    facts: list[str] = []
+    if interruption.http_status is not None:
+        facts.append(f"HTTP {interruption.http_status}")
+    if interruption.provider_code:
+        facts.append(f"code {_bounded(interruption.provider_code)}")
+    elif interruption.provider_type:
+        facts.append(f"type {_bounded(interruption.provider_type)}")
+    if interruption.transport_code:
+        facts.append(_transport_text(interruption.transport_code))
+    if interruption.retry_after is not None:
+        facts.append(f"retry after {interruption.retry_after:g} s")
+    return facts

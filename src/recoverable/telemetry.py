@@ -13,6 +13,7 @@ Telemetry is best-effort diagnostics, not the attempt ledger.
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from typing import Protocol
 
@@ -31,6 +32,7 @@ class TelemetryEvent(msgspec.Struct, frozen=True, kw_only=True):
     event_version: int
     operation_id: str
     fields: dict[str, str | int | float | bool | None]
+    time: float = 0.0  # POSIX seconds (wall clock) when the event was emitted
 
 
 class TelemetrySink(Protocol):
@@ -90,6 +92,7 @@ class Telemetry:
                 event_version=EVENT_VERSION,
                 operation_id=operation_id,
                 fields=clean,
+                time=time.time(),
             )
         )
         self._ready.set()
