@@ -75,6 +75,7 @@ class RecordedRequest:
     received_at: float
     connection: int = 0
     sequence: int = 0
+    finished_at: float | None = None  # the reply was fully sent (or the stream dropped)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -84,6 +85,7 @@ class RecordedRequest:
             "body": self.body.decode("utf-8", "replace"),
             "reply_kind": self.reply_kind,
             "received_at": self.received_at,
+            "finished_at": self.finished_at,
             "connection": self.connection,
             "sequence": self.sequence,
         }
@@ -125,8 +127,13 @@ class _PeerGone(Exception):
 class FixtureProvider:
     """The in-process provider. Start it with ``FixtureProvider.serve()``."""
 
-    def __init__(self, *, faults: FaultSpec | None = None) -> None:
+    def __init__(
+        self, *, faults: FaultSpec | None = None, reply_delay: float = 0.0
+    ) -> None:
+        if not reply_delay >= 0.0:
+            raise InvalidRequest("reply_delay must be >= 0 seconds")
         self.faults = faults
+        self.reply_delay = reply_delay
         self._rng: random.Random = faults.chooser() if faults else random.Random(0)
         self._script: deque[Reply] = deque()
         self.requests: list[RecordedRequest] = []
@@ -178,9 +185,17 @@ class FixtureProvider:
     @classmethod
     @asynccontextmanager
     async def serve(
-        cls, *, host: str = "127.0.0.1", port: int = 0, faults: FaultSpec | None = None
+        cls,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        faults: FaultSpec | None = None,
+        reply_delay: float = 0.0,
     ) -> AsyncIterator[FixtureProvider]:
-        provider = cls(faults=faults)
+        """Serve until exit. ``reply_delay``: seconds every generation request is held
+        after it is recorded and before its reply starts (a slow provider: it makes
+        requests overlap, so client-side concurrency limits show in the log)."""
+        provider = cls(faults=faults, reply_delay=reply_delay)
         listeners = await trio.open_tcp_listeners(port, host=host, backlog=4096)
         provider.host = host
         provider.port = listeners[0].socket.getsockname()[1]
@@ -229,6 +244,16 @@ class FixtureProvider:
         )
         self._changed.set()
         self._changed = trio.Event()
+
+    async def _replying(self) -> int:
+        """After ``_record``: the recorded request's index, once the reply may start."""
+        index = len(self.requests) - 1
+        if self.reply_delay:
+            await trio.sleep(self.reply_delay)
+        return index
+
+    def _finished(self, index: int) -> None:
+        self.requests[index] = attrs.evolve(self.requests[index], finished_at=time.time())
 
     def _events(self, reply: Reply, request: Mapping[str, Any]) -> list[dict[str, Any]]:
         self._serial += 1
@@ -354,6 +379,15 @@ class FixtureProvider:
             return True
         reply = self.next_reply(attempt_id)
         self._record("sse", headers, canonical, reply.kind, attempt_id, where)
+        index = await self._replying()
+        try:
+            return await self._sse_reply(conn, stream, reply, obj)
+        finally:
+            self._finished(index)
+
+    async def _sse_reply(
+        self, conn: h11.Connection, stream: trio.SocketStream, reply: Reply, obj: dict[str, Any]
+    ) -> bool:
         if reply.kind in HTTP_KINDS:
             rejection = http_rejection(reply)
             await self._simple(conn, stream, rejection.status, rejection.body, rejection.headers)
@@ -501,6 +535,16 @@ class FixtureProvider:
         where[1] += 1
         self._record("websocket", headers, canonical, reply.kind, attempt_id,
                      (where[0], where[1]))
+        index = await self._replying()
+        try:
+            return await self._ws_reply(ws, stream, reply, obj)
+        finally:
+            self._finished(index)
+
+    async def _ws_reply(
+        self, ws: wsproto.WSConnection, stream: trio.SocketStream, reply: Reply,
+        obj: dict[str, Any],
+    ) -> bool:
         if reply.kind in HTTP_KINDS:
             rejection = http_rejection(reply)
             await self._ws_send(ws, stream, {
@@ -534,6 +578,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--script", help="JSON file: a list of reply specs, used in order")
     parser.add_argument("--faults", help='e.g. "disconnect=0.1,rate_limited=0.05,seed=7"')
+    parser.add_argument(
+        "--reply-delay", type=float, default=0.0, metavar="SECONDS",
+        help="hold every generation request this long before replying (a slow provider)",
+    )
     return parser
 
 
@@ -558,7 +606,7 @@ def fixture_main(argv: list[str]) -> int:
 
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with FixtureProvider.serve(
-                host=args.host, port=args.port, faults=faults
+                host=args.host, port=args.port, faults=faults, reply_delay=args.reply_delay
             ) as provider:
                 provider.script(script)
                 line = {
