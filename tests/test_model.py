@@ -38,7 +38,7 @@ interruption instead. The oracle accepts both: a send parked at sign-out may end
 sign-out or later with a typed error, or deliver only if released after signing in again
 to its own account; in no case may the signed-out runtime POST.
 
-The budget: ``RECOVERABLE_MODEL_EXAMPLES`` (default 25) examples of up to
+The budget: ``RECOVERABLE_MODEL_EXAMPLES`` (default 100) examples of up to
 ``RECOVERABLE_MODEL_STEPS`` (default 30) steps; ``docs/testing.md`` gives a nightly
 size. The test asserts floors on how many interesting steps the run executed.
 """
@@ -71,7 +71,7 @@ POLICY = recoverable.RetryPolicy(initial_backoff=0.0, maximum_backoff=0.0)
 # No reply stalls, so neither timeout is ever reached: they only bound a real hang.
 LIMITS = recoverable.StreamLimits(idle_timeout=60.0, connect_timeout=30.0)
 STEP_GUARD = 30.0  # no single step may take this long: that would be a hang
-EXAMPLES = int(os.environ.get("RECOVERABLE_MODEL_EXAMPLES", "25"))
+EXAMPLES = int(os.environ.get("RECOVERABLE_MODEL_EXAMPLES", "100"))
 STEPS = int(os.environ.get("RECOVERABLE_MODEL_STEPS", "30"))
 
 
@@ -109,11 +109,12 @@ DECISIONS = ["approve", "approve", "approve", "hold", "hold", "deny"]
 # deterministic: the same counts every time; the margin absorbs intended behaviour
 # changes). A change that makes the model stop reaching these paths fails here.
 FLOORS = {
-    "examples": 25, "steps": 400, "sends": 90, "values": 30, "posts": 28, "replaced": 5,
-    "holds": 10, "released": 6, "suspend_ok": 14, "cancel_ok": 5, "held_suspended": 1,
-    "ack_ok": 2, "abandon_ok": 4, "retry_created": 1, "retry_refused": 25,
-    "retry_same_child": 1, "sign_out": 20, "sign_in": 28, "signed_out_refused": 8,
-    "held_at_sign_out": 1, "restarts": 13, "receipt_ok": 3, "cancel_task": 1,
+    "examples": 100, "steps": 1500, "sends": 330, "values": 120, "posts": 95,
+    "replaced": 12, "holds": 35, "released": 18, "suspend_ok": 45, "cancel_ok": 25,
+    "held_suspended": 7, "ack_ok": 18, "abandon_ok": 20, "retry_created": 4,
+    "retry_refused": 95, "retry_same_child": 2, "sign_out": 70, "sign_in": 110,
+    "signed_out_refused": 40, "held_at_sign_out": 3, "restarts": 50, "receipt_ok": 13,
+    "cancel_task": 3,
 }
 
 
@@ -357,9 +358,10 @@ async def run_example(data: st.DataObject, workdir: str, stats: Counter[str]) ->
             with trio.move_on_after(STEP_GUARD) as guard:
                 while any(not t.done.is_set() for t in model.sends):
                     for task in model.sends:
-                        if task.held:
+                        if task.held:  # one at a time (see the release step)
                             task.answer = True
                             task.release.set()
+                            await model.quiesce()
                     await model.quiesce()
             if guard.cancelled_caught:
                 model.violations.append(
@@ -447,10 +449,14 @@ async def step(
         model.stats["restarts"] += 1
         return
     if action in ("release", "release_all"):
+        # One at a time, each until quiet: two sends running at once would take the
+        # scripted replies in an order that depends on timing.
         for task in held if action == "release_all" else [held[d["index"] % len(held)]]:
-            task.answer = d["answer"]
-            task.release.set()
-            model.stats["released"] += 1
+            if task.held:
+                task.answer = d["answer"]
+                task.release.set()
+                model.stats["released"] += 1
+                await model.quiesce()
         return
     if action == "cancel_task":
         task = held[d["index"] % len(held)]
