@@ -45,6 +45,7 @@ size. The test asserts floors on how many interesting steps the run executed.
 
 from __future__ import annotations
 
+import inspect
 import os
 import random
 import shutil
@@ -467,7 +468,7 @@ async def step(
     rt = slot.rt
     assert rt is not None and slot.nursery is not None
     if action == "sign_out":
-        rt.sign_out()
+        await maybe_await(rt.sign_out())
         slot.account = None
         if slot.posts_at_sign_out is None:
             slot.posts_at_sign_out = model.posts_by(slot)
@@ -478,7 +479,7 @@ async def step(
         model.stats["sign_out"] += 1
         return
     if action == "sign_in":
-        rt.sign_in(d["account"])
+        await maybe_await(rt.sign_in(d["account"]))
         slot.account = d["account"]
         slot.posts_at_sign_out = None
         model.stats["sign_in"] += 1
@@ -538,6 +539,12 @@ async def step(
     elif action == "retry":
         # Budgets 1-2 and two action ids: the same (action, settings) comes back often.
         await retry_step(model, rt, op, d["action_id"], 1 + d["index"] % 2)
+
+
+async def maybe_await(result: object) -> None:
+    """``sign_in``/``sign_out`` are plain calls today; accept them becoming coroutines."""
+    if inspect.isawaitable(result):
+        await result
 
 
 async def retry_step(
