@@ -3,7 +3,11 @@
 HTTP/1.1 (h11, keep-alive): ``POST /v1/responses`` streams SSE;
 ``GET /_fixture/requests`` lists recorded requests; ``POST /_fixture/script``
 sets the script. ``GET /v1/responses`` with ``Upgrade: websocket`` switches to
-wsproto: several ``response.create`` per connection, one at a time.
+wsproto: several ``response.create`` per connection, one at a time. The WebSocket
+handshake answer carries ``x-accepts-client-request-id-field: 1``: a client that sees
+it puts the attempt id of a request sent over a *reused* connection (which has no
+handshake of its own) in the message's ``client_request_id`` field, which the
+fixture records and strips. The real API sends no such header and never gets the field.
 
 Every generation request is recorded (transport, attempt id, headers with the
 authorization replaced by a fingerprint, canonical body bytes, reply kind)
@@ -56,9 +60,13 @@ class RecordedRequest:
     ``body`` is canonical: the received JSON minus ``type`` and ``stream``,
     encoded with sorted keys and no spaces — byte-equal to the client's frozen
     body. ``attempt_id`` is the ``x-client-request-id`` header; on a reused
-    WebSocket connection only the first request carries one (the handshake's),
-    later ones record ``None``. A refused WebSocket handshake is recorded with
-    an empty body (the create message was never sent).
+    WebSocket connection the first request carries it on the handshake and later
+    ones in the message's ``client_request_id`` field (``None`` if a client sent
+    neither). ``connection`` numbers the TCP connection the request came on (per
+    provider, from 1) and ``sequence`` its place on that connection (from 1), so a
+    request can also be tied to a connection and its order there. A refused
+    WebSocket handshake is recorded with an empty body (the create message was
+    never sent).
     """
 
     transport: Literal["sse", "websocket"]
@@ -67,6 +75,9 @@ class RecordedRequest:
     body: bytes
     reply_kind: str
     received_at: float
+    connection: int = 0
+    sequence: int = 0
+    finished_at: float | None = None  # the reply was fully sent (or the stream dropped)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -76,6 +87,9 @@ class RecordedRequest:
             "body": self.body.decode("utf-8", "replace"),
             "reply_kind": self.reply_kind,
             "received_at": self.received_at,
+            "finished_at": self.finished_at,
+            "connection": self.connection,
+            "sequence": self.sequence,
         }
 
 
@@ -91,6 +105,12 @@ def _redacted_headers(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
     return headers
 
 
+# The WebSocket handshake header that invites a client to carry the attempt id of a
+# request on a reused connection in the message's ``CLIENT_REQUEST_ID_FIELD``.
+ACCEPTS_ID_FIELD_HEADER = (b"x-accepts-client-request-id-field", b"1")
+CLIENT_REQUEST_ID_FIELD = "client_request_id"
+
+
 def canonical_body(data: bytes) -> tuple[bytes, dict[str, Any]]:
     """(canonical bytes, decoded object) of a create request; raises ValueError."""
     obj = msgspec.json.decode(data)
@@ -98,6 +118,7 @@ def canonical_body(data: bytes) -> tuple[bytes, dict[str, Any]]:
         raise ValueError("request body is not a JSON object")
     obj.pop("type", None)
     obj.pop("stream", None)
+    obj.pop(CLIENT_REQUEST_ID_FIELD, None)
     return msgspec.json.encode(obj, order="sorted"), obj
 
 
@@ -108,13 +129,19 @@ class _PeerGone(Exception):
 class FixtureProvider:
     """The in-process provider. Start it with ``FixtureProvider.serve()``."""
 
-    def __init__(self, *, faults: FaultSpec | None = None) -> None:
+    def __init__(
+        self, *, faults: FaultSpec | None = None, reply_delay: float = 0.0
+    ) -> None:
+        if not reply_delay >= 0.0:
+            raise InvalidRequest("reply_delay must be >= 0 seconds")
         self.faults = faults
+        self.reply_delay = reply_delay
         self._rng: random.Random = faults.chooser() if faults else random.Random(0)
         self._script: deque[Reply] = deque()
         self.requests: list[RecordedRequest] = []
         self._changed = trio.Event()
         self._serial = 0
+        self._connections = 0
         self.host = "127.0.0.1"
         self.port = 0
 
@@ -160,9 +187,17 @@ class FixtureProvider:
     @classmethod
     @asynccontextmanager
     async def serve(
-        cls, *, host: str = "127.0.0.1", port: int = 0, faults: FaultSpec | None = None
+        cls,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        faults: FaultSpec | None = None,
+        reply_delay: float = 0.0,
     ) -> AsyncIterator[FixtureProvider]:
-        provider = cls(faults=faults)
+        """Serve until exit. ``reply_delay``: seconds every generation request is held
+        after it is recorded and before its reply starts (a slow provider: it makes
+        requests overlap, so client-side concurrency limits show in the log)."""
+        provider = cls(faults=faults, reply_delay=reply_delay)
         listeners = await trio.open_tcp_listeners(port, host=host, backlog=4096)
         provider.host = host
         provider.port = listeners[0].socket.getsockname()[1]
@@ -203,12 +238,24 @@ class FixtureProvider:
         body: bytes,
         reply_kind: str,
         attempt_id: str | None,
+        where: tuple[int, int] = (0, 0),
     ) -> None:
         self.requests.append(
-            RecordedRequest(transport, attempt_id, headers, body, reply_kind, time.time())
+            RecordedRequest(transport, attempt_id, headers, body, reply_kind, time.time(),
+                            connection=where[0], sequence=where[1])
         )
         self._changed.set()
         self._changed = trio.Event()
+
+    async def _replying(self) -> int:
+        """After ``_record``: the recorded request's index, once the reply may start."""
+        index = len(self.requests) - 1
+        if self.reply_delay:
+            await trio.sleep(self.reply_delay)
+        return index
+
+    def _finished(self, index: int) -> None:
+        self.requests[index] = attrs.evolve(self.requests[index], finished_at=time.time())
 
     def _events(self, reply: Reply, request: Mapping[str, Any]) -> list[dict[str, Any]]:
         self._serial += 1
@@ -217,12 +264,14 @@ class FixtureProvider:
     # -- HTTP ------------------------------------------------------------------------------
     async def _handle(self, stream: trio.SocketStream) -> None:
         conn = h11.Connection(h11.SERVER)
+        self._connections += 1
+        where = [self._connections, 0]  # (connection, generation requests on it so far)
         try:
             while True:
                 event = await self._next_event(conn, stream)
                 if not isinstance(event, h11.Request):
                     return
-                keep_going = await self._route(conn, stream, event)
+                keep_going = await self._route(conn, stream, event, where)
                 if not keep_going or conn.our_state is not h11.DONE:
                     return
                 if conn.their_state is not h11.DONE:
@@ -275,7 +324,8 @@ class FixtureProvider:
         )
 
     async def _route(
-        self, conn: h11.Connection, stream: trio.SocketStream, request: h11.Request
+        self, conn: h11.Connection, stream: trio.SocketStream, request: h11.Request,
+        where: list[int],
     ) -> bool:
         target = request.target.split(b"?", 1)[0]
         method = request.method
@@ -284,7 +334,7 @@ class FixtureProvider:
             headers.get(b"upgrade", b"").lower() == b"websocket"
         ):
             await self._read_body(conn, stream)
-            await self._websocket(conn, stream, request)
+            await self._websocket(conn, stream, request, where)
             return False
         body = await self._read_body(conn, stream)
         if body is None:
@@ -292,7 +342,8 @@ class FixtureProvider:
                                b'"type":"invalid_request_error","param":null,"code":null}}')
             return False
         if target == b"/v1/responses" and method == b"POST":
-            return await self._sse(conn, stream, request, body)
+            where[1] += 1
+            return await self._sse(conn, stream, request, body, (where[0], where[1]))
         if target == b"/_fixture/requests" and method == b"GET":
             listing = [r.to_json() for r in self.requests]
             await self._simple(conn, stream, 200, json.dumps(listing).encode())
@@ -315,20 +366,30 @@ class FixtureProvider:
         return True
 
     async def _sse(
-        self, conn: h11.Connection, stream: trio.SocketStream, request: h11.Request, body: bytes
+        self, conn: h11.Connection, stream: trio.SocketStream, request: h11.Request, body: bytes,
+        where: tuple[int, int],
     ) -> bool:
         headers = _redacted_headers(request.headers)
         attempt_id = headers.get("x-client-request-id")
         try:
             canonical, obj = canonical_body(body)
         except (ValueError, msgspec.DecodeError):
-            self._record("sse", headers, body, "bad_request", attempt_id)
+            self._record("sse", headers, body, "bad_request", attempt_id, where)
             err = {"error": {"message": "We could not parse the JSON body of your request.",
                              "type": "invalid_request_error", "param": None, "code": None}}
             await self._simple(conn, stream, 400, msgspec.json.encode(err))
             return True
         reply = self.next_reply(attempt_id)
-        self._record("sse", headers, canonical, reply.kind, attempt_id)
+        self._record("sse", headers, canonical, reply.kind, attempt_id, where)
+        index = await self._replying()
+        try:
+            return await self._sse_reply(conn, stream, reply, obj)
+        finally:
+            self._finished(index)
+
+    async def _sse_reply(
+        self, conn: h11.Connection, stream: trio.SocketStream, reply: Reply, obj: dict[str, Any]
+    ) -> bool:
         if reply.kind in HTTP_KINDS:
             rejection = http_rejection(reply)
             await self._simple(conn, stream, rejection.status, rejection.body, rejection.headers)
@@ -400,7 +461,8 @@ class FixtureProvider:
 
     # -- WebSocket ------------------------------------------------------------------------
     async def _websocket(
-        self, conn: h11.Connection, stream: trio.SocketStream, request: h11.Request
+        self, conn: h11.Connection, stream: trio.SocketStream, request: h11.Request,
+        where: list[int],
     ) -> None:
         ws = wsproto.WSConnection(ConnectionType.SERVER)
         ws.initiate_upgrade_connection(list(request.headers), request.target)
@@ -418,7 +480,9 @@ class FixtureProvider:
                 if isinstance(event, wse.Request):
                     reply = self.next_reply(attempt_id)
                     if reply.kind in HTTP_KINDS:
-                        self._record("websocket", headers, b"", reply.kind, attempt_id)
+                        where[1] += 1
+                        self._record("websocket", headers, b"", reply.kind, attempt_id,
+                                     (where[0], where[1]))
                         rejection = http_rejection(reply)
                         hdrs = [(k.encode(), v.encode()) for k, v in rejection.headers]
                         hdrs.append((b"content-length", str(len(rejection.body)).encode()))
@@ -429,7 +493,8 @@ class FixtureProvider:
                         return
                     pending = reply
                     accepted = True
-                    await stream.send_all(ws.send(wse.AcceptConnection()))
+                    await stream.send_all(ws.send(wse.AcceptConnection(
+                        extra_headers=[ACCEPTS_ID_FIELD_HEADER])))
                 elif isinstance(event, wse.Ping):
                     await stream.send_all(ws.send(event.response()))
                 elif isinstance(event, wse.CloseConnection):
@@ -452,7 +517,9 @@ class FixtureProvider:
                     parts, size = [], 0
                     reply_used = pending
                     pending = None
-                    keep = await self._ws_create(ws, stream, headers, attempt_id, text, reply_used)
+                    keep = await self._ws_create(
+                        ws, stream, headers, attempt_id, text, reply_used, where
+                    )
                     attempt_id = None  # later requests on this connection carry no header
                     if not keep:
                         return
@@ -476,12 +543,16 @@ class FixtureProvider:
         attempt_id: str | None,
         text: str,
         reply: Reply | None,
+        where: list[int],
     ) -> bool:
         try:
             decoded = msgspec.json.decode(text)
             if not isinstance(decoded, dict) or decoded.get("type") != "response.create":
                 raise ValueError("not a response.create")
             canonical, obj = canonical_body(text.encode())
+            carried = decoded.get(CLIENT_REQUEST_ID_FIELD)
+            if attempt_id is None and isinstance(carried, str):
+                attempt_id = carried  # a request on a reused connection
         except (ValueError, msgspec.DecodeError):
             await self._ws_send(ws, stream, {"type": "error", "status": 400, "error": {
                 "type": "invalid_request_error", "code": "invalid_request",
@@ -489,7 +560,19 @@ class FixtureProvider:
             return True
         if reply is None:
             reply = self.next_reply(attempt_id)
-        self._record("websocket", headers, canonical, reply.kind, attempt_id)
+        where[1] += 1
+        self._record("websocket", headers, canonical, reply.kind, attempt_id,
+                     (where[0], where[1]))
+        index = await self._replying()
+        try:
+            return await self._ws_reply(ws, stream, reply, obj)
+        finally:
+            self._finished(index)
+
+    async def _ws_reply(
+        self, ws: wsproto.WSConnection, stream: trio.SocketStream, reply: Reply,
+        obj: dict[str, Any],
+    ) -> bool:
         if reply.kind in HTTP_KINDS:
             rejection = http_rejection(reply)
             await self._ws_send(ws, stream, {
@@ -555,6 +638,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--script", help="JSON file: a list of reply specs, used in order")
     parser.add_argument("--faults", help='e.g. "disconnect=0.1,rate_limited=0.05,seed=7"')
+    parser.add_argument(
+        "--reply-delay", type=float, default=0.0, metavar="SECONDS",
+        help="hold every generation request this long before replying (a slow provider)",
+    )
     return parser
 
 
@@ -579,7 +666,7 @@ def fixture_main(argv: list[str]) -> int:
 
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with FixtureProvider.serve(
-                host=args.host, port=args.port, faults=faults
+                host=args.host, port=args.port, faults=faults, reply_delay=args.reply_delay
             ) as provider:
                 provider.script(script)
                 line = {

@@ -133,8 +133,10 @@ async def test_websocket_reuses_connection_and_wrapped_error_frame(
     assert isinstance(third, Interruption)
     assert (third.kind, third.http_status, third.retry_after) == ("http_rejected", 429, 1.5)
     assert third.provider_code == "rate_limit_exceeded"
-    # One handshake carried the attempt id; reused requests record none.
-    assert [r.attempt_id for r in provider.requests] == ["a1", None, None]
+    # One handshake carried a1; the reused connection's requests carried theirs inside the
+    # message (the fixture invites it in its handshake answer and strips the field).
+    assert [r.attempt_id for r in provider.requests] == ["a1", "a2", "a3"]
+    assert [(r.connection, r.sequence) for r in provider.requests] == [(1, 1), (1, 2), (1, 3)]
     assert all(r.body == BODY for r in provider.requests)
 
 
