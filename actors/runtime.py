@@ -27,6 +27,7 @@ from recoverable.storage.records import (
     RetryReservation,
     StoredRequest,
 )
+from recoverable.storage.integrity import verify_body
 from recoverable.storage.retention import remove_content
 from recoverable.storage.store import RecoveryStore, WriteTxn
 from recoverable.transport.base import Credentials
@@ -374,6 +375,7 @@ class Runtime:
                 "the source's frozen request is unavailable", operation_id=op_id
             )
         if selection == "preserve":
+            verify_body(op_id, source.body_hash, body)  # a tampered body is never reused
             return body, stored_raw, source.model, source.reasoning_effort
         try:
             stored = msgspec.json.decode(stored_raw, type=StoredRequest)

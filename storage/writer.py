@@ -31,6 +31,8 @@ import lmdb
 import outcome
 import trio
 
+from recoverable.storage.integrity import storage_error
+
 from recoverable.errors import StorageLimitExceeded, StorageUnavailable
 
 __all__ = ["BATCH_LIMIT", "MapGuard", "MutationContext", "Writer"]
@@ -176,6 +178,7 @@ class Writer(Generic[Ctx]):
         self.writes = 0  # mutations resolved by those commits (succeeded or rolled back alone)
         self.largest_batch = 0
         self.map_growths = 0
+        self.map_adoptions = 0  # MapResizedError: another process grew the map
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -286,12 +289,19 @@ class Writer(Generic[Ctx]):
                 self._discard_runs(batch)
                 with self._guard.exclusive():
                     self._env.set_mapsize(0)
+                self.map_adoptions += 1
             except lmdb.Error as exc:
                 self._discard_runs(batch)
-                error = StorageUnavailable(f"the batch commit failed: {exc}")
-                error.__cause__ = exc
+                error = storage_error(exc, "committing a write batch")
                 for job in batch:
                     job.result = outcome.Error(error)
+                return
+            except StorageUnavailable as exc:
+                # Refused before any mutation ran (begin_batch: e.g. the lock file was
+                # replaced): every caller of the batch gets the typed error, nothing written.
+                self._discard_runs(batch)
+                for job in batch:
+                    job.result = outcome.Error(exc)
                 return
 
     def _try_batch(self, batch: list[_Job]) -> None:
