@@ -20,6 +20,7 @@ import trio
 from recoverable.actors.monitor import LifecycleMonitor
 from recoverable.actors.operation import Authorize, OperationActor, check_disposition
 from recoverable.actors.scheduler import Scheduler
+from recoverable.storage.integrity import verify_body
 from recoverable.storage.records import (
     CommandKind,
     DispositionRecord,
@@ -27,7 +28,6 @@ from recoverable.storage.records import (
     RetryReservation,
     StoredRequest,
 )
-from recoverable.storage.integrity import verify_body
 from recoverable.storage.retention import remove_content
 from recoverable.storage.store import RecoveryStore, WriteTxn
 from recoverable.transport.base import Credentials

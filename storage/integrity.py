@@ -4,8 +4,8 @@
   pages (at offsets 0 and one page) name the last used page; a ``data.mdb``
   shorter than ``(last_pgno + 1) * page_size`` was truncated, and mapping it would
   end in a Bus error at the first read past its end. An empty or missing
-  ``data.mdb`` next to a lock file or an ``owners`` directory is a store whose
-  data was lost, never a new store.
+  ``data.mdb`` next to a lock file (empty: or an ``owners`` directory) is a store
+  whose data was lost, never a new store.
 - **The identity of ``lock.mdb``** (``st_dev``, ``st_ino``): LMDB coordinates its
   writers and readers through that file. If it is removed or replaced while a
   process has the store open, a process opening the store afterwards gets a
@@ -41,9 +41,9 @@ from recoverable.errors import (
 
 __all__ = [
     "LockIdentity",
+    "body_matches",
     "check_data_file",
     "check_lock_before_open",
-    "body_matches",
     "check_owner_locks",
     "lock_identity",
     "owner_note",
@@ -109,8 +109,8 @@ def _read_meta(fd: int, offset: int) -> tuple[int, int, int] | None:
 def check_data_file(path: str) -> None:
     """Refuse a data file that LMDB would map past its end, or a lost one.
 
-    ``StoreDamaged`` if ``data.mdb`` is missing or empty while the store was used
-    before (a lock file or an ``owners`` directory exists), if neither meta page is
+    ``StoreDamaged`` if ``data.mdb`` is missing next to a lock file, or empty next
+    to a lock file or an ``owners`` directory (the store was used), if neither meta page is
     valid, or if the file is shorter than its newest meta page says.
     """
     data = os.path.join(path, DATA_FILE)
@@ -120,10 +120,11 @@ def check_data_file(path: str) -> None:
     try:
         fd = os.open(data, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
-        if os.path.isdir(os.path.join(path, OWNERS_DIR)):
+        # LMDB creates the lock file just before the data file, and removes neither.
+        if os.path.exists(os.path.join(path, LOCK_FILE)):
             raise StoreDamaged(
-                f"the store at {path} is damaged: {DATA_FILE} is missing but the store was "
-                "used before (its owners directory exists); restore it or move it aside"
+                f"the store at {path} is damaged: {DATA_FILE} is missing but its "
+                f"{LOCK_FILE} exists (the store was used before); restore it or move it aside"
             ) from None
         return  # a new store
     except OSError as exc:

@@ -30,7 +30,6 @@ from typing import Any, Generic, TypeVar
 import lmdb
 import outcome
 import trio
-
 from recoverable.storage.integrity import storage_error
 
 from recoverable.errors import StorageLimitExceeded, StorageUnavailable
