@@ -1011,6 +1011,7 @@ class RecoveryStore:
             "largest_batch": writer.largest_batch,
             "map_size": self._read(lambda _txn: self._env.info()["map_size"]),
             "map_growths": writer.map_growths,
+            "map_adoptions": writer.map_adoptions,
         }
 
     def check_integrity(self) -> list[str]:

@@ -269,6 +269,12 @@ class Writer(Generic[Ctx]):
             except _GrowMap:
                 self._discard_runs(batch)
                 if not self._grow():
+                    if len(batch) > 1:
+                        # At the maximum: each write alone, so that one too large for the
+                        # map fails by itself and the others of its batch still commit.
+                        for job in batch:
+                            self._commit_batch([job])
+                        return
                     full = StorageLimitExceeded("the LMDB map is full and at its maximum size")
                     for job in batch:
                         job.result = outcome.Error(full)

@@ -7,6 +7,9 @@ typed failure from a crash without parsing tracebacks.
 
 from __future__ import annotations
 
+import os
+import resource
+import signal
 import sys
 
 from recoverable.storage import RecoveryStore
@@ -66,6 +69,18 @@ def main() -> None:
                 return "written"
 
         attempt("open-write", open_write)
+    elif mode == "file-size-limit":  # commits fail with EFBIG past RLIMIT_FSIZE
+        with RecoveryStore.open(path) as store:
+            store.write_sync(lambda t: t.put_payload("small-0", "body", b"s"))
+            limit = os.path.getsize(os.path.join(path, "data.mdb")) + 64 * 1024
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of a signal
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+            attempt("big", lambda: store.write_sync(
+                lambda t: t.put_payload("big", "body", os.urandom(1024 * 1024))
+            ))
+            attempt("small-1", lambda: store.write_sync(
+                lambda t: t.put_payload("small-1", "body", b"s")
+            ))
     else:
         raise SystemExit(f"unknown mode {mode}")
 
