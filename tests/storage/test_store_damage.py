@@ -309,6 +309,41 @@ async def test_a_tampered_body_is_refused_before_any_post_and_reported(
         assert len(provider.requests) == 0
 
 
+async def test_a_manual_retry_never_reuses_a_tampered_body(store_path: str) -> None:
+    request = recoverable.StructuredRequest(
+        model="gpt-test", instructions="Describe it.", input="Describe item 175."
+    )
+    fast = recoverable.RetryPolicy(initial_backoff=0.0, maximum_backoff=0.0)
+    async with FixtureProvider.serve() as provider:
+        provider.script([Reply.disconnect(after_events=2)])
+
+        def backend() -> recoverable.ResponsesBackend:
+            creds = recoverable.StaticCredentials("sk-test-secret", account=ACCOUNT)
+            return recoverable.ResponsesBackend(
+                provider.http_url, credentials=creds, mode="sse", endpoint_id="fixture"
+            )
+
+        async def approve(attempt: recoverable.Attempt) -> bool:
+            return True
+
+        with RecoveryStore.open(store_path) as store:
+            async with recoverable.open_runtime(store, backend(), account=ACCOUNT) as rt:
+                handle = await rt.prepare(
+                    request, response=Answer, maximum_attempts=1, retry_policy=fast
+                )
+                with pytest.raises(recoverable.AttemptsExhausted):
+                    await rt.send_recovering(handle, response=Answer, authorize=approve)
+        posts = len(provider.requests)
+        tamper_payload(store_path, handle.operation_id, b"item 175", b"item 999")
+        with RecoveryStore.open(store_path) as store:
+            async with recoverable.open_runtime(store, backend(), account=ACCOUNT) as rt:
+                with pytest.raises(CorruptRecord, match="digest"):
+                    await rt.retry(handle, retry_action_id="click", maximum_attempts=2)
+            records, _ = store.inventory()
+            assert [r.operation_id for r in records] == [handle.operation_id]  # no successor
+        assert len(provider.requests) == posts
+
+
 # -- 11.3: seeded bit flips -----------------------------------------------------------------
 
 
