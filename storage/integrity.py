@@ -159,6 +159,175 @@ def check_data_file(path: str) -> None:
             f"the store at {path} is damaged: {DATA_FILE} is truncated ({size} bytes, its "
             f"metadata needs {needed}); restore it or move it aside"
         )
+    problem = walk_pages(data)
+    if problem is not None:
+        raise StoreDamaged(
+            f"the store at {path} is damaged: {problem}; restore it or move it aside"
+        )
+
+
+# -- the page walk ------------------------------------------------------------------
+
+_P_BRANCH: Final = 0x01
+_P_LEAF: Final = 0x02
+_P_OVERFLOW: Final = 0x04
+_P_IGNORED: Final = 0x10 | 0x4000 | 0x8000  # P_DIRTY, P_LOOSE, P_KEEP (in-memory marks)
+_F_BIGDATA: Final = 0x01
+_F_SUBDATA: Final = 0x02
+_P_INVALID: Final = 2**64 - 1
+_HEADER: Final = struct.Struct("=QHHHH")  # pgno, pad, flags, lower, upper
+_NODE: Final = struct.Struct("=HHHH")  # lo, hi, flags, ksize
+_DB_ROOT: Final = struct.Struct("=40xQ")  # the root page of an MDB_db (48 bytes)
+_U64: Final = struct.Struct("=Q")
+
+
+class _Damage(Exception):
+    pass
+
+
+def walk_pages(data: str) -> str | None:
+    """Walk every page the newest snapshot uses; describe the first damage found.
+
+    LMDB trusts its pages: a corrupted page header, node size, child or overflow
+    page number, or free-page list is not checked before LMDB copies or reuses the
+    page, and ends in a native crash (heap corruption, assertion, segfault) at the
+    next write. This walk checks, without mapping the file, that every page of the
+    free-page list and of every database tree (the main one and each named one) is
+    inside the file, of the expected type, with its node table and nodes inside the
+    page, used once, and never both used and free.
+    """
+    try:
+        fd = os.open(data, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise StorageUnavailable(f"cannot read {data}: {exc}") from exc
+    try:
+        for _ in range(5):
+            before = _newest_txnid(fd)
+            try:
+                _walk(fd)
+            except _Damage as exc:
+                # Another process may have committed (and reused pages of the snapshot
+                # being walked) meanwhile: only a walk of an unchanged snapshot counts.
+                if _newest_txnid(fd) == before:
+                    return str(exc)
+                continue
+            return None
+        return None  # the store kept changing under the walk: busy, so not verified here
+    except OSError as exc:
+        raise StorageUnavailable(f"cannot read {data}: {exc}") from exc
+    finally:
+        os.close(fd)
+
+
+def _newest_txnid(fd: int) -> int:
+    first = _read_meta(fd, 0)
+    if first is None:
+        return -1
+    second = _read_meta(fd, first[0])
+    return max(first[2], second[2] if second is not None else -1)
+
+
+def _walk(fd: int) -> None:
+    first = _read_meta(fd, 0)
+    if first is None:
+        raise _Damage("no valid meta page")
+    psize = first[0]
+    metas = [(m, off) for m, off in ((first, 0), (_read_meta(fd, psize), psize)) if m]
+    (_psize, last_pgno, _txnid), offset = max(metas, key=lambda mo: mo[0][2])
+    end = last_pgno + 1
+    raw = os.pread(fd, _PAGE_HEADER + 24 + 96, offset)
+    free_root = _DB_ROOT.unpack_from(raw, _PAGE_HEADER + 24)[0]
+    main_root = _DB_ROOT.unpack_from(raw, _PAGE_HEADER + 24 + 48)[0]
+    used: set[int] = {0, 1}
+    free: list[int] = []
+
+    def page(pgno: int) -> bytes:
+        if pgno >= end:
+            raise _Damage(f"page {pgno} is past the last page {last_pgno}")
+        if pgno in used:
+            raise _Damage(f"page {pgno} is used twice")
+        used.add(pgno)
+        buf = os.pread(fd, psize, pgno * psize)
+        if len(buf) < psize:
+            raise _Damage(f"page {pgno} is past the end of the file")
+        if _HEADER.unpack_from(buf)[0] != pgno:
+            raise _Damage(f"page {pgno} names another page number")
+        return buf
+
+    def overflow(pgno: int, size: int) -> bytes:
+        buf = page(pgno)
+        flags = _HEADER.unpack_from(buf)[2] & ~_P_IGNORED
+        count = struct.unpack_from("=I", buf, 12)[0]
+        if flags != _P_OVERFLOW or count < 1 or pgno + count > end:
+            raise _Damage(f"overflow page {pgno} is malformed")
+        if size > count * psize - _PAGE_HEADER:
+            raise _Damage(f"a value on overflow page {pgno} is longer than its pages")
+        for extra in range(pgno + 1, pgno + count):
+            if extra in used:
+                raise _Damage(f"page {extra} is used twice")
+            used.add(extra)
+        if count == 1:
+            return buf[_PAGE_HEADER : _PAGE_HEADER + size]
+        rest = os.pread(fd, (count - 1) * psize, (pgno + 1) * psize)
+        return (buf + rest)[_PAGE_HEADER : _PAGE_HEADER + size]
+
+    def tree(root: int, *, main: bool, freelist: bool) -> None:
+        if root == _P_INVALID:
+            return
+        stack = [root]
+        while stack:
+            pgno = stack.pop()
+            buf = page(pgno)
+            _, _, flags, lower, upper = _HEADER.unpack_from(buf)
+            flags &= ~_P_IGNORED
+            if flags not in (_P_BRANCH, _P_LEAF):
+                raise _Damage(f"page {pgno} of a tree is neither a branch nor a leaf")
+            if not (_PAGE_HEADER <= lower <= upper <= psize) or (lower - _PAGE_HEADER) % 2:
+                raise _Damage(f"page {pgno} has a malformed node table")
+            count = (lower - _PAGE_HEADER) // 2
+            if flags == _P_BRANCH and count < 1:
+                raise _Damage(f"branch page {pgno} is empty")
+            for i in range(count):
+                ptr = struct.unpack_from("=H", buf, _PAGE_HEADER + 2 * i)[0]
+                if ptr < upper or ptr + _NODE.size > psize:
+                    raise _Damage(f"page {pgno} has a node outside the page")
+                lo, hi, nflags, ksize = _NODE.unpack_from(buf, ptr)
+                start = ptr + _NODE.size + ksize
+                if flags == _P_BRANCH:
+                    if start > psize:
+                        raise _Damage(f"page {pgno} has a key outside the page")
+                    stack.append(lo | hi << 16 | nflags << 32)
+                    continue
+                size = lo | hi << 16
+                if nflags & ~(_F_BIGDATA | _F_SUBDATA):
+                    raise _Damage(f"page {pgno} has a node with unknown flags")
+                if nflags & _F_BIGDATA:
+                    if start + 8 > psize:
+                        raise _Damage(f"page {pgno} has a node outside the page")
+                    value = overflow(_U64.unpack_from(buf, start)[0], size)
+                else:
+                    if start + size > psize:
+                        raise _Damage(f"page {pgno} has a value outside the page")
+                    value = buf[start : start + size]
+                if nflags & _F_SUBDATA:
+                    if not main or len(value) != 48:
+                        raise _Damage(f"page {pgno} has a malformed database record")
+                    tree(_DB_ROOT.unpack_from(value)[0], main=False, freelist=False)
+                elif freelist:
+                    if len(value) < 8 or len(value) % 8:
+                        raise _Damage(f"free-page list page {pgno} is malformed")
+                    ids = struct.unpack_from(f"={len(value) // 8}Q", value)
+                    if ids[0] != len(ids) - 1:
+                        raise _Damage(f"free-page list page {pgno} is malformed")
+                    free.extend(ids[1:])
+
+    tree(main_root, main=True, freelist=False)
+    tree(free_root, main=False, freelist=True)
+    seen_free: set[int] = set()
+    for pgno in free:
+        if pgno < 2 or pgno >= end or pgno in used or pgno in seen_free:
+            raise _Damage(f"the free-page list names page {pgno}, which is not free")
+        seen_free.add(pgno)
 
 
 # -- the lock file ------------------------------------------------------------------
