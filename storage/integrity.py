@@ -398,7 +398,7 @@ def check_lock_before_open(path: str) -> None:
         )
 
 
-def check_owner_locks(path: str, mine: LockIdentity, owner_id: str) -> None:
+def check_owner_locks(path: str, mine: LockIdentity, owner_id: str | None) -> None:
     """After opening: every living owner must use the lock file this process uses."""
     for other, note in _living_owner_notes(path, skip=owner_id):
         if note is not None and note != mine:

@@ -657,6 +657,9 @@ class RecoveryStore:
             if identity is None:
                 raise integrity.lock_replaced_error(self.path)
             self._lock_identity = identity
+            # Before this process's first write transaction: no living owner may be
+            # using another lock file (checked again once our own owner file exists).
+            integrity.check_owner_locks(self.path, identity, owner_id=None)
             self._env.reader_check()
             self._dbs = {}
             with self._env.begin(write=True) as txn:
