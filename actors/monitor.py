@@ -24,6 +24,7 @@ import trio
 from recoverable.storage.records import CommandKind, CommandRecord
 from recoverable.storage.store import RecoveryStore
 
+from recoverable.errors import StorageUnavailable
 from recoverable.types import AccountBinding
 
 AccountStop = Literal["signed_out", "account_changed"]
@@ -134,14 +135,22 @@ class LifecycleMonitor:
         return txnid
 
     async def run(self) -> None:
-        last = self._store.last_txnid()
+        try:
+            last = self._store.last_txnid()
+        except StorageUnavailable:
+            last = -1
         while True:
             await trio.sleep(self._poll_interval)
             self.polls += 1
             if not self._watches:
                 continue
-            if self._store.last_txnid() != last:
-                # Remember the snapshot's own id, not last_txnid(): a reader may briefly
-                # get the previous snapshot while last_txnid() already names a newer
-                # commit; then the next poll scans again instead of missing it.
-                last = self.scan()
+            try:
+                if self._store.last_txnid() != last:
+                    # Remember the snapshot's own id, not last_txnid(): a reader may
+                    # briefly get the previous snapshot while last_txnid() already names
+                    # a newer commit; then the next poll scans again instead of missing it.
+                    last = self.scan()
+            except StorageUnavailable:
+                # A damaged or unusable store (issue 11.3): every operation meets the typed
+                # error on its own next store access; the monitor must not end the runtime.
+                continue

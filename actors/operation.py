@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import msgspec
 import trio
+from recoverable.storage.integrity import verify_body
 from recoverable.storage.leases import acquire_lease, release_lease
 from recoverable.storage.migration import saved_completion, upgrade_operation
 from recoverable.storage.records import (
@@ -123,6 +124,8 @@ class OperationActor:
             record = txn.get_operation(op_id)
             assert record is not None
             body = txn.get_payload(op_id, "body")
+            if body is not None:  # a tampered body is a corrupt record: never sent
+                verify_body(op_id, record.body_hash, body)
             command = txn.get_command(op_id)
             serial = 0
             kind: CommandKind | None = None

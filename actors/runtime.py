@@ -20,6 +20,7 @@ import trio
 from recoverable.actors.monitor import LifecycleMonitor
 from recoverable.actors.operation import Authorize, OperationActor, check_disposition
 from recoverable.actors.scheduler import Scheduler
+from recoverable.storage.integrity import verify_body
 from recoverable.storage.migration import saved_completion, upgrade_operation
 from recoverable.storage.records import (
     CommandKind,
@@ -450,6 +451,7 @@ class Runtime:
                 operation_id=op_id,
             )
         if selection == "preserve":
+            verify_body(op_id, source.body_hash, body)  # a tampered body is never reused
             return body, stored_raw, source.model, source.reasoning_effort
         try:
             stored = msgspec.json.decode(stored_raw, type=StoredRequest)

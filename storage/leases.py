@@ -53,8 +53,12 @@ class OwnerLock:
         return os.path.join(self.owners_dir, f"{self.owner_id}.lock")
 
     @classmethod
-    def create(cls, owners_dir: str) -> OwnerLock:
-        """Create, lock and publish a new owner lock; remove the dead owners' files."""
+    def create(cls, owners_dir: str, note: bytes = b"") -> OwnerLock:
+        """Create, lock and publish a new owner lock; remove the dead owners' files.
+
+        ``note`` is written into the file before it is published (the store records
+        the identity of the LMDB lock file this owner uses, see ``integrity``).
+        """
         os.makedirs(owners_dir, mode=0o700, exist_ok=True)
         os.chmod(owners_dir, 0o700)
         while True:
@@ -64,6 +68,8 @@ class OwnerLock:
             try:
                 os.fchmod(fd, 0o600)
                 fcntl.flock(fd, fcntl.LOCK_EX)
+                if note:
+                    os.write(fd, note)
                 os.rename(tmp, os.path.join(owners_dir, f"{owner_id}.lock"))
             except FileNotFoundError:
                 # A cleaner removed the temporary file before we locked it: try again.

@@ -31,7 +31,7 @@ from typing import Any, Final, Literal, TypeVar, get_args
 
 import lmdb
 import msgspec
-from recoverable.storage import codec
+from recoverable.storage import codec, integrity
 from recoverable.storage.leases import OwnerLock
 from recoverable.storage.records import (
     CommandKind,
@@ -49,6 +49,7 @@ from recoverable.errors import (
     InvalidRequest,
     StorageLimitExceeded,
     StorageUnavailable,
+    StoreDamaged,
     UnsupportedRecordVersion,
 )
 from recoverable.types import AccountBinding, CleanupResult, to_timestamp
@@ -270,7 +271,7 @@ class WriteTxn(MutationContext):
             self.txn_full = True
             raise
         except lmdb.Error as exc:
-            raise StorageUnavailable(f"LMDB error: {exc}") from exc
+            raise integrity.storage_error(exc, "writing") from exc
 
     def _lmdb_error(self, exc: lmdb.Error) -> Exception:
         if isinstance(exc, lmdb.MapFullError):
@@ -279,9 +280,7 @@ class WriteTxn(MutationContext):
         if isinstance(exc, lmdb.TxnFullError):
             self.txn_full = True
             return exc
-        error = StorageUnavailable(f"LMDB error: {exc}")
-        error.__cause__ = exc
-        return error
+        return integrity.storage_error(exc, "writing")
 
     def _get(self, table: Table, key: bytes) -> bytes | None:
         # Values read or written by this mutation are remembered: composite helpers read
@@ -573,6 +572,11 @@ class RecoveryStore:
         self._batch_bytes: int | None = None  # bytes_used carried across a batch (writer)
         self._tokens_lock = threading.Lock()
         self._owner: OwnerLock | None = None
+        self._lock_identity: integrity.LockIdentity | None = None
+        # Set once lock.mdb is found removed/replaced, or a damaged page is met: every
+        # later read and write of this process is refused (fail closed for good).
+        self._lock_replaced = False
+        self._damage: str | None = None
         self._writer: Writer[WriteTxn] | None = None
         try:
             self._open_files(options)
@@ -629,6 +633,10 @@ class RecoveryStore:
         initial = options.initial_map_size or min(
             self.max_map_size, 2 * options.max_bytes + 64 * _MiB
         )
+        # Before LMDB maps the data file (a truncated one would end in a Bus error) and
+        # before it creates a lock file (a removed one still used by another process).
+        integrity.check_data_file(self.path)
+        integrity.check_lock_before_open(self.path)
         try:
             self._env = lmdb.open(
                 self.path,
@@ -645,6 +653,13 @@ class RecoveryStore:
             )
             for name in ("data.mdb", "lock.mdb"):
                 os.chmod(os.path.join(self.path, name), 0o600)
+            identity = integrity.lock_identity(self.path)
+            if identity is None:
+                raise integrity.lock_replaced_error(self.path)
+            self._lock_identity = identity
+            # Before this process's first write transaction: no living owner may be
+            # using another lock file (checked again once our own owner file exists).
+            integrity.check_owner_locks(self.path, identity, owner_id=None)
             self._env.reader_check()
             self._dbs = {}
             with self._env.begin(write=True) as txn:
@@ -657,7 +672,7 @@ class RecoveryStore:
                     txn.put(_META_BYTES, (0).to_bytes(8, "big"), db=meta)
                     txn.put(_META_SERIAL, (0).to_bytes(8, "big"), db=meta)
         except lmdb.Error as exc:
-            raise StorageUnavailable(f"cannot open the LMDB store at {self.path}: {exc}") from exc
+            raise integrity.storage_error(exc, f"opening the store at {self.path}") from exc
         except OSError as exc:
             raise StorageUnavailable(f"cannot open the store at {self.path}: {exc}") from exc
         if stored is not None and _u64(stored) != FORMAT_VERSION:
@@ -666,9 +681,12 @@ class RecoveryStore:
                 f"format {FORMAT_VERSION})"
             )
         try:
-            self._owner = OwnerLock.create(os.path.join(self.path, "owners"))
+            self._owner = OwnerLock.create(
+                os.path.join(self.path, "owners"), note=integrity.owner_note(identity)
+            )
         except OSError as exc:
             raise StorageUnavailable(f"cannot create the owner lock: {exc}") from exc
+        integrity.check_owner_locks(self.path, identity, self._owner.owner_id)
         self._writer = Writer(
             self._env,
             self._guard,
@@ -680,7 +698,29 @@ class RecoveryStore:
         )
 
     def _begin_batch(self) -> None:
+        # Holding LMDB's write lock now: is it still the lock every process uses?
+        # (One stat per commit batch; see integrity.py and docs/guarantees.md.)
+        self._refuse_if_failed()
+        self._check_lock()
         self._batch_bytes = None  # (re)read from meta by the batch's first mutation
+
+    def _refuse_if_failed(self) -> None:
+        if self._lock_replaced:
+            raise integrity.lock_replaced_error(self.path)
+        if self._damage is not None:
+            raise StoreDamaged(
+                f"the store is damaged; every read and write is refused ({self._damage})"
+            )
+
+    def _note_damage(self, error: BaseException) -> None:
+        if isinstance(error, StoreDamaged) and self._damage is None:
+            self._damage = str(error)
+
+    def _check_lock(self) -> None:
+        if not self._lock_replaced and integrity.lock_identity(self.path) == self._lock_identity:
+            return
+        self._lock_replaced = True
+        raise integrity.lock_replaced_error(self.path)
 
     def _end_batch(self, parent: lmdb.Transaction[bytes]) -> None:
         if self._batch_bytes is not None:
@@ -747,11 +787,19 @@ class RecoveryStore:
         re-raised here. ``fn`` may run more than once (after a map resize), so it
         must not have side effects outside the transaction.
         """
-        return await self._live_writer().write(fn)
+        try:
+            return await self._live_writer().write(fn)
+        except StoreDamaged as exc:
+            self._note_damage(exc)
+            raise
 
     def write_sync(self, fn: Callable[[WriteTxn], T]) -> T:
         """Blocking :meth:`write` for code that is not running under Trio."""
-        return self._live_writer().write_sync(fn)
+        try:
+            return self._live_writer().write_sync(fn)
+        except StoreDamaged as exc:
+            self._note_damage(exc)
+            raise
 
     # -- reading --
 
@@ -759,6 +807,7 @@ class RecoveryStore:
         for _ in range(10):
             if self._closed:
                 raise StorageUnavailable("the store is closed")
+            self._refuse_if_failed()
             try:
                 with self._guard.shared():
                     if self._closed:
@@ -766,11 +815,17 @@ class RecoveryStore:
                     with self._env.begin(write=False) as txn:
                         return fn(txn)
             except lmdb.MapResizedError:
-                with self._guard.exclusive():
-                    if not self._closed:
-                        self._env.set_mapsize(0)
+                # Another process grew the map past ours: adopt its size and read again.
+                try:
+                    with self._guard.exclusive():
+                        if not self._closed:
+                            self._env.set_mapsize(0)
+                except lmdb.Error as exc:
+                    raise integrity.storage_error(exc, "adopting a grown map") from exc
             except lmdb.Error as exc:
-                raise StorageUnavailable(f"LMDB read failed: {exc}") from exc
+                error = integrity.storage_error(exc, "reading")
+                self._note_damage(error)
+                raise error from exc
         raise StorageUnavailable("the LMDB map kept being resized")
 
     def _get(self, table: Table, key: bytes) -> bytes | None:
@@ -855,10 +910,11 @@ class RecoveryStore:
         """LMDB's last committed transaction id (moves on every commit by any process)."""
         if self._closed:
             raise StorageUnavailable("the store is closed")
+        self._refuse_if_failed()
         try:
             return self._env.info()["last_txnid"]
         except lmdb.Error as exc:
-            raise StorageUnavailable(f"LMDB info failed: {exc}") from exc
+            raise integrity.storage_error(exc, "reading the environment info") from exc
 
     def inventory(
         self, account: AccountBinding | None = None, scope: str | None = None
@@ -972,8 +1028,9 @@ class RecoveryStore:
             "commits": writer.commits,
             "writes": writer.writes,
             "largest_batch": writer.largest_batch,
-            "map_size": self._env.info()["map_size"],
+            "map_size": self._read(lambda _txn: self._env.info()["map_size"]),
             "map_growths": writer.map_growths,
+            "map_adoptions": writer.map_adoptions,
         }
 
     def check_integrity(self) -> list[str]:
@@ -1016,6 +1073,16 @@ class RecoveryStore:
                     problems.append(f"operations:{op_id!r}: missing from the schedule index")
                 if txn.get(hosts_key(rec), db=self._dbs["hosts"]) is None:
                     problems.append(f"operations:{op_id!r}: missing from the hosts index")
+            for op_id, rec in operations.items():
+                if rec is None:
+                    continue
+                key = op_id.encode("utf-8", "surrogateescape") + b"\0body"
+                body = txn.get(key, db=self._dbs["payloads"])
+                if body is not None and not integrity.body_matches(rec.body_hash, body):
+                    problems.append(
+                        f"payloads:{key!r}: corrupt_record: the body digest does not match "
+                        "its operation's body_hash"
+                    )
             counted = _u64(txn.get(_META_BYTES, db=self._dbs["meta"]))
             if counted != total:
                 problems.append(f"meta:bytes_used: counter {counted} != stored {total}")

@@ -30,6 +30,7 @@ from typing import Any, Generic, TypeVar
 import lmdb
 import outcome
 import trio
+from recoverable.storage.integrity import storage_error
 
 from recoverable.errors import StorageLimitExceeded, StorageUnavailable
 
@@ -176,6 +177,7 @@ class Writer(Generic[Ctx]):
         self.writes = 0  # mutations resolved by those commits (succeeded or rolled back alone)
         self.largest_batch = 0
         self.map_growths = 0
+        self.map_adoptions = 0  # MapResizedError: another process grew the map
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -267,6 +269,12 @@ class Writer(Generic[Ctx]):
             except _GrowMap:
                 self._discard_runs(batch)
                 if not self._grow():
+                    if len(batch) > 1:
+                        # At the maximum: each write alone, so that one too large for the
+                        # map fails by itself and the others of its batch still commit.
+                        for job in batch:
+                            self._commit_batch([job])
+                        return
                     full = StorageLimitExceeded("the LMDB map is full and at its maximum size")
                     for job in batch:
                         job.result = outcome.Error(full)
@@ -286,12 +294,19 @@ class Writer(Generic[Ctx]):
                 self._discard_runs(batch)
                 with self._guard.exclusive():
                     self._env.set_mapsize(0)
+                self.map_adoptions += 1
             except lmdb.Error as exc:
                 self._discard_runs(batch)
-                error = StorageUnavailable(f"the batch commit failed: {exc}")
-                error.__cause__ = exc
+                error = storage_error(exc, "committing a write batch")
                 for job in batch:
                     job.result = outcome.Error(error)
+                return
+            except StorageUnavailable as exc:
+                # Refused before any mutation ran (begin_batch: e.g. the lock file was
+                # replaced): every caller of the batch gets the typed error, nothing written.
+                self._discard_runs(batch)
+                for job in batch:
+                    job.result = outcome.Error(exc)
                 return
 
     def _try_batch(self, batch: list[_Job]) -> None:

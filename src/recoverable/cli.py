@@ -241,6 +241,11 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         sys.stderr.write(f"recoverable {args.command}: {exc}\n")
         return EXIT_USAGE
+    except errors.RecoveryError as exc:
+        # Last resort (a damaged store met outside an operation, issue 11.3): the typed
+        # code and message, never a traceback.
+        sys.stderr.write(f"recoverable {args.command}: {exc.code}: {exc}\n")
+        return EXIT_FAILED
     except KeyboardInterrupt:
         # Before or after the batch's own signal handling (startup, shutdown, ops).
         sys.stderr.write(f"recoverable {args.command}: interrupted\n")

@@ -42,6 +42,8 @@ __all__ = [
     "StateUnavailable",
     "StorageLimitExceeded",
     "StorageUnavailable",
+    "StoreDamaged",
+    "StoreLockReplaced",
     "UnsupportedInputItem",
     "UnsupportedRecordVersion",
 ]
@@ -273,6 +275,27 @@ class RequestUnavailable(StorageUnavailable):
     code = "request_unavailable"
     _summary = "the frozen request body is missing or unreadable; nothing was sent or spent"
     _action = "restore the store, or abandon the operation and prepare a new request"
+
+
+class StoreDamaged(StorageUnavailable):
+    """The store's files are damaged (truncated, emptied, corrupted pages): nothing is written.
+
+    Found at open (the data file checked against its own metadata) or by any read or
+    write that meets a corrupted page. Restore the store from a copy or move it aside.
+    """
+
+    code = "store_damaged"
+
+
+class StoreLockReplaced(StorageUnavailable):
+    """The store's ``lock.mdb`` was removed or replaced while a process had it open.
+
+    Two processes could then write at the same time and destroy the store, so every
+    process that notices it refuses to read or write (until all processes that used
+    the old lock file have closed the store).
+    """
+
+    code = "store_lock_replaced"
 
 
 class FenceMismatch(RecoveryError):

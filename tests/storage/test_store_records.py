@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import msgspec
 import pytest
 from recoverable.storage import (
@@ -56,12 +58,13 @@ def full_op(op_id: str) -> OperationRecord:
 
 
 def test_every_record_type_and_payload_round_trips_across_reopen(store_path: str) -> None:
-    op = full_op("op-1")
+    body = bytes(range(256)) * 10
+    # The record binds its body's digest (check_integrity verifies it, issue 11.4).
+    op = msgspec.structs.replace(full_op("op-1"), body_hash=hashlib.sha256(body).hexdigest())
     lease = LeaseRecord(operation_id="op-1", owner_id="o" * 32, token="t", fence=3, acquired_at=2.0)
     disposition = DispositionRecord(
         operation_id="op-1", disposition="acknowledged", at=3.0, account=ACCOUNT, scope=None
     )
-    body = bytes(range(256)) * 10
     with RecoveryStore.open(store_path) as store:
 
         def write_all(txn: WriteTxn) -> CommandRecord:

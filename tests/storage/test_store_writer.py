@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import threading
 
 import pytest
@@ -23,8 +24,10 @@ async def test_a_thousand_concurrent_writers_share_few_commits_and_all_survive_r
 
         async def one(i: int) -> None:
             def mutation(txn: WriteTxn) -> str:
-                txn.put_operation(make_op(f"op-{i:04d}"))
-                txn.put_payload(f"op-{i:04d}", "body", b"%d" % i)
+                body = b"%d" % i  # the record binds its body's digest (issue 11.4)
+                digest = hashlib.sha256(body).hexdigest()
+                txn.put_operation(make_op(f"op-{i:04d}", body_hash=digest))
+                txn.put_payload(f"op-{i:04d}", "body", body)
                 return f"ok-{i}"
 
             results[i] = await store.write(mutation)
@@ -59,7 +62,7 @@ async def test_a_failing_mutation_is_rolled_back_alone_within_its_batch(
 
     async def one(i: int) -> None:
         def mutation(txn: WriteTxn) -> int:
-            txn.put_operation(make_op(f"b-{i}"))
+            txn.put_operation(make_op(f"b-{i}", body_hash=hashlib.sha256(b"x").hexdigest()))
             txn.put_payload(f"b-{i}", "body", b"x")
             if i % 3 == 0:
                 raise ValueError(f"mutation {i} refuses")
