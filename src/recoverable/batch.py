@@ -229,6 +229,10 @@ def read_jobs(path: str) -> JobsFile:
             except JobLineError as exc:
                 bad.append(exc)
                 continue
+            except Exception as exc:  # one line never ends the batch, even by a defect
+                bad.append(JobLineError(
+                    lineno, f"internal_error:{type(exc).__name__} while reading the job"))
+                continue
             earlier = first.get(job.key)
             if earlier is not None:
                 if earlier.body_hash == job.body_hash:
