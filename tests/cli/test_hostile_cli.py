@@ -439,3 +439,22 @@ def test_the_script_entry_point_still_prints_usage_on_bad_arguments() -> None:
     proc = subprocess.run([sys.executable, "-m", "recoverable", "nope"], capture_output=True,
                           text=True, cwd=REPO, env=child_env(), timeout=60)
     assert proc.returncode == 2 and "usage" in proc.stderr
+
+
+def test_every_cut_of_a_result_line_is_torn_and_other_lines_are_not() -> None:
+    from recoverable.batch import _is_torn_result_line
+
+    line = json.dumps(
+        {"id": 'g"1\\', "revision": "r1", "operation_id": "op_1", "input_sha256": "ab",
+         "result": {"label": "a"}},
+        separators=(",", ":"),
+    ).encode()
+    for cut in range(len(line)):  # every proper prefix, down to the empty one
+        assert _is_torn_result_line(line[:cut]), line[:cut]
+    old_format = b'{"id":"g","revision":"r1","operation_id":"op_1","result":{"label":"a"'
+    assert _is_torn_result_line(old_format)
+    job = json.dumps(job_line(1)).encode()  # with spaces: never written by the batch
+    assert not any(_is_torn_result_line(job[:cut]) for cut in range(8, len(job)))
+    compact_job = json.dumps(job_line(1), separators=(",", ":")).encode()
+    assert not _is_torn_result_line(compact_job[:-1])  # "model" where operation_id goes
+    assert not _is_torn_result_line(b"my notes")
