@@ -612,7 +612,14 @@ class Runtime:
         await self._command(handle.operation_id, "suspend")
 
     async def cancel(self, handle: Handle) -> None:
-        """Permanently cancel: fences late delivery and all future generation."""
+        """Permanently cancel: fences late delivery and all future generation.
+
+        A completion that is already saved is fenced too: after ``cancel`` the
+        validated (and paid-for) result can never be read with ``receipt`` nor
+        returned by ``send_recovering``. Read and commit it first if it may be
+        needed (``status().has_saved_completion``); the CLI's ``cancel`` refuses
+        such an operation unless given ``--force``.
+        """
         await self._command(handle.operation_id, "cancel")
 
     async def _command(self, operation_id: str, kind: CommandKind) -> None:

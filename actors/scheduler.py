@@ -46,6 +46,11 @@ class Scheduler:
     def waiting(self) -> int:
         return len(self._heap)
 
+    @property
+    def next_wake_at(self) -> float | None:
+        """Wall-clock time at which the earliest waiting operation wakes, if any."""
+        return self._heap[0][0] if self._heap else None
+
     async def wait_until(self, at: float) -> None:
         """Return once ``wall_clock() >= at`` (never earlier)."""
         while self._wall() < at:

@@ -144,6 +144,7 @@ class FixtureProvider:
         self._connections = 0
         self.host = "127.0.0.1"
         self.port = 0
+        self.handler_errors: list[str] = []  # exception types of connections dropped
 
     # -- public surface ------------------------------------------------------------
     @property
@@ -278,6 +279,12 @@ class FixtureProvider:
                     return
                 conn.start_next_cycle()
         except (_PeerGone, trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError):
+            return
+        except Exception as exc:
+            # A request this provider cannot answer (a defect in a reply or in answer
+            # synthesis) drops that one connection, never the provider with every other
+            # client on it (an embedded provider shares the host's process).
+            self.handler_errors.append(type(exc).__name__)
             return
         finally:
             with trio.CancelScope(shield=True):
@@ -629,13 +636,23 @@ def _lenient(event: dict[str, Any]) -> dict[str, Any]:
 
 
 # -- separate process ----------------------------------------------------------------------
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is in 0..65535 (0: any free port): {text!r}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="recoverable fixture-provider",
         description="Run the loopback fixture Responses provider (SSE and WebSocket).",
     )
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--port", type=_port, default=0)
     parser.add_argument("--script", help="JSON file: a list of reply specs, used in order")
     parser.add_argument("--faults", help='e.g. "disconnect=0.1,rate_limited=0.05,seed=7"')
     parser.add_argument(
@@ -680,5 +697,12 @@ def fixture_main(argv: list[str]) -> int:
                 async for _ in signals:
                     break
 
-    trio.run(run)
+    try:
+        trio.run(run)
+    except (OSError, OverflowError) as exc:
+        # The address is in use, the host does not resolve or is not local, ...
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        print(f"fixture-provider: cannot listen on {args.host} port {args.port}: {reason}",
+              file=sys.stderr)
+        return 2
     return 0

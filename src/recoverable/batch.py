@@ -17,6 +17,7 @@ import fcntl
 import functools
 import os
 import signal
+import stat
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -65,6 +66,9 @@ __all__ = [
 BATCH_SCOPE: Final = "batch"
 MAX_LINE_BYTES: Final = 2**20  # one job line (input + schema) at most 1 MiB
 MAX_ID_CHARS: Final = 256
+MESSAGES_PER_REASON: Final = 5  # failure messages shown per reason (all are counted)
+MAXIMUM_RETRY_AFTER: Final = 600.0  # the batch waits at most this long for a Retry-After
+MINIMUM_RPS: Final = 0.01  # --rps below this (one POST per 100 s) is refused
 FIXTURE_ACCOUNT: Final = AccountBinding("batch", "api-key")
 FIXTURE_KEY: Final = "sk-fixture-batch"  # the embedded provider accepts any key
 
@@ -173,6 +177,8 @@ class JobsFile:
     jobs: list[Job]
     bad_lines: list[JobLineError]
     duplicates: list[tuple[int, int]]  # (line, first line with the same id and revision)
+    # (line, first line): same id and revision as the first line, different content
+    conflicts: list[tuple[int, int]] = attrs.field(factory=list)
 
 
 def _bounded_lines(fh: IO[bytes], limit: int) -> Iterator[tuple[int, bytes | None]]:
@@ -200,11 +206,17 @@ def read_jobs(path: str) -> JobsFile:
     jobs: list[Job] = []
     bad: list[JobLineError] = []
     duplicates: list[tuple[int, int]] = []
-    first: dict[tuple[str, str], int] = {}
+    conflicts: list[tuple[int, int]] = []
+    first: dict[tuple[str, str], Job] = {}
     with open(path, "rb") as fh:
         for lineno, data in _bounded_lines(fh, MAX_LINE_BYTES + 2):
             if data is None:
                 bad.append(JobLineError(lineno, f"the line is longer than {MAX_LINE_BYTES} bytes"))
+                continue
+            if lineno == 1 and data.startswith(b"\xef\xbb\xbf"):
+                bad.append(JobLineError(
+                    lineno, "the line starts with a byte order mark (BOM, EF BB BF): "
+                    "save the file as UTF-8 without BOM"))
                 continue
             try:
                 text = data.decode("utf-8")
@@ -218,12 +230,20 @@ def read_jobs(path: str) -> JobsFile:
             except JobLineError as exc:
                 bad.append(exc)
                 continue
-            if job.key in first:
-                duplicates.append((lineno, first[job.key]))
+            except Exception as exc:  # one line never ends the batch, even by a defect
+                bad.append(JobLineError(
+                    lineno, f"internal_error:{type(exc).__name__} while reading the job"))
                 continue
-            first[job.key] = lineno
+            earlier = first.get(job.key)
+            if earlier is not None:
+                if earlier.body_hash == job.body_hash:
+                    duplicates.append((lineno, earlier.lineno))
+                else:
+                    conflicts.append((lineno, earlier.lineno))
+                continue
+            first[job.key] = job
             jobs.append(job)
-    return JobsFile(jobs, bad, duplicates)
+    return JobsFile(jobs, bad, duplicates, conflicts)
 
 
 # -- the output file: the host's commit log ---------------------------------------------------
@@ -238,6 +258,8 @@ class ResultLine(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     revision: str
     operation_id: str
     result: msgspec.Raw
+    # sha256 of the job's frozen request body (lines written before it existed lack it)
+    input_sha256: str | None = None
 
 
 class ResultLog:
@@ -252,6 +274,9 @@ class ResultLog:
         self._fd = fd
         self.committed = committed
         self.truncated_bytes = 0
+        self.newline_added = False
+        self.hashes: dict[tuple[str, str], str] = {}  # committed key -> input_sha256
+        self.lines: dict[tuple[str, str], int] = {}  # committed key -> line number
         self._lock = trio.Lock()
         self._pending: list[bytes] = []
         self._queued = 0
@@ -278,13 +303,20 @@ class ResultLog:
             if created:
                 os.fsync(fd)
                 _fsync_dir(directory)
-            committed, good_end, size = _read_back(fd, path)
-            log = cls(path, fd, committed)
-            if good_end < size:
+            back = _read_back(fd, path)
+            log = cls(path, fd, back.committed)
+            log.hashes = back.hashes
+            log.lines = back.lines
+            if back.unterminated:
+                # A complete, valid result line that only lacks its newline (a crash
+                # between the line and its newline, or an editor): kept, newline added.
+                log._write_sync(b"\n")
+                log.newline_added = True
+            elif back.good_end < back.size:
                 # A torn last line (a crash mid-append): it was never acknowledged.
-                os.ftruncate(fd, good_end)
+                os.ftruncate(fd, back.good_end)
                 os.fsync(fd)
-                log.truncated_bytes = size - good_end
+                log.truncated_bytes = back.size - back.good_end
             return log
         except BaseException:
             os.close(fd)
@@ -341,18 +373,42 @@ def _fsync_dir(directory: str) -> None:
 _line_decoder = msgspec.json.Decoder(ResultLine)
 
 
-def _read_back(fd: int, path: str) -> tuple[dict[tuple[str, str], str], int, int]:
-    """(committed (id, revision) -> operation id, end of the last whole line, file size)."""
-    committed: dict[tuple[str, str], str] = {}
-    size = os.fstat(fd).st_size
-    good_end = 0
+@attrs.define
+class _ReadBack:
+    committed: dict[tuple[str, str], str] = attrs.field(factory=dict)
+    hashes: dict[tuple[str, str], str] = attrs.field(factory=dict)
+    lines: dict[tuple[str, str], int] = attrs.field(factory=dict)
+    good_end: int = 0  # end of the last whole, valid line
+    size: int = 0
+    unterminated: bool = False  # the last line is complete and valid but has no newline
+
+
+def _read_back(fd: int, path: str) -> _ReadBack:
+    """What the output file holds: committed (id, revision) -> operation id, and where
+    its valid part ends. Refuses (``ResultLogError``) a file that is not a result log:
+    a whole line that is not a result line, or a last line that cannot be the torn
+    beginning of one. Never truncates anything itself."""
+    back = _ReadBack(size=os.fstat(fd).st_size)
     lineno = 0
     with os.fdopen(os.dup(fd), "rb") as fh:
         fh.seek(0)
         for line in fh:
-            if not line.endswith(b"\n"):
-                break  # torn tail
             lineno += 1
+            if not line.endswith(b"\n"):
+                try:
+                    entry = _line_decoder.decode(line)
+                except (msgspec.DecodeError, msgspec.ValidationError):
+                    if not _is_torn_result_line(line):
+                        raise ResultLogError(
+                            f"{path}:{lineno}: the last line is neither a result line nor the "
+                            "torn beginning of one: this is not a file written by "
+                            "recoverable batch; use another --out file"
+                        ) from None
+                    break  # torn tail
+                _add(back, entry, lineno)
+                back.unterminated = True
+                back.good_end += len(line)
+                break
             try:
                 entry = _line_decoder.decode(line)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -360,9 +416,60 @@ def _read_back(fd: int, path: str) -> tuple[dict[tuple[str, str], str], int, int
                     f"{path}:{lineno}: not a line written by recoverable batch ({exc}); "
                     "use another --out file"
                 ) from None
-            committed.setdefault((entry.id, entry.revision), entry.operation_id)
-            good_end += len(line)
-    return committed, good_end, size
+            _add(back, entry, lineno)
+            back.good_end += len(line)
+    return back
+
+
+def _add(back: _ReadBack, entry: ResultLine, lineno: int) -> None:
+    key = (entry.id, entry.revision)
+    if key in back.committed:
+        return
+    back.committed[key] = entry.operation_id
+    back.lines[key] = lineno
+    if entry.input_sha256 is not None:
+        back.hashes[key] = entry.input_sha256
+
+
+_STRING = object()
+_LINE_SHAPE: Final[tuple[object, ...]] = (
+    b'{"id":', _STRING, b',"revision":', _STRING, b',"operation_id":', _STRING,
+)
+
+
+def _is_torn_result_line(data: bytes) -> bool:
+    """Whether ``data`` can be the beginning of a line this tool writes (compact JSON:
+    ``{"id":"…","revision":"…","operation_id":"…",`` then the rest), cut short."""
+    pos = 0
+    for part in _LINE_SHAPE:
+        if pos >= len(data):
+            return True
+        if isinstance(part, bytes):
+            chunk = data[pos : pos + len(part)]
+            if not part.startswith(chunk):
+                return False
+            pos += len(part)
+            continue
+        if data[pos : pos + 1] != b'"':
+            return False
+        pos += 1
+        while pos < len(data):
+            c = data[pos : pos + 1]
+            if c == b"\\":
+                pos += 2
+                continue
+            if c == b'"':
+                break
+            if c < b" ":
+                return False
+            pos += 1
+        else:
+            return True  # cut inside the string
+        pos += 1
+    rest = data[pos:]
+    return any(
+        tag.startswith(rest[: len(tag)]) for tag in (b',"input_sha256":"', b',"result":')
+    )
 
 
 # -- running ------------------------------------------------------------------------------------
@@ -388,6 +495,7 @@ class BatchConfig:
     max_attempts: int = 8
     initial_backoff: float = 0.5
     maximum_backoff: float = 30.0
+    maximum_retry_after: float = MAXIMUM_RETRY_AFTER
     idle_timeout: float = 120.0
     # The batch opts in explicitly to replacing these response.failed codes (the library
     # default replaces none); ``--retry-provider-codes`` overrides, "" disables.
@@ -408,6 +516,8 @@ class BatchSummary:
     attempts: int = 0
     acknowledged_late: int = 0
     truncated_bytes: int = 0
+    newline_added: bool = False
+    maximum_retry_after: float | None = None
     elapsed: float = 0.0
     interrupted: bool = False
     fatal: str | None = None
@@ -447,6 +557,8 @@ class BatchSummary:
             ("acknowledged late", str(self.acknowledged_late)),
             ("replaced provider codes", ", ".join(self.retry_provider_codes) or "none"),
         ]
+        if self.maximum_retry_after is not None:
+            rows.append(("Retry-After honoured up to", f"{self.maximum_retry_after:g} s"))
         if self.truncated_bytes:
             rows.append(("torn output tail cut", f"{self.truncated_bytes} bytes"))
         if self.endpoint_unavailable is not None:
@@ -454,6 +566,8 @@ class BatchSummary:
                 "endpoint unavailable",
                 f"{self.endpoint_unavailable} (nothing spent; rerun when it is reachable)",
             ))
+        if self.newline_added:
+            rows.append(("output", "last line kept, its missing newline added"))
         if self.fatal is not None:
             rows.append(("stopped", self.fatal))
         if self.interrupted:
@@ -503,10 +617,12 @@ class BatchHost:
         self.summary = summary
         self.say = say
         self.running = 0
+        self._shown: Counter[str] = Counter()
         self.policy = RetryPolicy(
             initial_backoff=config.initial_backoff,
             maximum_backoff=config.maximum_backoff,
             retryable_provider_codes=config.retry_provider_codes,
+            maximum_retry_after=config.maximum_retry_after,
         )
 
     async def authorize(self, attempt: Attempt) -> bool:
@@ -536,6 +652,11 @@ class BatchHost:
                     f"warning: committed job {job_id!r} revision {revision!r}: could not "
                     f"acknowledge {op_id}: {exc.code}"
                 )
+            except Exception as exc:  # one job's failure never ends the batch
+                self.say(
+                    f"warning: committed job {job_id!r} revision {revision!r}: could not "
+                    f"acknowledge {op_id}: internal_error:{type(exc).__name__}"
+                )
 
     def find_existing(self, job: Job) -> str | None:
         """The operation a previous run prepared for this job (not disposed), if any."""
@@ -552,6 +673,15 @@ class BatchHost:
             found.append(record)
         if not found:
             return None
+        # Follow the lineage: a source whose successor (``recoverable retry``) exists is
+        # replaced by that successor, never run again itself.
+        ids = {r.operation_id for r in found}
+        found = [
+            r for r in found
+            if r.retry_reservation is None
+            or not r.retry_reservation.created
+            or r.retry_reservation.successor_id not in ids
+        ] or found
         # A saved completion first (never generate again), then the oldest.
         found.sort(key=lambda r: (not r.has_completion, r.created_at, r.operation_id))
         record = found[0]
@@ -593,22 +723,42 @@ class BatchHost:
             self.summary.unfinished += 1
             self.say(f"job {job.id!r} (line {job.lineno}): suspended from outside; rerun to resume")
             return
+        except errors.OperationBusy as exc:
+            self.summary.unfinished += 1
+            self.say(
+                f"job {job.id!r} revision {job.revision!r} (line {job.lineno}): another process "
+                f"is running its operation {exc.operation_id} right now; let it finish (or "
+                "stop it with `recoverable suspend`), then rerun"
+            )
+            return
         except errors.RecoveryError as exc:
             detail = str(exc) if str(exc) != exc.code else ""
             if exc.operation_id is not None:
-                detail = (detail + "; " if detail else "") + (
-                    f"operation {exc.operation_id} (to try again: recoverable abandon, then rerun)"
-                )
+                detail = (detail + "; " if detail else "") + self._hint(exc.operation_id)
             self._failed(job, failure_reason(exc), detail)
             return
-        line = msgspec.json.encode(
-            {
-                "id": job.id,
-                "revision": job.revision,
-                "operation_id": handle.operation_id,
-                "result": value,
-            }
-        )
+        except Exception as exc:  # one job's failure never ends the batch
+            self._failed(
+                job,
+                f"internal_error:{type(exc).__name__}",
+                "an unexpected error while running this job (a defect: please report it); "
+                "the other jobs go on",
+            )
+            return
+        try:
+            line = msgspec.json.encode(
+                {
+                    "id": job.id,
+                    "revision": job.revision,
+                    "operation_id": handle.operation_id,
+                    "input_sha256": job.body_hash,
+                    "result": value,
+                }
+            )
+        except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+            self._failed(job, f"internal_error:{type(exc).__name__}",
+                         "the result cannot be written as JSON; it stays saved in the store")
+            return
         try:
             await self.log.append(line)
         except OSError as exc:
@@ -629,19 +779,86 @@ class BatchHost:
             # The line is durable: a rerun acknowledges it without writing again.
             self.say(f"warning: job {job.id!r}: acknowledge failed ({exc.code}); rerun to finish")
 
+    def _hint(self, operation_id: str) -> str:
+        """What the user can do about a failed operation (never "abandon, then rerun",
+        which would reset the job's budget)."""
+        try:
+            suggested = self.rt.status_of(operation_id).suggested_actions
+        except Exception:  # a hint must never fail the job report
+            suggested = ()
+        store = self.config.store_path
+        account = self.account.account_id
+        if "manual_retry" in suggested:
+            return (
+                f"operation {operation_id} (to try again with a new budget linked to the spent "
+                f"one: recoverable retry --store {store} --account {account} {operation_id} "
+                "--action-id retry-1, then rerun this batch)"
+            )
+        if "sign_in" in suggested:
+            return f"operation {operation_id} (fix the credentials, then rerun to resume it)"
+        return f"operation {operation_id}"
+
     def _failed(self, job: Job, reason: str, detail: str) -> None:
         self.summary.failed[reason] += 1
+        shown = self._shown[reason]
+        limit = 1 if reason.split(":")[0].startswith("storage") else MESSAGES_PER_REASON
+        if shown >= limit:
+            return  # counted in the summary; announced once by report_suppressed
+        self._shown[reason] += 1
         self.say(f"job {job.id!r} revision {job.revision!r} (line {job.lineno}) failed: {reason}"
                  + (f" — {detail}" if detail and detail != reason else ""))
+        if shown + 1 == limit and limit == 1 and reason.startswith("storage"):
+            self.say(f"the store is not usable ({reason}): other jobs failing the same way are "
+                     "only counted in the summary")
+
+    def report_suppressed(self) -> None:
+        for reason, n in sorted(self.summary.failed.items()):
+            hidden = n - self._shown[reason]
+            if hidden > 0:
+                self.say(f"... and {hidden} more job(s) failed with {reason} (not shown)")
+
+    def committed_conflict(self, job: Job) -> str | None:
+        """Why a job already committed in the output conflicts with this line, if it does:
+        its content changed but its revision did not."""
+        committed_hash = self.log.hashes.get(job.key)
+        if committed_hash is None:
+            # A line written before the output carried the hash: the store's record, if
+            # it is still there (committed, acknowledgement pending).
+            op_id = self.log.committed[job.key]
+            try:
+                record = self.store.get_operation(op_id)
+            except errors.RecoveryError:
+                record = None
+            committed_hash = record.body_hash if record is not None else None
+        if committed_hash is None or committed_hash == job.body_hash:
+            return None
+        where = self.log.lines.get(job.key)
+        return (
+            f"committed earlier with other content ({self.log.path}"
+            + (f":{where}" if where is not None else "")
+            + "); change the revision for new content"
+        )
 
     async def run(self) -> None:
-        todo = [job for job in self.jobs if job.key not in self.log.committed]
-        self.summary.already_committed = len(self.jobs) - len(todo)
+        todo = []
+        for job in self.jobs:
+            if job.key not in self.log.committed:
+                todo.append(job)
+                continue
+            conflict = self.committed_conflict(job)
+            if conflict is not None:
+                self._failed(job, "revision_conflict", conflict)
+            else:
+                self.summary.already_committed += 1
         send, receive = trio.open_memory_channel[Job](0)
 
         async def worker() -> None:
             async for job in receive:
-                await self.run_job(job)
+                try:
+                    await self.run_job(job)
+                except Exception as exc:  # never end the batch for one job
+                    self._failed(job, f"internal_error:{type(exc).__name__}",
+                                 "an unexpected error (a defect: please report it)")
 
         async with trio.open_nursery() as nursery:
             for _ in range(min(self.config.concurrency, len(todo))):
@@ -657,7 +874,7 @@ class BatchHost:
 class ProgressDisplay:
     """A live status line on a terminal (~5 redraws/s), a plain log line otherwise (1/s)."""
 
-    def __init__(self, host: BatchHost, out: IO[str], *, live: bool, started: float) -> None:
+    def __init__(self, host: BatchHost, out: Terminal, *, live: bool, started: float) -> None:
         self.host = host
         self.out = out
         self.live = live
@@ -672,12 +889,17 @@ class ProgressDisplay:
         rate = s.committed / elapsed if elapsed > 0 else 0.0
         remaining = s.jobs - done - failed - s.unfinished
         eta = f"{remaining / rate:.0f}s" if rate > 0 and remaining > 0 else "-"
-        waiting = self.host.rt.scheduler.waiting
+        scheduler = self.host.rt.scheduler
+        waiting = scheduler.waiting
         s.attempts = self.host.rt.attempts_consumed
         running = max(0, self.host.running - waiting)
+        until = ""
+        wake: float | None = getattr(scheduler, "next_wake_at", None)
+        if waiting and wake is not None and wake - time.time() > 5:
+            until = f" (waiting until {time.strftime('%H:%M:%S', time.localtime(wake))})"
         text = (
-            f"done {done}/{s.jobs}  running {running}  waiting {waiting}  failed {failed}  "
-            f"attempts {s.attempts}  {rate:.1f} jobs/s  eta {eta}"
+            f"done {done}/{s.jobs}  running {running}  waiting {waiting}{until}  "
+            f"failed {failed}  attempts {s.attempts}  {rate:.1f} jobs/s  eta {eta}"
         )
         down = self.host.rt.endpoint_failure()
         if down is not None:
@@ -685,13 +907,13 @@ class ProgressDisplay:
         return text
 
     def draw(self, final: bool = False) -> None:
+        if self.out.broken is not None:
+            return  # stdout is gone: the batch goes on without drawing
         text = self.line()
         if self.live:
             self.out.write("\r\x1b[K" + text + ("\n" if final else ""))
-            self.out.flush()
         elif text != self._last or final:
             self.out.write(f"[{time.monotonic() - self.started:7.1f}s] {text}\n")
-            self.out.flush()
         self._last = text
 
     async def run(self) -> None:
@@ -740,20 +962,78 @@ def batch_account(config: BatchConfig) -> AccountBinding:
     return FIXTURE_ACCOUNT if config.endpoint == "fixture" else AccountBinding("default")
 
 
+class Terminal:
+    """The batch's stdout, which may break under it: closed (``>&-``), full
+    (``>/dev/full``: ENOSPC) or a pipe whose reader left (``| head -1``: EPIPE).
+    Then drawing stops, one message goes to stderr, and the batch goes on; the
+    summary is written to stderr instead."""
+
+    def __init__(self, out: IO[str] | None, err: IO[str] | None) -> None:
+        self.out = out
+        self.err = err
+        self.broken: str | None = None if out is not None else "stdout is closed"
+        if out is None:
+            self.error("recoverable batch: stdout is closed: no progress is shown; the summary "
+                       "goes to stderr")
+
+    def isatty(self) -> bool:
+        try:
+            return self.out is not None and self.out.isatty()
+        except (OSError, ValueError):
+            return False
+
+    def write(self, text: str) -> bool:
+        """Write and flush; False (and stdout given up) when it cannot be written."""
+        if self.broken is not None or self.out is None:
+            return False
+        try:
+            self.out.write(text)
+            self.out.flush()
+            return True
+        except (OSError, ValueError) as exc:
+            reason = (exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc))
+            self.broken = reason
+            self._detach()
+            self.error(f"recoverable batch: stdout failed ({reason}): no more progress is "
+                       "shown; the batch goes on and its summary goes to stderr")
+            return False
+
+    def _detach(self) -> None:
+        # Point the broken descriptor at /dev/null so that what is still buffered does
+        # not fail again at interpreter exit (which would change the exit code).
+        try:
+            assert self.out is not None
+            fd = self.out.fileno()
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, fd)
+            finally:
+                os.close(devnull)
+        except (OSError, ValueError, AssertionError, AttributeError):
+            pass
+
+    def error(self, message: str) -> None:
+        """To stderr; a broken stderr is ignored (nothing else is left to tell)."""
+        if self.err is None:
+            return
+        try:
+            self.err.write(message + "\n")
+            self.err.flush()
+        except (OSError, ValueError):
+            pass
+
+
 class _Output:
     """Where messages go: stderr, clearing the live progress line first."""
 
-    def __init__(self, out: IO[str], err: IO[str], *, live: bool) -> None:
+    def __init__(self, out: Terminal, *, live: bool) -> None:
         self.out = out
-        self.err = err
         self.live = live
 
     def say(self, message: str) -> None:
-        if self.live:
+        if self.live and self.out.broken is None:
             self.out.write("\r\x1b[K")
-            self.out.flush()
-        self.err.write(message + "\n")
-        self.err.flush()
+        self.out.error(message)
 
 
 async def _run(
@@ -811,6 +1091,7 @@ async def _run_host(
             nursery.cancel_scope.cancel()
         summary.endpoint_unavailable = rt.endpoint_failure()
         summary.attempts = rt.attempts_consumed
+        host.report_suppressed()
         if summary.interrupted or summary.fatal is not None:
             summary.unfinished = (
                 summary.jobs
@@ -852,12 +1133,39 @@ async def _watch_interrupts(
             scope.cancel()
 
 
-def run_batch(config: BatchConfig, *, out: IO[str], err: IO[str]) -> int:
-    """Run a whole batch; return the exit code (0 ok, 1 failures, 2 usage, 130 interrupted)."""
+def check_output_path(jobs_path: str, out_path: str) -> str | None:
+    """Why ``out_path`` cannot be the batch's commit log, if it cannot (checked before
+    anything is sent): not a regular file (``/dev/null``, a directory, a FIFO), or the
+    jobs file itself (same inode, also through another name or a link)."""
+    try:
+        out_stat = os.stat(out_path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot use {out_path}: {exc.strerror}"
+    if not stat.S_ISREG(out_stat.st_mode):
+        return (f"--out {out_path} is not a regular file: the results must be kept in a "
+                "file (a rerun reads them back)")
+    try:
+        jobs_stat = os.stat(jobs_path)
+    except OSError:
+        return None
+    if (jobs_stat.st_dev, jobs_stat.st_ino) == (out_stat.st_dev, out_stat.st_ino):
+        return f"--out {out_path} is the jobs file itself: use another --out file"
+    return None
+
+
+def run_batch(config: BatchConfig, *, out: IO[str] | None, err: IO[str] | None) -> int:
+    """Run a whole batch; return the exit code (0 ok, 1 failures, 2 usage, 130 interrupted).
+
+    ``out`` may be ``None`` (a closed stdout) or break during the run: the batch goes on.
+    """
+    terminal = Terminal(out, err)
+    say = terminal.error
     try:
         jobs_file = read_jobs(config.jobs_path)
     except OSError as exc:
-        err.write(f"recoverable batch: cannot read {config.jobs_path}: {exc.strerror}\n")
+        say(f"recoverable batch: cannot read {config.jobs_path}: {exc.strerror}")
         return EXIT_USAGE
     summary = BatchSummary(
         jobs=len(jobs_file.jobs),
@@ -866,16 +1174,22 @@ def run_batch(config: BatchConfig, *, out: IO[str], err: IO[str]) -> int:
         retry_provider_codes=tuple(sorted(config.retry_provider_codes)),
     )
     for bad in jobs_file.bad_lines:
-        err.write(f"{config.jobs_path}:{bad.lineno}: skipped: {bad.reason}\n")
+        say(f"{config.jobs_path}:{bad.lineno}: skipped: {bad.reason}")
     for lineno, first in jobs_file.duplicates:
-        err.write(
-            f"{config.jobs_path}:{lineno}: duplicate of line {first} (same id and revision); "
-            "run once\n"
-        )
+        say(f"{config.jobs_path}:{lineno}: duplicate of line {first} (same id and revision); "
+            "run once")
+    for lineno, first in jobs_file.conflicts:
+        summary.failed["revision_conflict"] += 1
+        say(f"{config.jobs_path}:{lineno}: revision_conflict: same id and revision as line "
+            f"{first} but different content; not run (change the revision for new content)")
+    problem = check_output_path(config.jobs_path, config.out_path)
+    if problem is not None:
+        say(f"recoverable batch: {problem}")
+        return EXIT_USAGE
     if config.endpoint != "fixture" and not os.environ.get(config.api_key_env):
-        err.write(
+        say(
             f"recoverable batch: the environment variable {config.api_key_env} "
-            "(--api-key-env) is not set\n"
+            "(--api-key-env) is not set"
         )
         return EXIT_USAGE
     if config.endpoint != "fixture":
@@ -885,24 +1199,26 @@ def run_batch(config: BatchConfig, *, out: IO[str], err: IO[str]) -> int:
             )
         except errors.InvalidCredentials as exc:
             # Before any store or output is touched: a key that cannot be sent is a usage error.
-            err.write(f"recoverable batch: {exc}\n")
+            say(f"recoverable batch: {exc}")
             return EXIT_USAGE
     try:
         log = ResultLog.open(config.out_path)
     except ResultLogError as exc:
-        err.write(f"recoverable batch: {exc}\n")
+        say(f"recoverable batch: {exc}")
         return EXIT_USAGE
     except OSError as exc:
-        err.write(f"recoverable batch: cannot use {config.out_path}: {exc}\n")
+        say(f"recoverable batch: cannot use {config.out_path}: {exc}")
         return EXIT_USAGE
     summary.truncated_bytes = log.truncated_bytes
+    summary.newline_added = log.newline_added
+    summary.maximum_retry_after = config.maximum_retry_after
     try:
         try:
             store = RecoveryStore.open(config.store_path)
         except errors.RecoveryError as exc:
-            err.write(f"recoverable batch: cannot open the store: {exc}\n")
+            say(f"recoverable batch: cannot open the store: {exc}")
             return EXIT_USAGE
-        output = _Output(out, err, live=out.isatty())
+        output = _Output(terminal, live=terminal.isatty())
         try:
             trio.run(
                 functools.partial(_run, config, jobs_file.jobs, log, store, summary, output),
@@ -916,8 +1232,8 @@ def run_batch(config: BatchConfig, *, out: IO[str], err: IO[str]) -> int:
             store.close()
     finally:
         log.close()
-    out.write(summary.table() + "\n")
-    out.flush()
+    if not terminal.write(summary.table() + "\n"):
+        terminal.error(summary.table())
     return summary.exit_code
 
 

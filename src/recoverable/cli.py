@@ -2,8 +2,9 @@
 
 ``recoverable batch JOBS.jsonl --out RESULTS.jsonl`` runs a file of jobs durably
 (see ``recoverable.batch``). ``status|inventory|receipt|acknowledge|abandon|
-suspend|cancel|purge --store DIR`` operate on a store from the shell (``--json``
-for machine output). ``fixture-provider`` runs the loopback test provider.
+suspend|cancel|retry|purge --store DIR`` operate on a store from the shell
+(``--json`` for machine output), always within the account given by
+``--account``. ``fixture-provider`` runs the loopback test provider.
 
 Exit codes: 0 success, 1 a job or an operation failed (or was not found),
 2 usage or input error, 130 interrupted.
@@ -18,7 +19,7 @@ import math
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 import msgspec
 import trio
@@ -31,10 +32,12 @@ from recoverable.batch import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_USAGE,
+    MINIMUM_RPS,
     BatchConfig,
     run_batch,
 )
 from recoverable.storage.store import RecoveryStore
+from recoverable.transport.base import StaticCredentials
 from recoverable.transport.fixture import FaultSpec, fixture_main
 from recoverable.types import AccountBinding, Handle, Inventory, Receipt, Status
 
@@ -48,13 +51,33 @@ OPS_COMMANDS = (
     "abandon",
     "suspend",
     "cancel",
+    "retry",
     "purge",
 )
-_NEEDS_ID = frozenset({"status", "receipt", "acknowledge", "abandon", "suspend", "cancel"})
+_NEEDS_ID = frozenset(
+    {"status", "receipt", "acknowledge", "abandon", "suspend", "cancel", "retry"}
+)
+# Every command but ``status`` acts on (or reveals) an account's operations: it needs
+# ``--account`` and never falls back to the operation's own account. ``status`` without
+# it shows only the redacted status (that the operation exists).
+_NEEDS_ACCOUNT = frozenset(OPS_COMMANDS) - {"status"}
+MAXIMUM_RPS = 100_000.0
 
 
 class UsageError(Exception):
     """A bad option or argument (exit code 2)."""
+
+    def __init__(self, message: str, *, code: str = "usage", operation_id: str | None = None):
+        super().__init__(message)
+        self.code = code
+        self.operation_id = operation_id
+
+
+class _Parser(argparse.ArgumentParser):
+    """Argument errors are raised (and printed by ``main``, as JSON with ``--json``)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message}\n{self.format_usage().strip()}")
 
 
 # -- argument parsing -----------------------------------------------------------------------
@@ -107,6 +130,15 @@ def _provider_codes(text: str) -> frozenset[str]:
     return codes
 
 
+def _rps(text: str) -> float:
+    value = _positive_float(text)
+    if not MINIMUM_RPS <= value <= MAXIMUM_RPS:
+        raise argparse.ArgumentTypeError(
+            f"must be in {MINIMUM_RPS:g}..{MAXIMUM_RPS:g} POSTs per second: {text!r}"
+        )
+    return value
+
+
 def _fault_spec(text: str) -> FaultSpec:
     try:
         return FaultSpec.parse(text)
@@ -115,7 +147,7 @@ def _fault_spec(text: str) -> FaultSpec:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="recoverable",
         description="Durable, crash-safe structured LLM requests: batch host and store tools.",
     )
@@ -154,7 +186,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     batch.add_argument("--mode", choices=("websocket", "sse"), default="websocket")
     batch.add_argument("--concurrency", type=_positive_int, default=64, metavar="N")
-    batch.add_argument("--rps", type=_positive_float, metavar="R", help="max POSTs per second")
+    batch.add_argument(
+        "--rps", type=_rps, metavar="R",
+        help=f"max POSTs per second ({MINIMUM_RPS:g}..{MAXIMUM_RPS:g})",
+    )
     batch.add_argument(
         "--faults",
         type=_fault_spec,
@@ -198,20 +233,43 @@ def build_parser() -> argparse.ArgumentParser:
             "acknowledge": "remove a committed operation's content (keeps a marker)",
             "abandon": "give up an operation (removes content, keeps a marker)",
             "suspend": "suspend an operation (also while another process runs it)",
-            "cancel": "permanently cancel an operation",
-            "purge": "remove every idle record of an account (asks for --account)",
+            "cancel": "permanently cancel an operation (a saved result needs --force)",
+            "retry": "create the one successor of a failed or exhausted operation "
+            "(a new budget linked to the spent one; does not generate)",
+            "purge": "remove every idle record of an account",
         }
         p = sub.add_parser(name, help=helps[name])
         p.add_argument("--store", required=True, metavar="DIR")
         p.add_argument(
             "--account",
             metavar="ID",
-            help="account id (default: the operation's own, or the store's only account)",
+            required=name in _NEEDS_ACCOUNT,
+            help="the account the operations belong to; the command acts only within it"
+            + (" (without it, status is redacted)" if name == "status" else ""),
         )
         if name in _NEEDS_ID:
             p.add_argument("operation_id", metavar="OPERATION_ID")
         if name in ("inventory", "purge"):
             p.add_argument("--scope", help="only operations with this host scope")
+        if name == "cancel":
+            p.add_argument(
+                "--force",
+                action="store_true",
+                help="cancel even though a validated result is saved (it is discarded)",
+            )
+        if name == "retry":
+            p.add_argument(
+                "--action-id", required=True, metavar="ID",
+                help="names this decision: repeating it returns the same successor",
+            )
+            p.add_argument(
+                "--max-attempts", type=_attempts, metavar="N",
+                help="the successor's total attempt budget (default: the source's)",
+            )
+            p.add_argument(
+                "--selection", choices=("preserve", "reselect"), default="preserve",
+                help="preserve the frozen request (default) or rebuild it from the saved one",
+            )
         p.add_argument("--json", action="store_true", help="machine output (JSON)")
 
     sub.add_parser(
@@ -225,21 +283,41 @@ def build_parser() -> argparse.ArgumentParser:
 # -- entry point ------------------------------------------------------------------------------
 
 
+def _reserve_standard_descriptors() -> None:
+    """A closed stdout/stderr (``>&-``) must not let a file we open take descriptor 1
+    or 2 (anything printed would land in it): point them at /dev/null."""
+    for fd in (1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            if devnull != fd:
+                os.dup2(devnull, fd)
+                os.close(devnull)
+
+
 def main(argv: list[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
+    _reserve_standard_descriptors()
     if args_list and args_list[0] == "fixture-provider":
         return fixture_main(args_list[1:])
     parser = build_parser()
+    as_json = "--json" in args_list
+    command = args_list[0] if args_list and not args_list[0].startswith("-") else None
     try:
         args = parser.parse_args(args_list)
-    except SystemExit as exc:
+    except SystemExit as exc:  # --help
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    except UsageError as exc:
+        _usage_error(command, exc, as_json)
+        return EXIT_USAGE
     try:
         if args.command == "batch":
             return _batch(args, sys.stdout, sys.stderr)
-        return _ops(args, sys.stdout, sys.stderr)
+        out = sys.stdout if sys.stdout is not None else open(os.devnull, "w")
+        return _ops(args, out, sys.stderr)
     except UsageError as exc:
-        sys.stderr.write(f"recoverable {args.command}: {exc}\n")
+        _usage_error(args.command, exc, getattr(args, "json", False))
         return EXIT_USAGE
     except errors.RecoveryError as exc:
         # Last resort (a damaged store met outside an operation, issue 11.3): the typed
@@ -252,7 +330,17 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
 
 
-def _batch(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+def _usage_error(command: str | None, exc: UsageError, as_json: bool) -> None:
+    if sys.stderr is None:
+        return
+    if as_json:
+        sys.stderr.write(json.dumps({"error": exc.code, "message": str(exc),
+                                     "operation_id": exc.operation_id}) + "\n")
+    else:
+        sys.stderr.write(f"recoverable{' ' + command if command else ''}: {exc}\n")
+
+
+def _batch(args: argparse.Namespace, out: IO[str] | None, err: IO[str] | None) -> int:
     out_path = os.path.abspath(args.out)
     config = BatchConfig(
         jobs_path=args.jobs,
@@ -277,16 +365,14 @@ def _batch(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         ),
     )
     if args.faults is not None and args.endpoint != "fixture":
-        err.write("recoverable batch: --faults only applies to --endpoint fixture\n")
-        return EXIT_USAGE
+        raise UsageError("--faults only applies to --endpoint fixture")
     if args.endpoint != "fixture":
         try:
             from recoverable.transport.backend import check_base_url
 
             check_base_url(args.endpoint)  # the backend's own check: no ws(s):// URL
-        except errors.InvalidRequest as exc:
-            err.write(f"recoverable batch: --endpoint: {exc}\n")
-            return EXIT_USAGE
+        except ValueError as exc:  # InvalidRequest, or urllib's own ("Invalid IPv6 URL")
+            raise UsageError(f"--endpoint: not a usable URL: {exc}") from None
     return run_batch(config, out=out, err=err)
 
 
@@ -302,53 +388,59 @@ def _open_store(path: str) -> RecoveryStore:
         raise UsageError(f"cannot open the store at {path}: {exc}") from exc
 
 
-def resolve_account(
-    store: RecoveryStore, explicit: str | None, operation_id: str | None
-) -> AccountBinding:
-    """``--account``, else the operation's own account, else the store's only account."""
-    if explicit is not None:
-        return AccountBinding(explicit, "api-key")
-    if operation_id is not None:
-        try:
-            record = store.get_operation(operation_id)
-            if record is not None:
-                return record.account
-            marker = store.get_disposition(operation_id)
-            if marker is not None:
-                return marker.account
-        except (errors.CorruptRecord, errors.UnsupportedRecordVersion):
-            pass
-        except errors.InvalidRequest as exc:
-            raise UsageError(str(exc)) from exc
-        raise UsageError(f"no operation {operation_id} in this store")
-    records, _unreadable = store.inventory()
-    accounts = {r.account for r in records}
-    if len(accounts) > 1:
-        names = ", ".join(sorted(a.account_id for a in accounts))
-        raise UsageError(f"the store holds several accounts ({names}); pass --account")
-    if accounts:
-        return accounts.pop()
-    return AccountBinding("batch", "api-key")
+def resolve_account(explicit: str | None) -> AccountBinding | None:
+    """``--account`` only: a command never borrows the operation's own account."""
+    return AccountBinding(explicit, "api-key") if explicit is not None else None
 
 
 def _ops(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     command: str = args.command
-    if command == "purge" and args.account is None:
-        raise UsageError("purge removes an account's records: pass --account explicitly")
+    account = resolve_account(args.account)
+    if account is None and command in _NEEDS_ACCOUNT:  # argparse requires it already
+        raise UsageError(f"{command} acts within one account: pass --account ID")
     store = _open_store(args.store)
     try:
         operation_id: str | None = getattr(args, "operation_id", None)
-        account = resolve_account(store, args.account, operation_id)
+        if operation_id is not None:
+            _check_exists(store, operation_id)
         if command == "purge":
+            assert account is not None
             return _purge(store, account, args, out, err)
         return trio.run(_run_op, store, account, command, operation_id, args, out, err)
     finally:
         store.close()
 
 
+def _check_exists(store: RecoveryStore, operation_id: str) -> None:
+    """An id that is not in the store at all is a usage error (exit code 2)."""
+    try:
+        if store.get_operation(operation_id) is not None:
+            return
+        if store.get_disposition(operation_id) is not None:
+            return
+    except (errors.CorruptRecord, errors.UnsupportedRecordVersion):
+        return  # it exists; the command reports what it can
+    except errors.InvalidRequest as exc:
+        raise UsageError(str(exc), operation_id=operation_id) from exc
+    raise UsageError(f"no operation {operation_id} in this store", code="state_unavailable",
+                     operation_id=operation_id)
+
+
+class _NoGeneration:
+    """The backend of ``recoverable retry``: it names the endpoint the successor is
+    bound to (the source's) and can never send anything."""
+
+    def __init__(self, endpoint_id: str, account: AccountBinding) -> None:
+        self.endpoint_id = endpoint_id
+        self.credentials = StaticCredentials("unused-by-the-cli", account=account)
+
+    async def stream(self, body: bytes, **_: Any) -> Any:
+        raise errors.ConfigurationUnavailable("the command line never generates")
+
+
 async def _run_op(
     store: RecoveryStore,
-    account: AccountBinding,
+    account: AccountBinding | None,
     command: str,
     operation_id: str | None,
     args: argparse.Namespace,
@@ -356,8 +448,26 @@ async def _run_op(
     err: IO[str],
 ) -> int:
     as_json: bool = args.json
-    async with open_runtime(store, None, account=account) as rt:
+    backend: Any = None
+    if command == "retry":
+        assert account is not None and operation_id is not None
+        source = store.get_operation(operation_id)
+        if source is not None:
+            backend = _NoGeneration(source.endpoint_id, account)
+    async with open_runtime(store, backend, account=account) as rt:
         try:
+            if command == "retry":
+                assert operation_id is not None
+                if backend is None:
+                    raise errors.StateUnavailable(
+                        "the operation is already disposed", operation_id=operation_id
+                    )
+                return await _retry(rt, operation_id, args, out)
+            if command == "cancel" and not args.force:
+                assert operation_id is not None
+                refusal = _cancel_refusal(rt, operation_id)
+                if refusal is not None:
+                    raise UsageError(refusal, code="completion_saved", operation_id=operation_id)
             if command == "inventory":
                 inventory = await rt.inventory(scope=args.scope)
                 out.write(_encode_json(inventory) if as_json else format_inventory(inventory))
@@ -367,6 +477,9 @@ async def _run_op(
             if command == "status":
                 status = await rt.status(handle)
                 out.write(_encode_json(status) if as_json else format_status(status))
+                if status.redacted and not as_json and account is None:
+                    err.write("recoverable status: redacted: pass --account ID (the "
+                              "operation's account) to see its details\n")
                 return EXIT_OK
             if command == "receipt":
                 receipt = await rt.receipt(handle)
@@ -378,7 +491,7 @@ async def _run_op(
             if as_json:
                 out.write(_encode_json(status))
             else:
-                out.write(f"{command}: {operation_id} is now {status.state}\n")
+                out.write(_lifecycle_message(command, operation_id, status))
             return EXIT_OK
         except errors.RecoveryError as exc:
             if as_json:
@@ -387,6 +500,62 @@ async def _run_op(
             else:
                 err.write(f"recoverable {command}: {exc.code}: {exc}\n")
             return EXIT_FAILED
+
+
+_TARGET_STATE = {
+    "acknowledge": "acknowledged",
+    "abandon": "abandoned",
+    "suspend": "suspended",
+    "cancel": "cancelled",
+}
+
+
+def _lifecycle_message(command: str, operation_id: str, status: Status) -> str:
+    """What happened, truthfully: a command on an operation another process is running
+    is requested (that process applies it at its next check), not done yet."""
+    if status.state == _TARGET_STATE[command]:
+        return f"{command}: {operation_id} is now {status.state}\n"
+    return (
+        f"{command}: requested; {operation_id} is {status.state} in another process, which "
+        f"applies the {command} at its next check (see `recoverable status`)\n"
+    )
+
+
+def _cancel_refusal(rt: Runtime, operation_id: str) -> str | None:
+    """Cancel fences delivery: a saved, validated (paid) result could never be read."""
+    try:
+        status = rt.status_of(operation_id)
+    except errors.RecoveryError:
+        return None  # the cancel itself reports it
+    if not status.has_saved_completion:
+        return None
+    return (
+        f"{operation_id} has a saved, validated result: cancel discards it for good (it can "
+        "never be read or delivered). Read it with `recoverable receipt` (then acknowledge), "
+        "or pass --force to cancel anyway"
+    )
+
+
+async def _retry(
+    rt: Runtime, operation_id: str, args: argparse.Namespace, out: IO[str]
+) -> int:
+    source = rt.status_of(operation_id)
+    successor = await rt.retry(
+        Handle(operation_id),
+        retry_action_id=args.action_id,
+        maximum_attempts=args.max_attempts or source.maximum_attempts,
+        selection=args.selection,
+    )
+    status = rt.status_of(successor.operation_id)
+    if args.json:
+        out.write(_encode_json(status))
+    else:
+        out.write(
+            f"retry: {successor.operation_id} is the successor of {operation_id} "
+            f"({status.maximum_attempts} attempt(s), selection {args.selection}); nothing "
+            "was sent. A rerun of the batch runs the successor for this job.\n"
+        )
+    return EXIT_OK
 
 
 async def _acknowledge(rt: Runtime, handle: Handle) -> None:
@@ -451,7 +620,34 @@ def _purge(
 
 
 def _encode_json(value: Any) -> str:
+    if isinstance(value, Inventory):
+        value = printable_inventory(value)
     return msgspec.json.encode(value).decode() + "\n"
+
+
+def printable_inventory(inventory: Inventory) -> Inventory:
+    """Ids read back from a damaged store may not be text (lone surrogates): escaped,
+    so that printing or encoding them never crashes."""
+    def fix(status: Status) -> Status:
+        return msgspec.structs.replace(
+            status,
+            operation_id=safe_text(status.operation_id),
+            job_id=None if status.job_id is None else safe_text(status.job_id),
+            input_revision=(
+                None if status.input_revision is None else safe_text(status.input_revision)
+            ),
+            scope=None if status.scope is None else safe_text(status.scope),
+        )
+
+    return Inventory(
+        operations=tuple(fix(s) for s in inventory.operations),
+        unreadable=tuple(safe_text(op_id) for op_id in inventory.unreadable),
+    )
+
+
+def safe_text(text: str) -> str:
+    """``text`` with what cannot be encoded (lone surrogates) as backslash escapes."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def receipt_json(receipt: Receipt) -> str:
@@ -526,7 +722,7 @@ def format_inventory(inventory: Inventory) -> str:
     text += f"{len(rows)} operation(s)\n"
     for op_id in inventory.unreadable:
         text += f"unreadable record: {op_id}\n"
-    return text
+    return safe_text(text)
 
 
 def format_receipt(receipt: Receipt) -> str:

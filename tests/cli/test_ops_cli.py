@@ -16,6 +16,8 @@ from recoverable.cli import main
 
 from .cli_helpers import job_line, read_results, run_cli, write_jobs
 
+ACCOUNT = ("--account", "batch")  # the batch's account with the embedded fixture
+
 
 def _prepare_idle_operations(store_dir: Path, n: int) -> list[str]:
     """Operations prepared in scope "batch" by the batch's account, never sent."""
@@ -63,13 +65,13 @@ def test_ops_commands_on_a_store_made_by_a_batch(tmp_path: Path) -> None:
     idle = _prepare_idle_operations(store_dir, 2)
     s = str(store_dir)
 
-    listing = run_cli("inventory", "--store", s)
+    listing = run_cli("inventory", "--store", s, *ACCOUNT)
     assert listing.returncode == 0, listing.stderr
     assert listing.stdout.splitlines()[0].split() == [
         "OPERATION", "STATE", "AVAILABILITY", "ATTEMPTS", "JOB", "REVISION"]
     assert "5 operation(s)" in listing.stdout
     inventory = msgspec.json.decode(
-        run_cli("inventory", "--store", s, "--json").stdout, type=recoverable.Inventory
+        run_cli("inventory", "--store", s, *ACCOUNT, "--json").stdout, type=recoverable.Inventory
     )
     by_job = {st.job_id: st for st in inventory.operations}
     assert set(by_job) == {"gen-0001", "gen-0002", "gen-0003", "gen-0100", "gen-0101"}
@@ -78,46 +80,49 @@ def test_ops_commands_on_a_store_made_by_a_batch(tmp_path: Path) -> None:
     failed_id = by_job["gen-0001"].operation_id
     done_id = by_job["gen-0003"].operation_id
 
-    human = run_cli("status", "--store", s, failed_id)
+    human = run_cli("status", "--store", s, *ACCOUNT, failed_id)
     assert human.returncode == 0
     assert "failed" in human.stdout and "gen-0001" in human.stdout
     assert "invalid_output" in human.stdout
     status = msgspec.json.decode(
-        run_cli("status", "--store", s, failed_id, "--json").stdout, type=recoverable.Status
+        run_cli("status", "--store", s, *ACCOUNT, failed_id, "--json").stdout,
+        type=recoverable.Status,
     )
     assert status.state == "failed" and status.attempts_used == 1 and status.scope == "batch"
 
-    receipt_text = run_cli("receipt", "--store", s, done_id)
+    receipt_text = run_cli("receipt", "--store", s, *ACCOUNT, done_id)
     assert receipt_text.returncode == 0, receipt_text.stderr
     assert "result:" in receipt_text.stdout and '"label"' in receipt_text.stdout
-    receipt_json = json.loads(run_cli("receipt", "--store", s, done_id, "--json").stdout)
+    receipt_json = json.loads(run_cli("receipt", "--store", s, *ACCOUNT, done_id, "--json").stdout)
     assert receipt_json["job_id"] == "gen-0003"
     assert set(receipt_json["result"]) == {"label", "score"}
     receipt = msgspec.json.decode(json.dumps(receipt_json), type=recoverable.Receipt)
     assert msgspec.json.decode(receipt.payload) == receipt_json["result"]
 
-    no_receipt = run_cli("receipt", "--store", s, failed_id, "--json")
+    no_receipt = run_cli("receipt", "--store", s, *ACCOUNT, failed_id, "--json")
     assert no_receipt.returncode == 1
     assert json.loads(no_receipt.stderr)["error"] == "completion_unavailable"
 
-    ack = run_cli("acknowledge", "--store", s, done_id)
+    ack = run_cli("acknowledge", "--store", s, *ACCOUNT, done_id)
     assert ack.returncode == 0 and "now acknowledged" in ack.stdout
-    gone = run_cli("receipt", "--store", s, done_id)
+    gone = run_cli("receipt", "--store", s, *ACCOUNT, done_id)
     assert gone.returncode == 1 and "state_unavailable" in gone.stderr
     abandoned = msgspec.json.decode(
-        run_cli("abandon", "--store", s, failed_id, "--json").stdout, type=recoverable.Status
+        run_cli("abandon", "--store", s, *ACCOUNT, failed_id, "--json").stdout,
+        type=recoverable.Status,
     )
     assert abandoned.state == "abandoned"
-    suspended = run_cli("suspend", "--store", s, idle[0])
+    suspended = run_cli("suspend", "--store", s, *ACCOUNT, idle[0])
     assert suspended.returncode == 0 and "now suspended" in suspended.stdout
-    cancelled = run_cli("cancel", "--store", s, idle[1], "--json")
+    cancelled = run_cli("cancel", "--store", s, *ACCOUNT, idle[1], "--json")
     assert msgspec.json.decode(cancelled.stdout, type=recoverable.Status).state == "cancelled"
-    refused = run_cli("receipt", "--store", s, idle[1])
+    refused = run_cli("receipt", "--store", s, *ACCOUNT, idle[1])
     assert refused.returncode == 1 and "operation_cancelled" in refused.stderr
     states = {
         st.operation_id: st.state
         for st in msgspec.json.decode(
-            run_cli("inventory", "--store", s, "--json").stdout, type=recoverable.Inventory
+            run_cli("inventory", "--store", s, *ACCOUNT, "--json").stdout,
+            type=recoverable.Inventory,
         ).operations
     }
     assert states[idle[0]] == "suspended" and states[idle[1]] == "cancelled"
@@ -146,9 +151,9 @@ def test_usage_errors_exit_2_with_a_clear_message(
     store_dir = tmp_path / "store"
     _prepare_idle_operations(store_dir, 1)
     s = str(store_dir)
-    assert main(["status", "--store", s, "op_" + "0" * 32]) == 2
+    assert main(["status", "--store", s, "--account", "batch", "op_" + "0" * 32]) == 2
     assert "no operation" in capsys.readouterr().err
-    assert main(["inventory", "--store", str(tmp_path / "missing")]) == 2
+    assert main(["inventory", "--store", str(tmp_path / "missing"), "--account", "a"]) == 2
     assert "no recovery store" in capsys.readouterr().err
     assert main(["purge", "--store", s]) == 2
     assert "--account" in capsys.readouterr().err
