@@ -28,10 +28,12 @@ __all__ = [
     "RetryAlreadyCreated",
     "RetryConfigurationMismatch",
     "RetryNotAllowed",
+    "RuntimeClosed",
     "StateExpired",
     "StateUnavailable",
     "StorageLimitExceeded",
     "StorageUnavailable",
+    "TrioRequired",
     "UnsupportedRecordVersion",
 ]
 
@@ -193,6 +195,23 @@ class RetryConfigurationMismatch(RecoveryError):
     """The same retry action was repeated with different settings."""
 
     code = "retry_configuration_mismatch"
+
+
+class TrioRequired(RecoveryError, RuntimeError):
+    """``open_runtime`` was used outside Trio (e.g. under ``asyncio.run`` or in plain code).
+
+    Use ``recoverable.BlockingRuntime`` (threads, blocking code) or
+    ``recoverable.AsyncioRuntime`` (asyncio) instead: they run the Trio runtime in
+    a thread of their own.
+    """
+
+    code = "trio_required"
+
+
+class RuntimeClosed(RecoveryError):
+    """A ``BlockingRuntime``/``AsyncioRuntime`` call came after it closed (or before it opened)."""
+
+    code = "runtime_closed"
 
 
 class InvalidRequest(RecoveryError, ValueError):
