@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncGenerator, Callable
+from typing import cast
 
 import httpx
 import trio
@@ -96,6 +98,7 @@ class SseTransport:
     ) -> Outcome:
         limits = self._limits
         response = await self._client.send(request, stream=True)
+        chunks = cast("AsyncGenerator[bytes, None]", response.aiter_raw())  # closed below
         try:
             if not 200 <= response.status_code < 300:
                 return await self._rejected(response, state)
@@ -112,7 +115,7 @@ class SseTransport:
                 )
             decoder = SseDecoder(limits.max_frame_bytes)
             total = 0
-            async for chunk in response.aiter_raw():
+            async for chunk in chunks:
                 total += len(chunk)
                 if total > limits.max_total_bytes:
                     return state.interrupt("malformed", transport_code="stream_too_large")
@@ -128,14 +131,17 @@ class SseTransport:
             return state.interrupt("premature_eof")
         finally:
             with trio.CancelScope(shield=True):
+                await chunks.aclose()  # never left to the garbage collector (ResourceWarning)
                 await response.aclose()
 
     async def _rejected(self, response: httpx.Response, state: ResponseStream) -> Interruption:
         body = bytearray()
-        async for chunk in response.aiter_raw():
-            body += chunk
-            if len(body) > MAX_ERROR_BODY_BYTES:
-                break
+        raw = cast("AsyncGenerator[bytes, None]", response.aiter_raw())
+        async with contextlib.aclosing(raw) as chunks:
+            async for chunk in chunks:
+                body += chunk
+                if len(body) > MAX_ERROR_BODY_BYTES:
+                    break
         ptype, pcode = parse_error_body(bytes(body))
         return state.interrupt(
             "http_rejected",
