@@ -65,6 +65,10 @@ BATCH_SCOPE: Final = "batch"
 MAX_LINE_BYTES: Final = 2**20  # one job line (input + schema) at most 1 MiB
 MAX_ID_CHARS: Final = 256
 FIXTURE_ACCOUNT: Final = AccountBinding("batch", "api-key")
+FIXTURE_NOTICE: Final = (
+    "provider: embedded fixture: answers are synthesized test data, not a model's "
+    "(use --endpoint URL for a real provider)"
+)
 FIXTURE_KEY: Final = "sk-fixture-batch"  # the embedded provider accepts any key
 
 EXIT_OK: Final = 0
@@ -810,6 +814,8 @@ async def _watch_interrupts(
 
 def run_batch(config: BatchConfig, *, out: IO[str], err: IO[str]) -> int:
     """Run a whole batch; return the exit code (0 ok, 1 failures, 2 usage, 130 interrupted)."""
+    if config.endpoint == "fixture":  # honest default: say so first (and in the summary)
+        out.write(FIXTURE_NOTICE + "\n")
     try:
         jobs_file = read_jobs(config.jobs_path)
     except OSError as exc:
@@ -863,6 +869,8 @@ def run_batch(config: BatchConfig, *, out: IO[str], err: IO[str]) -> int:
     finally:
         log.close()
     out.write(summary.table() + "\n")
+    if config.endpoint == "fixture":
+        out.write(FIXTURE_NOTICE + "\n")
     out.flush()
     return summary.exit_code
 
