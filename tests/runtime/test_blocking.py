@@ -374,3 +374,25 @@ async def test_a_plain_def_authorize_is_accepted_by_the_trio_runtime(
         with pytest.raises(recoverable.AttemptNotAuthorized):
             await rt.send_recovering(denied, response=Answer, authorize=lambda a: False)
         assert (await rt.status(denied)).attempts_used == 0
+
+
+def test_an_interrupt_in_the_waiting_thread_suspends_before_it_propagates(
+    served: ProviderThread, store_path: str
+) -> None:
+    def authorize(attempt: recoverable.Attempt) -> bool:
+        raise KeyboardInterrupt  # as a Ctrl-C while the calling thread waits
+
+    with (
+        recoverable.RecoveryStore.open(store_path) as store,
+        recoverable.BlockingRuntime(
+            store, make_backend(served.provider, "sse"), account=ACCOUNT
+        ) as runtime,
+    ):
+        handle = runtime.prepare(REQUEST, response=Answer, maximum_attempts=2)
+        with pytest.raises(KeyboardInterrupt):
+            runtime.send_recovering(handle, response=Answer, authorize=authorize)
+        status = runtime.status(handle)  # already saved when the interrupt propagated
+        assert status.state == "suspended" and status.attempts_used == 0
+        assert served.requests_of(handle.operation_id) == []
+        value = runtime.send_recovering(handle, response=Answer, authorize=lambda a: True)
+        assert isinstance(value, Answer)
