@@ -15,7 +15,7 @@ from recoverable.transport.base import (
     parse_retry_after,
 )
 from recoverable.transport.events import FrameTooLarge, ResponseStream, SseDecoder
-from recoverable.transport.outcome import Interruption, Outcome, Progress
+from recoverable.transport.outcome import Completed, Interruption, Outcome, Progress
 
 __all__ = ["SseTransport", "add_field"]
 
@@ -26,6 +26,29 @@ def add_field(body: bytes, field: bytes) -> bytes:
         raise ValueError("the frozen request body must be a JSON object")
     inner = body[1:-1].strip()
     return b"{" + field + (b"," + inner if inner else b"") + b"}"
+
+
+# After ``response.completed`` the body normally ends at once. Reading that end lets
+# httpx's own stream generators finish (no ResourceWarning) and keeps the connection
+# for reuse; a server that keeps the body open is cut off after this much.
+DRAIN_GRACE_SECONDS = 1.0
+DRAIN_MAX_BYTES = 64 * 1024
+
+
+async def _drain_completed(chunks: AsyncGenerator[bytes, None], outcome: Outcome) -> None:
+    if not isinstance(outcome, Completed):
+        return
+    total = 0
+    # Shielded and short: the completion is in hand, and no idle timeout, suspend or
+    # cancel may turn it into an interruption while the (normally empty) rest is read.
+    with trio.CancelScope(deadline=trio.current_time() + DRAIN_GRACE_SECONDS, shield=True):
+        try:
+            async for chunk in chunks:
+                total += len(chunk)
+                if total > DRAIN_MAX_BYTES:
+                    return
+        except httpx.TransportError:
+            return  # the completion is already in hand
 
 
 class SseTransport:
@@ -126,6 +149,7 @@ class SseTransport:
                 for frame in frames:
                     outcome = state.feed(frame.data)
                     if outcome is not None:
+                        await _drain_completed(chunks, outcome)
                         return outcome
                     idle.deadline = trio.current_time() + limits.idle_timeout
             return state.interrupt("premature_eof")

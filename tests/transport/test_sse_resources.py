@@ -40,6 +40,10 @@ async def test_sse_stream_leaves_no_unclosed_async_generator(reply: Reply) -> No
                 outcome = await backend.stream(make_body(), attempt_id="op_x.1", token="sk-test")
             gc.collect()
     assert outcome is not None
+    everything = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    if isinstance(outcome, recoverable.Completed):
+        # A completed stream is read to its end: nothing at all is left to the collector.
+        assert everything == []
     leaks = [
         str(w.message)
         for w in caught
