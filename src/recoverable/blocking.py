@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import inspect
 import queue
 import threading
@@ -123,6 +124,8 @@ class BlockingRuntime:
     Takes the arguments of :func:`recoverable.open_runtime` (``account`` and the
     keyword options such as ``max_concurrency``, ``requests_per_second``,
     ``telemetry``). Use it as a context manager, or ``start()``/``close()``.
+    A backend that is an async context manager (``ResponsesBackend``) is entered
+    in the runtime's thread and closed with it: don't enter it yourself.
     Closing suspends every ``send_recovering`` still running (its caller gets
     ``OperationSuspended``), then shuts the runtime down. Calls after closing
     raise ``RuntimeClosed``.
@@ -224,10 +227,15 @@ class BlockingRuntime:
             self._ready.set()
 
     async def _main(self) -> None:
-        async with (
-            open_runtime(self._store, self._backend, **self._options) as runtime,
-            trio.open_nursery() as nursery,
-        ):
+        async with contextlib.AsyncExitStack() as stack:
+            if isinstance(self._backend, contextlib.AbstractAsyncContextManager):
+                # Entered here, in the runtime's own Trio run: its connections are
+                # pooled there and closed when the runtime closes.
+                await stack.enter_async_context(self._backend)
+            runtime = await stack.enter_async_context(
+                open_runtime(self._store, self._backend, **self._options)
+            )
+            nursery = await stack.enter_async_context(trio.open_nursery())
             self._runtime = runtime
             self._nursery = nursery
             self._token = trio.lowlevel.current_trio_token()

@@ -361,7 +361,8 @@ async def test_a_plain_def_authorize_is_accepted_by_the_trio_runtime(
         seen.append(attempt)
         return True
 
-    async with recoverable.open_runtime(store, make_backend(provider), account=ACCOUNT) as rt:
+    backend = make_backend(provider)
+    async with backend, recoverable.open_runtime(store, backend, account=ACCOUNT) as rt:
         handle = await rt.prepare(REQUEST, response=Answer, maximum_attempts=2)
         value = await rt.send_recovering(handle, response=Answer, authorize=authorize)
         assert isinstance(value, Answer)
@@ -392,3 +393,18 @@ def test_an_interrupt_in_the_waiting_thread_suspends_before_it_propagates(
         assert served.requests_of(handle.operation_id) == []
         value = runtime.send_recovering(handle, response=Answer, authorize=lambda a: True)
         assert isinstance(value, Answer)
+
+
+def test_the_blocking_runtime_opens_and_closes_the_backend_in_its_thread(
+    served: ProviderThread, store_path: str
+) -> None:
+    backend = make_backend(served.provider, "sse")
+    client = backend._transport._client  # type: ignore[union-attr]  # white-box: httpx pool
+    with (
+        recoverable.RecoveryStore.open(store_path) as store,
+        recoverable.BlockingRuntime(store, backend, account=ACCOUNT) as runtime,
+    ):
+        handle = runtime.prepare(REQUEST, response=Answer, maximum_attempts=2)
+        runtime.send_recovering(handle, response=Answer, authorize=lambda a: True)
+        assert not client.is_closed
+    assert client.is_closed  # pooled connections closed with the runtime, in its own run
