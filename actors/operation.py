@@ -11,6 +11,7 @@ that task reaches it directly and suspends the operation.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
     from recoverable.actors.runtime import Runtime
     from recoverable.storage.store import WriteTxn
 
-Authorize = Callable[[Attempt], Awaitable[bool]]
+Authorize = Callable[[Attempt], Awaitable[bool] | bool]
 
 
 class _NeedsUpgrade(Exception):
@@ -373,7 +374,9 @@ class OperationActor:
 
         async def ask() -> None:
             # A callback exception escapes unchanged: nothing spent, no renewal, no retry.
-            answer.append(bool(await self.authorize(attempt)))
+            # A plain ``def`` is accepted too: it runs inline and cannot be interrupted.
+            reply = self.authorize(attempt)
+            answer.append(bool(await reply if inspect.isawaitable(reply) else reply))
 
         assert self.watch is not None
         if not await self._interruptible(ask()) or self.watch.account_stop is not None:

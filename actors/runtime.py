@@ -745,7 +745,19 @@ async def open_runtime(
     monitor_interval: float = 0.002,
     connect_backoff: ConnectBackoff = ConnectBackoff(),
 ) -> AsyncIterator[Runtime]:
-    """Open the supervisor: scheduler, lifecycle monitor and telemetry pump."""
+    """Open the supervisor: scheduler, lifecycle monitor and telemetry pump.
+
+    Trio only: elsewhere (``asyncio.run``, plain threads) it raises ``TrioRequired``;
+    use ``recoverable.AsyncioRuntime`` or ``recoverable.BlockingRuntime`` there.
+    """
+    try:
+        trio.lowlevel.current_trio_token()
+    except RuntimeError:
+        raise errors.TrioRequired(
+            "open_runtime runs only inside Trio (trio.run); under asyncio use "
+            "recoverable.AsyncioRuntime, from threads or blocking code "
+            "recoverable.BlockingRuntime (docs/hosts.md)"
+        ) from None
     scheduler = Scheduler(
         wall_clock, max_concurrency=max_concurrency, requests_per_second=requests_per_second
     )

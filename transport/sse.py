@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any
+import contextlib
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import Any, cast
 
 import httpx
 import trio
@@ -15,7 +16,7 @@ from recoverable.transport.base import (
 )
 from recoverable.transport.connect import classify_connect_error
 from recoverable.transport.events import FrameTooLarge, ResponseStream, SseDecoder
-from recoverable.transport.outcome import Interruption, Outcome, Progress
+from recoverable.transport.outcome import Completed, Interruption, Outcome, Progress
 
 __all__ = ["SseTransport", "add_field"]
 
@@ -26,6 +27,29 @@ def add_field(body: bytes, field: bytes) -> bytes:
         raise ValueError("the frozen request body must be a JSON object")
     inner = body[1:-1].strip()
     return b"{" + field + (b"," + inner if inner else b"") + b"}"
+
+
+# After ``response.completed`` the body normally ends at once. Reading that end lets
+# httpx's own stream generators finish (no ResourceWarning) and keeps the connection
+# for reuse; a server that keeps the body open is cut off after this much.
+DRAIN_GRACE_SECONDS = 1.0
+DRAIN_MAX_BYTES = 64 * 1024
+
+
+async def _drain_completed(chunks: AsyncGenerator[bytes, None], outcome: Outcome) -> None:
+    if not isinstance(outcome, Completed):
+        return
+    total = 0
+    # Shielded and short: the completion is in hand, and no idle timeout, suspend or
+    # cancel may turn it into an interruption while the (normally empty) rest is read.
+    with trio.CancelScope(deadline=trio.current_time() + DRAIN_GRACE_SECONDS, shield=True):
+        try:
+            async for chunk in chunks:
+                total += len(chunk)
+                if total > DRAIN_MAX_BYTES:
+                    return
+        except httpx.TransportError:
+            return  # the completion is already in hand
 
 
 class SseTransport:
@@ -133,6 +157,7 @@ class SseTransport:
     ) -> Outcome:
         limits = self._limits
         response = await self._client.send(request, stream=True)
+        chunks = cast("AsyncGenerator[bytes, None]", response.aiter_raw())  # closed below
         try:
             if not 200 <= response.status_code < 300:
                 body = bytearray()
@@ -151,7 +176,7 @@ class SseTransport:
                 )
             decoder = SseDecoder(limits.max_frame_bytes)
             total = 0
-            async for chunk in response.aiter_raw():
+            async for chunk in chunks:
                 # Any bytes are a sign of life (``: ping`` comments during a long silent
                 # stretch included); the total-bytes bound below still caps the stream.
                 idle.deadline = trio.current_time() + limits.idle_timeout
@@ -169,19 +194,23 @@ class SseTransport:
                         return state.interrupt("premature_eof", transport_code="done_sentinel")
                     outcome = state.feed(frame.data, event_name=frame.event)
                     if outcome is not None:
+                        await _drain_completed(chunks, outcome)
                         return outcome
             return state.interrupt("premature_eof")
         finally:
             with trio.CancelScope(shield=True):
+                await chunks.aclose()  # never left to the garbage collector (ResourceWarning)
                 await response.aclose()
 
     async def _rejected(
         self, response: httpx.Response, body: bytearray, state: ResponseStream
     ) -> Interruption:
-        async for chunk in response.aiter_raw():
-            body += chunk
-            if len(body) > MAX_ERROR_BODY_BYTES:
-                break
+        raw = cast("AsyncGenerator[bytes, None]", response.aiter_raw())
+        async with contextlib.aclosing(raw) as chunks:
+            async for chunk in chunks:
+                body += chunk
+                if len(body) > MAX_ERROR_BODY_BYTES:
+                    break
         return self._rejection(response, bytes(body), state)
 
     @staticmethod

@@ -15,6 +15,7 @@ Quick tour (see docs/ and the README)::
 from __future__ import annotations
 
 from recoverable.actors.runtime import Backend, Runtime, open_runtime
+from recoverable.blocking import AsyncioRuntime, BlockingRuntime
 from recoverable.errors import *  # noqa: F403
 from recoverable.errors import __all__ as _errors_all
 from recoverable.storage.store import RecoveryStore
@@ -39,9 +40,11 @@ from recoverable.types import (
 
 __all__ = [
     "AccountBinding",
+    "AsyncioRuntime",
     "Attempt",
     "AttemptSummary",
     "Backend",
+    "BlockingRuntime",
     "CleanupResult",
     "Completed",
     "ConnectBackoff",

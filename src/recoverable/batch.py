@@ -70,6 +70,10 @@ MESSAGES_PER_REASON: Final = 5  # failure messages shown per reason (all are cou
 MAXIMUM_RETRY_AFTER: Final = 600.0  # the batch waits at most this long for a Retry-After
 MINIMUM_RPS: Final = 0.01  # --rps below this (one POST per 100 s) is refused
 FIXTURE_ACCOUNT: Final = AccountBinding("batch", "api-key")
+FIXTURE_NOTICE: Final = (
+    "provider: embedded fixture: answers are synthesized test data, not a model's "
+    "(use --endpoint URL for a real provider)"
+)
 FIXTURE_KEY: Final = "sk-fixture-batch"  # the embedded provider accepts any key
 
 EXIT_OK: Final = 0
@@ -1162,6 +1166,8 @@ def run_batch(config: BatchConfig, *, out: IO[str] | None, err: IO[str] | None) 
     """
     terminal = Terminal(out, err)
     say = terminal.error
+    if config.endpoint == "fixture":  # honest default: say so first (and in the summary)
+        terminal.write(FIXTURE_NOTICE + "\n")
     try:
         jobs_file = read_jobs(config.jobs_path)
     except OSError as exc:
@@ -1234,6 +1240,8 @@ def run_batch(config: BatchConfig, *, out: IO[str] | None, err: IO[str] | None) 
         log.close()
     if not terminal.write(summary.table() + "\n"):
         terminal.error(summary.table())
+    if config.endpoint == "fixture":
+        terminal.write(FIXTURE_NOTICE + "\n")
     return summary.exit_code
 
 

@@ -38,12 +38,14 @@ __all__ = [
     "RetryAlreadyCreated",
     "RetryConfigurationMismatch",
     "RetryNotAllowed",
+    "RuntimeClosed",
     "StateExpired",
     "StateUnavailable",
     "StorageLimitExceeded",
     "StorageUnavailable",
     "StoreDamaged",
     "StoreLockReplaced",
+    "TrioRequired",
     "UnsupportedInputItem",
     "UnsupportedRecordVersion",
 ]
@@ -372,6 +374,23 @@ class RetryConfigurationMismatch(RecoveryError):
     code = "retry_configuration_mismatch"
     _summary = "this retry action was already used with different settings"
     _action = "repeat it with its original settings, or decide on a new retry from the successor"
+
+
+class TrioRequired(RecoveryError, RuntimeError):
+    """``open_runtime`` was used outside Trio (e.g. under ``asyncio.run`` or in plain code).
+
+    Use ``recoverable.BlockingRuntime`` (threads, blocking code) or
+    ``recoverable.AsyncioRuntime`` (asyncio) instead: they run the Trio runtime in
+    a thread of their own.
+    """
+
+    code = "trio_required"
+
+
+class RuntimeClosed(RecoveryError):
+    """A ``BlockingRuntime``/``AsyncioRuntime`` call came after it closed (or before it opened)."""
+
+    code = "runtime_closed"
 
 
 class InvalidRequest(RecoveryError, ValueError):
