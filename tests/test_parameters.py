@@ -443,3 +443,69 @@ async def test_fixture_receives_every_parameter_in_the_post_body(
     assert sent["text"]["verbosity"] == "low"
     assert sent["reasoning"] == {"effort": "low", "summary": "concise"}
     assert sent["store"] is False and sent["tools"] == []
+
+
+def test_batch_job_parameters_reach_the_post_body(tmp_path: Path) -> None:
+    """`recoverable batch` against a separate fixture-provider process: the job line's
+    `parameters` (service_tier flex, ...) are in the body the provider logged."""
+    import json
+
+    import httpx
+
+    from .cli.cli_helpers import TIMEOUT, child_env, cli_command, read_results, write_jobs
+
+    provider = subprocess.Popen(
+        cli_command("fixture-provider"), stdout=subprocess.PIPE, text=True, env=child_env()
+    )
+    try:
+        assert provider.stdout is not None
+        urls = json.loads(provider.stdout.readline())
+        jobs = write_jobs(tmp_path / "jobs.jsonl", [
+            {"id": f"j{i}", "revision": "r1", "model": "gpt-test", "input": f"text {i}",
+             "schema": _SCHEMA, "schema_name": "answer",
+             "parameters": {"service_tier": "flex", "temperature": 0.5,
+                            "text": {"verbosity": "low"}, "metadata": {"job": f"j{i}"}}}
+            for i in range(2)
+        ])
+        out = tmp_path / "results.jsonl"
+        done = subprocess.run(
+            cli_command("batch", str(jobs), "--out", str(out), "--store", str(tmp_path / "s"),
+                        "--endpoint", urls["http_url"], "--mode", "sse"),
+            capture_output=True, text=True, timeout=TIMEOUT,
+            env={**child_env(), "OPENAI_API_KEY": "sk-test-params"},
+        )
+        assert done.returncode == 0, (done.stdout, done.stderr)
+        assert {r["id"] for r in read_results(out)} == {"j0", "j1"}
+        logged = httpx.get(urls["requests_url"], timeout=TIMEOUT).json()
+    finally:
+        provider.terminate()
+        provider.wait(timeout=TIMEOUT)
+    bodies = sorted((json.loads(r["body"]) for r in logged), key=lambda b: b["input"])
+    assert len(bodies) == 2
+    for i, body in enumerate(bodies):
+        assert body["service_tier"] == "flex"
+        assert body["temperature"] == 0.5
+        assert body["text"]["verbosity"] == "low"
+        assert body["metadata"] == {"job": f"j{i}"}
+        assert body["store"] is False
+
+
+async def test_prepare_refuses_a_bad_parameter_and_saves_nothing(
+    provider: FixtureProvider, tmp_path: Path
+) -> None:
+    account = recoverable.AccountBinding("acct-1")
+    store = recoverable.RecoveryStore.open(str(tmp_path / "store"))
+    backend = recoverable.ResponsesBackend(
+        provider.http_url, credentials=recoverable.StaticCredentials("sk-test", account=account)
+    )
+    try:
+        async with recoverable.open_runtime(store, backend, account=account) as rt:
+            for bad in ({"temperature": 3.0}, {"store": True}, {"service_tier": "cheap"}):
+                with pytest.raises(recoverable.InvalidParameter) as refused:
+                    await rt.prepare(StructuredRequest(model="m", input="x", **bad),
+                                     response=Answer, maximum_attempts=1)
+                assert refused.value.parameter == next(iter(bad))
+            assert (await rt.inventory()).operations == ()
+    finally:
+        store.close()
+    assert provider.requests == []
