@@ -152,6 +152,8 @@ def test_numbers_are_normalized_so_equal_requests_freeze_alike() -> None:
         ({"temperature": float("nan")}, "temperature"),
         ({"temperature": float("inf")}, "temperature"),
         ({"temperature": True}, "temperature"),
+        ({"temperature": 10**400}, "temperature"),  # too large for a float: no OverflowError
+        ({"top_p": -(10**400)}, "top_p"),
         ({"temperature": "0.5"}, "temperature"),
         ({"top_p": 1.5}, "top_p"),
         ({"top_p": -1}, "top_p"),
@@ -227,6 +229,26 @@ def test_server_state_and_tool_parameters_are_refused_by_name(
         _freeze(**params)
     assert refused.value.parameter == parameter and refused.value.reason == "refused"
     assert parameter in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("params", "parameter"),
+    [
+        ({"tools": None}, "tools"),
+        ({"store": 0}, "store"),
+        ({"background": 0}, "background"),
+        ({"parallel_tool_calls": 0}, "parallel_tool_calls"),
+        ({"model_override": 1}, "model_override"),
+    ],
+)
+def test_look_alike_values_that_could_not_be_read_back_are_refused(
+    params: dict[str, Any], parameter: str
+) -> None:
+    """Found by the fuzz test below: ``tools=None`` or ``store=0`` passed the no-op check,
+    and the saved request then failed to decode (``CorruptRecord`` on reselection)."""
+    with pytest.raises(InvalidParameter) as refused:
+        _freeze(**params)
+    assert refused.value.parameter == parameter
 
 
 def test_the_no_op_values_of_refused_parameters_are_accepted() -> None:
@@ -509,3 +531,60 @@ async def test_prepare_refuses_a_bad_parameter_and_saves_nothing(
     finally:
         store.close()
     assert provider.requests == []
+
+
+# -- fuzz: any value for any parameter gives a body or a typed error ------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_FUZZ = settings(
+    max_examples=int(os.environ.get("RECOVERABLE_FUZZ_EXAMPLES", "200")), deadline=None,
+    derandomize=True, suppress_health_check=[HealthCheck.too_slow],
+)
+_scalars = (
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True)
+    | st.text(max_size=70) | st.sampled_from(["auto", "flex", "low", "24h", "score", "mode"])
+)
+_values = st.recursive(
+    _scalars,
+    lambda inner: st.lists(inner, max_size=4)
+    | st.dictionaries(st.sampled_from(["mode", "ttl", "model", "policy", "input", "output",
+                                       "verbosity", "effort", "summary", "format", "k"])
+                      | st.text(max_size=8), inner, max_size=4),
+    max_leaves=16,
+)
+_wire_names = st.sampled_from([
+    "temperature", "top_p", "top_logprobs", "max_output_tokens", "service_tier", "metadata",
+    "prompt_cache_key", "prompt_cache_retention", "prompt_cache_options", "safety_identifier",
+    "user", "truncation", "include", "moderation", "text", "reasoning", "store", "background",
+    "prompt", "tools", "tool_choice", "parallel_tool_calls", "stream", "bogus",
+]) | st.text(max_size=10)
+
+
+@_FUZZ
+@given(params=st.dictionaries(_wire_names, _values, max_size=6))
+def test_any_wire_parameters_give_a_canonical_body_or_a_typed_error(
+    params: dict[str, Any],
+) -> None:
+    try:
+        request = StructuredRequest.from_params({"model": "m", "input": "x", **params})
+        body = freeze_body(request, _contract())
+    except InvalidRequest as exc:
+        assert str(exc)
+        return
+    assert msgspec.json.encode(msgspec.json.decode(body), order="sorted") == body
+    # A saved request re-freezes to the same bytes (what reselection does after a restart).
+    saved = msgspec.json.encode(StoredRequest(request=request, format_name="a", schema={}))
+    again = msgspec.json.decode(saved, type=StoredRequest).request
+    assert freeze_body(again, _contract()) == body
+
+
+@_FUZZ
+@given(parameters=_values | st.dictionaries(_wire_names, _values, max_size=6))
+def test_any_job_line_parameters_give_a_job_or_a_job_line_error(parameters: Any) -> None:
+    line = _job(parameters=parameters)
+    try:
+        parse_job_line(line, 2)
+    except JobLineError as exc:
+        assert exc.lineno == 2 and exc.reason

@@ -158,6 +158,12 @@ def _refuse(parameter: str, why: str) -> InvalidParameter:
 
 
 def _check_tool_free(request: StructuredRequest) -> None:
+    # Identity and type checks, not truthiness: a look-alike (``tools=None``, ``store=0``)
+    # would be saved with the request and then fail to decode on reselection.
+    if not isinstance(request.tools, (list, tuple)):
+        raise InvalidParameter("tools must be an empty list", parameter="tools")
+    if not isinstance(request.model_override, bool):
+        raise InvalidParameter("model_override must be True or False", parameter="model_override")
     if request.tools:
         raise InvalidParameter(
             "recoverable requests are tool-free: tools must be empty (tools are never executed)",
@@ -168,7 +174,7 @@ def _check_tool_free(request: StructuredRequest) -> None:
             'tool_choice must be None or "none": recovery never runs tools',
             parameter="tool_choice", reason="refused",
         )
-    if request.parallel_tool_calls not in (None, False):
+    if request.parallel_tool_calls is not None and request.parallel_tool_calls is not False:
         raise _refuse("parallel_tool_calls", "recovery never runs tools (only None or False)")
     if request.previous_response_id is not None:
         raise _refuse(
@@ -176,13 +182,13 @@ def _check_tool_free(request: StructuredRequest) -> None:
         )
     if request.conversation is not None:
         raise _refuse("conversation", "recovery does not continue persistent threads")
-    if request.store not in (None, False):
+    if request.store is not None and request.store is not False:
         raise _refuse(
             "store",
             "recovery keeps no response on the provider; an interrupted attempt is "
             "replaced by a new request from the frozen body (only None or False)",
         )
-    if request.background not in (None, False):
+    if request.background is not None and request.background is not False:
         raise _refuse(
             "background", "recovery streams every attempt itself (only None or False)"
         )
@@ -254,8 +260,8 @@ def _number(value: Any, name: str, low: float, high: float) -> float | None:
     if (
         isinstance(value, bool)
         or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or not low <= value <= high
+        or (isinstance(value, float) and not math.isfinite(value))
+        or not low <= value <= high  # exact for any int, so no OverflowError below
     ):
         raise InvalidParameter(
             f"{name} must be a number from {low:g} to {high:g} or None, not {_shown(value)}",
