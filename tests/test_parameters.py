@@ -120,6 +120,13 @@ def test_all_parameters_freeze_to_exact_bytes() -> None:
         *[({"reasoning_summary": v}, b'"reasoning":{"summary":"%s"},' % v.encode())
           for v in ("auto", "concise", "detailed")],
         ({"reasoning_effort": "max"}, b'"reasoning":{"effort":"max"},'),
+        ({"reasoning_mode": "pro"}, b'"reasoning":{"mode":"pro"},'),
+        ({"reasoning_mode": "standard"}, b'"reasoning":{"mode":"standard"},'),
+        *[({"reasoning_context": v}, b'"reasoning":{"context":"%s"},' % v.encode())
+          for v in ("auto", "current_turn", "all_turns")],
+        ({"reasoning_effort": "high", "reasoning_summary": "auto", "reasoning_mode": "pro",
+          "reasoning_context": "auto"},
+         b'"reasoning":{"context":"auto","effort":"high","mode":"pro","summary":"auto"},'),
         ({"include": ["reasoning.encrypted_content", "message.input_image.image_url",
                       "reasoning.encrypted_content"]},
          b'{"include":["message.input_image.image_url","reasoning.encrypted_content"],'),
@@ -132,7 +139,8 @@ def test_each_parameter_is_accepted_and_frozen(params: dict[str, Any], fragment:
     assert fragment in body
     decoded = msgspec.json.decode(body)
     base = msgspec.json.decode(_BASE)
-    assert set(decoded) - set(base) <= set(params) | {"reasoning"}  # nothing else added
+    added = {"reasoning" if k.startswith("reasoning_") else k for k in params}
+    assert set(decoded) - set(base) <= added  # nothing else added
     # Canonical: re-encoding the decoded body with sorted keys gives the same bytes.
     assert msgspec.json.encode(decoded, order="sorted") == body
 
@@ -188,6 +196,8 @@ def test_numbers_are_normalized_so_equal_requests_freeze_alike() -> None:
         ({"verbosity": "terse"}, "verbosity"),
         ({"reasoning_summary": "full"}, "reasoning_summary"),
         ({"reasoning_effort": "extreme"}, "reasoning_effort"),
+        ({"reasoning_mode": "turbo"}, "reasoning_mode"),
+        ({"reasoning_context": "none"}, "reasoning_context"),
         ({"include": "reasoning.encrypted_content"}, "include"),
         ({"include": ["output_text"]}, "include"),
         ({"moderation": {"policy": {}}}, "moderation"),
@@ -264,6 +274,13 @@ def test_unknown_keyword_is_rejected_by_name() -> None:
         msgspec.json.decode(b'{"model":"m","temprature":0.5}', type=StructuredRequest)
 
 
+def test_from_params_nests_every_reasoning_field() -> None:
+    request = StructuredRequest.from_params({"model": "m", "reasoning": {
+        "effort": "high", "summary": "auto", "mode": "pro", "context": "current_turn"}})
+    assert (request.reasoning_effort, request.reasoning_summary, request.reasoning_mode,
+            request.reasoning_context) == ("high", "auto", "pro", "current_turn")
+
+
 def test_from_params_maps_wire_names_and_freezes_identically() -> None:
     wire = {
         "model": "m",
@@ -299,6 +316,7 @@ def test_from_params_maps_wire_names_and_freezes_identically() -> None:
         ({"model": "m", "temprature": 1}, "temprature", "unknown"),
         ({"model": "m", "frequency_penalty": 1}, "frequency_penalty", "unknown"),
         ({"model": "m", "text": {"verbosty": "low"}}, "text.verbosty", "unknown"),
+        ({"model": "m", "reasoning": {"modes": "pro"}}, "reasoning.modes", "unknown"),
         ({"model": "m", "reasoning": {"generate_summary": "auto"}},
          "reasoning.generate_summary", "unknown"),
         ({"model": "m", "model_override": True}, "model_override", "unknown"),
@@ -544,13 +562,14 @@ _FUZZ = settings(
 )
 _scalars = (
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True)
-    | st.text(max_size=70) | st.sampled_from(["auto", "flex", "low", "24h", "score", "mode"])
+    | st.text(max_size=70)
+    | st.sampled_from(["auto", "flex", "low", "24h", "score", "mode", "pro", "all_turns"])
 )
 _values = st.recursive(
     _scalars,
     lambda inner: st.lists(inner, max_size=4)
     | st.dictionaries(st.sampled_from(["mode", "ttl", "model", "policy", "input", "output",
-                                       "verbosity", "effort", "summary", "format", "k"])
+                                       "verbosity", "effort", "summary", "format", "context", "k"])
                       | st.text(max_size=8), inner, max_size=4),
     max_leaves=16,
 )

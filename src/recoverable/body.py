@@ -36,7 +36,9 @@ __all__ = [
     "MAX_OUTPUT_TOKENS",
     "MAX_TOP_LOGPROBS",
     "PROMPT_CACHE_RETENTIONS",
+    "REASONING_CONTEXTS",
     "REASONING_EFFORTS",
+    "REASONING_MODES",
     "REASONING_SUMMARIES",
     "SERVICE_TIERS",
     "TRUNCATIONS",
@@ -51,6 +53,8 @@ MAX_MODEL_CHARS = 256
 # Value sets as in the official openai SDK's ResponseCreateParams (checked 2026-11).
 REASONING_EFFORTS = frozenset({"minimal", "low", "medium", "high", "xhigh", "max", "none"})
 REASONING_SUMMARIES = frozenset({"auto", "concise", "detailed"})
+REASONING_MODES = frozenset({"standard", "pro"})
+REASONING_CONTEXTS = frozenset({"auto", "current_turn", "all_turns"})
 SERVICE_TIERS = frozenset({"auto", "default", "flex", "scale", "priority", "fast", "ultrafast"})
 TRUNCATIONS = frozenset({"auto", "disabled"})
 VERBOSITIES = frozenset({"low", "medium", "high"})
@@ -140,9 +144,10 @@ def freeze_body(request: StructuredRequest, contract: ResponseContract) -> bytes
     reasoning: dict[str, Any] = {}
     if effort is not None:
         reasoning["effort"] = effort
-    summary = optional.pop("reasoning_summary", None)
-    if summary is not None:
-        reasoning["summary"] = summary
+    for name in ("summary", "mode", "context"):
+        value = optional.pop(f"reasoning_{name}", None)
+        if value is not None:
+            reasoning[name] = value
     if reasoning:
         body["reasoning"] = reasoning
     verbosity = optional.pop("verbosity", None)
@@ -202,7 +207,7 @@ def _check_tool_free(request: StructuredRequest) -> None:
 
 def _optional_parameters(request: StructuredRequest) -> dict[str, Any]:
     """The validated optional parameters that are set, by wire name (``verbosity`` and
-    ``reasoning_summary`` by field name: the caller nests them)."""
+    ``reasoning_*`` by field name: the caller nests them)."""
     found: dict[str, Any] = {
         "max_output_tokens": _integer(
             request.max_output_tokens, "max_output_tokens", 1, MAX_OUTPUT_TOKENS
@@ -226,6 +231,13 @@ def _optional_parameters(request: StructuredRequest) -> dict[str, Any]:
         "reasoning_summary": _choice(
             request.reasoning_summary, "reasoning_summary", REASONING_SUMMARIES,
             "reasoning.summary",
+        ),
+        "reasoning_mode": _choice(
+            request.reasoning_mode, "reasoning_mode", REASONING_MODES, "reasoning.mode"
+        ),
+        "reasoning_context": _choice(
+            request.reasoning_context, "reasoning_context", REASONING_CONTEXTS,
+            "reasoning.context",
         ),
     }
     return {name: value for name, value in found.items() if value is not None}
@@ -411,15 +423,20 @@ _WIRE_REFUSED = {
 }
 _WIRE_NESTED = {
     "text": {"verbosity": "verbosity"},
-    "reasoning": {"effort": "reasoning_effort", "summary": "reasoning_summary"},
+    "reasoning": {
+        "effort": "reasoning_effort",
+        "summary": "reasoning_summary",
+        "mode": "reasoning_mode",
+        "context": "reasoning_context",
+    },
 }
 
 
 def parameters_from_wire(params: Any) -> dict[str, Any]:
     """``StructuredRequest`` keyword arguments from a Responses create body (wire names).
 
-    ``text.verbosity`` becomes ``verbosity``, ``reasoning.effort``/``.summary`` become
-    ``reasoning_effort``/``reasoning_summary``; ``text.format`` is refused (the format
+    ``text.verbosity`` becomes ``verbosity``, ``reasoning.<name>`` becomes
+    ``reasoning_<name>`` (effort, summary, mode, context); ``text.format`` is refused (the format
     comes from ``response=`` / the job's schema), as are tool and thread parameters and
     every unknown name (``InvalidParameter`` with ``reason="unknown"``). Values are
     validated by ``freeze_body``.

@@ -78,8 +78,8 @@ class StructuredRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     parameters below are validated at prepare (``InvalidParameter`` naming the parameter)
     and frozen into the body only when set, so a request that leaves them ``None`` has
     the same frozen body as before they existed. ``verbosity`` is sent as
-    ``text.verbosity``, ``reasoning_effort``/``reasoning_summary`` as
-    ``reasoning.effort``/``reasoning.summary``; every other name is the wire name. See
+    ``text.verbosity``, ``reasoning_<name>`` as ``reasoning.<name>`` (effort, summary,
+    mode, context); every other name is the wire name. See
     docs/parameters.md for the value ranges.
 
     ``tools``, ``tool_choice``, ``parallel_tool_calls``, ``previous_response_id``,
@@ -115,6 +115,8 @@ class StructuredRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     truncation: str | None = None
     verbosity: str | None = None  # text.verbosity
     reasoning_summary: str | None = None  # reasoning.summary
+    reasoning_mode: str | None = None  # reasoning.mode
+    reasoning_context: str | None = None  # reasoning.context
     include: list[str] | None = None
     moderation: dict[str, Any] | None = None
     # Refused unless None or their no-op value (server-side state or tools).
