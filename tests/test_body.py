@@ -103,7 +103,7 @@ def test_same_request_different_contract_differs() -> None:
         (StructuredRequest(model=""), "model must be a non-empty"),
         (StructuredRequest(model="   "), "model must be a non-empty"),
         (StructuredRequest(model="m" * 257), "longer than 256"),
-        (StructuredRequest(model="m", reasoning_effort="max"), "reasoning_effort"),
+        (StructuredRequest(model="m", reasoning_effort="maximum"), "reasoning_effort"),
         (StructuredRequest(model="m", reasoning_effort="LOW"), "reasoning_effort"),
         (StructuredRequest(model="m", max_output_tokens=0), "max_output_tokens"),
         (StructuredRequest(model="m", max_output_tokens=True), "max_output_tokens"),

@@ -29,7 +29,7 @@ import trio
 
 from recoverable import _killpoints, errors, machine
 from recoverable.actors.runtime import Runtime, open_runtime
-from recoverable.body import body_hash, freeze_body
+from recoverable.body import body_hash, freeze_body, parameters_from_wire
 from recoverable.contract import contract_for
 from recoverable.storage.store import RecoveryStore
 from recoverable.transport.backend import ResponsesBackend
@@ -105,6 +105,8 @@ class _JobLine(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_attempts: int | None = None
     reasoning_effort: str | None = None
     max_output_tokens: int | None = None
+    # Optional Responses parameters by wire name (docs/cli.md, docs/parameters.md).
+    parameters: dict[str, Any] | None = None
 
 
 @attrs.frozen
@@ -122,6 +124,21 @@ class Job:
     @property
     def key(self) -> tuple[str, str]:
         return (self.id, self.revision)
+
+
+def _job_parameters(raw: _JobLine) -> dict[str, Any]:
+    """The job's ``parameters`` object as request keywords (raises ``InvalidRequest``)."""
+    if raw.parameters is None:
+        return {}
+    kwargs = parameters_from_wire(raw.parameters)
+    for name in ("model", "input", "instructions", "reasoning_effort", "max_output_tokens"):
+        if name in kwargs:
+            wire = "reasoning.effort" if name == "reasoning_effort" else name
+            raise errors.InvalidParameter(
+                f"parameters.{wire}: give {name} as a top-level field of the job line",
+                parameter=wire, reason="refused",
+            )
+    return kwargs
 
 
 def parse_job_line(line: str, lineno: int) -> Job:
@@ -144,14 +161,15 @@ def parse_job_line(line: str, lineno: int) -> Job:
     if raw.max_attempts is not None and not 1 <= raw.max_attempts <= machine.MAX_ATTEMPTS:
         raise JobLineError(lineno, f"max_attempts must be in 1..{machine.MAX_ATTEMPTS}")
     response = JsonSchema(raw.schema_name, raw.schema)
-    request = StructuredRequest(
-        model=raw.model,
-        instructions=raw.instructions,
-        input=raw.input,
-        reasoning_effort=raw.reasoning_effort,
-        max_output_tokens=raw.max_output_tokens,
-    )
     try:
+        request = StructuredRequest(
+            model=raw.model,
+            instructions=raw.instructions,
+            input=raw.input,
+            reasoning_effort=raw.reasoning_effort,
+            max_output_tokens=raw.max_output_tokens,
+            **_job_parameters(raw),
+        )
         machine.validate_preparation(
             maximum_attempts=raw.max_attempts or 1,
             retry_policy=RetryPolicy(),

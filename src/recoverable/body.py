@@ -6,30 +6,79 @@ contract's strict ``json_schema`` format. It never contains ``stream`` (the
 transport adds what its mode needs) nor credentials. Encoding is canonical
 (``msgspec.json.encode(..., order="sorted")``), so the same request and
 contract always give identical bytes.
+
+The optional Responses parameters (``temperature``, ``service_tier``, ``metadata``...,
+issue 19.2) are validated here and added only when set: a request that sets none of
+them freezes to exactly the bytes it did before they existed. Numbers are normalized
+(``temperature=1`` and ``1.0`` freeze alike), ``include`` is sorted and de-duplicated.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 from typing import Any
 
 import msgspec
 
 from recoverable.contract import ResponseContract
-from recoverable.errors import InvalidRequest, UnsupportedInputItem
+from recoverable.errors import InvalidParameter, InvalidRequest, UnsupportedInputItem
 from recoverable.types import StructuredRequest
 
 __all__ = [
+    "INCLUDABLES",
+    "MAX_IDENTIFIER_CHARS",
     "MAX_INPUT_BYTES",
+    "MAX_METADATA_KEY_CHARS",
+    "MAX_METADATA_PAIRS",
+    "MAX_METADATA_VALUE_CHARS",
     "MAX_MODEL_CHARS",
+    "MAX_OUTPUT_TOKENS",
+    "MAX_TOP_LOGPROBS",
+    "PROMPT_CACHE_RETENTIONS",
+    "REASONING_CONTEXTS",
     "REASONING_EFFORTS",
+    "REASONING_MODES",
+    "REASONING_SUMMARIES",
+    "SERVICE_TIERS",
+    "TRUNCATIONS",
+    "VERBOSITIES",
     "body_hash",
     "freeze_body",
+    "parameters_from_wire",
 ]
 
 MAX_INPUT_BYTES = 32 * 1024 * 1024  # instructions + input, canonical JSON
 MAX_MODEL_CHARS = 256
-REASONING_EFFORTS = frozenset({"minimal", "low", "medium", "high", "xhigh", "none"})
+# Value sets as in the official openai SDK's ResponseCreateParams (checked 2026-11).
+REASONING_EFFORTS = frozenset({"minimal", "low", "medium", "high", "xhigh", "max", "none"})
+REASONING_SUMMARIES = frozenset({"auto", "concise", "detailed"})
+REASONING_MODES = frozenset({"standard", "pro"})
+REASONING_CONTEXTS = frozenset({"auto", "current_turn", "all_turns"})
+SERVICE_TIERS = frozenset({"auto", "default", "flex", "scale", "priority", "fast", "ultrafast"})
+TRUNCATIONS = frozenset({"auto", "disabled"})
+VERBOSITIES = frozenset({"low", "medium", "high"})
+PROMPT_CACHE_RETENTIONS = frozenset({"in_memory", "24h"})
+PROMPT_CACHE_MODES = frozenset({"implicit", "explicit"})
+PROMPT_CACHE_TTLS = frozenset({"30m"})
+MODERATION_MODES = frozenset({"score", "block"})
+# ``include`` values that need no tool; the others name tool outputs and are refused.
+INCLUDABLES = frozenset(
+    {"message.input_image.image_url", "message.output_text.logprobs", "reasoning.encrypted_content"}
+)
+TOOL_INCLUDABLES = frozenset({
+    "file_search_call.results",
+    "web_search_call.results",
+    "web_search_call.action.sources",
+    "computer_call_output.output.image_url",
+    "code_interpreter_call.outputs",
+})
+MAX_OUTPUT_TOKENS = 2**24  # far above any model's output limit; bounds the token estimates
+MAX_TOP_LOGPROBS = 20
+MAX_METADATA_PAIRS = 16
+MAX_METADATA_KEY_CHARS = 64
+MAX_METADATA_VALUE_CHARS = 512
+MAX_IDENTIFIER_CHARS = 64  # prompt_cache_key, safety_identifier, user (the provider's limit)
 
 
 def body_hash(body: bytes) -> str:
@@ -40,8 +89,9 @@ def body_hash(body: bytes) -> str:
 def freeze_body(request: StructuredRequest, contract: ResponseContract) -> bytes:
     """Validate ``request`` and return its canonical tool-free Responses body.
 
-    Raises ``InvalidRequest`` (with the reason) for tools, tool choices,
-    persistent threads, a bad model, input or reasoning effort, or oversize input;
+    Raises ``InvalidParameter`` (an ``InvalidRequest`` naming the parameter) for tools,
+    tool choices, persistent threads, stored responses or prompts, a bad model, or an
+    optional parameter out of its range; ``InvalidRequest`` for bad or oversize input;
     ``UnsupportedInputItem`` (naming the item) for an input item that is not a message.
     """
     if not isinstance(request, StructuredRequest):
@@ -54,28 +104,19 @@ def freeze_body(request: StructuredRequest, contract: ResponseContract) -> bytes
 
     model = request.model
     if not isinstance(model, str) or not model.strip():
-        raise InvalidRequest("model must be a non-empty string")
+        raise InvalidParameter("model must be a non-empty string", parameter="model")
     if len(model) > MAX_MODEL_CHARS:
-        raise InvalidRequest(f"model is longer than {MAX_MODEL_CHARS} characters")
-
-    effort = request.reasoning_effort
-    if effort is not None and effort not in REASONING_EFFORTS:
-        raise InvalidRequest(
-            "reasoning_effort must be one of "
-            f"{', '.join(sorted(REASONING_EFFORTS))} or None, not {str(effort)[:32]!r}"
+        raise InvalidParameter(
+            f"model is longer than {MAX_MODEL_CHARS} characters", parameter="model"
         )
 
-    max_output_tokens = request.max_output_tokens
-    if max_output_tokens is not None and (
-        isinstance(max_output_tokens, bool)
-        or not isinstance(max_output_tokens, int)
-        or max_output_tokens < 1
-    ):
-        raise InvalidRequest("max_output_tokens must be a positive integer or None")
+    effort = _choice(request.reasoning_effort, "reasoning_effort", REASONING_EFFORTS)
 
     instructions = request.instructions
     if instructions is not None and not isinstance(instructions, str):
-        raise InvalidRequest("instructions must be a string or None")
+        raise InvalidParameter("instructions must be a string or None", parameter="instructions")
+
+    optional = _optional_parameters(request)
 
     input_json = _encode_input(request.input)
     size = len(input_json)
@@ -87,6 +128,7 @@ def freeze_body(request: StructuredRequest, contract: ResponseContract) -> bytes
             f"the limit is {MAX_INPUT_BYTES}"
         )
 
+    text: dict[str, Any] = {"format": contract.text_format()}
     body: dict[str, Any] = {
         "model": model,
         # Already canonical: embedded verbatim so large input is encoded once.
@@ -95,32 +137,358 @@ def freeze_body(request: StructuredRequest, contract: ResponseContract) -> bytes
         "tools": [],
         "tool_choice": "none",
         "parallel_tool_calls": False,
-        "text": {"format": contract.text_format()},
+        "text": text,
     }
     if instructions is not None:
         body["instructions"] = instructions
+    reasoning: dict[str, Any] = {}
     if effort is not None:
-        body["reasoning"] = {"effort": effort}
-    if max_output_tokens is not None:
-        body["max_output_tokens"] = max_output_tokens
+        reasoning["effort"] = effort
+    for name in ("summary", "mode", "context"):
+        value = optional.pop(f"reasoning_{name}", None)
+        if value is not None:
+            reasoning[name] = value
+    if reasoning:
+        body["reasoning"] = reasoning
+    verbosity = optional.pop("verbosity", None)
+    if verbosity is not None:
+        text["verbosity"] = verbosity
+    body.update(optional)  # every other optional parameter under its own wire name
     return _canonical(body)
 
 
+def _refuse(parameter: str, why: str) -> InvalidParameter:
+    return InvalidParameter(f"{parameter} is not allowed: {why}", parameter=parameter,
+                            reason="refused")
+
+
 def _check_tool_free(request: StructuredRequest) -> None:
+    # Identity and type checks, not truthiness: a look-alike (``tools=None``, ``store=0``)
+    # would be saved with the request and then fail to decode on reselection.
+    if not isinstance(request.tools, (list, tuple)):
+        raise InvalidParameter("tools must be an empty list", parameter="tools")
+    if not isinstance(request.model_override, bool):
+        raise InvalidParameter("model_override must be True or False", parameter="model_override")
     if request.tools:
-        raise InvalidRequest(
-            "recoverable requests are tool-free: tools must be empty (tools are never executed)"
+        raise InvalidParameter(
+            "recoverable requests are tool-free: tools must be empty (tools are never executed)",
+            parameter="tools", reason="refused",
         )
     if request.tool_choice not in (None, "none"):
-        raise InvalidRequest('tool_choice must be None or "none": recovery never runs tools')
+        raise InvalidParameter(
+            'tool_choice must be None or "none": recovery never runs tools',
+            parameter="tool_choice", reason="refused",
+        )
+    if request.parallel_tool_calls is not None and request.parallel_tool_calls is not False:
+        raise _refuse("parallel_tool_calls", "recovery never runs tools (only None or False)")
     if request.previous_response_id is not None:
-        raise InvalidRequest(
-            "previous_response_id is not allowed: recovery does not continue persistent threads"
+        raise _refuse(
+            "previous_response_id", "recovery does not continue persistent threads"
         )
     if request.conversation is not None:
-        raise InvalidRequest(
-            "conversation is not allowed: recovery does not continue persistent threads"
+        raise _refuse("conversation", "recovery does not continue persistent threads")
+    if request.store is not None and request.store is not False:
+        raise _refuse(
+            "store",
+            "recovery keeps no response on the provider; an interrupted attempt is "
+            "replaced by a new request from the frozen body (only None or False)",
         )
+    if request.background is not None and request.background is not False:
+        raise _refuse(
+            "background", "recovery streams every attempt itself (only None or False)"
+        )
+    if request.prompt is not None:
+        raise _refuse(
+            "prompt",
+            "a stored prompt template lives on the provider and may change; put its text "
+            "in instructions/input so the frozen body says everything",
+        )
+
+
+def _optional_parameters(request: StructuredRequest) -> dict[str, Any]:
+    """The validated optional parameters that are set, by wire name (``verbosity`` and
+    ``reasoning_*`` by field name: the caller nests them)."""
+    found: dict[str, Any] = {
+        "max_output_tokens": _integer(
+            request.max_output_tokens, "max_output_tokens", 1, MAX_OUTPUT_TOKENS
+        ),
+        "temperature": _number(request.temperature, "temperature", 0.0, 2.0),
+        "top_p": _number(request.top_p, "top_p", 0.0, 1.0),
+        "top_logprobs": _integer(request.top_logprobs, "top_logprobs", 0, MAX_TOP_LOGPROBS),
+        "service_tier": _choice(request.service_tier, "service_tier", SERVICE_TIERS),
+        "metadata": _metadata(request.metadata),
+        "prompt_cache_key": _identifier(request.prompt_cache_key, "prompt_cache_key"),
+        "prompt_cache_retention": _choice(
+            request.prompt_cache_retention, "prompt_cache_retention", PROMPT_CACHE_RETENTIONS
+        ),
+        "prompt_cache_options": _prompt_cache_options(request.prompt_cache_options),
+        "safety_identifier": _identifier(request.safety_identifier, "safety_identifier"),
+        "user": _identifier(request.user, "user"),
+        "truncation": _choice(request.truncation, "truncation", TRUNCATIONS),
+        "include": _include(request.include),
+        "moderation": _moderation(request.moderation),
+        "verbosity": _choice(request.verbosity, "verbosity", VERBOSITIES, "text.verbosity"),
+        "reasoning_summary": _choice(
+            request.reasoning_summary, "reasoning_summary", REASONING_SUMMARIES,
+            "reasoning.summary",
+        ),
+        "reasoning_mode": _choice(
+            request.reasoning_mode, "reasoning_mode", REASONING_MODES, "reasoning.mode"
+        ),
+        "reasoning_context": _choice(
+            request.reasoning_context, "reasoning_context", REASONING_CONTEXTS,
+            "reasoning.context",
+        ),
+    }
+    return {name: value for name, value in found.items() if value is not None}
+
+
+def _shown(value: Any) -> str:
+    """A short, safe rendering of a rejected value for an error message."""
+    return repr(value)[:40] if isinstance(value, (str, int, float)) else type(value).__name__
+
+
+def _label(name: str, wire: str | None) -> str:
+    return f"{name} ({wire})" if wire else name
+
+
+def _choice(
+    value: Any, name: str, allowed: frozenset[str], wire: str | None = None
+) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or value not in allowed:
+        raise InvalidParameter(
+            f"{_label(name, wire)} must be one of {', '.join(sorted(allowed))} or None, "
+            f"not {_shown(value)}",
+            parameter=name,
+        )
+    return value
+
+
+def _number(value: Any, name: str, low: float, high: float) -> float | None:
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or (isinstance(value, float) and not math.isfinite(value))
+        or not low <= value <= high  # exact for any int, so no OverflowError below
+    ):
+        raise InvalidParameter(
+            f"{name} must be a number from {low:g} to {high:g} or None, not {_shown(value)}",
+            parameter=name,
+        )
+    return float(value)  # 1 and 1.0 freeze to the same bytes
+
+
+def _integer(value: Any, name: str, low: int, high: int) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidParameter(
+            f"{name} must be an integer from {low} to {high} or None, not {_shown(value)}",
+            parameter=name,
+        )
+    return int(value)
+
+
+def _identifier(value: Any, name: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 1 <= len(value) <= MAX_IDENTIFIER_CHARS:
+        raise InvalidParameter(
+            f"{name} must be a string of 1 to {MAX_IDENTIFIER_CHARS} characters or None",
+            parameter=name,
+        )
+    return value
+
+
+def _metadata(value: Any) -> dict[str, str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise InvalidParameter(
+            "metadata must be a dict of strings to strings or None", parameter="metadata"
+        )
+    if len(value) > MAX_METADATA_PAIRS:
+        raise InvalidParameter(
+            f"metadata has {len(value)} pairs; at most {MAX_METADATA_PAIRS} are allowed",
+            parameter="metadata",
+        )
+    for key, item in value.items():
+        if not isinstance(key, str) or not 1 <= len(key) <= MAX_METADATA_KEY_CHARS:
+            raise InvalidParameter(
+                f"metadata keys must be strings of 1 to {MAX_METADATA_KEY_CHARS} characters",
+                parameter="metadata",
+            )
+        if not isinstance(item, str) or len(item) > MAX_METADATA_VALUE_CHARS:
+            raise InvalidParameter(
+                f"metadata[{key!r}] must be a string of at most "
+                f"{MAX_METADATA_VALUE_CHARS} characters",
+                parameter="metadata",
+            )
+    return dict(value)
+
+
+def _include(value: Any) -> list[str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)):
+        raise InvalidParameter("include must be a list of strings or None", parameter="include")
+    for entry in value:
+        if isinstance(entry, str) and entry in TOOL_INCLUDABLES:
+            raise InvalidParameter(
+                f"include {entry!r} names a tool's output: recovery never runs tools",
+                parameter="include", reason="refused",
+            )
+        if not isinstance(entry, str) or entry not in INCLUDABLES:
+            raise InvalidParameter(
+                f"include entries must be among {', '.join(sorted(INCLUDABLES))}, "
+                f"not {_shown(entry)}",
+                parameter="include",
+            )
+    return sorted(set(value))
+
+
+def _prompt_cache_options(value: Any) -> dict[str, str] | None:
+    name = "prompt_cache_options"
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise InvalidParameter(f"{name} must be a dict or None", parameter=name)
+    allowed = {"mode": PROMPT_CACHE_MODES, "ttl": PROMPT_CACHE_TTLS}
+    for key, item in value.items():
+        if key not in allowed:
+            raise InvalidParameter(
+                f"{name} has an unknown key {_shown(key)} (known: mode, ttl)",
+                parameter=name, reason="unknown",
+            )
+        _choice(item, f"{name}.{key}", allowed[key])
+    return {key: item for key, item in value.items() if item is not None}
+
+
+def _moderation(value: Any) -> dict[str, Any] | None:
+    name = "moderation"
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) - {"model", "policy"}:
+        raise InvalidParameter(
+            f"{name} must be a dict with model and optional policy or None", parameter=name
+        )
+    model = value.get("model")
+    if not isinstance(model, str) or not 1 <= len(model) <= MAX_MODEL_CHARS:
+        raise InvalidParameter(
+            f"{name}.model must be a string of 1 to {MAX_MODEL_CHARS} characters",
+            parameter=name,
+        )
+    frozen: dict[str, Any] = {"model": model}
+    policy = value.get("policy")
+    if policy is not None:
+        if not isinstance(policy, dict) or set(policy) - {"input", "output"}:
+            raise InvalidParameter(
+                f"{name}.policy must be a dict with optional input and output", parameter=name
+            )
+        frozen_policy: dict[str, Any] = {}
+        for side, rule in policy.items():
+            if rule is None:
+                continue
+            if not isinstance(rule, dict) or set(rule) != {"mode"}:
+                raise InvalidParameter(
+                    f"{name}.policy.{side} must be a dict with a mode", parameter=name
+                )
+            frozen_policy[side] = {
+                "mode": _choice(rule["mode"], f"{name}.policy.{side}.mode", MODERATION_MODES)
+            }
+        frozen["policy"] = frozen_policy
+    return frozen
+
+
+# -- wire-form parameters (a Responses create body) --------------------------------------
+
+# Wire names taken as they are (StructuredRequest field = wire name).
+_WIRE_FIELDS = frozenset({
+    "model", "input", "instructions", "max_output_tokens", "temperature", "top_p",
+    "top_logprobs", "service_tier", "metadata", "prompt_cache_key", "prompt_cache_retention",
+    "prompt_cache_options", "safety_identifier", "user", "truncation", "include", "moderation",
+    # refused unless None or their no-op value, by freeze_body
+    "tools", "tool_choice", "parallel_tool_calls", "previous_response_id", "conversation",
+    "store", "background", "prompt",
+})
+_WIRE_REFUSED = {
+    "max_tool_calls": "recovery never runs tools",
+    "context_management": "it compacts a stored conversation; recovery keeps no thread",
+    "stream": "the transport sets it for its mode",
+    "stream_options": "the transport owns the stream",
+}
+_WIRE_NESTED = {
+    "text": {"verbosity": "verbosity"},
+    "reasoning": {
+        "effort": "reasoning_effort",
+        "summary": "reasoning_summary",
+        "mode": "reasoning_mode",
+        "context": "reasoning_context",
+    },
+}
+
+
+def parameters_from_wire(params: Any) -> dict[str, Any]:
+    """``StructuredRequest`` keyword arguments from a Responses create body (wire names).
+
+    ``text.verbosity`` becomes ``verbosity``, ``reasoning.<name>`` becomes
+    ``reasoning_<name>`` (effort, summary, mode, context); ``text.format`` is refused (the format
+    comes from ``response=`` / the job's schema), as are tool and thread parameters and
+    every unknown name (``InvalidParameter`` with ``reason="unknown"``). Values are
+    validated by ``freeze_body``.
+    """
+    if not isinstance(params, dict):
+        raise InvalidRequest(
+            f"request parameters must be a JSON object (dict), not {type(params).__name__}"
+        )
+    kwargs: dict[str, Any] = {}
+    for name, value in params.items():
+        if not isinstance(name, str):
+            raise InvalidParameter(
+                f"parameter names must be strings, not {_shown(name)}",
+                parameter=str(name)[:64], reason="unknown",
+            )
+        if name in _WIRE_FIELDS:
+            kwargs[name] = value
+        elif name in _WIRE_REFUSED:
+            raise _refuse(name, _WIRE_REFUSED[name])
+        elif name in _WIRE_NESTED:
+            kwargs.update(_nested_from_wire(name, value))
+        else:
+            raise InvalidParameter(
+                f"unknown request parameter {name[:64]!r}", parameter=name[:64],
+                reason="unknown",
+            )
+    return kwargs
+
+
+def _nested_from_wire(name: str, value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidParameter(f"{name} must be an object or null", parameter=name)
+    fields = _WIRE_NESTED[name]
+    kwargs: dict[str, Any] = {}
+    for key, item in value.items():
+        path = f"{name}.{str(key)[:64]}"
+        if path == "text.format":
+            raise InvalidParameter(
+                "text.format is not a request parameter: the structured output format comes "
+                "from response= (the job's schema in a batch)",
+                parameter=path, reason="refused",
+            )
+        if key not in fields:
+            raise InvalidParameter(
+                f"unknown request parameter {path!r} (known: "
+                f"{', '.join(f'{name}.{k}' for k in sorted(fields))})",
+                parameter=path, reason="unknown",
+            )
+        kwargs[fields[key]] = item
+    return kwargs
 
 
 def _encode_input(value: Any) -> bytes:

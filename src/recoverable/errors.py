@@ -27,6 +27,7 @@ __all__ = [
     "FenceMismatch",
     "FormatMismatch",
     "InvalidCredentials",
+    "InvalidParameter",
     "InvalidRequest",
     "OperationBusy",
     "OperationCancelled",
@@ -427,6 +428,24 @@ class UnsupportedInputItem(InvalidRequest):
     def _todo(self) -> str:
         return ("send self-contained input (messages with text, image or file content) "
                 "without previous_response_id, item references or tool items")
+
+
+class InvalidParameter(InvalidRequest):
+    """A request parameter that is refused: a bad value, an unknown name, or one that needs
+    tools or server-side state.
+
+    ``parameter`` names it as the caller wrote it (``"temperature"``, ``"text.verbosity"``);
+    ``reason`` is ``"invalid_value"``, ``"unknown"`` or ``"refused"`` (tools, stored
+    responses, threads, prompts or background mode: recovery sends self-contained,
+    tool-free requests only). Raised at prepare, before anything is saved or sent.
+    """
+
+    code = "invalid_parameter"
+
+    def __init__(self, message: str, *, parameter: str, reason: str = "invalid_value") -> None:
+        super().__init__(message)
+        self.parameter = parameter
+        self.reason = reason
 
 
 class InvalidCredentials(InvalidRequest):

@@ -74,9 +74,21 @@ class AccountBinding(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class StructuredRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """A tool-free structured request as the host describes it.
 
-    ``input`` is a string or a list of Responses input items. ``tools`` and
-    ``previous_response_id``/``conversation`` exist only so that they can be
-    rejected explicitly: recovery never runs tools nor continues a thread.
+    ``input`` is a string or a list of Responses input items. The optional Responses
+    parameters below are validated at prepare (``InvalidParameter`` naming the parameter)
+    and frozen into the body only when set, so a request that leaves them ``None`` has
+    the same frozen body as before they existed. ``verbosity`` is sent as
+    ``text.verbosity``, ``reasoning_<name>`` as ``reasoning.<name>`` (effort, summary,
+    mode, context); every other name is the wire name. See
+    docs/parameters.md for the value ranges.
+
+    ``tools``, ``tool_choice``, ``parallel_tool_calls``, ``previous_response_id``,
+    ``conversation``, ``store``, ``background`` and ``prompt`` exist only so that they
+    can be refused explicitly (their no-op values ``[]``, ``"none"``, ``False`` are
+    accepted): recovery never runs tools, keeps nothing on the provider and never
+    continues a thread. A misspelled keyword is a ``TypeError`` naming it;
+    ``StructuredRequest.from_params`` takes a Responses create body (wire names) and
+    refuses unknown names with ``InvalidParameter``.
     """
 
     model: str
@@ -89,6 +101,38 @@ class StructuredRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     previous_response_id: str | None = None
     conversation: str | None = None
     model_override: bool = False  # an explicit per-request model choice (binding on reselect)
+    # Optional Responses parameters (issue 19.2): omitted from the body while None.
+    temperature: float | None = None
+    top_p: float | None = None
+    top_logprobs: int | None = None
+    service_tier: str | None = None
+    metadata: dict[str, str] | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    prompt_cache_options: dict[str, Any] | None = None
+    safety_identifier: str | None = None
+    user: str | None = None
+    truncation: str | None = None
+    verbosity: str | None = None  # text.verbosity
+    reasoning_summary: str | None = None  # reasoning.summary
+    reasoning_mode: str | None = None  # reasoning.mode
+    reasoning_context: str | None = None  # reasoning.context
+    include: list[str] | None = None
+    moderation: dict[str, Any] | None = None
+    # Refused unless None or their no-op value (server-side state or tools).
+    parallel_tool_calls: bool | None = None
+    store: bool | None = None
+    background: bool | None = None
+    prompt: dict[str, Any] | None = None
+
+    @classmethod
+    def from_params(cls, params: Any) -> StructuredRequest:
+        """Build a request from a Responses create body (wire names, e.g. a Batch API
+        ``body`` without ``text.format``). Raises ``InvalidParameter`` naming any unknown,
+        refused or malformed parameter; values are checked again at prepare."""
+        from recoverable.body import parameters_from_wire
+
+        return cls(**parameters_from_wire(params))
 
 
 class JsonSchema(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
