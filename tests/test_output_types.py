@@ -456,3 +456,14 @@ def test_the_other_kinds_work_without_pydantic() -> None:
         "St St(y=True)",
         "InvalidRequest",
     ]
+
+
+def test_receipt_decode_accepts_every_kind_and_json_schema() -> None:
+    from recoverable.output_types import decode_as
+
+    payload = b'{"value": 3}'
+    assert decode_as(payload, m.Closed) == m.Closed(value=3)
+    assert decode_as(payload, dict) == {"value": 3}
+    assert decode_as(payload, recoverable.JsonSchema("closed", {})) == {"value": 3}
+    with pytest.raises(msgspec.ValidationError):
+        decode_as(b'{"value": "x"}', dict[str, int])
