@@ -162,7 +162,7 @@ class Runtime:
         self,
         request: StructuredRequest,
         *,
-        response: type[msgspec.Struct] | JsonSchema,
+        response: type[Any] | JsonSchema,
         maximum_attempts: int,
         retry_policy: RetryPolicy | None = None,
         expires_at: Any = None,

@@ -1,7 +1,7 @@
 """Response contracts: the strict-mode JSON schema sent to the API and the validator of its answers.
 
-A contract is built from either a ``msgspec.Struct`` type or a
-``recoverable.JsonSchema(name, schema)``:
+A contract is built from a ``msgspec.Struct`` type, a pydantic v2 model, a dataclass, a
+TypedDict (see ``recoverable.output_types``) or a ``recoverable.JsonSchema(name, schema)``:
 
 - Struct types are turned into an OpenAI strict-mode schema: the root ``$ref``
   that ``msgspec.json.schema`` emits is inlined, every object gets
@@ -10,6 +10,10 @@ A contract is built from either a ``msgspec.Struct`` type or a
   field optional for the model: a value that may be absent must be typed
   ``T | None``. Types strict mode cannot express (a non-object root, dicts with
   arbitrary keys, ``Any``, tuples) are refused with ``InvalidRequest``.
+- pydantic models, dataclasses and TypedDicts are rewritten the same way by
+  ``output_types.strict_schema`` (which also drops titles and refuses keywords strict mode
+  does not support, naming the field); the answer is checked against the frozen schema,
+  then built by pydantic (its validators run) or msgspec's typed decoder.
 - JsonSchema schemas are sent exactly as given (the host owns them) but are
   checked: bounded size and depth, an object root, local ``$ref`` only, the
   strict-mode shape of every object, and that some finite JSON value satisfies the
@@ -39,6 +43,7 @@ import jsonschema_rs
 import msgspec
 import msgspec.inspect as mi
 
+from recoverable import output_types
 from recoverable.errors import InvalidRequest
 from recoverable.schema_graph import SchemaGraph
 from recoverable.types import JsonSchema
@@ -129,7 +134,11 @@ class ResponseContract:
             except RecursionError:
                 raise OutputInvalid("invalid_json", _TOO_DEEP) from None
             _check_schema(self._validator, value)
-        if self._typed_decoder is not None:
+        if isinstance(self._typed_decoder, output_types.PydanticDecoder):
+            problem = self._typed_decoder.check(payload)
+            if problem is not None:
+                raise OutputInvalid("schema_violation", problem)
+        elif self._typed_decoder is not None:
             try:
                 self._typed_decoder.decode(payload)
             except msgspec.ValidationError as exc:
@@ -141,7 +150,13 @@ class ResponseContract:
         return payload
 
     def decode(self, payload: bytes) -> Any:
-        """The Struct instance (Struct contracts) or the plain JSON value (JsonSchema)."""
+        """An instance of the response type, or the plain JSON value (JsonSchema).
+
+        A payload that does not decode raises ``msgspec.ValidationError`` /
+        ``msgspec.DecodeError`` whatever the kind of type.
+        """
+        if isinstance(self._typed_decoder, output_types.PydanticDecoder):
+            return self._typed_decoder.decode(payload)
         if self.python_type is not None:
             return msgspec.json.decode(payload, type=self.python_type)
         return msgspec.json.decode(payload)
@@ -216,23 +231,39 @@ _validators = _LRU(_CACHE_SIZE)
 
 
 def contract_for(response: Any) -> ResponseContract:
-    """The (cached) contract for a ``msgspec.Struct`` type or a ``JsonSchema``.
+    """The (cached) contract for a ``msgspec.Struct`` type, a pydantic v2 model, a
+    dataclass, a TypedDict or a ``JsonSchema``.
 
-    Raises ``InvalidRequest`` for anything that cannot be a strict-mode contract.
+    Raises ``InvalidRequest`` for anything that cannot be a strict-mode contract
+    (``UnsupportedOutputType``, naming the field, for a construct strict mode cannot express).
     """
     if isinstance(response, JsonSchema):
         return _json_schema_contract(response)
     if _is_struct_type(response):
+        kind: str | None = "struct"
+    else:
+        kind = output_types.output_kind(response)
+    if kind is None:
+        raise InvalidRequest(
+            "response must be a msgspec.Struct type, a pydantic v2 model, a dataclass, a "
+            "TypedDict or recoverable.JsonSchema(name, schema), "
+            f"not {type(response).__name__}"
+        )
+    try:
         cached = _struct_contracts.get(response)
-        if cached is not None:
-            return cached  # type: ignore[no-any-return]
+    except TypeError:  # an unhashable generic alias: build it every time
+        cached = None
+    if cached is not None:
+        return cached  # type: ignore[no-any-return]
+    if kind == "struct":
         contract = _struct_contract(response)
+    else:
+        contract = _typed_contract(response, kind)  # type: ignore[arg-type]
+    try:
         _struct_contracts.put(response, contract)
-        return contract
-    raise InvalidRequest(
-        "response must be a msgspec.Struct type or recoverable.JsonSchema(name, schema), "
-        f"not {type(response).__name__}"
-    )
+    except TypeError:
+        pass
+    return contract
 
 
 def _is_struct_type(response: Any) -> bool:
@@ -534,6 +565,34 @@ def _fix_node(node: Any, root_pointer: str | None, where: str) -> Any:
         out["additionalProperties"] = False
         out["required"] = list(out["properties"])
     return out
+
+
+def _typed_contract(tp: Any, kind: output_types.OutputKind) -> ResponseContract:
+    """A pydantic model, dataclass or TypedDict: generated schema -> strict -> checked."""
+    label = _NAME_BAD_CHARS.sub("_", output_types.type_label(tp))[:80] or "response"
+    generated = output_types.generated_schema(tp, kind)
+    root = output_types.strict_schema(generated, output_types.type_label(tp)[:80])
+    _check_json_shape(root)
+    schema_bytes = _canonical(root)
+    if len(schema_bytes) > MAX_SCHEMA_BYTES:
+        raise InvalidRequest(
+            f"{label}: the schema is {len(schema_bytes)} bytes; the limit is {MAX_SCHEMA_BYTES}"
+        )
+    _check_strict(root)  # the same rules a host schema must meet (and a finite instance)
+    name = label[:64]
+    decoder: Any
+    if kind == "pydantic":
+        decoder = output_types.PydanticDecoder(tp)
+    else:
+        decoder = msgspec.json.Decoder(tp, strict=True)
+    return ResponseContract(
+        name=name,
+        schema=root,
+        format_hash=_format_hash(name, root),
+        python_type=tp,
+        validator=_compile(root, schema_bytes),
+        typed_decoder=decoder,
+    )
 
 
 def _typed_decode_is_exact(tp: type) -> bool:

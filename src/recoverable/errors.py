@@ -48,6 +48,7 @@ __all__ = [
     "StoreLockReplaced",
     "TrioRequired",
     "UnsupportedInputItem",
+    "UnsupportedOutputType",
     "UnsupportedRecordVersion",
 ]
 
@@ -446,6 +447,24 @@ class InvalidParameter(InvalidRequest):
         super().__init__(message)
         self.parameter = parameter
         self.reason = reason
+
+
+class UnsupportedOutputType(InvalidRequest):
+    """A ``response=`` type (pydantic model, dataclass, TypedDict) with a construct strict
+    mode cannot express: a dict with arbitrary keys, ``Any``, a tuple, a set, an
+    undiscriminated ``oneOf``, a keyword or string format outside the supported set.
+
+    ``field_path`` names the field (``Basket.items[].tags``) and ``keyword`` the JSON
+    Schema keyword or construct that was refused. Raised at ``prepare``, before anything is
+    saved or sent.
+    """
+
+    code = "unsupported_output_type"
+
+    def __init__(self, message: str, *, field_path: str, keyword: str) -> None:
+        super().__init__(message)
+        self.field_path = field_path
+        self.keyword = keyword
 
 
 class InvalidCredentials(InvalidRequest):

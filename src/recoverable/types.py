@@ -247,8 +247,11 @@ class Receipt(msgspec.Struct, frozen=True, kw_only=True):
     account: AccountBinding
 
     def decode(self, type: Any) -> Any:
-        """Decode the payload as ``type`` (a msgspec.Struct type or ``dict`` etc.)."""
-        return msgspec.json.decode(self.payload, type=type)
+        """Decode the payload as ``type``: the ``response=`` type (a msgspec Struct, a pydantic
+        model, a dataclass, a TypedDict), ``dict`` etc., or a ``JsonSchema`` (plain JSON)."""
+        from recoverable.output_types import decode_as
+
+        return decode_as(self.payload, type)
 
 
 class Inventory(msgspec.Struct, frozen=True, kw_only=True):
