@@ -34,6 +34,7 @@ __all__ = [
     "StateUnavailable",
     "StorageLimitExceeded",
     "StorageUnavailable",
+    "TokenBudgetExhausted",
     "UnsupportedInputItem",
     "UnsupportedRecordVersion",
 ]
@@ -272,3 +273,12 @@ def _rebuild_provider_error(
     message: str, operation_id: str | None, interruption: Interruption
 ) -> ProviderError:  # pragma: no cover
     return ProviderError(message, operation_id=operation_id, interruption=interruption)
+
+
+class TokenBudgetExhausted(AttemptsExhausted):
+    """The operation's ``maximum_output_tokens_total`` is spent: the output tokens reported
+    across its attempts reached it, so no replacement is authorized. A subclass of
+    ``AttemptsExhausted`` (the same remedy: only a deliberate manual retry continues);
+    status availability ``exhausted``, failure reason ``token_budget_exhausted``."""
+
+    code = "token_budget_exhausted"
