@@ -86,13 +86,18 @@ class Reply:
     every: float | None = None
     response_id: str | None = None
     framing: str | None = None
+    usage: Any = None  # replaces the computed ``usage`` object of the terminal event
 
     # -- constructors ---------------------------------------------------------
     @classmethod
-    def complete(cls, payload: Any) -> Reply:
-        """Stream ``payload`` (JSON-encoded) as the output text, then ``response.completed``."""
+    def complete(cls, payload: Any, *, usage: Any = None) -> Reply:
+        """Stream ``payload`` (JSON-encoded) as the output text, then ``response.completed``.
+
+        Its ``usage`` is computed from the request and answer sizes, unless ``usage``
+        gives the JSON value to send instead (to test malformed usage)."""
         msgspec.json.encode(payload)  # fail early for non-JSON payloads
-        return cls("complete", payload=payload)
+        msgspec.json.encode(usage)
+        return cls("complete", payload=payload, usage=usage)
 
     @classmethod
     def synthesize(cls) -> Reply:
@@ -910,6 +915,6 @@ def events_for(
     msg = dict(item, status="completed", content=[part])
     emit({"type": "response.output_item.done", "output_index": 0, "item": msg})
     final = resp("completed", [msg])
-    final["usage"] = _usage(text, request)
+    final["usage"] = _usage(text, request) if reply.usage is None else reply.usage
     emit({"type": "response.completed", "response": final})
     return events

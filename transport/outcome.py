@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping
-from typing import Final, Literal
+from typing import Annotated, Final, Literal
 
 import msgspec
 import msgspec.structs
@@ -95,6 +95,7 @@ def bounded_response_id(value: object) -> str | None:
 # The sane cap on one attempt's token count: far above any context window, far below what
 # overflows anything. A reported count outside 0..MAX_USAGE_TOKENS makes the usage malformed.
 MAX_USAGE_TOKENS: Final = 10**9
+_Count = Annotated[int, msgspec.Meta(ge=0)]  # a decoded record never holds a negative count
 
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -106,10 +107,10 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     attempts (``+``) may pass the per-attempt cap.
     """
 
-    input_tokens: int = 0
-    cached_input_tokens: int = 0
-    output_tokens: int = 0
-    reasoning_tokens: int = 0
+    input_tokens: _Count = 0
+    cached_input_tokens: _Count = 0
+    output_tokens: _Count = 0
+    reasoning_tokens: _Count = 0
 
     @property
     def total_tokens(self) -> int:
