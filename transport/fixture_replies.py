@@ -847,6 +847,7 @@ def events_for(
     if kind == "failed":
         failed = resp("failed", [])
         failed["error"] = {"code": reply.code or "server_error", "message": "The model failed."}
+        failed["usage"] = _usage("", request)  # the input was processed before it failed
         emit({"type": "response.failed", "response": failed})
         return events
 

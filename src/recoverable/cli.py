@@ -34,6 +34,7 @@ from recoverable.batch import (
     BatchConfig,
     run_batch,
 )
+from recoverable.pricing import load_prices
 from recoverable.storage.store import RecoveryStore
 from recoverable.transport.fixture import FaultSpec, fixture_main
 from recoverable.types import AccountBinding, Handle, Inventory, Receipt, Status
@@ -189,6 +190,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="a stream silent this long is interrupted (and replaced)",
     )
+    batch.add_argument(
+        "--prices",
+        metavar="FILE",
+        help="JSON price table for the cost estimate: model -> {input, cached_input, output} "
+        "in USD per 1M tokens (default: a small dated built-in estimate)",
+    )
 
     for name in OPS_COMMANDS:
         helps = {
@@ -249,6 +256,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def _batch(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     out_path = os.path.abspath(args.out)
+    prices = None
+    if args.prices is not None:
+        try:
+            prices = load_prices(args.prices)
+        except errors.InvalidRequest as exc:
+            err.write(f"recoverable batch: --prices: {exc}\n")
+            return EXIT_USAGE
     config = BatchConfig(
         jobs_path=args.jobs,
         out_path=out_path,
@@ -270,6 +284,7 @@ def _batch(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
             args.retry_provider_codes if args.retry_provider_codes is not None
             else DEFAULT_RETRY_PROVIDER_CODES
         ),
+        prices=prices,
     )
     if args.faults is not None and args.endpoint != "fixture":
         err.write("recoverable batch: --faults only applies to --endpoint fixture\n")
