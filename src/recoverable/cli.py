@@ -34,7 +34,7 @@ from recoverable.batch import (
     BatchConfig,
     run_batch,
 )
-from recoverable.pricing import load_prices
+from recoverable.pricing import attempts_usage_text, load_prices, usage_text
 from recoverable.storage.store import RecoveryStore
 from recoverable.transport.fixture import FaultSpec, fixture_main
 from recoverable.types import AccountBinding, Handle, Inventory, Receipt, Status
@@ -500,6 +500,9 @@ def format_status(status: Status) -> str:
         ("next attempt at", status.next_attempt_at.isoformat() if status.next_attempt_at else None),
         ("expires at", status.expires_at.isoformat() if status.expires_at else None),
         ("last failure", _failure(failure) if failure is not None else None),
+        ("tokens", usage_text(status.usage)),
+        ("tokens per attempt", attempts_usage_text((a.number, a.usage) for a in status.attempts)),
+        ("output token budget", status.maximum_output_tokens_total),
         ("response id", status.response_id),
         ("suggested", ", ".join(status.suggested_actions)),
         ("redacted", "yes (another account)" if status.redacted else None),
@@ -552,6 +555,7 @@ def format_receipt(receipt: Receipt) -> str:
         ("format", receipt.format_name),
         ("completed at", receipt.completed_at.isoformat()),
         ("response id", receipt.response_id),
+        ("tokens", usage_text(receipt.usage)),
     ]
     return _rows(rows) + "result:\n" + result + "\n"
 

@@ -35,8 +35,10 @@ __all__ = [
     "ModelPrice",
     "PriceTable",
     "TokenLedger",
+    "attempts_usage_text",
     "builtin_prices",
     "load_prices",
+    "usage_text",
 ]
 
 MAX_PRICE_FILE_BYTES: Final = 1 << 20
@@ -203,6 +205,27 @@ class TokenLedger:
             ))
         rows.append(("prices", prices.source))
         return rows
+
+
+def usage_text(usage: Usage | None) -> str | None:
+    """One line for a person: ``None`` when nothing was reported."""
+    if usage is None or usage == Usage():
+        return None
+    return (
+        f"{usage.input_tokens} input (cached {usage.cached_input_tokens}), "
+        f"{usage.output_tokens} output (reasoning {usage.reasoning_tokens})"
+    )
+
+
+def attempts_usage_text(usages: Iterable[tuple[int, Usage | None]]) -> str | None:
+    """Per attempt: ``1: -; 2: 120 in / 30 out`` (``None`` when no attempt reported any)."""
+    pairs = list(usages)
+    if all(u is None for _, u in pairs):
+        return None
+    return "; ".join(
+        f"{n}: " + ("-" if u is None else f"{u.input_tokens} in / {u.output_tokens} out")
+        for n, u in pairs
+    )
 
 
 def _sum(usages: Iterable[Usage]) -> Usage:

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 from pathlib import Path
 
+import msgspec
 import pytest
 
+import recoverable
 from recoverable.pricing import BUILTIN_PRICES_AS_OF
 
 from .cli_helpers import job_line, read_results, run_cli, write_jobs
@@ -110,3 +113,41 @@ def test_a_bad_price_file_is_a_usage_error_before_anything_runs(
     assert not out.exists() and not Path(str(out) + ".store").exists()
     missing = run_cli("batch", str(jobs), "--out", str(out), "--prices", str(tmp_path / "no"))
     assert missing.returncode == 2 and "cannot read the price file" in missing.stderr
+
+
+def test_status_and_receipt_commands_show_the_tokens(tmp_path: Path) -> None:
+    store_dir = tmp_path / "store"
+    out = tmp_path / "out.jsonl"
+    s = str(store_dir)
+    # An invalid answer still consumed tokens: saved on the failed attempt.
+    failing = write_jobs(tmp_path / "failing.jsonl", [job_line(1)])
+    run = run_cli("batch", str(failing), "--out", str(out), "--store", s,
+                  "--faults", "schema_violation=1.0")
+    assert run.returncode == 1
+    # Killed right after the receipt was saved: completed, not acknowledged.
+    saved = write_jobs(tmp_path / "saved.jsonl", [job_line(2)])
+    killed = run_cli("batch", str(saved), "--out", str(out), "--store", s,
+                     env={"RECOVERABLE_KILL_AT": "receipt.saved"})
+    assert killed.returncode == -signal.SIGKILL
+    inventory = msgspec.json.decode(
+        run_cli("inventory", "--store", s, "--json").stdout, type=recoverable.Inventory
+    )
+    by_job = {st.job_id: st for st in inventory.operations}
+    failed, done = by_job["gen-0001"], by_job["gen-0002"]
+    assert failed.attempts[0].usage is not None and failed.usage.output_tokens > 0
+    assert done.usage.input_tokens > 0
+    human = run_cli("status", "--store", s, failed.operation_id)
+    assert human.returncode == 0, human.stderr
+    rows = summary_rows(human.stdout)
+    assert rows["tokens"] == (
+        f"{failed.usage.input_tokens} input (cached 0), "
+        f"{failed.usage.output_tokens} output (reasoning 0)"
+    )
+    assert rows["tokens per attempt"].startswith("1: ")
+    receipt = msgspec.json.decode(
+        run_cli("receipt", "--store", s, done.operation_id, "--json").stdout.encode(),
+        type=dict,
+    )
+    assert receipt["usage"]["input_tokens"] == done.usage.input_tokens
+    text = run_cli("receipt", "--store", s, done.operation_id)
+    assert summary_rows(text.stdout)["tokens"].startswith(f"{done.usage.input_tokens} input")
