@@ -32,7 +32,7 @@ from recoverable.storage.retention import remove_content
 from recoverable.storage.store import RecoveryStore, WriteTxn
 from recoverable.transport.base import Credentials
 from recoverable.transport.connect import ConnectBackoff, EndpointGate
-from recoverable.transport.outcome import Outcome, Progress
+from recoverable.transport.outcome import Outcome, Progress, Usage
 
 from recoverable import _killpoints, errors, machine
 from recoverable.body import body_hash, freeze_body
@@ -547,6 +547,7 @@ class Runtime:
             job_id=d.job_id,
             input_revision=d.input_revision,
             scope=d.scope,
+            usage=d.usage or Usage(),
         )
 
     async def receipt(self, handle: Handle) -> Receipt:
@@ -727,6 +728,7 @@ class Runtime:
                     previous_operation_id=record.previous_operation_id,
                     attempts_used=record.attempts_used,
                     maximum_attempts=record.maximum_attempts,
+                    usage=record.usage,
                 ),
             )
 

@@ -197,6 +197,9 @@ class DispositionRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     attempts_used: int = 0
     maximum_attempts: int = 0
     removal_complete: bool = False  # payloads and the operation record are gone
+    # The tokens reported across the operation's attempts (counts only; added after
+    # version 1 was released: optional, so markers written before decode unchanged).
+    usage: Usage | None = None
 
 
 class StoredRequest(msgspec.Struct, frozen=True, kw_only=True):

@@ -47,6 +47,10 @@ async def test_usage_is_saved_per_attempt_across_a_replacement(
         again = await reader.status(handle)
         assert [a.usage for a in again.attempts] == [None, second]
         assert (await reader.receipt(handle)).usage == second
+        # The acknowledged marker keeps the total (counts only; the content is gone).
+        await reader.acknowledge(handle)
+        marker = await reader.status(handle)
+        assert marker.state == "acknowledged" and marker.usage == second
 
 
 async def test_tokens_of_replaced_attempts_count_in_the_totals(

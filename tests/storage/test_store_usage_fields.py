@@ -9,9 +9,9 @@ from pathlib import Path
 import msgspec
 import pytest
 from recoverable.storage import codec
-from recoverable.storage.records import AttemptRecord
+from recoverable.storage.records import AttemptRecord, DispositionRecord
 from recoverable.transport.outcome import Usage
-from storage_helpers import make_op
+from storage_helpers import ACCOUNT, make_op
 
 from recoverable import machine
 from recoverable.errors import CorruptRecord
@@ -68,3 +68,16 @@ def test_the_new_fields_round_trip_and_stay_strict() -> None:
         raw["attempts"][0]["usage"] = bad
         with pytest.raises(CorruptRecord):
             codec.decode_operation(msgspec.msgpack.encode(raw), operation_id="op-new")
+
+
+def test_a_disposition_marker_without_usage_decodes_unchanged() -> None:
+    marker = DispositionRecord(
+        operation_id="op-d", disposition="acknowledged", at=5.0, account=ACCOUNT,
+        usage=Usage(input_tokens=3, output_tokens=2),
+    )
+    raw = msgspec.msgpack.decode(codec.encode(marker))
+    assert raw.pop("usage") == {"input_tokens": 3, "cached_input_tokens": 0,
+                                "output_tokens": 2, "reasoning_tokens": 0}
+    old = codec.decode_disposition(msgspec.msgpack.encode(raw), operation_id="op-d")
+    assert old.usage is None and old.attempts_used == 0
+    assert codec.decode_disposition(codec.encode(marker), operation_id="op-d") == marker
