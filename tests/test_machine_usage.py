@@ -152,3 +152,14 @@ def test_redacted_status_shows_no_usage() -> None:
     other = m.derive_status(t.record, now=T0, lease_live=False, viewer=None)
     assert other.redacted and other.usage == Usage() and other.attempts == ()
     assert other.operation_id == OP
+
+
+@pytest.mark.parametrize("phase,lease_live", [("suspended", False), ("waiting", False)])
+def test_a_spent_token_budget_reads_exhausted_while_idle(phase: str, lease_live: bool) -> None:
+    rec, aid = run_to_transmit(record(retry_policy=FAST))
+    t = fail_with(rec, aid, used(10, 80))
+    idle = m.evolve(t.record, phase=phase, maximum_output_tokens_total=80, pending=None)
+    status = m.derive_status(idle, now=T0, lease_live=lease_live, viewer=idle.account)
+    assert status.availability == "exhausted"
+    assert status.attempts_remaining == 2  # the attempt budget is not what is spent
+    m.check_retry_source(idle, now=T0, endpoint_id=None)  # a successor is allowed
