@@ -28,7 +28,7 @@ from recoverable.storage.records import (
 )
 from recoverable.transport.base import validate_api_key
 from recoverable.transport.connect import CONNECT_CODES, ConnectKind, EndpointGate
-from recoverable.transport.outcome import Completed, Interruption, Progress
+from recoverable.transport.outcome import Completed, Interruption, Progress, Usage
 
 from recoverable import _killpoints, errors, machine
 from recoverable.contract import OutputInvalid, ResponseContract
@@ -584,9 +584,12 @@ class OperationActor:
                     response_id=result.response_id,
                     sequence_number=result.sequence_number,
                     had_output=True,
+                    usage=result.usage,
+                    usage_malformed=result.usage_malformed,
                 )
             else:
                 _killpoints.hit("receipt.before_save")
+                self._count_usage(result.usage, result.usage_malformed)
                 done = current
                 try:
                     t = await self._advance(
@@ -594,6 +597,7 @@ class OperationActor:
                             done, attempt_id, self._ctx(command),
                             response_id=result.response_id,
                             sequence_number=result.sequence_number,
+                            usage=result.usage,
                         ),
                         completion=payload,
                     )
@@ -613,6 +617,7 @@ class OperationActor:
                     rt.telemetry.emit("receipt.saved", self.operation_id, bytes=len(payload))
                 return t
         failure = result
+        self._count_usage(failure.usage, failure.usage_malformed)
         rt.telemetry.emit("attempt.failed", self.operation_id, kind=failure.kind,
                           http_status=failure.http_status, code=failure.provider_code)
         failed_from = current
@@ -621,6 +626,21 @@ class OperationActor:
                 failed_from, attempt_id, failure, self._ctx(command)
             )
         )
+
+    def _count_usage(self, usage: Usage | None, malformed: bool) -> None:
+        """Telemetry for an attempt's reported usage: token counts only (never text)."""
+        rt = self.rt
+        if malformed:
+            rt.usage_malformed += 1
+            rt.telemetry.emit("attempt.usage_malformed", self.operation_id)
+        if usage is not None:
+            rt.telemetry.emit(
+                "attempt.usage", self.operation_id,
+                input_tokens=usage.input_tokens,
+                cached_input_tokens=usage.cached_input_tokens,
+                output_tokens=usage.output_tokens,
+                reasoning_tokens=usage.reasoning_tokens,
+            )
 
     async def _deliver(self, current: OperationRecord) -> Any:
         assert self.watch is not None

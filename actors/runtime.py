@@ -33,7 +33,7 @@ from recoverable.storage.retention import remove_content
 from recoverable.storage.store import RecoveryStore, WriteTxn
 from recoverable.transport.base import Credentials
 from recoverable.transport.connect import ConnectBackoff, EndpointGate
-from recoverable.transport.outcome import Outcome, Progress
+from recoverable.transport.outcome import Outcome, Progress, Usage
 
 from recoverable import _killpoints, errors, machine
 from recoverable.body import body_hash, freeze_body
@@ -112,6 +112,7 @@ class Runtime:
         self.monitor = monitor
         self.connect_backoff = connect_backoff
         self.attempts_consumed = 0  # attempts this runtime consumed (persisted before sending)
+        self.usage_malformed = 0  # attempts whose reported usage was ignored as malformed
         self._gates: dict[str, EndpointGate] = {}
 
     def endpoint_gate(self, endpoint_id: str) -> EndpointGate:
@@ -171,8 +172,14 @@ class Runtime:
         input_revision: str | None = None,
         contract_version: str | None = None,
         previous_operation_id: str | None = None,
+        maximum_output_tokens_total: int | None = None,
     ) -> Handle:
         """Freeze the request and persist the operation without sending anything.
+
+        ``maximum_output_tokens_total`` (optional) is a token budget saved with the
+        operation like ``maximum_attempts``: once the output tokens the provider reported
+        across its attempts reach it, no replacement is authorized
+        (``TokenBudgetExhausted``, availability ``exhausted``). See docs/usage.md.
 
         ``previous_operation_id`` names a prior operation of the same host job, for
         diagnostics only (shown in status, receipts and markers): the new operation
@@ -189,6 +196,7 @@ class Runtime:
             job_id=job_id,
             input_revision=input_revision,
             contract_version=contract_version,
+            maximum_output_tokens_total=maximum_output_tokens_total,
         )
         machine.validate_metadata("previous_operation_id", previous_operation_id)
         if self.backend is None:
@@ -219,6 +227,7 @@ class Runtime:
             body_hash=body_hash(body),
             root_operation_id=operation_id,
             previous_operation_id=previous_operation_id,
+            maximum_output_tokens_total=maximum_output_tokens_total,
         )
         stored = msgspec.json.encode(
             StoredRequest(request=request, format_name=contract.name, schema=contract.schema)
@@ -409,6 +418,8 @@ class Runtime:
             body_hash=body_hash(body),
             root_operation_id=source.root_operation_id,
             previous_operation_id=source_id,
+            # The same per-operation token budget, counted afresh for the successor.
+            maximum_output_tokens_total=source.maximum_output_tokens_total,
         )
 
         def create(txn: WriteTxn) -> None:
@@ -538,6 +549,7 @@ class Runtime:
             job_id=d.job_id,
             input_revision=d.input_revision,
             scope=d.scope,
+            usage=d.usage or Usage(),
         )
 
     async def receipt(self, handle: Handle) -> Receipt:
@@ -572,6 +584,7 @@ class Runtime:
             previous_operation_id=record.previous_operation_id,
             response_id=last.response_id if last else None,
             account=record.account,
+            usage=record.usage,
         )
 
     async def inventory(self, scope: str | None = None) -> Inventory:
@@ -724,6 +737,7 @@ class Runtime:
                     previous_operation_id=record.previous_operation_id,
                     attempts_used=record.attempts_used,
                     maximum_attempts=record.maximum_attempts,
+                    usage=record.usage,
                 ),
             )
 

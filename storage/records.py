@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import msgspec
-from recoverable.transport.outcome import Interruption
+from recoverable.transport.outcome import Interruption, Usage
 
 from recoverable.types import AccountBinding, AttemptReason, RetryPolicy, StructuredRequest
 
@@ -46,6 +46,7 @@ FailureReason = Literal[
     "tool_activity",  # tool call seen: nothing executed, never replaced
     "response_too_large",  # a configured size bound was passed: a replacement would too
     "authentication_required",  # 401 and renewal unavailable
+    "token_budget_exhausted",  # maximum_output_tokens_total reached: no replacement
 ]
 
 PayloadKind = Literal["body", "request", "completion"]
@@ -68,6 +69,9 @@ class AttemptRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     response_id: str | None = None
     sequence_number: int | None = None
     failure: Interruption | None = None
+    # The tokens the provider reported for this attempt (added after version 2 was
+    # released: optional, so records written before decode unchanged; None = not reported).
+    usage: Usage | None = None
 
 
 class RetryReservation(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -115,10 +119,29 @@ class OperationRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     # The typed connect failure (transport.connect.ConnectKind) seen while trying to send
     # the pending attempt; no budget was spent for it. Cleared when an attempt is consumed.
     endpoint_failure: str | None = None
+    # The optional token budget of this operation: once the output tokens reported across
+    # its attempts reach it, no replacement is authorized (added after version 2 was
+    # released: optional, so records written before decode unchanged; None = no budget).
+    maximum_output_tokens_total: int | None = None
 
     @property
     def attempts_remaining(self) -> int:
         return max(0, self.maximum_attempts - self.attempts_used)
+
+    @property
+    def usage(self) -> Usage:
+        """The tokens reported across every attempt of this operation (zeros if none)."""
+        total = Usage()
+        for attempt in self.attempts:
+            if attempt.usage is not None:
+                total = total + attempt.usage
+        return total
+
+    @property
+    def token_budget_spent(self) -> bool:
+        """The output tokens reported so far reached ``maximum_output_tokens_total``."""
+        limit = self.maximum_output_tokens_total
+        return limit is not None and self.usage.output_tokens >= limit
 
     @property
     def has_completion(self) -> bool:
@@ -174,6 +197,9 @@ class DispositionRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     attempts_used: int = 0
     maximum_attempts: int = 0
     removal_complete: bool = False  # payloads and the operation record are gone
+    # The tokens reported across the operation's attempts (counts only; added after
+    # version 1 was released: optional, so markers written before decode unchanged).
+    usage: Usage | None = None
 
 
 class StoredRequest(msgspec.Struct, frozen=True, kw_only=True):

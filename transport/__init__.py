@@ -17,6 +17,7 @@ from recoverable.transport.outcome import (
     Interruption,
     Outcome,
     Progress,
+    Usage,
 )
 
 if TYPE_CHECKING:
@@ -48,6 +49,7 @@ __all__ = [
     "ResponsesBackend",
     "StaticCredentials",
     "StreamLimits",
+    "Usage",
     "normalize_base_url",
     "parse_retry_after",
 ]

@@ -18,10 +18,13 @@ from recoverable.transport.outcome import (
     Completed,
     Interruption,
     InterruptionKind,
+    MalformedUsage,
     Outcome,
     Progress,
+    Usage,
     bounded_code,
     bounded_response_id,
+    parse_usage,
 )
 
 __all__ = [
@@ -203,6 +206,9 @@ class ResponseStream:
         self._done_texts: dict[tuple[int, int], str] = {}
         self._refusal = False
         self.outcome: Outcome | None = None
+        # The terminal response's ``usage`` (completed / incomplete / failed), once seen.
+        self.usage: Usage | None = None
+        self.usage_malformed = False
 
     # -- building outcomes -------------------------------------------------
     def interrupt(self, kind: InterruptionKind, **fields: Any) -> Interruption:
@@ -210,6 +216,8 @@ class ResponseStream:
         fields.setdefault("sequence_number", self.sequence_number)
         fields.setdefault("had_output", self.had_output)
         fields.setdefault("had_tool_activity", self.had_tool_activity)
+        fields.setdefault("usage", self.usage)
+        fields.setdefault("usage_malformed", self.usage_malformed)
         return Interruption(kind=kind, **fields)
 
     def _finish(self, outcome: Outcome) -> Outcome:
@@ -295,6 +303,17 @@ class ResponseStream:
                 self.response_id = bounded_response_id(rid)
         return response
 
+    def _learn_usage(self, response: Mapping[str, Any] | None) -> None:
+        """Read a terminal response's ``usage``. Malformed usage is ignored and flagged,
+        never a failure of the attempt: the tokens were consumed either way."""
+        if response is None:
+            return
+        try:
+            self.usage = parse_usage(response.get("usage"))
+        except MalformedUsage:
+            self.usage = None
+            self.usage_malformed = True
+
     def _dispatch(self, etype: str, event: dict[str, Any]) -> Outcome | None:
         if etype in ("response.created", "response.in_progress", "response.queued"):
             self._learn_response(event)
@@ -336,14 +355,17 @@ class ResponseStream:
             return None
         if etype == "response.completed":
             response = self._learn_response(event)
+            self._learn_usage(response)
             return self._completed(response)
         if etype == "response.failed":
             response = self._learn_response(event)
+            self._learn_usage(response)
             error = response.get("error") if response is not None else None
             ptype, pcode = error_fields(error)
             return self.interrupt("provider_failed", provider_type=ptype, provider_code=pcode)
         if etype == "response.incomplete":
             response = self._learn_response(event)
+            self._learn_usage(response)
             details = response.get("incomplete_details") if response is not None else None
             reason = (
                 bounded_code(_str(details.get("reason"))) if isinstance(details, Mapping) else None
@@ -431,5 +453,9 @@ class ResponseStream:
                 for k in keys
             )
         return Completed(
-            text=final, response_id=self.response_id, sequence_number=self.sequence_number
+            text=final,
+            response_id=self.response_id,
+            sequence_number=self.sequence_number,
+            usage=self.usage,
+            usage_malformed=self.usage_malformed,
         )

@@ -86,13 +86,18 @@ class Reply:
     every: float | None = None
     response_id: str | None = None
     framing: str | None = None
+    usage: Any = None  # replaces the computed ``usage`` object of the terminal event
 
     # -- constructors ---------------------------------------------------------
     @classmethod
-    def complete(cls, payload: Any) -> Reply:
-        """Stream ``payload`` (JSON-encoded) as the output text, then ``response.completed``."""
+    def complete(cls, payload: Any, *, usage: Any = None) -> Reply:
+        """Stream ``payload`` (JSON-encoded) as the output text, then ``response.completed``.
+
+        Its ``usage`` is computed from the request and answer sizes, unless ``usage``
+        gives the JSON value to send instead (to test malformed usage)."""
         msgspec.json.encode(payload)  # fail early for non-JSON payloads
-        return cls("complete", payload=payload)
+        msgspec.json.encode(usage)
+        return cls("complete", payload=payload, usage=usage)
 
     @classmethod
     def synthesize(cls) -> Reply:
@@ -758,14 +763,26 @@ def _response_object(
     }
 
 
-def _usage(text: str) -> dict[str, Any]:
-    out = max(1, len(text) // 4)
+def _usage(text: str, request: Mapping[str, Any]) -> dict[str, Any]:
+    """A realistic ``usage`` object, deterministic from the request and answer sizes
+    (about four characters a token, like English text). Output tokens include the
+    reasoning tokens, which grow with the requested effort, as in the provider's usage."""
+    prompt = msgspec.json.encode(
+        [request.get("instructions"), request.get("input"), request.get("text")]
+    )
+    input_tokens = max(1, len(prompt) // 4)
+    reasoning = request.get("reasoning")
+    effort = reasoning.get("effort") if isinstance(reasoning, Mapping) else None
+    reasoning_tokens = {"minimal": 0, "low": 16, "medium": 64, "high": 256}.get(
+        effort if isinstance(effort, str) else "", 0
+    )
+    out = max(1, len(text) // 4) + reasoning_tokens
     return {
-        "input_tokens": 10,
+        "input_tokens": input_tokens,
         "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
         "output_tokens": out,
-        "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": 10 + out,
+        "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
+        "total_tokens": input_tokens + out,
     }
 
 
@@ -830,6 +847,7 @@ def events_for(
     if kind == "failed":
         failed = resp("failed", [])
         failed["error"] = {"code": reply.code or "server_error", "message": "The model failed."}
+        failed["usage"] = _usage("", request)  # the input was processed before it failed
         emit({"type": "response.failed", "response": failed})
         return events
 
@@ -851,7 +869,7 @@ def events_for(
         done_call = dict(call, status="completed", arguments=args)
         emit({"type": "response.output_item.done", "output_index": 0, "item": done_call})
         final = resp("completed", [done_call])
-        final["usage"] = _usage(args)
+        final["usage"] = _usage(args, request)
         emit({"type": "response.completed", "response": final})
         return events
 
@@ -882,7 +900,7 @@ def events_for(
         msg = dict(item, status="incomplete", content=[part])
         final = resp("incomplete", [msg])
         final["incomplete_details"] = {"reason": reply.reason or "max_output_tokens"}
-        final["usage"] = _usage(partial)
+        final["usage"] = _usage(partial, request)
         emit({"type": "response.incomplete", "response": final})
         return events
     if kind == "refusal":
@@ -898,6 +916,6 @@ def events_for(
     msg = dict(item, status="completed", content=[part])
     emit({"type": "response.output_item.done", "output_index": 0, "item": msg})
     final = resp("completed", [msg])
-    final["usage"] = _usage(text)
+    final["usage"] = _usage(text, request) if reply.usage is None else reply.usage
     emit({"type": "response.completed", "response": final})
     return events

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Final, Literal
+from collections.abc import Mapping
+from typing import Annotated, Final, Literal
 
 import msgspec
 import msgspec.structs
@@ -90,6 +91,86 @@ def bounded_response_id(value: object) -> str | None:
     return f"{prefix}~{digest}"
 
 
+# -- token usage ---------------------------------------------------------------------------
+# The sane cap on one attempt's token count: far above any context window, far below what
+# overflows anything. A reported count outside 0..MAX_USAGE_TOKENS makes the usage malformed.
+MAX_USAGE_TOKENS: Final = 10**9
+_Count = Annotated[int, msgspec.Meta(ge=0)]  # a decoded record never holds a negative count
+
+
+class Usage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The tokens one attempt consumed, as the provider reported them (counts only).
+
+    ``input_tokens`` includes ``cached_input_tokens`` and ``output_tokens`` includes
+    ``reasoning_tokens``, as in the Responses API's ``usage`` object. Build one from
+    provider JSON with :func:`parse_usage` (bounded and validated); sums of several
+    attempts (``+``) may pass the per-attempt cap.
+    """
+
+    input_tokens: _Count = 0
+    cached_input_tokens: _Count = 0
+    output_tokens: _Count = 0
+    reasoning_tokens: _Count = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            cached_input_tokens=self.cached_input_tokens + other.cached_input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            reasoning_tokens=self.reasoning_tokens + other.reasoning_tokens,
+        )
+
+
+class MalformedUsage(ValueError):
+    """The provider's ``usage`` object is not a bounded, consistent set of counts."""
+
+
+def _count(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise MalformedUsage(name)
+    if not 0 <= value <= MAX_USAGE_TOKENS:
+        raise MalformedUsage(name)
+    return value
+
+
+def _details(usage: Mapping[str, object], key: str, field: str) -> int:
+    details = usage.get(key)
+    if details is None:
+        return 0
+    if not isinstance(details, Mapping):
+        raise MalformedUsage(key)
+    value = details.get(field)
+    return 0 if value is None else _count(value, f"{key}.{field}")
+
+
+def parse_usage(value: object) -> Usage | None:
+    """A response object's ``usage`` as a :class:`Usage`; ``None`` when absent (``null``).
+
+    Raises :class:`MalformedUsage` for anything else that is not non-negative integer
+    counts within ``MAX_USAGE_TOKENS`` with cached <= input and reasoning <= output.
+    Unknown extra keys (``total_tokens``, newer details) are ignored.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise MalformedUsage("usage")
+    usage = Usage(
+        input_tokens=_count(value.get("input_tokens"), "input_tokens"),
+        cached_input_tokens=_details(value, "input_tokens_details", "cached_tokens"),
+        output_tokens=_count(value.get("output_tokens"), "output_tokens"),
+        reasoning_tokens=_details(value, "output_tokens_details", "reasoning_tokens"),
+    )
+    if usage.cached_input_tokens > usage.input_tokens:
+        raise MalformedUsage("cached_tokens")
+    if usage.reasoning_tokens > usage.output_tokens:
+        raise MalformedUsage("reasoning_tokens")
+    return usage
+
+
 class Interruption(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Why an attempt did not produce a completed response.
 
@@ -109,6 +190,11 @@ class Interruption(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     had_output: bool = False
     had_tool_activity: bool = False
     transport_code: str | None = None  # e.g. "ws_close_1006", "connect_refused", "frame_too_large"
+    # The tokens the provider reported for this attempt (response.incomplete / .failed, or
+    # a completion that failed validation). The operation record keeps them on the
+    # attempt (``AttemptRecord.usage``), not here: a persisted failure has ``None``.
+    usage: Usage | None = None
+    usage_malformed: bool = False  # a usage object was sent but ignored as malformed
 
     def __post_init__(self) -> None:
         for name in ("provider_type", "provider_code", "transport_code"):
@@ -150,6 +236,8 @@ class Completed(msgspec.Struct, frozen=True, kw_only=True):
     text: str
     response_id: str | None = None
     sequence_number: int | None = None
+    usage: Usage | None = None  # the reported usage, when it was sent and well formed
+    usage_malformed: bool = False  # a usage object was sent but ignored as malformed
 
     def __post_init__(self) -> None:
         _bound_id(self)

@@ -23,7 +23,7 @@ from recoverable.telemetry import LoggingSink, TelemetryEvent, TelemetrySink
 from recoverable.transport.backend import ResponsesBackend
 from recoverable.transport.base import Credentials, StaticCredentials, StreamLimits
 from recoverable.transport.connect import ConnectBackoff
-from recoverable.transport.outcome import Completed, Interruption
+from recoverable.transport.outcome import Completed, Interruption, Usage
 from recoverable.types import (
     AccountBinding,
     Attempt,
@@ -65,6 +65,7 @@ __all__ = [
     "StructuredRequest",
     "TelemetryEvent",
     "TelemetrySink",
+    "Usage",
     "open_runtime",
     *_errors_all,
 ]

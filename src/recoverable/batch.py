@@ -31,6 +31,7 @@ from recoverable import _killpoints, errors, machine
 from recoverable.actors.runtime import Runtime, open_runtime
 from recoverable.body import body_hash, freeze_body, parameters_from_wire
 from recoverable.contract import contract_for
+from recoverable.pricing import PriceTable, TokenLedger, builtin_prices
 from recoverable.storage.store import RecoveryStore
 from recoverable.transport.backend import ResponsesBackend
 from recoverable.transport.base import StaticCredentials, validate_api_key
@@ -522,6 +523,7 @@ class BatchConfig:
     # The batch opts in explicitly to replacing these response.failed codes (the library
     # default replaces none); ``--retry-provider-codes`` overrides, "" disables.
     retry_provider_codes: frozenset[str] = DEFAULT_RETRY_PROVIDER_CODES
+    prices: PriceTable | None = None  # --prices FILE (None: the dated built-in estimate)
 
 
 @attrs.define
@@ -545,6 +547,8 @@ class BatchSummary:
     fatal: str | None = None
     retry_provider_codes: tuple[str, ...] = ()  # the opt-in this run used (shown, sorted)
     endpoint_unavailable: str | None = None  # the typed connect failure at the end, if any
+    tokens: TokenLedger = attrs.field(factory=TokenLedger)  # usage of the jobs run (19.3)
+    prices: PriceTable | None = None
 
     @property
     def failed_total(self) -> int:
@@ -581,6 +585,7 @@ class BatchSummary:
         ]
         if self.maximum_retry_after is not None:
             rows.append(("Retry-After honoured up to", f"{self.maximum_retry_after:g} s"))
+        rows += self.tokens.rows(self.prices)
         if self.truncated_bytes:
             rows.append(("torn output tail cut", f"{self.truncated_bytes} bytes"))
         if self.endpoint_unavailable is not None:
@@ -738,6 +743,7 @@ class BatchHost:
                 )
             finally:
                 self.running -= 1
+            self._count_tokens(handle.operation_id)
         except _JobFailed as failed:
             self._failed(job, failed.reason, failed.detail)
             return
@@ -754,6 +760,7 @@ class BatchHost:
             )
             return
         except errors.RecoveryError as exc:
+            self._count_tokens(exc.operation_id)
             detail = str(exc) if str(exc) != exc.code else ""
             if exc.operation_id is not None:
                 detail = (detail + "; " if detail else "") + self._hint(exc.operation_id)
@@ -819,6 +826,15 @@ class BatchHost:
         if "sign_in" in suggested:
             return f"operation {operation_id} (fix the credentials, then rerun to resume it)"
         return f"operation {operation_id}"
+    def _count_tokens(self, operation_id: str | None) -> None:
+        """Add the operation's per-attempt usage to the summary (before acknowledge
+        removes the record): every attempt's tokens, replaced ones included."""
+        try:
+            record = self.store.get_operation(operation_id) if operation_id else None
+        except errors.RecoveryError:
+            return
+        if record is not None:
+            self.summary.tokens.add(record)
 
     def _failed(self, job: Job, reason: str, detail: str) -> None:
         self.summary.failed[reason] += 1
@@ -1196,6 +1212,7 @@ def run_batch(config: BatchConfig, *, out: IO[str] | None, err: IO[str] | None) 
         skipped_lines=len(jobs_file.bad_lines),
         duplicates=len(jobs_file.duplicates),
         retry_provider_codes=tuple(sorted(config.retry_provider_codes)),
+        prices=config.prices or builtin_prices(),
     )
     for bad in jobs_file.bad_lines:
         say(f"{config.jobs_path}:{bad.lineno}: skipped: {bad.reason}")

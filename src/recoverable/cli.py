@@ -36,6 +36,7 @@ from recoverable.batch import (
     BatchConfig,
     run_batch,
 )
+from recoverable.pricing import attempts_usage_text, load_prices, usage_text
 from recoverable.storage.store import RecoveryStore
 from recoverable.transport.base import StaticCredentials
 from recoverable.transport.fixture import FaultSpec, fixture_main
@@ -224,6 +225,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="a stream silent this long is interrupted (and replaced)",
     )
+    batch.add_argument(
+        "--prices",
+        metavar="FILE",
+        help="JSON price table for the cost estimate: model -> {input, cached_input, output} "
+        "in USD per 1M tokens (default: a small dated built-in estimate)",
+    )
 
     for name in OPS_COMMANDS:
         helps = {
@@ -342,6 +349,13 @@ def _usage_error(command: str | None, exc: UsageError, as_json: bool) -> None:
 
 def _batch(args: argparse.Namespace, out: IO[str] | None, err: IO[str] | None) -> int:
     out_path = os.path.abspath(args.out)
+    prices = None
+    if args.prices is not None:
+        try:
+            prices = load_prices(args.prices)
+        except errors.InvalidRequest as exc:
+            err.write(f"recoverable batch: --prices: {exc}\n")
+            return EXIT_USAGE
     config = BatchConfig(
         jobs_path=args.jobs,
         out_path=out_path,
@@ -363,6 +377,7 @@ def _batch(args: argparse.Namespace, out: IO[str] | None, err: IO[str] | None) -
             args.retry_provider_codes if args.retry_provider_codes is not None
             else DEFAULT_RETRY_PROVIDER_CODES
         ),
+        prices=prices,
     )
     if args.faults is not None and args.endpoint != "fixture":
         raise UsageError("--faults only applies to --endpoint fixture")
@@ -686,6 +701,9 @@ def format_status(status: Status) -> str:
         ("next attempt at", status.next_attempt_at.isoformat() if status.next_attempt_at else None),
         ("expires at", status.expires_at.isoformat() if status.expires_at else None),
         ("last failure", _failure(failure) if failure is not None else None),
+        ("tokens", usage_text(status.usage)),
+        ("tokens per attempt", attempts_usage_text((a.number, a.usage) for a in status.attempts)),
+        ("output token budget", status.maximum_output_tokens_total),
         ("response id", status.response_id),
         ("suggested", ", ".join(status.suggested_actions)),
         ("redacted", "yes (another account)" if status.redacted else None),
@@ -738,6 +756,7 @@ def format_receipt(receipt: Receipt) -> str:
         ("format", receipt.format_name),
         ("completed at", receipt.completed_at.isoformat()),
         ("response id", receipt.response_id),
+        ("tokens", usage_text(receipt.usage)),
     ]
     return _rows(rows) + "result:\n" + result + "\n"
 

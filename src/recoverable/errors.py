@@ -46,6 +46,7 @@ __all__ = [
     "StorageUnavailable",
     "StoreDamaged",
     "StoreLockReplaced",
+    "TokenBudgetExhausted",
     "TrioRequired",
     "UnsupportedInputItem",
     "UnsupportedOutputType",
@@ -653,3 +654,13 @@ def _facts(interruption: Interruption) -> list[str]:
     if interruption.retry_after is not None:
         facts.append(f"retry after {interruption.retry_after:g} s")
     return facts
+class TokenBudgetExhausted(AttemptsExhausted):
+    """The operation's ``maximum_output_tokens_total`` is spent: the output tokens reported
+    across its attempts reached it, so no replacement is authorized. A subclass of
+    ``AttemptsExhausted`` (the same remedy: only a deliberate manual retry continues);
+    status availability ``exhausted``, failure reason ``token_budget_exhausted``."""
+
+    code = "token_budget_exhausted"
+
+    def _what(self) -> str:
+        return f"its output-token budget (maximum_output_tokens_total) is spent{self._last()}"

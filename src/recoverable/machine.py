@@ -51,7 +51,7 @@ from recoverable.storage.records import (
     OperationRecord,
     PendingAttempt,
 )
-from recoverable.transport.outcome import Interruption
+from recoverable.transport.outcome import MAX_USAGE_TOKENS, Interruption, Usage
 from recoverable.types import (
     AccountBinding,
     Attempt,
@@ -67,6 +67,9 @@ from recoverable.types import (
 )
 
 MAX_ATTEMPTS: Final = 1000
+# The largest accepted ``maximum_output_tokens_total`` (every attempt may report up to
+# MAX_USAGE_TOKENS, so a larger budget could never be reached).
+MAX_OUTPUT_TOKENS_TOTAL: Final = MAX_ATTEMPTS * MAX_USAGE_TOKENS
 MAX_METADATA_CHARS: Final = 1024
 
 # Interruption kinds that are always replacement-eligible: the attempt produced no
@@ -159,7 +162,16 @@ def validate_preparation(
     job_id: str | None,
     input_revision: str | None,
     contract_version: str | None,
+    maximum_output_tokens_total: int | None = None,
 ) -> None:
+    m = maximum_output_tokens_total
+    if m is not None and (
+        not isinstance(m, int) or isinstance(m, bool) or not 1 <= m <= MAX_OUTPUT_TOKENS_TOTAL
+    ):
+        raise errors.InvalidRequest(
+            f"maximum_output_tokens_total must be None or an integer in "
+            f"1..{MAX_OUTPUT_TOKENS_TOTAL}"
+        )
     if (
         not isinstance(maximum_attempts, int)
         or isinstance(maximum_attempts, bool)
@@ -285,7 +297,16 @@ def _suspended(rec: OperationRecord) -> OperationRecord:
     return evolve(_close_in_flight(rec, "suspended"), phase="suspended")
 
 
-def _ended(a: AttemptRecord, outcome: str, failure: Interruption | None) -> AttemptRecord:
+def _stored_failure(failure: Interruption) -> Interruption:
+    """The failure as the record keeps it: its usage lives on the attempt, not here."""
+    if failure.usage is None and not failure.usage_malformed:
+        return failure
+    return msgspec.structs.replace(failure, usage=None, usage_malformed=False)
+
+
+def _ended(
+    a: AttemptRecord, outcome: str, failure: Interruption | None, usage: Usage | None = None
+) -> AttemptRecord:
     return AttemptRecord(
         attempt_id=a.attempt_id,
         number=a.number,
@@ -299,6 +320,7 @@ def _ended(a: AttemptRecord, outcome: str, failure: Interruption | None) -> Atte
             else failure.sequence_number
         ),
         failure=failure,
+        usage=usage if usage is not None else a.usage,
     )
 
 
@@ -314,15 +336,32 @@ def _terminal_error(rec: OperationRecord) -> errors.RecoveryError:
         )
     if reason == "authentication_required":
         return errors.AuthenticationRequired(operation_id=rec.operation_id)
+    if reason == "token_budget_exhausted":
+        return errors.TokenBudgetExhausted(
+            f"{rec.usage.output_tokens} output tokens reported, "
+            f"maximum_output_tokens_total {rec.maximum_output_tokens_total}",
+            operation_id=rec.operation_id,
+            last_failure=rec.last_failure,
+        )
     return errors.PermanentlyFailed(
         str(reason), operation_id=rec.operation_id, last_failure=rec.last_failure
     )
 
 
+def _budget_spent(rec: OperationRecord) -> FailureReason | None:
+    """Which saved budget forbids another attempt: the attempts, then the output tokens."""
+    if rec.attempts_remaining == 0:
+        return "exhausted"
+    if rec.token_budget_spent:
+        return "token_budget_exhausted"
+    return None
+
+
 def _next_step(rec: OperationRecord, ctx: Context) -> Transition:
     """From an idle, generation-capable record: wait, or ask the host for the next attempt."""
-    if rec.attempts_remaining == 0:
-        new = evolve(rec, phase="failed", failure_reason="exhausted", pending=None)
+    spent = _budget_spent(rec)
+    if spent is not None:
+        new = evolve(rec, phase="failed", failure_reason=spent, pending=None)
         return _t(rec, new, Stop(_terminal_error(new)))
     if _expired(rec, ctx.now):
         return _t(rec, rec, Stop(errors.StateExpired(operation_id=rec.operation_id)))
@@ -451,8 +490,9 @@ def authorization_answered(
         return _t(rec, evolve(rec, phase=idle_phase), Stop(
             errors.StateExpired(operation_id=rec.operation_id)
         ))
-    if rec.attempts_remaining == 0:
-        new = evolve(rec, phase="failed", failure_reason="exhausted", pending=None)
+    spent = _budget_spent(rec)
+    if spent is not None:
+        new = evolve(rec, phase="failed", failure_reason=spent, pending=None)
         return _t(rec, new, Stop(_terminal_error(new)))
     pending = rec.pending
     consumed = AttemptRecord(
@@ -517,6 +557,7 @@ def progress(
         outcome=last.outcome,
         response_id=response_id if response_id is not None else last.response_id,
         sequence_number=sequence_number if sequence_number is not None else last.sequence_number,
+        usage=last.usage,
     )
     new = evolve(rec, attempts=(*rec.attempts[:-1], updated))
     return _t(rec, new, None)
@@ -590,7 +631,9 @@ def attempt_failed(
     drops a persisted cooldown or a pending 401 reissue.
     """
     last = _in_flight(rec, attempt_id)
-    ended = _ended(last, "failed", failure)
+    usage = failure.usage
+    failure = _stored_failure(failure)
+    ended = _ended(last, "failed", failure, usage)
     base = evolve(rec, attempts=(*rec.attempts[:-1], ended), last_failure=failure)
     reason = classify(failure, rec.retry_policy)
     terminal: errors.RecoveryError | None = None
@@ -607,8 +650,12 @@ def attempt_failed(
     else:
         delay = backoff_delay(rec.retry_policy, base.attempts_used, failure.retry_after)
         new = evolve(base, phase="waiting", next_attempt_at=ctx.now + delay)
-    if terminal is None and new.attempts_remaining == 0:
-        new = evolve(new, phase="failed", failure_reason="exhausted")
+    spent = _budget_spent(new)
+    if terminal is None and spent is not None:
+        # The attempt budget, or the output-token budget (the tokens this attempt
+        # reported included), is spent: no replacement is authorized.
+        new = evolve(new, phase="failed", failure_reason=spent, renew_next=False,
+                     next_attempt_at=None)
         terminal = _terminal_error(new)
     if ctx.command == "cancel":
         return Transition(*_cmd(new, "cancel"), changed=True)
@@ -635,6 +682,7 @@ def completion_validated(
     *,
     response_id: str | None,
     sequence_number: int | None,
+    usage: Usage | None = None,
 ) -> Transition:
     """A validated completion arrived. The driver saves the payload with this record
     (the receipt) before delivering. A cancel fences it off; a suspend keeps it."""
@@ -647,6 +695,7 @@ def completion_validated(
         outcome="completed",
         response_id=response_id or last.response_id,
         sequence_number=sequence_number if sequence_number is not None else last.sequence_number,
+        usage=usage,
     )
     base = evolve(rec, attempts=(*rec.attempts[:-1], done))
     if ctx.command == "cancel":
@@ -732,8 +781,8 @@ def check_retry_source(rec: OperationRecord, *, now: float, endpoint_id: str | N
             raise errors.RetryNotAllowed(
                 "sign in to the same account and resume instead", operation_id=op
             )
-        return  # exhausted, quota, rejected, provider failure, invalid output, incomplete
-    if rec.attempts_remaining == 0:
+        return  # exhausted (attempts or tokens), quota, rejected, provider failure, ...
+    if rec.attempts_remaining == 0 or rec.token_budget_spent:
         return  # exhausted (also: suspended and exhausted)
     if _expired(rec, now):
         return  # expired attempt permission
@@ -783,6 +832,7 @@ def derive_status(
     if command == "cancel" and not lease_live:
         phase = "cancelled"
     remaining = rec.attempts_remaining
+    spent = rec.token_budget_spent
     blockers: set[Blocker] = set()
     if endpoint_blocked(rec, endpoint_id):
         blockers.add("configuration_unavailable")
@@ -803,11 +853,12 @@ def derive_status(
         state = "failed"
         availability = {
             "exhausted": "exhausted",
+            "token_budget_exhausted": "exhausted",
             "authentication_required": "authentication_required",
         }.get(rec.failure_reason or "", "failed")  # type: ignore[assignment]
     elif phase == "suspended":
         state = "suspended"
-        availability = "suspended" if remaining else "exhausted"
+        availability = "suspended" if remaining and not spent else "exhausted"
     elif lease_live and phase in ("authorizing", "transmitting", "waiting"):
         state = "running"
         availability = "waiting" if phase == "waiting" else "running"
@@ -815,7 +866,7 @@ def derive_status(
         state, availability = "prepared", "ready"
     else:  # authorizing / transmitting / waiting with no live owner
         state = "interrupted"
-        if remaining == 0:
+        if remaining == 0 or spent:
             availability = "exhausted"
         elif rec.next_attempt_at is not None and rec.next_attempt_at > now:
             availability = "waiting"
@@ -862,6 +913,7 @@ def derive_status(
                 response_id=a.response_id,
                 sequence_number=a.sequence_number,
                 failure=a.failure,
+                usage=a.usage,
             )
             for a in rec.attempts
         ),
@@ -875,6 +927,8 @@ def derive_status(
         scope=rec.scope,
         pending_attempt_id=rec.pending.attempt_id if rec.pending else None,
         endpoint_failure=endpoint_failure,
+        usage=rec.usage,
+        maximum_output_tokens_total=rec.maximum_output_tokens_total,
     )
 
 

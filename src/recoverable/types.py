@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from recoverable.transport.outcome import Interruption
+from recoverable.transport.outcome import Interruption, Usage
 
 AttemptReason = Literal["initial", "replacement", "authentication_reissue"]
 Selection = Literal["preserve", "reselect"]
@@ -195,6 +195,7 @@ class AttemptSummary(msgspec.Struct, frozen=True, kw_only=True):
     response_id: str | None = None
     sequence_number: int | None = None
     failure: Interruption | None = None
+    usage: Usage | None = None  # the tokens the provider reported (None: not reported)
 
 
 class Status(msgspec.Struct, frozen=True, kw_only=True):
@@ -227,6 +228,10 @@ class Status(msgspec.Struct, frozen=True, kw_only=True):
     # The typed connect failure (connect_refused, dns_failure, tls_failure, connect_timeout,
     # handshake_failed, connect_failed) while availability is "endpoint_unavailable".
     endpoint_failure: str | None = None
+    # The tokens reported across every attempt (replacements included), and the saved
+    # output-token budget (None: none) — see docs/usage.md.
+    usage: Usage = Usage()
+    maximum_output_tokens_total: int | None = None
 
 
 class Receipt(msgspec.Struct, frozen=True, kw_only=True):
@@ -245,6 +250,9 @@ class Receipt(msgspec.Struct, frozen=True, kw_only=True):
     previous_operation_id: str | None
     response_id: str | None
     account: AccountBinding
+    # The tokens reported across every attempt of the operation, including the attempts
+    # replaced before this result (what the result cost).
+    usage: Usage = Usage()
 
     def decode(self, type: Any) -> Any:
         """Decode the payload as ``type``: the ``response=`` type (a msgspec Struct, a pydantic

@@ -11,7 +11,13 @@ import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from recoverable.transport import Completed, Interruption, StaticCredentials, StreamLimits
+from recoverable.transport import (
+    Completed,
+    Interruption,
+    StaticCredentials,
+    StreamLimits,
+    Usage,
+)
 from recoverable.transport.base import normalize_base_url, parse_error_body, parse_retry_after
 from recoverable.transport.events import FrameTooLarge, ResponseStream, SseDecoder, SseFrame
 from recoverable.transport.fixture_replies import events_for
@@ -82,8 +88,10 @@ def feed_all(events: list[dict[str, Any]], **kw: Any) -> Any:
 def test_full_stream_completes_with_text_from_completed_object() -> None:
     events = events_for(Reply.complete({"k": [1, 2]}), {"model": "m"}, serial=1, created_at=0)
     out = feed_all(events)
+    # The fixture reports usage (issue 19.3): deterministic from request and answer sizes.
     assert out == Completed(text='{"k":[1,2]}', response_id="resp_fixture000000000001",
-                            sequence_number=len(events) - 1)
+                            sequence_number=len(events) - 1,
+                            usage=Usage(input_tokens=4, output_tokens=2))
 
 
 def test_completed_without_output_uses_accumulated_deltas() -> None:

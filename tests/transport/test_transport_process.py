@@ -80,8 +80,11 @@ async def test_killed_client_is_counted_exactly_once(tmp_path: Path, mode: str) 
                  "second-attempt"], capture_stdout=True, cwd=str(HERE),
             )
             outcome_line = done.stdout.decode().strip().splitlines()[-1]
+            # The outcome carries the fixture's reported usage (issue 19.3).
             assert outcome_line == 'outcome {"text":"{\\"answer\\":42}","response_id":' \
-                '"resp_fixture000000000002","sequence_number":11}'
+                '"resp_fixture000000000002","sequence_number":11,"usage":{"input_tokens":134,' \
+                '"cached_input_tokens":0,"output_tokens":3,"reasoning_tokens":0},' \
+                '"usage_malformed":false}'
             listing = await get_requests(info["requests_url"])
             assert [r["attempt_id"] for r in listing] == ["killed-attempt", "second-attempt"]
             assert listing[0]["body"] == listing[1]["body"]
