@@ -354,8 +354,7 @@ def _batch(args: argparse.Namespace, out: IO[str] | None, err: IO[str] | None) -
         try:
             prices = load_prices(args.prices)
         except errors.InvalidRequest as exc:
-            err.write(f"recoverable batch: --prices: {exc}\n")
-            return EXIT_USAGE
+            raise UsageError(f"--prices: {exc}") from None
     config = BatchConfig(
         jobs_path=args.jobs,
         out_path=out_path,
