@@ -4,7 +4,6 @@ what to do; the typed fields and ``.code`` are unchanged; no secret reaches a me
 from __future__ import annotations
 
 import inspect
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +75,11 @@ def test_every_error_names_its_operation_and_what_to_do(error: errors.RecoveryEr
 def test_every_public_error_class_is_readable() -> None:
     """Also the classes added later: each one (built generically when the table above
     does not name it) names the operation and gives a hint, never just its code."""
-    named = {type(e) for e in _constructed()} | {errors.UnsupportedInputItem}
+    # Raised by prepare before any operation exists (no id to name); their text names the
+    # parameter, input item or field instead (checked below and in their own tests).
+    prepare_time = {errors.UnsupportedInputItem, errors.InvalidParameter,
+                    errors.UnsupportedOutputType}
+    named = {type(e) for e in _constructed()} | prepare_time
     for name in errors.__all__:
         cls = getattr(errors, name)
         if not (inspect.isclass(cls) and issubclass(cls, errors.RecoveryError)):
@@ -86,6 +89,8 @@ def test_every_public_error_class_is_readable() -> None:
         error = cls(operation_id=OP)
         text = str(error)
         assert text.startswith(f"operation {OP}: ") and _has_action(text), (name, text)
+    parameter = errors.InvalidParameter("temperature must be in 0..2", parameter="temperature")
+    assert "temperature" in str(parameter) and str(parameter) != parameter.code
 
 
 def test_typed_fields_and_codes_are_unchanged() -> None:
@@ -163,12 +168,6 @@ class Note(msgspec.Struct, frozen=True):
     note: str
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def test_real_failures_name_the_operation_and_leak_nothing(tmp_path: Path) -> None:
     account = recoverable.AccountBinding(SECRET_ACCOUNT, "api-key")
     request = recoverable.StructuredRequest(
@@ -225,19 +224,9 @@ async def test_real_failures_name_the_operation_and_leak_nothing(tmp_path: Path)
                 with pytest.raises(errors.StateUnavailable) as missing:
                     await rt.status(recoverable.Handle("op_missing"))
                 messages.append(str(missing.value))
-            # A refused connection: nothing listens on this port.
-            closed = recoverable.ResponsesBackend(
-                f"http://127.0.0.1:{_free_port()}/v1", credentials=creds, mode="sse",
-                endpoint_id="fixture",
-            )
-            async with recoverable.open_runtime(store, closed, account=account) as rt:
-                unreachable = await rt.prepare(request, response=Note, maximum_attempts=1,
-                                               scope=SECRET_SCOPE, job_id=SECRET_JOB)
-                with pytest.raises(errors.AttemptsExhausted) as refused_conn:
-                    await rt.send_recovering(unreachable, response=Note, authorize=allow)
-                messages.append(str(refused_conn.value))
-                assert "could not connect" in str(refused_conn.value) or (
-                    "connection refused" in str(refused_conn.value))
+            # A refused connection spends nothing and raises nothing: the send waits in the
+            # shared endpoint backoff (tests/runtime/test_endpoint_unavailable.py); its words
+            # are checked in test_connection_failures_say_refused_timeout_or_tls.
     finally:
         store.close()
     for text in messages:

@@ -130,13 +130,14 @@ def test_status_and_receipt_commands_show_the_tokens(tmp_path: Path) -> None:
                      env={"RECOVERABLE_KILL_AT": "receipt.saved"})
     assert killed.returncode == -signal.SIGKILL
     inventory = msgspec.json.decode(
-        run_cli("inventory", "--store", s, "--json").stdout, type=recoverable.Inventory
+        run_cli("inventory", "--store", s, "--account", "batch", "--json").stdout,
+        type=recoverable.Inventory,
     )
     by_job = {st.job_id: st for st in inventory.operations}
     failed, done = by_job["gen-0001"], by_job["gen-0002"]
     assert failed.attempts[0].usage is not None and failed.usage.output_tokens > 0
     assert done.usage.input_tokens > 0
-    human = run_cli("status", "--store", s, failed.operation_id)
+    human = run_cli("status", "--store", s, "--account", "batch", failed.operation_id)
     assert human.returncode == 0, human.stderr
     rows = summary_rows(human.stdout)
     assert rows["tokens"] == (
@@ -145,9 +146,10 @@ def test_status_and_receipt_commands_show_the_tokens(tmp_path: Path) -> None:
     )
     assert rows["tokens per attempt"].startswith("1: ")
     receipt = msgspec.json.decode(
-        run_cli("receipt", "--store", s, done.operation_id, "--json").stdout.encode(),
+        run_cli("receipt", "--store", s, "--account", "batch", done.operation_id,
+                "--json").stdout.encode(),
         type=dict,
     )
     assert receipt["usage"]["input_tokens"] == done.usage.input_tokens
-    text = run_cli("receipt", "--store", s, done.operation_id)
+    text = run_cli("receipt", "--store", s, "--account", "batch", done.operation_id)
     assert summary_rows(text.stdout)["tokens"].startswith(f"{done.usage.input_tokens} input")

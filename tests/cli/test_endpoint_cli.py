@@ -43,7 +43,7 @@ def closed_port() -> int:
 def inventory(store: Path) -> list[dict[str, Any]]:
     if not store.exists():
         return []
-    result = run_cli("inventory", "--store", str(store), "--json")
+    result = run_cli("inventory", "--store", str(store), "--account", "default", "--json")
     assert result.returncode == 0, result.stderr
     ops: list[dict[str, Any]] = json.loads(result.stdout)["operations"]
     return ops if len(ops) == 3 else []
@@ -133,7 +133,8 @@ def test_closed_port_spends_nothing_and_a_rerun_completes_every_job(
     assert sorted(r["id"] for r in results) == ["gen-0000", "gen-0001", "gen-0002"]
     assert {r["operation_id"] for r in results} == {op["operation_id"] for op in ops}
     assert summary_of(rerun.stdout)["POSTs (attempts spent)"] == "3"
-    status = run_cli("status", "--store", str(store), "--json", ops[0]["operation_id"])
+    status = run_cli("status", "--store", str(store), "--account", "default", "--json",
+                     ops[0]["operation_id"])
     assert status.returncode == 0, status.stderr
     assert json.loads(status.stdout)["attempts_used"] == 1
 
