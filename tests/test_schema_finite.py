@@ -223,5 +223,6 @@ def test_batch_reports_the_cyclic_job_and_runs_the_others_on_every_rerun(tmp_pat
         assert run.returncode == 1, text  # a job (the skipped line) did not run
         assert [r["id"] for r in read_results(out)] == ["gen-0001"]
     listing = msgspec.json.decode(
-        run_cli("inventory", "--store", str(store), "--json").stdout, type=recoverable.Inventory)
+        run_cli("inventory", "--store", str(store), "--account", "batch", "--json").stdout,
+        type=recoverable.Inventory)
     assert [op.job_id for op in listing.operations] == []  # gen-0001 acknowledged; no gen-0002

@@ -158,7 +158,9 @@ async def test_an_operation_of_another_endpoint_allows_a_manual_retry_here(
             await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
         child = await rt.retry(handle, retry_action_id="move", maximum_attempts=1)
         child_record = store.get_operation(child.operation_id)
-        assert child_record is not None and child_record.endpoint_id == "elsewhere"
+        # A custom label is bound to the URL's host (issue 10.9): "elsewhere@127.0.0.1".
+        assert child_record is not None and child_record.endpoint_id == moved.endpoint_id
+        assert child_record.endpoint_id.startswith("elsewhere@")
         value = await rt.send_recovering(child, response=Answer, authorize=Authorizer())
         assert isinstance(value, Answer)
     assert generation_requests(provider, handle.operation_id) == []  # never sent elsewhere

@@ -187,8 +187,8 @@ def test_half_truncated_data_file_is_typed_damage_in_every_process(
     child = run_child("open-write", store_path, "x")
     assert child.stdout.split()[:2] == ["error", "store_damaged"], child
     for args in (
-        ("inventory", "--store", store_path),
-        ("status", "--store", store_path, "op-0001"),
+        ("inventory", "--store", store_path, "--account", "batch"),
+        ("status", "--store", store_path, "--account", "batch", "op-0001"),
         ("batch", str(REPO / "examples" / "jobs.jsonl"), "--out", str(tmp_path / "out.jsonl"),
          "--store", store_path),
     ):
@@ -214,7 +214,7 @@ def test_zero_length_data_file_next_to_a_used_store_is_damage_not_a_new_store(
         Path(store_path, "lock.mdb").unlink()
     with pytest.raises(StoreDamaged, match="empty"):
         RecoveryStore.open(store_path)
-    done = run_cli("inventory", "--store", store_path)
+    done = run_cli("inventory", "--store", store_path, "--account", "batch")
     assert_no_crash(done)
     assert done.returncode == 2 and "damaged" in done.stderr, done.stderr
     done = run_cli(
@@ -434,9 +434,9 @@ def test_seeded_bit_flips_give_typed_failures_never_a_crash(
     store = tmp_path / "store"
     shutil.copytree(original, store)
     flip_bits(store / "data.mdb", seed, flips=100)
-    assert_no_crash(run_cli("inventory", "--store", str(store)))
+    assert_no_crash(run_cli("inventory", "--store", str(store), "--account", "batch"))
     # (`inventory --json` with undecodable ids is issue 11.9, fixed in the CLI separately.)
-    assert_no_crash(run_cli("status", "--store", str(store), "op-unknown"))
+    assert_no_crash(run_cli("status", "--store", str(store), "--account", "batch", "op-unknown"))
     done = run_cli(
         "batch", str(jobs), "--out", str(tmp_path / "again.jsonl"), "--store", str(store),
         "--endpoint", "fixture",
