@@ -162,6 +162,13 @@ def line_format(line: str) -> str:
     return "openai-batch" if isinstance(value, dict) and "custom_id" in value else "recoverable"
 
 
+def _is_object(line: str) -> bool:
+    try:
+        return isinstance(msgspec.json.decode(line), dict)
+    except (msgspec.DecodeError, RecursionError):
+        return False
+
+
 def parse_job_line(line: str, lineno: int, *, revision: str | None = None) -> Job:
     """Parse and validate one JSONL job line (this tool's format, or an OpenAI Batch API
     line, told apart by ``custom_id``); raise ``JobLineError(lineno, reason)``.
@@ -342,7 +349,7 @@ class JobsFile:
     duplicates: list[tuple[int, int]]  # (line, first line with the same id and revision)
     # (line, first line): same id and revision as the first line, different content
     conflicts: list[tuple[int, int]] = attrs.field(factory=list)
-    # "recoverable" or "openai-batch": the format of the file's first job line (None: empty)
+    # "recoverable" or "openai-batch": the format of the file's first valid job (None: none)
     format: str | None = None
 
 
@@ -371,7 +378,7 @@ FORMAT_NAMES: Final = {
 def read_jobs(path: str, *, revision: str | None = None) -> JobsFile:
     """Read a JSONL jobs file; bad lines and duplicates are collected, not raised.
 
-    The first job line decides the file's format (this tool's job lines, or OpenAI
+    The first valid job line decides the file's format (this tool's job lines, or OpenAI
     Batch API lines: those with ``custom_id``); a line of the other format is a bad
     line (a file may not mix them). ``revision``: see ``parse_job_line``.
     Raises ``OSError`` when the file itself cannot be read.
@@ -402,11 +409,9 @@ def read_jobs(path: str, *, revision: str | None = None) -> JobsFile:
                 continue
             line = text.rstrip("\r\n")
             kind = line_format(line)
-            if file_format is None:
-                file_format = (kind, lineno)
-            elif kind != file_format[0]:
+            if file_format is not None and kind != file_format[0] and _is_object(line):
                 bad.append(JobLineError(
-                    lineno, f"{FORMAT_NAMES[kind]}, but the file's first job line (line "
+                    lineno, f"{FORMAT_NAMES[kind]}, but the file's first valid job (line "
                     f"{file_format[1]}) is {FORMAT_NAMES[file_format[0]]}: a file may not mix "
                     "the two formats"))
                 continue
@@ -419,6 +424,8 @@ def read_jobs(path: str, *, revision: str | None = None) -> JobsFile:
                 bad.append(JobLineError(
                     lineno, f"internal_error:{type(exc).__name__} while reading the job"))
                 continue
+            if file_format is None:  # the first valid job decides (not a garbled line)
+                file_format = (kind, lineno)
             same_id = by_custom_id.get(job.id) if job.source == "openai-batch" else None
             if same_id is not None and same_id.body_hash != job.body_hash:
                 # A Batch file's custom_id names one request: another body under the same
@@ -1359,6 +1366,13 @@ def estimated_cost(ledger: TokenLedger, prices: PriceTable | None) -> float | No
     return cost
 
 
+def fit_width(text: str, columns: int | None) -> str:
+    """``text`` cut to ``columns - 1`` characters (an ellipsis marks the cut)."""
+    if columns is None or columns < 8 or len(text) < columns:
+        return text
+    return text[: columns - 2] + "…"
+
+
 class ProgressDisplay:
     """A live status line on a terminal (~5 redraws/s), a plain log line otherwise (1/s):
     per-state counts (done, running, waiting, failed, unfinished), attempts, tokens, the
@@ -1410,6 +1424,8 @@ class ProgressDisplay:
             return  # stdout is gone: the batch goes on without drawing
         text = self.line()
         if self.live:
+            # One terminal row: a wrapped line could not be redrawn in place by "\r".
+            text = fit_width(text, self.out.columns())
             self.out.write("\r\x1b[K" + text + ("\n" if final else ""))
         elif text != self._last or final:
             self.out.write(f"[{time.monotonic() - self.started:7.1f}s] {text}\n")
@@ -1480,6 +1496,13 @@ class Terminal:
             return self.out is not None and self.out.isatty()
         except (OSError, ValueError):
             return False
+
+    def columns(self) -> int | None:
+        """The terminal's width, if stdout is a terminal whose size can be read."""
+        try:
+            return os.get_terminal_size(self.out.fileno()).columns if self.out else None
+        except (OSError, ValueError, AttributeError):
+            return None
 
     def write(self, text: str) -> bool:
         """Write and flush; False (and stdout given up) when it cannot be written."""
@@ -1690,6 +1713,10 @@ def run_batch(config: BatchConfig, *, out: IO[str] | None, err: IO[str] | None) 
         summary.failed["revision_conflict"] += 1
         say(f"{config.jobs_path}:{lineno}: revision_conflict: same id and revision as line "
             f"{first} but different content; not run (change the revision for new content)")
+    if config.revision is not None and jobs_file.format == "recoverable":
+        say("recoverable batch: --revision applies to OpenAI Batch API lines only; the job "
+            "lines of this file carry their own revision")
+        return EXIT_USAGE
     problem = check_output_path(config.jobs_path, config.out_path)
     if problem is not None:
         say(f"recoverable batch: {problem}")

@@ -16,7 +16,10 @@ from recoverable.batch import (
     BATCH_REVISION_PREFIX,
     FIXTURE_ACCOUNT,
     JobLineError,
+    ResultLog,
+    ResultLogError,
     batch_revision,
+    fit_width,
     parse_job_line,
     read_jobs,
 )
@@ -305,3 +308,91 @@ def test_non_tty_progress_lines_carry_state_counts_tokens_and_cost(tmp_path: Pat
     assert _stat(proc.stdout, "tokens total") == str(total)
     assert last.group(10) != "-"  # every model has a price: the cost is shown
     assert "\x1b" not in proc.stdout and "\r" not in proc.stdout  # plain lines off a TTY
+
+
+def test_a_garbled_first_line_does_not_decide_the_format(tmp_path: Path) -> None:
+    path = write_jobs(tmp_path / "jobs.jsonl", ["{nope", batch_line(1), "[1]", batch_line(2)])
+    jobs = read_jobs(str(path))
+    assert jobs.format == "openai-batch" and [j.id for j in jobs.jobs] == ["req-1", "req-2"]
+    bad = {b.lineno: b.reason for b in jobs.bad_lines}
+    assert "not a JSON object" in bad[1] and "may not mix" not in bad[3]
+
+
+def test_batch_output_log_reads_back_cuts_a_torn_tail_and_refuses_the_other_format(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "out.jsonl"
+    whole = json.dumps({
+        "id": "batch_req_op_1", "custom_id": "req-1",
+        "recoverable": {"revision": "r", "operation_id": "op_1", "input_sha256": "ab"},
+        "response": {"status_code": 200, "request_id": None, "body": {}}, "error": None,
+    }, separators=(",", ":"))
+    torn = whole.replace("req-1", "req-2").replace("op_1", "op_2")[:70]
+    out.write_text(whole + "\n" + torn)
+    log = ResultLog.open(str(out), "openai-batch")
+    try:
+        assert log.committed == {("req-1", "r"): "op_1"} and log.hashes == {("req-1", "r"): "ab"}
+        assert log.truncated_bytes == len(torn)
+    finally:
+        log.close()
+    assert out.read_text() == whole + "\n"
+    with pytest.raises(ResultLogError, match="written with --output-format openai-batch"):
+        ResultLog.open(str(out))
+
+
+def test_usage_errors_of_the_new_options_exit_2_before_anything_runs(tmp_path: Path) -> None:
+    own = write_jobs(tmp_path / "jobs.jsonl", [job_line(1)])
+    out = tmp_path / "out.jsonl"
+    revision = run_cli("batch", str(own), "--out", str(out), "--revision", "v1")
+    assert revision.returncode == 2 and "--revision applies to OpenAI Batch API lines" in (
+        revision.stderr)
+    same = run_cli("batch", str(own), "--out", str(out), "--errors", str(out))
+    assert same.returncode == 2 and "--errors" in same.stderr
+    bad_format = run_cli("batch", str(own), "--out", str(out), "--output-format", "csv")
+    assert bad_format.returncode == 2
+    assert not out.exists() or out.read_text() == ""
+
+
+def test_fit_width_keeps_the_live_line_on_one_row() -> None:
+    text = "done 1/2  running 1  " * 10
+    assert fit_width(text, None) == text and fit_width("short", 80) == "short"
+    cut = fit_width(text, 60)
+    assert len(cut) == 59 and cut.endswith("…")
+
+
+def test_live_progress_on_a_terminal_never_wraps(tmp_path: Path) -> None:
+    import fcntl
+    import os
+    import pty
+    import struct
+    import subprocess
+    import termios
+
+    from .cli_helpers import REPO, child_env, cli_command
+
+    jobs = write_jobs(tmp_path / "jobs.jsonl", [job_line(i) for i in range(20)])
+    out = tmp_path / "out.jsonl"
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 70, 0, 0))
+    proc = subprocess.Popen(
+        cli_command("batch", str(jobs), "--out", str(out), "--rps", "40"),
+        stdout=slave, stderr=subprocess.PIPE, cwd=REPO, env=child_env(),
+    )
+    os.close(slave)
+    data = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        data += chunk
+    os.close(master)
+    assert proc.wait(timeout=60) == 0, proc.stderr.read() if proc.stderr else ""
+    text = data.decode("utf-8", "replace")
+    redraws = [part for part in text.replace("\r\n", "\n").split("\r") if "done " in part]
+    assert redraws, text
+    for part in redraws:
+        line = part.replace("\x1b[K", "").split("\n")[0]
+        assert len(line) <= 69, line
