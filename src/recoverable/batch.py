@@ -1361,6 +1361,8 @@ def estimated_cost(ledger: TokenLedger, prices: PriceTable | None) -> float | No
     for model, tokens in ledger.by_model.items():
         price = prices.for_model(model)
         if price is None:
+            if tokens.total.total_tokens == 0:
+                continue  # nothing to price (as in the summary's estimate)
             return None
         cost += price.cost(tokens.total)
     return cost
