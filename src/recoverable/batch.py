@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import hashlib
 import os
 import signal
 import stat
@@ -32,6 +33,7 @@ from recoverable.actors.runtime import Runtime, open_runtime
 from recoverable.body import body_hash, freeze_body, parameters_from_wire
 from recoverable.contract import contract_for
 from recoverable.pricing import PriceTable, TokenLedger, builtin_prices
+from recoverable.storage.records import OperationRecord
 from recoverable.storage.store import RecoveryStore
 from recoverable.transport.backend import ResponsesBackend
 from recoverable.transport.base import StaticCredentials, validate_api_key
@@ -54,11 +56,14 @@ __all__ = [
     "EXIT_USAGE",
     "MAX_LINE_BYTES",
     "BatchConfig",
+    "BatchOutputLine",
     "BatchSummary",
+    "ErrorLog",
     "Job",
     "JobLineError",
     "ResultLog",
     "ResultLogError",
+    "parse_batch_api_line",
     "parse_job_line",
     "read_jobs",
     "run_batch",
@@ -89,10 +94,11 @@ EXIT_INTERRUPTED: Final = 130
 class JobLineError(Exception):
     """A job line that cannot be run; the batch reports it and goes on."""
 
-    def __init__(self, lineno: int, reason: str) -> None:
+    def __init__(self, lineno: int, reason: str, *, job_id: str | None = None) -> None:
         super().__init__(f"line {lineno}: {reason}")
         self.lineno = lineno
         self.reason = reason
+        self.job_id = job_id  # the line's custom_id, when it could be read
 
 
 class _JobLine(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -121,6 +127,8 @@ class Job:
     response: JsonSchema
     max_attempts: int | None
     body_hash: str
+    # "recoverable" (this tool's job line) or "openai-batch" (an OpenAI Batch API line)
+    source: str = "recoverable"
 
     @property
     def key(self) -> tuple[str, str]:
@@ -142,10 +150,35 @@ def _job_parameters(raw: _JobLine) -> dict[str, Any]:
     return kwargs
 
 
-def parse_job_line(line: str, lineno: int) -> Job:
-    """Parse and validate one JSONL job line; raise ``JobLineError(lineno, reason)``."""
+def line_format(line: str) -> str:
+    """``"openai-batch"`` for an OpenAI Batch API line (a JSON object with ``custom_id``),
+    else ``"recoverable"`` (this tool's own job line; also for a line that is not JSON)."""
+    if '"custom_id"' not in line:  # cheap: most lines of the own format never decode twice
+        return "recoverable"
+    try:
+        value = msgspec.json.decode(line)
+    except (msgspec.DecodeError, RecursionError):
+        return "recoverable"
+    return "openai-batch" if isinstance(value, dict) and "custom_id" in value else "recoverable"
+
+
+def _is_object(line: str) -> bool:
+    try:
+        return isinstance(msgspec.json.decode(line), dict)
+    except (msgspec.DecodeError, RecursionError):
+        return False
+
+
+def parse_job_line(line: str, lineno: int, *, revision: str | None = None) -> Job:
+    """Parse and validate one JSONL job line (this tool's format, or an OpenAI Batch API
+    line, told apart by ``custom_id``); raise ``JobLineError(lineno, reason)``.
+
+    ``revision`` is the ``--revision`` given for Batch API lines (which carry none); without
+    it their revision is derived from the body (see ``batch_revision``)."""
     if len(line) > MAX_LINE_BYTES or len(line.encode("utf-8", "surrogatepass")) > MAX_LINE_BYTES:
         raise JobLineError(lineno, f"the line is longer than {MAX_LINE_BYTES} bytes")
+    if line_format(line) == "openai-batch":
+        return parse_batch_api_line(line, lineno, revision=revision)
     try:
         raw = msgspec.json.decode(line, type=_JobLine)
     except msgspec.ValidationError as exc:
@@ -195,6 +228,120 @@ def parse_job_line(line: str, lineno: int) -> Job:
     )
 
 
+# -- OpenAI Batch API lines (issue 19.5) ---------------------------------------------------
+
+BATCH_URL: Final = "/v1/responses"
+BATCH_REVISION_PREFIX: Final = "body-sha256:"
+
+
+class _BatchApiLine(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    custom_id: str
+    method: str
+    url: str
+    body: dict[str, Any]
+
+
+class _TextFormat(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    type: str
+    name: str
+    schema: dict[str, Any]
+    strict: bool | None = None
+
+
+def batch_revision(body: dict[str, Any]) -> str:
+    """The revision of a Batch API line without ``--revision``: a digest of its ``body``
+    as canonical JSON (keys sorted), so it changes exactly when the body changes."""
+    digest = hashlib.sha256(msgspec.json.encode(body, order="sorted")).hexdigest()
+    return BATCH_REVISION_PREFIX + digest[:32]
+
+
+def parse_batch_api_line(line: str, lineno: int, *, revision: str | None = None) -> Job:
+    """One OpenAI Batch API request line: ``{"custom_id", "method": "POST", "url":
+    "/v1/responses", "body": {...}}`` whose body carries ``text.format`` of type
+    ``json_schema`` (strict); the rest of the body is taken by wire name
+    (``StructuredRequest.from_params``), unknown names refused."""
+    try:
+        raw = msgspec.json.decode(line, type=_BatchApiLine)
+    except msgspec.ValidationError as exc:
+        raise JobLineError(lineno, f"invalid Batch API line: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise JobLineError(lineno, f"not a JSON object: {exc}") from None
+    except RecursionError:
+        raise JobLineError(lineno, "the JSON is nested too deeply") from None
+    if not raw.custom_id or len(raw.custom_id) > MAX_ID_CHARS or any(
+        ord(c) < 32 for c in raw.custom_id
+    ):
+        raise JobLineError(
+            lineno, f"custom_id must be 1..{MAX_ID_CHARS} characters without control characters"
+        )
+    try:
+        return _batch_api_job(raw, lineno, revision)
+    except JobLineError as exc:
+        raise JobLineError(lineno, exc.reason, job_id=raw.custom_id) from None
+
+
+def _batch_api_job(raw: _BatchApiLine, lineno: int, revision: str | None) -> Job:
+    if raw.method != "POST":
+        raise JobLineError(lineno, f"method {raw.method[:16]!r}: only POST is supported")
+    if raw.url != BATCH_URL:
+        raise JobLineError(
+            lineno, f"url {raw.url[:80]!r}: only {BATCH_URL} (the Responses API) is supported"
+        )
+    body = dict(raw.body)
+    text = body.get("text")
+    if not isinstance(text, dict) or "format" not in text:
+        raise JobLineError(
+            lineno, "body.text.format is missing: a job needs a json_schema output format"
+        )
+    try:
+        fmt = msgspec.convert(text["format"], type=_TextFormat)
+    except msgspec.ValidationError as exc:
+        raise JobLineError(lineno, f"body.text.format: {exc}") from None
+    if fmt.type != "json_schema":
+        raise JobLineError(
+            lineno, f"body.text.format.type {fmt.type[:32]!r}: only json_schema is supported"
+        )
+    if fmt.strict is not True:
+        raise JobLineError(
+            lineno, "body.text.format.strict must be true (results are validated against the "
+            "schema in strict mode)"
+        )
+    rest = {k: v for k, v in text.items() if k != "format"}
+    if rest:
+        body["text"] = rest
+    else:
+        del body["text"]
+    job_revision = revision if revision is not None else batch_revision(raw.body)
+    response = JsonSchema(fmt.name, fmt.schema)
+    try:
+        request = StructuredRequest.from_params(body)
+        machine.validate_preparation(
+            maximum_attempts=1,
+            retry_policy=RetryPolicy(),
+            scope=BATCH_SCOPE,
+            job_id=raw.custom_id,
+            input_revision=job_revision,
+            contract_version=None,
+        )
+        frozen = freeze_body(request, contract_for(response))
+    except errors.InvalidRequest as exc:
+        raise JobLineError(lineno, f"body: {exc}") from None
+    except TypeError as exc:  # a required field (model) is missing from the body
+        raise JobLineError(lineno, f"body: {exc}") from None
+    except RecursionError:
+        raise JobLineError(lineno, "the job is nested too deeply") from None
+    return Job(
+        id=raw.custom_id,
+        revision=job_revision,
+        lineno=lineno,
+        request=request,
+        response=response,
+        max_attempts=None,
+        body_hash=body_hash(frozen),
+        source="openai-batch",
+    )
+
+
 @attrs.frozen
 class JobsFile:
     jobs: list[Job]
@@ -202,6 +349,8 @@ class JobsFile:
     duplicates: list[tuple[int, int]]  # (line, first line with the same id and revision)
     # (line, first line): same id and revision as the first line, different content
     conflicts: list[tuple[int, int]] = attrs.field(factory=list)
+    # "recoverable" or "openai-batch": the format of the file's first valid job (None: none)
+    format: str | None = None
 
 
 def _bounded_lines(fh: IO[bytes], limit: int) -> Iterator[tuple[int, bytes | None]]:
@@ -221,9 +370,17 @@ def _bounded_lines(fh: IO[bytes], limit: int) -> Iterator[tuple[int, bytes | Non
         yield lineno, chunk
 
 
-def read_jobs(path: str) -> JobsFile:
+FORMAT_NAMES: Final = {
+    "recoverable": "a recoverable job line", "openai-batch": "an OpenAI Batch API line"
+}
+
+
+def read_jobs(path: str, *, revision: str | None = None) -> JobsFile:
     """Read a JSONL jobs file; bad lines and duplicates are collected, not raised.
 
+    The first valid job line decides the file's format (this tool's job lines, or OpenAI
+    Batch API lines: those with ``custom_id``); a line of the other format is a bad
+    line (a file may not mix them). ``revision``: see ``parse_job_line``.
     Raises ``OSError`` when the file itself cannot be read.
     """
     jobs: list[Job] = []
@@ -231,6 +388,8 @@ def read_jobs(path: str) -> JobsFile:
     duplicates: list[tuple[int, int]] = []
     conflicts: list[tuple[int, int]] = []
     first: dict[tuple[str, str], Job] = {}
+    by_custom_id: dict[str, Job] = {}
+    file_format: tuple[str, int] | None = None  # (format, the line that decided it)
     with open(path, "rb") as fh:
         for lineno, data in _bounded_lines(fh, MAX_LINE_BYTES + 2):
             if data is None:
@@ -248,8 +407,16 @@ def read_jobs(path: str) -> JobsFile:
                 continue
             if not text.strip():
                 continue
+            line = text.rstrip("\r\n")
+            kind = line_format(line)
+            if file_format is not None and kind != file_format[0] and _is_object(line):
+                bad.append(JobLineError(
+                    lineno, f"{FORMAT_NAMES[kind]}, but the file's first valid job (line "
+                    f"{file_format[1]}) is {FORMAT_NAMES[file_format[0]]}: a file may not mix "
+                    "the two formats"))
+                continue
             try:
-                job = parse_job_line(text.rstrip("\r\n"), lineno)
+                job = parse_job_line(line, lineno, revision=revision)
             except JobLineError as exc:
                 bad.append(exc)
                 continue
@@ -257,6 +424,19 @@ def read_jobs(path: str) -> JobsFile:
                 bad.append(JobLineError(
                     lineno, f"internal_error:{type(exc).__name__} while reading the job"))
                 continue
+            if file_format is None:  # the first valid job decides (not a garbled line)
+                file_format = (kind, lineno)
+            same_id = by_custom_id.get(job.id) if job.source == "openai-batch" else None
+            if same_id is not None and same_id.body_hash != job.body_hash:
+                # A Batch file's custom_id names one request: another body under the same
+                # custom_id is a bad line (with --revision it is the revision conflict below).
+                if same_id.revision != job.revision:
+                    bad.append(JobLineError(
+                        lineno, f"custom_id {job.id[:64]!r} is used by line {same_id.lineno} "
+                        "with another body: custom_id must be unique in a Batch file"))
+                    continue
+            if job.source == "openai-batch":
+                by_custom_id.setdefault(job.id, job)
             earlier = first.get(job.key)
             if earlier is not None:
                 if earlier.body_hash == job.body_hash:
@@ -266,7 +446,9 @@ def read_jobs(path: str) -> JobsFile:
                 continue
             first[job.key] = job
             jobs.append(job)
-    return JobsFile(jobs, bad, duplicates, conflicts)
+    return JobsFile(
+        jobs, bad, duplicates, conflicts, format=None if file_format is None else file_format[0]
+    )
 
 
 # -- the output file: the host's commit log ---------------------------------------------------
@@ -285,11 +467,34 @@ class ResultLine(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     input_sha256: str | None = None
 
 
+class _BatchMeta(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    revision: str
+    operation_id: str
+    input_sha256: str | None = None
+
+
+class BatchOutputLine(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A line of ``--output-format openai-batch``: the Batch API's output line
+    (``id``, ``custom_id``, ``response``, ``error``) plus what the commit log needs
+    (``recoverable``: revision, operation id, input digest)."""
+
+    id: str
+    custom_id: str
+    recoverable: _BatchMeta
+    response: msgspec.Raw
+    error: None = None
+
+
+OUTPUT_FORMATS: Final = ("recoverable", "openai-batch")
+
+
 class ResultLog:
     """Append-only JSONL commit log, fsynced per group of lines, locked for one writer.
 
     ``open`` reads back what is committed (a torn last line is cut off) and
     takes an exclusive ``flock`` so two batches never append to the same file.
+    ``output_format`` is the shape of its lines (``OUTPUT_FORMATS``); a file written in
+    the other shape is refused.
     """
 
     def __init__(self, path: str, fd: int, committed: dict[tuple[str, str], str]) -> None:
@@ -308,7 +513,7 @@ class ResultLog:
         self.syncs = 0
 
     @classmethod
-    def open(cls, path: str) -> ResultLog:
+    def open(cls, path: str, output_format: str = "recoverable") -> ResultLog:
         path = os.path.abspath(path)
         directory = os.path.dirname(path)
         created = not os.path.exists(path)
@@ -326,7 +531,7 @@ class ResultLog:
             if created:
                 os.fsync(fd)
                 _fsync_dir(directory)
-            back = _read_back(fd, path)
+            back = _read_back(fd, path, output_format)
             log = cls(path, fd, back.committed)
             log.hashes = back.hashes
             log.lines = back.lines
@@ -394,6 +599,17 @@ def _fsync_dir(directory: str) -> None:
 
 
 _line_decoder = msgspec.json.Decoder(ResultLine)
+_batch_line_decoder = msgspec.json.Decoder(BatchOutputLine)
+
+
+def _decode_entry(line: bytes, output_format: str) -> tuple[tuple[str, str], str, str | None]:
+    """(key, operation id, input digest) of one output line (raises msgspec errors)."""
+    if output_format == "openai-batch":
+        out = _batch_line_decoder.decode(line)
+        meta = out.recoverable
+        return (out.custom_id, meta.revision), meta.operation_id, meta.input_sha256
+    entry = _line_decoder.decode(line)
+    return (entry.id, entry.revision), entry.operation_id, entry.input_sha256
 
 
 @attrs.define
@@ -406,26 +622,28 @@ class _ReadBack:
     unterminated: bool = False  # the last line is complete and valid but has no newline
 
 
-def _read_back(fd: int, path: str) -> _ReadBack:
+def _read_back(fd: int, path: str, output_format: str = "recoverable") -> _ReadBack:
     """What the output file holds: committed (id, revision) -> operation id, and where
-    its valid part ends. Refuses (``ResultLogError``) a file that is not a result log:
-    a whole line that is not a result line, or a last line that cannot be the torn
-    beginning of one. Never truncates anything itself."""
+    its valid part ends. Refuses (``ResultLogError``) a file that is not a result log
+    of ``output_format``: a whole line that is not a result line, or a last line that
+    cannot be the torn beginning of one. Never truncates anything itself."""
     back = _ReadBack(size=os.fstat(fd).st_size)
     lineno = 0
+    other = "openai-batch" if output_format == "recoverable" else "recoverable"
     with os.fdopen(os.dup(fd), "rb") as fh:
         fh.seek(0)
         for line in fh:
             lineno += 1
             if not line.endswith(b"\n"):
                 try:
-                    entry = _line_decoder.decode(line)
+                    entry = _decode_entry(line, output_format)
                 except (msgspec.DecodeError, msgspec.ValidationError):
-                    if not _is_torn_result_line(line):
+                    if not _is_torn_result_line(line, output_format):
                         raise ResultLogError(
                             f"{path}:{lineno}: the last line is neither a result line nor the "
                             "torn beginning of one: this is not a file written by "
-                            "recoverable batch; use another --out file"
+                            f"recoverable batch --output-format {output_format}; use another "
+                            "--out file"
                         ) from None
                     break  # torn tail
                 _add(back, entry, lineno)
@@ -433,25 +651,31 @@ def _read_back(fd: int, path: str) -> _ReadBack:
                 back.good_end += len(line)
                 break
             try:
-                entry = _line_decoder.decode(line)
+                entry = _decode_entry(line, output_format)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                hint = ""
+                with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
+                    _decode_entry(line, other)
+                    hint = f" (it was written with --output-format {other}: use that again)"
                 raise ResultLogError(
-                    f"{path}:{lineno}: not a line written by recoverable batch ({exc}); "
-                    "use another --out file"
+                    f"{path}:{lineno}: not a line written by recoverable batch "
+                    f"--output-format {output_format} ({exc}){hint}; use another --out file"
                 ) from None
             _add(back, entry, lineno)
             back.good_end += len(line)
     return back
 
 
-def _add(back: _ReadBack, entry: ResultLine, lineno: int) -> None:
-    key = (entry.id, entry.revision)
+def _add(
+    back: _ReadBack, entry: tuple[tuple[str, str], str, str | None], lineno: int
+) -> None:
+    key, operation_id, input_sha256 = entry
     if key in back.committed:
         return
-    back.committed[key] = entry.operation_id
+    back.committed[key] = operation_id
     back.lines[key] = lineno
-    if entry.input_sha256 is not None:
-        back.hashes[key] = entry.input_sha256
+    if input_sha256 is not None:
+        back.hashes[key] = input_sha256
 
 
 _STRING = object()
@@ -460,11 +684,20 @@ _LINE_SHAPE: Final[tuple[object, ...]] = (
 )
 
 
-def _is_torn_result_line(data: bytes) -> bool:
+_BATCH_LINE_SHAPE: Final[tuple[object, ...]] = (
+    b'{"id":', _STRING, b',"custom_id":', _STRING, b',"recoverable":{"revision":', _STRING,
+    b',"operation_id":', _STRING,
+)
+
+
+def _is_torn_result_line(data: bytes, output_format: str = "recoverable") -> bool:
     """Whether ``data`` can be the beginning of a line this tool writes (compact JSON:
-    ``{"id":"…","revision":"…","operation_id":"…",`` then the rest), cut short."""
+    ``{"id":"…","revision":"…","operation_id":"…",`` then the rest, or the
+    ``openai-batch`` shape), cut short."""
     pos = 0
-    for part in _LINE_SHAPE:
+    shape = _BATCH_LINE_SHAPE if output_format == "openai-batch" else _LINE_SHAPE
+    tails = (b',"input_sha256":"', b',"result":' if shape is _LINE_SHAPE else b'},"response":')
+    for part in shape:
         if pos >= len(data):
             return True
         if isinstance(part, bytes):
@@ -490,9 +723,7 @@ def _is_torn_result_line(data: bytes) -> bool:
             return True  # cut inside the string
         pos += 1
     rest = data[pos:]
-    return any(
-        tag.startswith(rest[: len(tag)]) for tag in (b',"input_sha256":"', b',"result":')
-    )
+    return any(tag.startswith(rest[: len(tag)]) for tag in tails)
 
 
 # -- running ------------------------------------------------------------------------------------
@@ -524,6 +755,12 @@ class BatchConfig:
     # default replaces none); ``--retry-provider-codes`` overrides, "" disables.
     retry_provider_codes: frozenset[str] = DEFAULT_RETRY_PROVIDER_CODES
     prices: PriceTable | None = None  # --prices FILE (None: the dated built-in estimate)
+    # Issue 19.5: the shape of the --out lines ("recoverable" or "openai-batch"), the
+    # --errors file, --retry-failed, and the --revision of Batch API lines.
+    output_format: str = "recoverable"
+    errors_path: str | None = None
+    retry_failed: bool = False
+    revision: str | None = None
 
 
 @attrs.define
@@ -549,6 +786,9 @@ class BatchSummary:
     endpoint_unavailable: str | None = None  # the typed connect failure at the end, if any
     tokens: TokenLedger = attrs.field(factory=TokenLedger)  # usage of the jobs run (19.3)
     prices: PriceTable | None = None
+    retried: int = 0  # --retry-failed: successors created (or completed) this run
+    errors_written: int = 0  # lines written to --errors
+    errors_path: str | None = None
 
     @property
     def failed_total(self) -> int:
@@ -585,6 +825,10 @@ class BatchSummary:
         ]
         if self.maximum_retry_after is not None:
             rows.append(("Retry-After honoured up to", f"{self.maximum_retry_after:g} s"))
+        if self.retried:
+            rows.append(("manual retries created", f"{self.retried} (--retry-failed)"))
+        if self.errors_path is not None:
+            rows.append(("error lines", f"{self.errors_written} ({self.errors_path})"))
         rows += self.tokens.rows(self.prices)
         if self.truncated_bytes:
             rows.append(("torn output tail cut", f"{self.truncated_bytes} bytes"))
@@ -601,6 +845,77 @@ class BatchSummary:
             rows.append(("interrupted", "yes (rerun to resume)"))
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+
+class ErrorLog:
+    """The ``--errors`` file: one JSON line per failed job (and per skipped job line) of
+    this run, written as it happens; rewritten by every run. A write failure is told
+    once and never stops the batch."""
+
+    def __init__(self, path: str, output_format: str, say: Callable[[str], None]) -> None:
+        self.path = path
+        self.output_format = output_format
+        self.say = say
+        self.written = 0
+        self._fh: IO[bytes] | None = open(path, "wb")  # closed by close()
+
+    def write(
+        self,
+        *,
+        job_id: str | None,
+        revision: str | None,
+        lineno: int,
+        code: str,
+        reason: str,
+        message: str,
+        operation_id: str | None = None,
+        hint: str | None = None,
+    ) -> None:
+        if self._fh is None:
+            return
+        record: dict[str, Any]
+        if self.output_format == "openai-batch":
+            # The Batch API's error line: id, custom_id, response (null), error {code, message}.
+            record = {
+                "id": None if operation_id is None else f"batch_req_{operation_id}",
+                "custom_id": job_id,
+                "response": None,
+                "error": {"code": code, "message": message or reason},
+                "recoverable": {
+                    "revision": revision, "line": lineno, "reason": reason,
+                    "operation_id": operation_id, "hint": hint,
+                },
+            }
+        else:
+            record = {
+                "id": job_id, "revision": revision, "line": lineno, "code": code,
+                "reason": reason, "operation_id": operation_id, "message": message or reason,
+                "hint": hint,
+            }
+        try:
+            self._fh.write(msgspec.json.encode(record) + b"\n")
+            self._fh.flush()
+            self.written += 1
+        except (OSError, ValueError) as exc:
+            self.say(f"warning: cannot write the errors file {self.path} ({exc}); the failures "
+                     "are still counted in the summary")
+            self._close_quietly()
+
+    def close(self) -> None:
+        if self._fh is None:
+            return
+        try:
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+        except (OSError, ValueError) as exc:
+            self.say(f"warning: cannot sync the errors file {self.path} ({exc})")
+        self._close_quietly()
+
+    def _close_quietly(self) -> None:
+        fh, self._fh = self._fh, None
+        if fh is not None:
+            with contextlib.suppress(OSError, ValueError):
+                fh.close()
 
 
 class _JobFailed(Exception):
@@ -633,8 +948,10 @@ class BatchHost:
         *,
         say: Callable[[str], None],
         work: trio.CancelScope | None = None,
+        errors_log: ErrorLog | None = None,
     ) -> None:
         self.rt = rt
+        self.errors_log = errors_log
         self.work = work
         self.fatal: str | None = None
         self.store = store
@@ -743,7 +1060,7 @@ class BatchHost:
                 )
             finally:
                 self.running -= 1
-            self._count_tokens(handle.operation_id)
+            record = self._count_tokens(handle.operation_id)
         except _JobFailed as failed:
             self._failed(job, failed.reason, failed.detail)
             return
@@ -761,10 +1078,15 @@ class BatchHost:
             return
         except errors.RecoveryError as exc:
             self._count_tokens(exc.operation_id)
-            detail = str(exc) if str(exc) != exc.code else ""
+            message = str(exc) if str(exc) != exc.code else ""
+            detail = message
             if exc.operation_id is not None:
                 detail = (detail + "; " if detail else "") + self._hint(exc.operation_id)
-            self._failed(job, failure_reason(exc), detail)
+            self._failed(
+                job, failure_reason(exc), detail, code=exc.code, message=message,
+                operation_id=exc.operation_id,
+                hint=None if exc.operation_id is None else self._suggestion(exc.operation_id),
+            )
             return
         except Exception as exc:  # one job's failure never ends the batch
             self._failed(
@@ -775,15 +1097,25 @@ class BatchHost:
             )
             return
         try:
-            line = msgspec.json.encode(
-                {
-                    "id": job.id,
-                    "revision": job.revision,
-                    "operation_id": handle.operation_id,
-                    "input_sha256": job.body_hash,
-                    "result": value,
-                }
-            )
+            if self.config.output_format == "openai-batch":
+                line = msgspec.json.encode(
+                    await self._batch_output_line(job, handle, record)
+                )
+            else:
+                line = msgspec.json.encode(
+                    {
+                        "id": job.id,
+                        "revision": job.revision,
+                        "operation_id": handle.operation_id,
+                        "input_sha256": job.body_hash,
+                        "result": value,
+                    }
+                )
+        except errors.RecoveryError as exc:
+            self._failed(job, exc.code, "the result cannot be read back for the output line; it "
+                         "stays saved in the store (rerun to write it)", code=exc.code,
+                         operation_id=handle.operation_id)
+            return
         except (TypeError, ValueError, OverflowError, RecursionError) as exc:
             self._failed(job, f"internal_error:{type(exc).__name__}",
                          "the result cannot be written as JSON; it stays saved in the store")
@@ -808,9 +1140,55 @@ class BatchHost:
             # The line is durable: a rerun acknowledges it without writing again.
             self.say(f"warning: job {job.id!r}: acknowledge failed ({exc.code}); rerun to finish")
 
-    def _hint(self, operation_id: str) -> str:
-        """What the user can do about a failed operation (never "abandon, then rerun",
-        which would reset the job's budget)."""
+    async def _batch_output_line(
+        self, job: Job, handle: Handle, record: OperationRecord | None
+    ) -> dict[str, Any]:
+        """The Batch API output line of a committed job. Only what we have: the response
+        id, the requested model, the validated JSON as the message's ``output_text``, the
+        completing attempt's usage; ``request_id`` is null (not kept)."""
+        receipt = await self.rt.receipt(handle)
+        text = receipt.payload.decode("utf-8")
+        usage = None
+        if record is not None:
+            completed = [a for a in record.attempts if a.outcome == "completed"]
+            if completed and completed[-1].usage is not None:
+                u = completed[-1].usage
+                usage = {
+                    "input_tokens": u.input_tokens,
+                    "input_tokens_details": {"cached_tokens": u.cached_input_tokens},
+                    "output_tokens": u.output_tokens,
+                    "output_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
+                    "total_tokens": u.total_tokens,
+                }
+        body = {
+            "id": receipt.response_id,
+            "object": "response",
+            "status": "completed",
+            "completed_at": int(receipt.completed_at.timestamp()),
+            "model": job.request.model,
+            "output": [{
+                "type": "message",
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": text, "annotations": []}],
+            }],
+            "output_text": text,
+            "usage": usage,
+        }
+        return {
+            "id": f"batch_req_{handle.operation_id}",
+            "custom_id": job.id,
+            "recoverable": {
+                "revision": job.revision,
+                "operation_id": handle.operation_id,
+                "input_sha256": job.body_hash,
+            },
+            "response": {"status_code": 200, "request_id": None, "body": body},
+            "error": None,
+        }
+
+    def _suggestion(self, operation_id: str) -> str | None:
+        """What to do about a failed operation, as one instruction (or None)."""
         try:
             suggested = self.rt.status_of(operation_id).suggested_actions
         except Exception:  # a hint must never fail the job report
@@ -819,24 +1197,53 @@ class BatchHost:
         account = self.account.account_id
         if "manual_retry" in suggested:
             return (
-                f"operation {operation_id} (to try again with a new budget linked to the spent "
-                f"one: recoverable retry --store {store} --account {account} {operation_id} "
-                "--action-id retry-1, then rerun this batch)"
+                "to try again with a new budget linked to the spent one: rerun this batch with "
+                f"--retry-failed, or run recoverable retry --store {store} --account {account} "
+                f"{operation_id} --action-id retry-1, then rerun this batch"
             )
         if "sign_in" in suggested:
-            return f"operation {operation_id} (fix the credentials, then rerun to resume it)"
-        return f"operation {operation_id}"
-    def _count_tokens(self, operation_id: str | None) -> None:
+            return "fix the credentials, then rerun to resume it"
+        return None
+
+    def _hint(self, operation_id: str) -> str:
+        """What the user can do about a failed operation (never "abandon, then rerun",
+        which would reset the job's budget)."""
+        suggestion = self._suggestion(operation_id)
+        if suggestion is None:
+            return f"operation {operation_id}"
+        return f"operation {operation_id} ({suggestion})"
+
+    def _count_tokens(self, operation_id: str | None) -> OperationRecord | None:
         """Add the operation's per-attempt usage to the summary (before acknowledge
         removes the record): every attempt's tokens, replaced ones included."""
         try:
             record = self.store.get_operation(operation_id) if operation_id else None
         except errors.RecoveryError:
-            return
+            return None
         if record is not None:
             self.summary.tokens.add(record)
+        return record
 
-    def _failed(self, job: Job, reason: str, detail: str) -> None:
+    def _failed(
+        self,
+        job: Job,
+        reason: str,
+        detail: str,
+        *,
+        code: str | None = None,
+        message: str | None = None,
+        operation_id: str | None = None,
+        hint: str | None = None,
+    ) -> None:
+        if self.errors_log is not None:
+            if hint is None and reason == "revision_conflict":
+                hint = "change the revision (or the body back) for new content"
+            self.errors_log.write(
+                job_id=job.id, revision=job.revision, lineno=job.lineno,
+                code=code or reason.split(":")[0], reason=reason,
+                message=detail if message is None else message,
+                operation_id=operation_id, hint=hint,
+            )
         self.summary.failed[reason] += 1
         shown = self._shown[reason]
         limit = 1 if reason.split(":")[0].startswith("storage") else MESSAGES_PER_REASON
@@ -877,6 +1284,43 @@ class BatchHost:
             + "); change the revision for new content"
         )
 
+    async def retry_failed(self) -> None:
+        """``--retry-failed``: one manual-retry successor per failed job of this file whose
+        operation suggests ``manual_retry`` (exhausted, failed, expired, blocked). The
+        action id derives from the job and the source, so a rerun returns the same
+        successor (never another budget for the same source); the count is printed."""
+        created = 0
+        for job in self.jobs:
+            if job.key in self.log.committed:
+                continue
+            try:
+                op_id = self.find_existing(job)
+                if op_id is None:
+                    continue
+                status = self.rt.status_of(op_id)
+                if "manual_retry" not in status.suggested_actions:
+                    continue
+                action = "batch-retry-failed-" + hashlib.sha256(
+                    f"{job.id}\0{job.revision}\0{op_id}".encode("utf-8", "surrogatepass")
+                ).hexdigest()[:32]
+                successor = await self.rt.retry(
+                    Handle(op_id), retry_action_id=action,
+                    maximum_attempts=status.maximum_attempts,
+                )
+            except _JobFailed:
+                continue  # the run reports it (revision_conflict)
+            except errors.RecoveryError as exc:
+                self.say(f"job {job.id!r} revision {job.revision!r} (line {job.lineno}): "
+                         f"--retry-failed: no successor created ({exc.code}: {exc})")
+                continue
+            created += 1
+            self.say(f"job {job.id!r} revision {job.revision!r} (line {job.lineno}): "
+                     f"--retry-failed: {successor.operation_id} succeeds {op_id} with a new "
+                     f"budget of {status.maximum_attempts} attempt(s)")
+        self.summary.retried = created
+        self.say(f"--retry-failed: {created} manual retr{'y' if created == 1 else 'ies'} "
+                 "created (each a new attempt budget linked to the spent one); running them")
+
     async def run(self) -> None:
         todo = []
         for job in self.jobs:
@@ -909,8 +1353,36 @@ class BatchHost:
 # -- progress ---------------------------------------------------------------------------------
 
 
+def estimated_cost(ledger: TokenLedger, prices: PriceTable | None) -> float | None:
+    """USD for the tokens counted so far; None while any counted model has no price."""
+    if prices is None:
+        return None
+    cost = 0.0
+    for model, tokens in ledger.by_model.items():
+        price = prices.for_model(model)
+        if price is None:
+            if tokens.total.total_tokens == 0:
+                continue  # nothing to price (as in the summary's estimate)
+            return None
+        cost += price.cost(tokens.total)
+    return cost
+
+
+def fit_width(text: str, columns: int | None) -> str:
+    """``text`` cut to ``columns - 1`` characters (an ellipsis marks the cut)."""
+    if columns is None or columns < 8 or len(text) < columns:
+        return text
+    return text[: columns - 2] + "…"
+
+
 class ProgressDisplay:
-    """A live status line on a terminal (~5 redraws/s), a plain log line otherwise (1/s)."""
+    """A live status line on a terminal (~5 redraws/s), a plain log line otherwise (1/s):
+    per-state counts (done, running, waiting, failed, unfinished), attempts, tokens, the
+    estimated cost when every model has a price, jobs/s and the ETA.
+
+    Hand-written rather than ``rich``: every write goes through ``Terminal``, which turns
+    a closed, full or broken stdout into one stderr message while the batch goes on, and
+    a non-terminal gets plain ``[elapsed] key value`` lines (parseable, no escapes)."""
 
     def __init__(self, host: BatchHost, out: Terminal, *, live: bool, started: float) -> None:
         self.host = host
@@ -935,9 +1407,14 @@ class ProgressDisplay:
         wake: float | None = getattr(scheduler, "next_wake_at", None)
         if waiting and wake is not None and wake - time.time() > 5:
             until = f" (waiting until {time.strftime('%H:%M:%S', time.localtime(wake))})"
+        tokens = s.tokens.total
+        cost = estimated_cost(s.tokens, s.prices)
         text = (
             f"done {done}/{s.jobs}  running {running}  waiting {waiting}{until}  "
-            f"failed {failed}  attempts {s.attempts}  {rate:.1f} jobs/s  eta {eta}"
+            f"failed {failed}  unfinished {s.unfinished}  attempts {s.attempts}  "
+            f"tokens {tokens.total_tokens} (in {tokens.input_tokens}, out "
+            f"{tokens.output_tokens})  cost {'-' if cost is None else f'${cost:.4f}'}  "
+            f"{rate:.1f} jobs/s  eta {eta}"
         )
         down = self.host.rt.endpoint_failure()
         if down is not None:
@@ -949,6 +1426,8 @@ class ProgressDisplay:
             return  # stdout is gone: the batch goes on without drawing
         text = self.line()
         if self.live:
+            # One terminal row: a wrapped line could not be redrawn in place by "\r".
+            text = fit_width(text, self.out.columns())
             self.out.write("\r\x1b[K" + text + ("\n" if final else ""))
         elif text != self._last or final:
             self.out.write(f"[{time.monotonic() - self.started:7.1f}s] {text}\n")
@@ -1020,6 +1499,13 @@ class Terminal:
         except (OSError, ValueError):
             return False
 
+    def columns(self) -> int | None:
+        """The terminal's width, if stdout is a terminal whose size can be read."""
+        try:
+            return os.get_terminal_size(self.out.fileno()).columns if self.out else None
+        except (OSError, ValueError, AttributeError):
+            return None
+
     def write(self, text: str) -> bool:
         """Write and flush; False (and stdout given up) when it cannot be written."""
         if self.broken is not None or self.out is None:
@@ -1081,6 +1567,7 @@ async def _run(
     store: RecoveryStore,
     summary: BatchSummary,
     output: _Output,
+    errors_log: ErrorLog | None = None,
 ) -> None:
     started = time.monotonic()
     work = trio.CancelScope()
@@ -1090,7 +1577,8 @@ async def _run(
             # raised in the middle of a state change.
             top.start_soon(_watch_interrupts, work, summary, output.say)
             try:
-                await _run_host(config, jobs, log, store, summary, output, work, started)
+                await _run_host(config, jobs, log, store, summary, output, work, started,
+                                errors_log)
             finally:
                 top.cancel_scope.cancel()
     finally:
@@ -1106,6 +1594,7 @@ async def _run_host(
     output: _Output,
     work: trio.CancelScope,
     started: float,
+    errors_log: ErrorLog | None = None,
 ) -> None:
     account = batch_account(config)
     async with (
@@ -1118,13 +1607,16 @@ async def _run_host(
             requests_per_second=config.rps,
         ) as rt,
     ):
-        host = BatchHost(rt, store, log, jobs, config, summary, say=output.say, work=work)
+        host = BatchHost(rt, store, log, jobs, config, summary, say=output.say, work=work,
+                         errors_log=errors_log)
         _report_endpoint(rt, backend.endpoint_id, output.say)
         display = ProgressDisplay(host, output.out, live=output.live, started=started)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(display.run)
             with work:
                 await host.acknowledge_committed()
+                if config.retry_failed:
+                    await host.retry_failed()
                 await host.run()
             nursery.cancel_scope.cancel()
         summary.endpoint_unavailable = rt.endpoint_failure()
@@ -1203,7 +1695,7 @@ def run_batch(config: BatchConfig, *, out: IO[str] | None, err: IO[str] | None) 
     if config.endpoint == "fixture":  # honest default: say so first (and in the summary)
         terminal.write(FIXTURE_NOTICE + "\n")
     try:
-        jobs_file = read_jobs(config.jobs_path)
+        jobs_file = read_jobs(config.jobs_path, revision=config.revision)
     except OSError as exc:
         say(f"recoverable batch: cannot read {config.jobs_path}: {exc.strerror}")
         return EXIT_USAGE
@@ -1223,6 +1715,10 @@ def run_batch(config: BatchConfig, *, out: IO[str] | None, err: IO[str] | None) 
         summary.failed["revision_conflict"] += 1
         say(f"{config.jobs_path}:{lineno}: revision_conflict: same id and revision as line "
             f"{first} but different content; not run (change the revision for new content)")
+    if config.revision is not None and jobs_file.format == "recoverable":
+        say("recoverable batch: --revision applies to OpenAI Batch API lines only; the job "
+            "lines of this file carry their own revision")
+        return EXIT_USAGE
     problem = check_output_path(config.jobs_path, config.out_path)
     if problem is not None:
         say(f"recoverable batch: {problem}")
@@ -1242,8 +1738,14 @@ def run_batch(config: BatchConfig, *, out: IO[str] | None, err: IO[str] | None) 
             # Before any store or output is touched: a key that cannot be sent is a usage error.
             say(f"recoverable batch: {exc}")
             return EXIT_USAGE
+    for name, path in (("--errors", config.errors_path),):
+        if path is not None and os.path.abspath(path) in (
+            os.path.abspath(config.out_path), os.path.abspath(config.jobs_path)
+        ):
+            say(f"recoverable batch: {name} {path} is the jobs or the output file: use another")
+            return EXIT_USAGE
     try:
-        log = ResultLog.open(config.out_path)
+        log = ResultLog.open(config.out_path, config.output_format)
     except ResultLogError as exc:
         say(f"recoverable batch: {exc}")
         return EXIT_USAGE
@@ -1253,7 +1755,27 @@ def run_batch(config: BatchConfig, *, out: IO[str] | None, err: IO[str] | None) 
     summary.truncated_bytes = log.truncated_bytes
     summary.newline_added = log.newline_added
     summary.maximum_retry_after = config.maximum_retry_after
+    errors_log: ErrorLog | None = None
     try:
+        if config.errors_path is not None:
+            try:
+                errors_log = ErrorLog(config.errors_path, config.output_format, say)
+            except OSError as exc:
+                say(f"recoverable batch: cannot write --errors {config.errors_path}: "
+                    f"{exc.strerror or exc}")
+                return EXIT_USAGE
+            summary.errors_path = config.errors_path
+            for bad in jobs_file.bad_lines:
+                errors_log.write(job_id=bad.job_id, revision=None, lineno=bad.lineno,
+                                 code="invalid_job_line", reason="invalid_job_line",
+                                 message=bad.reason,
+                                 hint="fix the line (or remove it), then rerun")
+            for lineno, first in jobs_file.conflicts:
+                errors_log.write(job_id=None, revision=None, lineno=lineno,
+                                 code="revision_conflict", reason="revision_conflict",
+                                 message=f"same id and revision as line {first} but different "
+                                 "content; not run",
+                                 hint="change the revision for new content")
         try:
             store = RecoveryStore.open(config.store_path)
         except errors.RecoveryError as exc:
@@ -1262,7 +1784,9 @@ def run_batch(config: BatchConfig, *, out: IO[str] | None, err: IO[str] | None) 
         output = _Output(terminal, live=terminal.isatty())
         try:
             trio.run(
-                functools.partial(_run, config, jobs_file.jobs, log, store, summary, output),
+                functools.partial(
+                    _run, config, jobs_file.jobs, log, store, summary, output, errors_log
+                ),
                 restrict_keyboard_interrupt_to_checkpoints=True,
             )
         except BaseException as exc:
@@ -1273,6 +1797,9 @@ def run_batch(config: BatchConfig, *, out: IO[str] | None, err: IO[str] | None) 
             store.close()
     finally:
         log.close()
+        if errors_log is not None:
+            errors_log.close()
+            summary.errors_written = errors_log.written
     if not terminal.write(summary.table() + "\n"):
         terminal.error(summary.table())
     if config.endpoint == "fixture":

@@ -140,6 +140,12 @@ def _rps(text: str) -> float:
     return value
 
 
+def _revision(text: str) -> str:
+    if not 1 <= len(text) <= 256 or any(ord(c) < 32 for c in text):
+        raise argparse.ArgumentTypeError("must be 1..256 characters without control characters")
+    return text
+
+
 def _fault_spec(text: str) -> FaultSpec:
     try:
         return FaultSpec.parse(text)
@@ -224,6 +230,32 @@ def build_parser() -> argparse.ArgumentParser:
         default=120.0,
         metavar="SECONDS",
         help="a stream silent this long is interrupted (and replaced)",
+    )
+    batch.add_argument(
+        "--output-format",
+        choices=("recoverable", "openai-batch"),
+        default="recoverable",
+        help="shape of the --out lines: this tool's (default) or the OpenAI Batch API's output "
+        "lines (a rerun must use the same)",
+    )
+    batch.add_argument(
+        "--errors",
+        metavar="FILE",
+        help="write one JSON line per failed job (and skipped line) of this run: its typed "
+        "failure, operation id and what to do (rewritten by every run)",
+    )
+    batch.add_argument(
+        "--retry-failed",
+        action="store_true",
+        help="before running, create one manual-retry successor (a new attempt budget linked "
+        "to the spent one) for each failed job of this file, then run them",
+    )
+    batch.add_argument(
+        "--revision",
+        type=_revision,
+        metavar="R",
+        help="the revision of every OpenAI Batch API line (default: derived from the line's "
+        "body, so it changes when the body does)",
     )
     batch.add_argument(
         "--prices",
@@ -377,6 +409,10 @@ def _batch(args: argparse.Namespace, out: IO[str] | None, err: IO[str] | None) -
             else DEFAULT_RETRY_PROVIDER_CODES
         ),
         prices=prices,
+        output_format=args.output_format,
+        errors_path=None if args.errors is None else os.path.abspath(args.errors),
+        retry_failed=args.retry_failed,
+        revision=args.revision,
     )
     if args.faults is not None and args.endpoint != "fixture":
         raise UsageError("--faults only applies to --endpoint fixture")
