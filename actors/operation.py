@@ -583,6 +583,7 @@ class OperationActor:
                 result = Interruption(
                     kind="invalid_output",
                     provider_code=invalid.kind,
+                    output_path=invalid.location,
                     response_id=result.response_id,
                     sequence_number=result.sequence_number,
                     had_output=True,

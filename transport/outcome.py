@@ -195,6 +195,10 @@ class Interruption(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # attempt (``AttemptRecord.usage``), not here: a persisted failure has ``None``.
     usage: Usage | None = None
     usage_malformed: bool = False  # a usage object was sent but ignored as malformed
+    # For ``invalid_output``: where the output broke the contract, a JSON pointer into the
+    # output (``/items/1/name``; ``""`` is the root) made of the contract's own names and
+    # list indexes.
+    output_path: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("provider_type", "provider_code", "transport_code"):
@@ -203,6 +207,10 @@ class Interruption(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
                 bounded = bounded_code(value)
                 if bounded is not value:
                     msgspec.structs.force_setattr(self, name, bounded)
+        path = self.output_path
+        if path is not None and (len(path) > 160 or not path.isprintable()
+                                 or (path and not path.startswith("/"))):
+            msgspec.structs.force_setattr(self, "output_path", None)
         rid = self.response_id
         if rid is not None:
             bounded_id = bounded_response_id(rid)

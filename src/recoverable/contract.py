@@ -96,11 +96,35 @@ class OutputInvalid(Exception):
     locations and the kind of mismatch).
     """
 
-    def __init__(self, kind: Literal["invalid_json", "schema_violation"], detail: str) -> None:
+    def __init__(
+        self,
+        kind: Literal["invalid_json", "schema_violation"],
+        detail: str,
+        *,
+        location: str | None = None,
+    ) -> None:
         detail = detail[:_MAX_DETAIL]
         super().__init__(f"{kind}: {detail}")
         self.kind: Literal["invalid_json", "schema_violation"] = kind
         self.detail = detail
+        # Where the output broke the contract, as a JSON pointer into the output
+        # (``/items/1/name``). Its parts are the contract's own property names and list
+        # indexes (strict objects are closed, so no payload key can appear), bounded.
+        self.location = output_location(location)
+
+
+_LOCATION = re.compile(r"/[A-Za-z0-9_./$\[\]-]{0,159}|")
+
+
+def output_location(value: str | None) -> str | None:
+    """A JSON pointer into the output, bounded (``None`` when absent or not plain)."""
+    if value is None or not _LOCATION.fullmatch(value):
+        return None
+    return value
+
+
+def _output_pointer(parts: Any) -> str:
+    return "".join(f"/{part}" for part in parts)
 
 
 @attrs.frozen(kw_only=True)
@@ -137,12 +161,15 @@ class ResponseContract:
         if isinstance(self._typed_decoder, output_types.PydanticDecoder):
             problem = self._typed_decoder.check(payload)
             if problem is not None:
-                raise OutputInvalid("schema_violation", problem)
+                where = problem.split(" at ", 1)[1].split(" ", 1)[0] if " at " in problem else None
+                raise OutputInvalid("schema_violation", problem, location=where)
         elif self._typed_decoder is not None:
             try:
                 self._typed_decoder.decode(payload)
             except msgspec.ValidationError as exc:
-                raise OutputInvalid("schema_violation", _msgspec_detail(exc)) from None
+                raise OutputInvalid(
+                    "schema_violation", _msgspec_detail(exc), location=_msgspec_location(exc)
+                ) from None
             except msgspec.DecodeError:
                 raise OutputInvalid("invalid_json", "the output is not valid JSON") from None
             except RecursionError:
@@ -171,11 +198,30 @@ def _check_schema(validator: Any, value: Any) -> None:
         kind = type(error.kind).__name__.rsplit("_", 1)[-1]
         where = "/".join(str(part) for part in error.schema_path)
         detail = f"{kind} violated at schema path /{where}"
+        location = _output_pointer(error.instance_path)
         break
-    raise OutputInvalid("schema_violation", detail)
+    else:
+        location = None
+    raise OutputInvalid("schema_violation", detail, location=location)
 
 
 _MSGSPEC_QUOTED = re.compile(r"`[^`]*`")
+
+
+_MSGSPEC_PATH = re.compile(r"\[(\d+)\]|\.([A-Za-z0-9_]+)")
+
+
+def _msgspec_location(exc: msgspec.ValidationError) -> str | None:
+    """``$.items[1].name`` → ``/items/1/name``; only for type mismatches (an unknown
+    field's name would come from the payload)."""
+    message = str(exc)
+    if not message.startswith("Expected") or " - at `$" not in message:
+        return None
+    path = message.rsplit(" - at `$", 1)[1].rstrip("`")
+    parts = [a or b for a, b in _MSGSPEC_PATH.findall(path)]
+    if "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in parts) != path:
+        return None  # something this reading does not understand: say nothing
+    return _output_pointer(parts)
 
 
 def _msgspec_detail(exc: msgspec.ValidationError) -> str:

@@ -653,7 +653,12 @@ def _facts(interruption: Interruption) -> list[str]:
         facts.append(_transport_text(interruption.transport_code))
     if interruption.retry_after is not None:
         facts.append(f"retry after {interruption.retry_after:g} s")
+    if interruption.output_path is not None:
+        where = interruption.output_path
+        facts.append(f"at {_bounded(where, 160)}" if where else "at the root of the output")
     return facts
+
+
 class TokenBudgetExhausted(AttemptsExhausted):
     """The operation's ``maximum_output_tokens_total`` is spent: the output tokens reported
     across its attempts reached it, so no replacement is authorized. A subclass of

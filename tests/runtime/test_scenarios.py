@@ -559,3 +559,37 @@ async def test_previous_operation_id_is_diagnostics_only_and_never_links_budgets
         assert receipt.previous_operation_id == old.operation_id
         await rt.acknowledge(new)
         assert (await rt.status(new)).previous_operation_id == old.operation_id
+
+
+class _Line(msgspec.Struct):
+    name: str
+    quantity: int
+
+
+class _Order(msgspec.Struct):
+    lines: list[_Line]
+
+
+async def test_a_schema_violation_names_where_the_output_broke_the_contract(
+    provider: FixtureProvider, store: recoverable.RecoveryStore
+) -> None:
+    secret = "PAYLOAD-TEXT-7431"
+    provider.script([Reply.complete({"lines": [{"name": "a", "quantity": 1},
+                                               {"name": "b", "quantity": secret}]})])
+    async with recoverable.open_runtime(store, make_backend(provider), account=ACCOUNT) as rt:
+        handle = await rt.prepare(REQUEST, response=_Order, maximum_attempts=2)
+        with pytest.raises(recoverable.ProviderError) as info:
+            await rt.send_recovering(handle, response=_Order, authorize=Authorizer())
+        failure = info.value.interruption
+        assert failure.kind == "invalid_output" and failure.provider_code == "schema_violation"
+        # A JSON pointer into the output, from the contract's own names and indexes.
+        assert failure.output_path == "/lines/1/quantity"
+        assert "at /lines/1/quantity" in str(info.value)
+        assert secret not in str(info.value)
+        # Saved with the failure: status and a later reopen say the same.
+        status = await rt.status(handle)
+        assert status.last_failure is not None
+        assert status.last_failure.output_path == "/lines/1/quantity"
+        with pytest.raises(recoverable.PermanentlyFailed) as again:
+            await rt.send_recovering(handle, response=_Order, authorize=Authorizer())
+        assert "/lines/1/quantity" in str(again.value)
