@@ -29,19 +29,27 @@ def add_field(body: bytes, field: bytes) -> bytes:
     return b"{" + field + (b"," + inner if inner else b"") + b"}"
 
 
-# After ``response.completed`` the body normally ends at once. Reading that end lets
-# httpx's own stream generators finish (no ResourceWarning) and keeps the connection
-# for reuse; a server that keeps the body open is cut off after this much.
+# After a terminal event (``response.completed``, ``response.failed``,
+# ``response.incomplete``, ``error``) the body normally ends at once. Reading that end lets
+# httpx's own stream generators finish (no ResourceWarning: encode/httpx#3686) and keeps
+# the connection for reuse; a server that keeps the body open is cut off after this much.
 DRAIN_GRACE_SECONDS = 1.0
 DRAIN_MAX_BYTES = 64 * 1024
+# Interruptions decided by a terminal event only. ``tool_activity`` is not one of them (a
+# tool event mid-stream is followed by more output), nor are the stream's own bounds.
+# (``http_rejected`` here is an ``error`` event carrying a status: HTTP statuses are read
+# by ``_rejected``, never through the event parser.)
+_TERMINAL_INTERRUPTIONS = frozenset({"provider_failed", "incomplete", "refusal", "http_rejected"})
 
 
-async def _drain_completed(chunks: AsyncGenerator[bytes, None], outcome: Outcome) -> None:
-    if not isinstance(outcome, Completed):
+async def _drain_terminal(chunks: AsyncGenerator[bytes, None], outcome: Outcome) -> None:
+    if not (isinstance(outcome, Completed) or (
+        isinstance(outcome, Interruption) and outcome.kind in _TERMINAL_INTERRUPTIONS
+    )):
         return
     total = 0
-    # Shielded and short: the completion is in hand, and no idle timeout, suspend or
-    # cancel may turn it into an interruption while the (normally empty) rest is read.
+    # Shielded and short: the outcome is in hand, and no idle timeout, suspend or
+    # cancel may turn it into another interruption while the (normally empty) rest is read.
     with trio.CancelScope(deadline=trio.current_time() + DRAIN_GRACE_SECONDS, shield=True):
         try:
             async for chunk in chunks:
@@ -194,7 +202,7 @@ class SseTransport:
                         return state.interrupt("premature_eof", transport_code="done_sentinel")
                     outcome = state.feed(frame.data, event_name=frame.event)
                     if outcome is not None:
-                        await _drain_completed(chunks, outcome)
+                        await _drain_terminal(chunks, outcome)
                         return outcome
             return state.interrupt("premature_eof")
         finally:

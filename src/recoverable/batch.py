@@ -73,6 +73,11 @@ BATCH_SCOPE: Final = "batch"
 MAX_LINE_BYTES: Final = 2**20  # one job line (input + schema) at most 1 MiB
 MAX_ID_CHARS: Final = 256
 MESSAGES_PER_REASON: Final = 5  # failure messages shown per reason (all are counted)
+# Failures of the whole store (not of one operation's records): the first is shown, then
+# one line saying the store is unusable; the others are only counted.
+STORE_WIDE_REASONS: Final = frozenset(
+    {errors.StorageUnavailable.code, errors.StoreDamaged.code, errors.StoreLockReplaced.code}
+)
 MAXIMUM_RETRY_AFTER: Final = 600.0  # the batch waits at most this long for a Retry-After
 MINIMUM_RPS: Final = 0.01  # --rps below this (one POST per 100 s) is refused
 FIXTURE_ACCOUNT: Final = AccountBinding("batch", "api-key")
@@ -1246,13 +1251,14 @@ class BatchHost:
             )
         self.summary.failed[reason] += 1
         shown = self._shown[reason]
-        limit = 1 if reason.split(":")[0].startswith("storage") else MESSAGES_PER_REASON
+        store_wide = reason.split(":")[0] in STORE_WIDE_REASONS
+        limit = 1 if store_wide else MESSAGES_PER_REASON
         if shown >= limit:
             return  # counted in the summary; announced once by report_suppressed
         self._shown[reason] += 1
         self.say(f"job {job.id!r} revision {job.revision!r} (line {job.lineno}) failed: {reason}"
                  + (f" — {detail}" if detail and detail != reason else ""))
-        if shown + 1 == limit and limit == 1 and reason.startswith("storage"):
+        if store_wide:
             self.say(f"the store is not usable ({reason}): other jobs failing the same way are "
                      "only counted in the summary")
 

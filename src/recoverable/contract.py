@@ -30,6 +30,7 @@ follows (so ``decode`` of a saved payload cannot fail later).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import re
@@ -459,6 +460,47 @@ def _resolve_local(root: dict[str, Any], ref: str) -> bool:
     return isinstance(target, (dict, bool))
 
 
+@functools.lru_cache(maxsize=1024)
+def _regex_error(pattern: str) -> str | None:
+    """Why the JSON Schema validator cannot compile ``pattern``, or None when it can.
+
+    Asked of the validator itself, so the rule is exactly the one it applies to the
+    patterns it reaches.
+    """
+    try:
+        jsonschema_rs.Draft202012Validator({"pattern": pattern}, offline=True)
+    except (ValueError, TypeError, OverflowError) as exc:
+        return _first_line(exc)
+    return None
+
+
+def _check_patterns(node: dict[str, Any], path: _Path) -> None:
+    """Every regular expression of ``node`` compiles, referenced from the root or not.
+
+    The validator compiles only the subschemas it can reach, so a pattern in an
+    unreferenced ``$defs`` entry would otherwise be accepted; strict mode checks them all.
+    Non-string values are left to the compiler's meta-schema check.
+    """
+    pattern = node.get("pattern")
+    if isinstance(pattern, str):
+        reason = _regex_error(pattern)
+        if reason is not None:
+            raise InvalidRequest(
+                f"schema is not a valid JSON Schema: pattern at {_pointer((*path, 'pattern'))} "
+                f"is not a regular expression the validator accepts: {reason}"
+            )
+    keyed = node.get("patternProperties")
+    if isinstance(keyed, dict):
+        for key in keyed:
+            reason = _regex_error(key)
+            if reason is not None:
+                raise InvalidRequest(
+                    "schema is not a valid JSON Schema: patternProperties key at "
+                    f"{_pointer((*path, 'patternProperties', key))} is not a regular "
+                    f"expression the validator accepts: {reason}"
+                )
+
+
 def _is_object_schema(node: dict[str, Any]) -> bool:
     kind = node.get("type")
     if kind == "object" or (isinstance(kind, list) and "object" in kind):
@@ -488,6 +530,7 @@ def _check_strict(schema: dict[str, Any]) -> None:
                 raise InvalidRequest(f"$ref at {_pointer(path)} does not resolve within the schema")
         if "$id" in node and path:
             raise InvalidRequest(f"$id is not allowed in subschemas (at {_pointer(path)})")
+        _check_patterns(node, path)
         if _is_object_schema(node):
             if node.get("additionalProperties") is not False:
                 raise InvalidRequest(
@@ -680,3 +723,4 @@ def _clear_caches() -> None:
     _struct_contracts.clear()
     _schema_contracts.clear()
     _validators.clear()
+    _regex_error.cache_clear()

@@ -30,7 +30,7 @@ from recoverable.contract import OutputInvalid, contract_for
 from .strict_schemas import check_accepted, strict_schemas
 
 EXAMPLES = int(os.environ.get("RECOVERABLE_FUZZ_EXAMPLES", "300"))
-SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
+SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow])
 
 scalars = (

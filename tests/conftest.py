@@ -1,0 +1,35 @@
+"""Make every property-based test's examples independent of test order and history.
+
+``derandomize=True`` seeds Hypothesis from the test function alone, but two other inputs
+change what it generates:
+
+* Hypothesis (6.131 and later) mixes *local constants* into its draws: literals it collects
+  from every non-test module of this project that is in ``sys.modules`` when an example is
+  drawn. Which ``recoverable`` modules are imported depends on which tests ran before (a
+  CLI test imports ``recoverable.cli``, ``pricing``, ...), so the same fuzzer drew different
+  examples after ``tests/cli`` than alone. Importing the whole library here, before any test
+  module, makes that pool the same for every order and every selection of tests.
+* The example database (``.hypothesis/``) replays failures saved by earlier runs first;
+  the suite keeps no state between runs (``-p no:cacheprovider``), so it is off by default.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from hypothesis import settings
+
+import recoverable
+
+
+def _import_the_whole_library() -> None:
+    for module in pkgutil.walk_packages(recoverable.__path__, "recoverable."):
+        if module.name.rsplit(".", 1)[-1] == "__main__":
+            continue  # runs the CLI
+        importlib.import_module(module.name)
+
+
+_import_the_whole_library()
+settings.register_profile("recoverable", database=None)
+settings.load_profile("recoverable")
