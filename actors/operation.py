@@ -29,6 +29,7 @@ from recoverable.storage.records import (
 from recoverable.transport.base import validate_api_key
 from recoverable.transport.connect import CONNECT_CODES, ConnectKind, EndpointGate
 from recoverable.transport.outcome import Completed, Interruption, Progress, Usage
+from recoverable.transport.ratelimit import estimate_tokens
 
 from recoverable import _killpoints, errors, machine
 from recoverable.contract import OutputInvalid, ResponseContract
@@ -529,8 +530,13 @@ class OperationActor:
             rt.telemetry.emit("attempt.transmission_authorized", self.operation_id,
                               attempt=t.record.attempts_used)
 
+        estimate = estimate_tokens(body)
+
         async def stream() -> None:
             async with rt.scheduler.transmission_slot():
+                # The rate governor, before connecting: waiting for budget spends nothing.
+                await rt.governor.admit(self.operation_id, backend.endpoint_id,
+                                        authorized.account, estimate, rt.scheduler.wait_until)
                 outcome.append(
                     await backend.stream(body, attempt_id=attempt_id, token=token,
                                          on_progress=on_progress, before_send=before_send)
@@ -574,6 +580,23 @@ class OperationActor:
         # The stream ended before a stop could cut it: its outcome is used as received
         # (a completion is validated and saved; the step applies the stop on top).
         result = outcome[0]
+        try:
+            return await self._attempt_ended(current, attempt_id, result)
+        finally:
+            # After the attempt's own record is saved: the shared pause (429), the
+            # x-ratelimit-* headers and the usage correction, for every operation.
+            with trio.CancelScope(shield=True):
+                await rt.governor.settle(
+                    self.operation_id, backend.endpoint_id, authorized.account,
+                    estimate=estimate, outcome=result,
+                    maximum_pause=current.retry_policy.maximum_retry_after,
+                )
+
+    async def _attempt_ended(
+        self, current: OperationRecord, attempt_id: str, result: Completed | Interruption
+    ) -> machine.Transition:
+        """Validate and save a completion, or record the failure (the attempt is spent)."""
+        rt = self.rt
         if isinstance(result, Completed):
             try:
                 payload = self.contract.validate(result.text)
@@ -586,6 +609,7 @@ class OperationActor:
                     had_output=True,
                     usage=result.usage,
                     usage_malformed=result.usage_malformed,
+                    rate_limits=result.rate_limits,
                 )
             else:
                 _killpoints.hit("receipt.before_save")
