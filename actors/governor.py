@@ -54,6 +54,10 @@ __all__ = [
 ]
 
 GOVERNOR_VERSION: Final = 1
+# The governor aims this fraction below the configured limits (bucket size and refill):
+# a request is counted when it is admitted and by the provider when it arrives, a
+# varying moment later, so an exact aim would sometimes arrive a little early.
+RATE_MARGIN: Final = 0.05
 WaitReason = Literal["paused", "requests", "tokens"]
 # An upper bound on any one pause (also when a policy allows a longer Retry-After).
 MAXIMUM_PAUSE: Final = 24 * 3600.0
@@ -117,6 +121,7 @@ def validate_limits(
 
 
 def _level(level: float | None, at: float, now: float, per_minute: float, burst: float) -> float:
+    """The bucket at ``now``: ``per_minute`` is the effective (margined) limit."""
     capacity = per_minute * burst / 60.0
     if level is None:
         return capacity
@@ -135,13 +140,21 @@ class RateGovernor:
         requests_per_minute: float | None = None,
         tokens_per_minute: float | None = None,
         burst_seconds: float = 60.0,
+        margin: float = RATE_MARGIN,
     ) -> None:
         validate_limits(requests_per_minute, tokens_per_minute, burst_seconds)
+        if not 0.0 <= margin < 1.0:
+            raise errors.InvalidRequest("the rate margin must be in [0, 1)")
         self._store = store
         self._wall = wall_clock
         self._telemetry = telemetry
-        self.requests_per_minute = requests_per_minute
-        self.tokens_per_minute = tokens_per_minute
+        # The effective limits: the configured ones less the margin.
+        self.requests_per_minute = (
+            None if requests_per_minute is None else requests_per_minute * (1.0 - margin)
+        )
+        self.tokens_per_minute = (
+            None if tokens_per_minute is None else tokens_per_minute * (1.0 - margin)
+        )
         self.burst_seconds = float(burst_seconds)
         # operation id -> (why, wall-clock time it may go on) while it waits here.
         self.waiting: dict[str, tuple[WaitReason, float]] = {}
