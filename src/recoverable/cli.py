@@ -140,6 +140,20 @@ def _rps(text: str) -> float:
     return value
 
 
+def _per_minute(text: str) -> float:
+    value = _positive_float(text)
+    if value > 1e12:
+        raise argparse.ArgumentTypeError(f"must be at most 1e12 per minute: {text!r}")
+    return value
+
+
+def _burst_seconds(text: str) -> float:
+    value = _positive_float(text)
+    if value > 3600:
+        raise argparse.ArgumentTypeError(f"must be at most 3600 seconds: {text!r}")
+    return value
+
+
 def _fault_spec(text: str) -> FaultSpec:
     try:
         return FaultSpec.parse(text)
@@ -190,6 +204,19 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument(
         "--rps", type=_rps, metavar="R",
         help=f"max POSTs per second ({MINIMUM_RPS:g}..{MAXIMUM_RPS:g})",
+    )
+    batch.add_argument(
+        "--rpm", type=_per_minute, metavar="N",
+        help="requests per minute, shared by every process on the store (docs/rate-limits.md)",
+    )
+    batch.add_argument(
+        "--tpm", type=_per_minute, metavar="N",
+        help="tokens per minute (estimated from each request, corrected by its usage), "
+        "shared by every process on the store",
+    )
+    batch.add_argument(
+        "--rate-burst-seconds", type=_burst_seconds, default=60.0, metavar="S",
+        help="--rpm/--tpm budget that may be spent at once, in seconds of refill (default 60)",
     )
     batch.add_argument(
         "--faults",
@@ -365,6 +392,9 @@ def _batch(args: argparse.Namespace, out: IO[str] | None, err: IO[str] | None) -
         mode=args.mode,
         concurrency=args.concurrency,
         rps=args.rps,
+        rpm=args.rpm,
+        tpm=args.tpm,
+        rate_burst_seconds=args.rate_burst_seconds,
         faults=args.faults,
         max_attempts=args.max_attempts,
         initial_backoff=(

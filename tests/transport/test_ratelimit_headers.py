@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-from recoverable.transport.outcome import MAX_RATE_LIMIT_COUNT, MAX_RATE_LIMIT_RESET, RateLimits
+from recoverable.transport.outcome import (
+    MAX_RATE_LIMIT_COUNT,
+    MAX_RATE_LIMIT_RESET,
+    Completed,
+    Interruption,
+    RateLimits,
+)
 from recoverable.transport.ratelimit import (
     estimate_tokens,
     format_duration,
     parse_duration,
     parse_rate_limit_headers,
 )
+
+import recoverable
+from recoverable.testing import FixtureProvider
 
 
 @pytest.mark.parametrize(
@@ -93,3 +102,41 @@ def test_estimate_is_a_quarter_of_the_body_plus_max_output_tokens() -> None:
     with_max = msgspec.json.encode({"input": "x" * 100, "max_output_tokens": 500, "model": "m"})
     assert estimate_tokens(with_max) == -(-len(with_max) // 4) + 500
     assert estimate_tokens(b"not json") == 2
+
+
+# --- surfaced on the outcome by both transports, from a real provider -------------------
+
+BODY = msgspec.json.encode({
+    "input": "Six times seven?", "max_output_tokens": 50, "model": "gpt-test",
+    "text": {"format": {"type": "json_schema", "name": "a", "strict": True, "schema": {
+        "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+        "additionalProperties": False}}},
+})
+
+
+@pytest.mark.parametrize("mode", ["sse", "websocket"])
+async def test_outcomes_carry_the_rate_limit_headers(mode: str) -> None:
+    account = recoverable.AccountBinding("acct-h", "api-key")
+    # A bucket of exactly two requests' estimates: the third is refused with a 429.
+    cost = estimate_tokens(BODY)
+    async with FixtureProvider.serve(tpm_limit=cost * 60, rate_burst_seconds=2.0) as provider:
+        async with recoverable.ResponsesBackend(
+            provider.http_url, credentials=recoverable.StaticCredentials("sk-h", account=account),
+            mode=mode,  # type: ignore[arg-type]
+        ) as backend:
+            outcomes = [
+                await backend.stream(BODY, attempt_id=f"op_h.{i}", token="sk-h")
+                for i in (1, 2, 3)
+            ]
+    first, _, refused = outcomes
+    assert isinstance(first, Completed)
+    assert first.rate_limits is not None
+    # SSE: the headers of the POST's response, sent after this request was counted;
+    # WebSocket: the opening handshake's, sent before it was.
+    assert first.rate_limits.remaining_tokens in ((cost if mode == "sse" else 2 * cost),
+                                                  cost - 1, 2 * cost - 1)
+    assert first.rate_limits.reset_tokens is not None
+    assert isinstance(refused, Interruption) and refused.http_status == 429
+    assert refused.is_rate_limit and refused.retry_after is not None
+    assert refused.rate_limits is not None and refused.rate_limits.remaining_tokens is not None
+    assert refused.rate_limits.remaining_tokens < cost
