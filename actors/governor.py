@@ -196,13 +196,17 @@ class RateGovernor:
                     wait_until, reason = at, "tokens"
         if reason is not None:
             return reason, wait_until
+        # A claim computed at an earlier ``now`` than the row's (another process committed
+        # first) keeps the row's time: refill is never counted twice.
         txn.put_raw("governor", key, _encode(msgspec.structs.replace(
             record,
             requests_level=None if requests is None else requests - 1.0,
-            requests_at=now if requests is not None else record.requests_at,
+            requests_at=max(now, record.requests_at) if requests is not None
+            else record.requests_at,
             tokens_level=(None if tokens_level is None
                           else tokens_level - min(float(tokens), self._capacity_tokens())),
-            tokens_at=now if tokens_level is not None else record.tokens_at,
+            tokens_at=max(now, record.tokens_at) if tokens_level is not None
+            else record.tokens_at,
         )))
         return None, now
 
@@ -295,7 +299,7 @@ class RateGovernor:
                 level = _level(record.requests_level, record.requests_at, now, rpm, burst)
                 if lower_requests < level:
                     changes["requests_level"] = float(lower_requests)
-                    changes["requests_at"] = now
+                    changes["requests_at"] = max(now, record.requests_at)
             if tpm is not None and (extra or lower_tokens is not None):
                 level = _level(record.tokens_level, record.tokens_at, now, tpm, burst)
                 new = level - extra
@@ -305,7 +309,7 @@ class RateGovernor:
                 new = max(new, -self._capacity_tokens())
                 if new < level:
                     changes["tokens_level"] = new
-                    changes["tokens_at"] = now
+                    changes["tokens_at"] = max(now, record.tokens_at)
             if not changes:
                 return False
             txn.put_raw("governor", key, _encode(msgspec.structs.replace(record, **changes)))

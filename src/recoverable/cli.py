@@ -729,6 +729,10 @@ def format_status(status: Status) -> str:
         ("model", status.model),
         ("next attempt at", status.next_attempt_at.isoformat() if status.next_attempt_at else None),
         ("expires at", status.expires_at.isoformat() if status.expires_at else None),
+        ("rate limited", (
+            f"{status.rate_limited} until {status.rate_limited_until.isoformat()}"
+            if status.rate_limited and status.rate_limited_until else status.rate_limited
+        )),
         ("last failure", _failure(failure) if failure is not None else None),
         ("tokens", usage_text(status.usage)),
         ("tokens per attempt", attempts_usage_text((a.number, a.usage) for a in status.attempts)),

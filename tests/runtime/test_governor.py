@@ -25,6 +25,7 @@ from recoverable.storage.store import governor_key
 from recoverable.transport.outcome import Completed, Interruption, RateLimits, Usage
 
 import recoverable
+from recoverable.cli import format_status
 from recoverable.errors import InvalidRequest, RecoveryError
 from recoverable.telemetry import Telemetry
 from recoverable.testing import FixtureProvider, Reply
@@ -167,6 +168,7 @@ async def test_the_pause_is_persisted_and_a_restarted_runtime_honours_it(
                 handle = await rt.prepare(REQUEST, response=Answer, maximum_attempts=1)
                 status = await rt.status(handle)
                 assert status.rate_limited == "paused"  # read from the store
+                assert "rate limited  paused until " in format_status(status)
                 assert isinstance(
                     await rt.send_recovering(handle, response=Answer, authorize=Authorizer()),
                     Answer,
