@@ -536,7 +536,7 @@ class OperationActor:
             async with rt.scheduler.transmission_slot():
                 # The rate governor, before connecting: waiting for budget spends nothing.
                 await rt.governor.admit(self.operation_id, backend.endpoint_id,
-                                        authorized.account, estimate, rt.scheduler.wait_until)
+                                        authorized.account, estimate, self._sleep_until)
                 outcome.append(
                     await backend.stream(body, attempt_id=attempt_id, token=token,
                                          on_progress=on_progress, before_send=before_send)
@@ -650,6 +650,12 @@ class OperationActor:
                 failed_from, attempt_id, failure, self._ctx(command)
             )
         )
+
+    async def _sleep_until(self, at: float) -> None:
+        """The governor's waits (rare, shared): a plain sleep to a wall-clock time. The
+        scheduler's heap stays for the saved cooldowns of the operations themselves. The
+        governor checks again after it (an early wake only waits once more)."""
+        await trio.sleep(max(0.0, at - self.rt.now()))
 
     def _count_usage(self, usage: Usage | None, malformed: bool) -> None:
         """Telemetry for an attempt's reported usage: token counts only (never text)."""
