@@ -29,6 +29,7 @@ from recoverable.storage.records import (
 from recoverable.transport.base import validate_api_key
 from recoverable.transport.connect import CONNECT_CODES, ConnectKind, EndpointGate
 from recoverable.transport.outcome import Completed, Interruption, Progress, Usage
+from recoverable.transport.ratelimit import estimate_tokens
 
 from recoverable import _killpoints, errors, machine
 from recoverable.contract import OutputInvalid, ResponseContract
@@ -531,8 +532,13 @@ class OperationActor:
             rt.telemetry.emit("attempt.transmission_authorized", self.operation_id,
                               attempt=t.record.attempts_used)
 
+        estimate = estimate_tokens(body)
+
         async def stream() -> None:
             async with rt.scheduler.transmission_slot():
+                # The rate governor, before connecting: waiting for budget spends nothing.
+                await rt.governor.admit(self.operation_id, backend.endpoint_id,
+                                        authorized.account, estimate, self._sleep_until)
                 outcome.append(
                     await backend.stream(body, attempt_id=attempt_id, token=token,
                                          on_progress=on_progress, before_send=before_send)
@@ -576,6 +582,23 @@ class OperationActor:
         # The stream ended before a stop could cut it: its outcome is used as received
         # (a completion is validated and saved; the step applies the stop on top).
         result = outcome[0]
+        try:
+            return await self._attempt_ended(current, attempt_id, result)
+        finally:
+            # After the attempt's own record is saved: the shared pause (429), the
+            # x-ratelimit-* headers and the usage correction, for every operation.
+            with trio.CancelScope(shield=True):
+                await rt.governor.settle(
+                    self.operation_id, backend.endpoint_id, authorized.account,
+                    estimate=estimate, outcome=result,
+                    maximum_pause=current.retry_policy.maximum_retry_after,
+                )
+
+    async def _attempt_ended(
+        self, current: OperationRecord, attempt_id: str, result: Completed | Interruption
+    ) -> machine.Transition:
+        """Validate and save a completion, or record the failure (the attempt is spent)."""
+        rt = self.rt
         if isinstance(result, Completed):
             try:
                 payload = self.contract.validate(result.text)
@@ -589,6 +612,7 @@ class OperationActor:
                     had_output=True,
                     usage=result.usage,
                     usage_malformed=result.usage_malformed,
+                    rate_limits=result.rate_limits,
                 )
             else:
                 _killpoints.hit("receipt.before_save")
@@ -629,6 +653,12 @@ class OperationActor:
                 failed_from, attempt_id, failure, self._ctx(command)
             )
         )
+
+    async def _sleep_until(self, at: float) -> None:
+        """The governor's waits (rare, shared): a plain sleep to a wall-clock time. The
+        scheduler's heap stays for the saved cooldowns of the operations themselves. The
+        governor checks again after it (an early wake only waits once more)."""
+        await trio.sleep(max(0.0, at - self.rt.now()))
 
     def _count_usage(self, usage: Usage | None, malformed: bool) -> None:
         """Telemetry for an attempt's reported usage: token counts only (never text)."""

@@ -17,6 +17,7 @@ from typing import Any, Protocol, TypeVar
 
 import msgspec
 import trio
+from recoverable.actors.governor import RateGovernor
 from recoverable.actors.monitor import LifecycleMonitor
 from recoverable.actors.operation import Authorize, OperationActor, check_disposition
 from recoverable.actors.scheduler import Scheduler
@@ -101,6 +102,7 @@ class Runtime:
         telemetry: Telemetry,
         monitor: LifecycleMonitor,
         connect_backoff: ConnectBackoff = ConnectBackoff(),
+        governor: RateGovernor | None = None,
     ) -> None:
         self.store = store
         self.backend = backend
@@ -111,6 +113,9 @@ class Runtime:
         self.telemetry = telemetry
         self.monitor = monitor
         self.connect_backoff = connect_backoff
+        # The rate governor (docs/rate-limits.md): the shared 429 pause, and the
+        # requests/tokens per minute of every process on this store.
+        self.governor = governor or RateGovernor(store, wall_clock=wall_clock, telemetry=telemetry)
         self.attempts_consumed = 0  # attempts this runtime consumed (persisted before sending)
         self.usage_malformed = 0  # attempts whose reported usage was ignored as malformed
         self._gates: dict[str, EndpointGate] = {}
@@ -524,7 +529,7 @@ class Runtime:
         live = lease is not None and self.store.lease_is_live(lease)
         command = self.store.get_command(record.operation_id)
         payloads = self.store.payload_kinds([record.operation_id])[record.operation_id]
-        return machine.derive_status(
+        return self._with_rate_limit(record, machine.derive_status(
             record,
             now=self.now(),
             lease_live=live,
@@ -533,6 +538,34 @@ class Runtime:
             command=command.kind if command is not None else None,
             payloads=payloads,
             endpoint_down=self.endpoint_failure(),
+        ))
+
+    def _with_rate_limit(
+        self,
+        record: OperationRecord,
+        status: Status,
+        pauses: dict[tuple[str, AccountBinding], float | None] | None = None,
+    ) -> Status:
+        """Mark an operation that waits for the rate governor: in this runtime (why, and
+        until when), or behind a shared pause of its endpoint+account (any process)."""
+        if status.state in ("completed", "failed", "cancelled") or status.redacted:
+            return status
+        waiting = self.governor.waiting.get(record.operation_id)
+        if waiting is not None:
+            return msgspec.structs.replace(
+                status, rate_limited=waiting[0], rate_limited_until=to_datetime(waiting[1])
+            )
+        where = (record.endpoint_id, record.account)
+        if pauses is not None and where in pauses:
+            paused = pauses[where]
+        else:
+            paused = self.governor.paused_until(*where)
+            if pauses is not None:
+                pauses[where] = paused
+        if paused is None:
+            return status
+        return msgspec.structs.replace(
+            status, rate_limited="paused", rate_limited_until=to_datetime(paused)
         )
 
     def _disposition_status(self, d: DispositionRecord) -> Status:
@@ -597,6 +630,7 @@ class Runtime:
         now = self.now()
         endpoint_id = self.backend.endpoint_id if self.backend is not None else None
         endpoint_down = self.endpoint_failure()
+        pauses: dict[tuple[str, AccountBinding], float | None] = {}
         statuses = []
         for record in records:
             lease = leases.get(record.operation_id)
@@ -607,15 +641,17 @@ class Runtime:
                     live[key] = self.store.lease_is_live(lease)
                 is_live = live[key]
             command = commands.get(record.operation_id)
-            statuses.append(
+            statuses.append(self._with_rate_limit(
+                record,
                 machine.derive_status(
                     record, now=now, lease_live=is_live, viewer=self.account,
                     endpoint_id=endpoint_id,
                     command=command.kind if command is not None else None,
                     payloads=present.get(record.operation_id),
                     endpoint_down=endpoint_down,
-                )
-            )
+                ),
+                pauses,
+            ))
         return Inventory(operations=tuple(statuses), unreadable=tuple(unreadable))
 
     # --- lifecycle ------------------------------------------------------------------
@@ -754,6 +790,9 @@ async def open_runtime(
     selector: Selector | None = None,
     max_concurrency: int | None = None,
     requests_per_second: float | None = None,
+    requests_per_minute: float | None = None,
+    tokens_per_minute: float | None = None,
+    rate_burst_seconds: float = 60.0,
     telemetry: TelemetrySink | None = None,
     wall_clock: Callable[[], float] = time.time,
     monitor_interval: float = 0.002,
@@ -763,6 +802,13 @@ async def open_runtime(
 
     Trio only: elsewhere (``asyncio.run``, plain threads) it raises ``TrioRequired``;
     use ``recoverable.AsyncioRuntime`` or ``recoverable.BlockingRuntime`` there.
+
+    Rate limits (docs/rate-limits.md): ``max_concurrency`` generations streaming at once
+    and ``requests_per_second`` POST starts per second in this runtime;
+    ``requests_per_minute`` / ``tokens_per_minute`` are shared by every process on
+    ``store`` with the same endpoint and account (token buckets holding
+    ``rate_burst_seconds`` of budget). A 429 with Retry-After pauses every operation of
+    the endpoint and account, in every process, persisted.
     """
     try:
         trio.lowlevel.current_trio_token()
@@ -776,6 +822,14 @@ async def open_runtime(
         wall_clock, max_concurrency=max_concurrency, requests_per_second=requests_per_second
     )
     pump = Telemetry(telemetry)
+    governor = RateGovernor(
+        store,
+        wall_clock=wall_clock,
+        telemetry=pump,
+        requests_per_minute=requests_per_minute,
+        tokens_per_minute=tokens_per_minute,
+        burst_seconds=rate_burst_seconds,
+    )
     monitor = LifecycleMonitor(store, poll_interval=monitor_interval)
     runtime = Runtime(
         store,
@@ -787,6 +841,7 @@ async def open_runtime(
         telemetry=pump,
         monitor=monitor,
         connect_backoff=connect_backoff,
+        governor=governor,
     )
     body_error: BaseException | None = None
     async with trio.open_nursery() as nursery:

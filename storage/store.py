@@ -9,6 +9,8 @@ Tables (LMDB named databases):
 - ``schedule``     sortable(next_attempt_at) + op_id -> b"" (waiting operations only)
 - ``hosts``        h(account) + h(scope) + h(job_id) + op_id -> b"" (every readable operation)
 - ``dispositions`` op_id -> DispositionRecord
+- ``governor``     h(endpoint, account) -> the shared rate-governor state (actors/governor.py:
+                   the 429 pause and the request/token bucket levels of one endpoint+account)
 - ``meta``         format version, bytes_used, command serial (8-byte big-endian integers)
 
 Every put/delete made through :class:`WriteTxn` adjusts ``bytes_used`` (key +
@@ -54,13 +56,16 @@ from recoverable.errors import (
 )
 from recoverable.types import AccountBinding, CleanupResult, to_timestamp
 
-__all__ = ["FORMAT_VERSION", "TABLES", "RecoveryStore", "Table", "WriteTxn"]
+__all__ = [
+    "FORMAT_VERSION", "TABLES", "RecoveryStore", "Table", "WriteTxn", "governor_key",
+]
 
 T = TypeVar("T")
 
 FORMAT_VERSION: Final = 1
 Table = Literal[
-    "operations", "payloads", "commands", "leases", "schedule", "hosts", "dispositions", "meta"
+    "operations", "payloads", "commands", "leases", "schedule", "hosts", "dispositions",
+    "governor", "meta",
 ]
 TABLES: Final[tuple[Table, ...]] = get_args(Table)
 PAYLOAD_KINDS: Final[frozenset[str]] = frozenset(get_args(PayloadKind))
@@ -155,6 +160,12 @@ def hosts_key(record: OperationRecord) -> bytes:
     return _hosts_prefix(
         record.account, record.scope, record.job_id, with_job=True
     ) + operation_key(record.operation_id)
+
+
+def governor_key(endpoint_id: str, account: AccountBinding) -> bytes:
+    """The key of the shared rate-governor row of one endpoint and account (a digest:
+    no account identifier is stored in a key)."""
+    return _h("governor", endpoint_id, account.account_id, account.source)
 
 
 def _key_str(raw: bytes) -> str:
@@ -1096,6 +1107,10 @@ class RecoveryStore:
     ) -> str | None:
         if table in ("schedule", "hosts"):
             return None  # checked against the operations afterwards
+        if table == "governor":
+            from recoverable.actors.governor import check_governor_entry
+
+            return check_governor_entry(key, raw)
         if table == "payloads":
             op_raw, sep, kind = key.rpartition(b"\0")
             if not sep or not op_raw or kind.decode(errors="replace") not in PAYLOAD_KINDS:

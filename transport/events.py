@@ -388,6 +388,7 @@ class ResponseStream:
 
     def _error(self, event: Mapping[str, Any]) -> Interruption:
         from recoverable.transport.base import parse_retry_after
+        from recoverable.transport.ratelimit import parse_rate_limit_headers
 
         nested = event.get("error")
         if isinstance(nested, Mapping):
@@ -399,16 +400,18 @@ class ResponseStream:
         if isinstance(status, int) and not isinstance(status, bool) and 100 <= status <= 599:
             headers = event.get("headers")
             retry_after = None
+            rate_limits = None
             if isinstance(headers, Mapping):
-                retry_after = parse_retry_after(
-                    {str(k).lower(): str(v) for k, v in headers.items()}
-                )
+                lowered = {str(k).lower(): str(v) for k, v in headers.items()}
+                retry_after = parse_retry_after(lowered)
+                rate_limits = parse_rate_limit_headers(lowered)
             return self.interrupt(
                 "http_rejected",
                 http_status=status,
                 provider_type=ptype,
                 provider_code=pcode,
                 retry_after=retry_after,
+                rate_limits=rate_limits,
             )
         return self.interrupt("provider_failed", provider_type=ptype, provider_code=pcode)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import signal
 import sys
@@ -43,6 +44,7 @@ from recoverable.transport.fixture_replies import (
     http_rejection,
     schema_rejection,
 )
+from recoverable.transport.ratelimit import estimate_tokens, format_duration
 from wsproto import ConnectionType
 
 from recoverable.errors import InvalidRequest
@@ -130,12 +132,29 @@ class FixtureProvider:
     """The in-process provider. Start it with ``FixtureProvider.serve()``."""
 
     def __init__(
-        self, *, faults: FaultSpec | None = None, reply_delay: float = 0.0
+        self,
+        *,
+        faults: FaultSpec | None = None,
+        reply_delay: float = 0.0,
+        tpm_limit: int | None = None,
+        rate_burst_seconds: float = 60.0,
     ) -> None:
         if not reply_delay >= 0.0:
             raise InvalidRequest("reply_delay must be >= 0 seconds")
+        if tpm_limit is not None and (
+            isinstance(tpm_limit, bool) or not isinstance(tpm_limit, int) or tpm_limit < 1
+        ):
+            raise InvalidRequest("tpm_limit must be a positive integer (tokens per minute)")
+        if not 0.0 < rate_burst_seconds <= 3600.0:
+            raise InvalidRequest("rate_burst_seconds must be in (0, 3600]")
         self.faults = faults
         self.reply_delay = reply_delay
+        # The tokens-per-minute limit it enforces (None: none), as a token bucket holding
+        # ``rate_burst_seconds`` of budget, full at start, refilled continuously.
+        self.tpm_limit = tpm_limit
+        self.rate_burst_seconds = rate_burst_seconds
+        self._tokens_level: float | None = None
+        self._tokens_at = 0.0
         self._rng: random.Random = faults.chooser() if faults else random.Random(0)
         self._script: deque[Reply] = deque()
         self.requests: list[RecordedRequest] = []
@@ -194,11 +213,20 @@ class FixtureProvider:
         port: int = 0,
         faults: FaultSpec | None = None,
         reply_delay: float = 0.0,
+        tpm_limit: int | None = None,
+        rate_burst_seconds: float = 60.0,
     ) -> AsyncIterator[FixtureProvider]:
         """Serve until exit. ``reply_delay``: seconds every generation request is held
         after it is recorded and before its reply starts (a slow provider: it makes
-        requests overlap, so client-side concurrency limits show in the log)."""
-        provider = cls(faults=faults, reply_delay=reply_delay)
+        requests overlap, so client-side concurrency limits show in the log).
+
+        ``tpm_limit``: tokens per minute it allows. A request is counted at arrival for
+        ``estimate_tokens(body)`` (a quarter of its bytes plus its ``max_output_tokens``)
+        and, after its reply, for the reported usage beyond that; one that would take more
+        than the bucket holds is answered 429 with Retry-After. Every answer carries the
+        ``x-ratelimit-*-tokens`` headers."""
+        provider = cls(faults=faults, reply_delay=reply_delay, tpm_limit=tpm_limit,
+                       rate_burst_seconds=rate_burst_seconds)
         listeners = await trio.open_tcp_listeners(port, host=host, backlog=4096)
         provider.host = host
         provider.port = listeners[0].socket.getsockname()[1]
@@ -208,6 +236,55 @@ class FixtureProvider:
                 yield provider
             finally:
                 nursery.cancel_scope.cancel()
+
+    # -- the tokens-per-minute limit --------------------------------------------------------
+    def _tokens_now(self, now: float) -> float:
+        assert self.tpm_limit is not None
+        capacity = self.tpm_limit * self.rate_burst_seconds / 60.0
+        if self._tokens_level is None:
+            return capacity
+        return min(capacity, self._tokens_level + (now - self._tokens_at) * self.tpm_limit / 60.0)
+
+    def _admit_tokens(self, canonical: bytes) -> Reply | None:
+        """Count a request against the limit, or the 429 that refuses it (nothing counted)."""
+        if self.tpm_limit is None:
+            return None
+        now = trio.current_time()
+        capacity = self.tpm_limit * self.rate_burst_seconds / 60.0
+        cost = min(float(estimate_tokens(canonical)), capacity)
+        level = self._tokens_now(now)
+        if level < cost:
+            # Whole milliseconds, rounded up: the wait it names is always long enough.
+            return Reply.rate_limited(math.ceil((cost - level) * 60e3 / self.tpm_limit) / 1e3)
+        self._tokens_level, self._tokens_at = level - cost, now
+        return None
+
+    def _charge_usage(self, events: list[dict[str, Any]], canonical: bytes) -> None:
+        """After a reply: the reported usage beyond the arrival estimate is counted too."""
+        if self.tpm_limit is None or not events:
+            return
+        response = events[-1].get("response")
+        usage = response.get("usage") if isinstance(response, Mapping) else None
+        total = usage.get("total_tokens") if isinstance(usage, Mapping) else None
+        if not isinstance(total, int):
+            return
+        extra = total - estimate_tokens(canonical)
+        if extra > 0:
+            now = trio.current_time()
+            self._tokens_level, self._tokens_at = self._tokens_now(now) - extra, now
+
+    def rate_limit_headers(self) -> list[tuple[str, str]]:
+        """The ``x-ratelimit-*-tokens`` headers of an answer sent now (none without a limit)."""
+        if self.tpm_limit is None:
+            return []
+        level = self._tokens_now(trio.current_time())
+        capacity = self.tpm_limit * self.rate_burst_seconds / 60.0
+        return [
+            ("x-ratelimit-limit-tokens", str(self.tpm_limit)),
+            ("x-ratelimit-remaining-tokens", str(max(0, int(level)))),
+            ("x-ratelimit-reset-tokens",
+             format_duration((capacity - level) * 60.0 / self.tpm_limit)),
+        ]
 
     # -- replies and records -------------------------------------------------------------
     def script_for(self, chooser: Callable[[str], Reply | None] | None) -> None:
@@ -386,23 +463,26 @@ class FixtureProvider:
                              "type": "invalid_request_error", "param": None, "code": None}}
             await self._simple(conn, stream, 400, msgspec.json.encode(err))
             return True
-        reply = self.next_reply(attempt_id)
+        reply = self._admit_tokens(canonical) or self.next_reply(attempt_id)
         self._record("sse", headers, canonical, reply.kind, attempt_id, where)
         index = await self._replying()
         try:
-            return await self._sse_reply(conn, stream, reply, obj)
+            return await self._sse_reply(conn, stream, reply, obj, canonical)
         finally:
             self._finished(index)
 
     async def _sse_reply(
-        self, conn: h11.Connection, stream: trio.SocketStream, reply: Reply, obj: dict[str, Any]
+        self, conn: h11.Connection, stream: trio.SocketStream, reply: Reply, obj: dict[str, Any],
+        canonical: bytes = b"",
     ) -> bool:
         if reply.kind in HTTP_KINDS:
             rejection = http_rejection(reply)
-            await self._simple(conn, stream, rejection.status, rejection.body, rejection.headers)
+            await self._simple(conn, stream, rejection.status, rejection.body,
+                               [*rejection.headers, *self.rate_limit_headers()])
             return True
         try:
             events = self._events(reply, obj)
+            self._charge_usage(events, canonical)
         except CannotSynthesize as exc:  # a schema no value can answer: the API's 400
             rejection = schema_rejection(exc)
             await self._simple(conn, stream, rejection.status, rejection.body, rejection.headers)
@@ -413,6 +493,7 @@ class FixtureProvider:
                 ("content-type", "text/event-stream; charset=utf-8"),
                 ("cache-control", "no-cache"),
                 ("x-request-id", f"req_fixture{self._serial:012d}"),
+                *self.rate_limit_headers(),
             ]),
         )
         limit = self._prefix(reply, events)
@@ -501,7 +582,9 @@ class FixtureProvider:
                     pending = reply
                     accepted = True
                     await stream.send_all(ws.send(wse.AcceptConnection(
-                        extra_headers=[ACCEPTS_ID_FIELD_HEADER])))
+                        extra_headers=[ACCEPTS_ID_FIELD_HEADER, *(
+                            (k.encode(), v.encode()) for k, v in self.rate_limit_headers()
+                        )])))
                 elif isinstance(event, wse.Ping):
                     await stream.send_all(ws.send(event.response()))
                 elif isinstance(event, wse.CloseConnection):
@@ -565,20 +648,23 @@ class FixtureProvider:
                 "type": "invalid_request_error", "code": "invalid_request",
                 "message": "Expected a response.create message.", "param": None}})
             return True
-        if reply is None:
+        limited = self._admit_tokens(canonical)
+        if limited is not None:
+            reply = limited
+        elif reply is None:
             reply = self.next_reply(attempt_id)
         where[1] += 1
         self._record("websocket", headers, canonical, reply.kind, attempt_id,
                      (where[0], where[1]))
         index = await self._replying()
         try:
-            return await self._ws_reply(ws, stream, reply, obj)
+            return await self._ws_reply(ws, stream, reply, obj, canonical)
         finally:
             self._finished(index)
 
     async def _ws_reply(
         self, ws: wsproto.WSConnection, stream: trio.SocketStream, reply: Reply,
-        obj: dict[str, Any],
+        obj: dict[str, Any], canonical: bytes = b"",
     ) -> bool:
         if reply.kind in HTTP_KINDS:
             rejection = http_rejection(reply)
@@ -586,11 +672,13 @@ class FixtureProvider:
                 "type": "error",
                 "status": rejection.status,
                 "error": msgspec.json.decode(rejection.body).get("error"),
-                "headers": {k: v for k, v in rejection.headers if k != "content-type"},
+                "headers": {k: v for k, v in [*rejection.headers, *self.rate_limit_headers()]
+                            if k != "content-type"},
             })
             return True
         try:
             events = self._events(reply, obj)
+            self._charge_usage(events, canonical)
         except CannotSynthesize as exc:  # a schema no value can answer: the API's 400
             rejection = schema_rejection(exc)
             await self._ws_send(ws, stream, {
@@ -659,6 +747,15 @@ def _parser() -> argparse.ArgumentParser:
         "--reply-delay", type=float, default=0.0, metavar="SECONDS",
         help="hold every generation request this long before replying (a slow provider)",
     )
+    parser.add_argument(
+        "--tpm-limit", type=int, default=None, metavar="N",
+        help="enforce N tokens per minute: a request over the budget gets a 429 with "
+        "Retry-After and x-ratelimit-* headers",
+    )
+    parser.add_argument(
+        "--rate-burst-seconds", type=float, default=60.0, metavar="SECONDS",
+        help="the budget the --tpm-limit bucket holds, in seconds of refill (default 60)",
+    )
     return parser
 
 
@@ -683,7 +780,8 @@ def fixture_main(argv: list[str]) -> int:
 
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with FixtureProvider.serve(
-                host=args.host, port=args.port, faults=faults, reply_delay=args.reply_delay
+                host=args.host, port=args.port, faults=faults, reply_delay=args.reply_delay,
+                tpm_limit=args.tpm_limit, rate_burst_seconds=args.rate_burst_seconds,
             ) as provider:
                 provider.script(script)
                 line = {

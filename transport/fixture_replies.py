@@ -777,6 +777,11 @@ def _usage(text: str, request: Mapping[str, Any]) -> dict[str, Any]:
         effort if isinstance(effort, str) else "", 0
     )
     out = max(1, len(text) // 4) + reasoning_tokens
+    limit = request.get("max_output_tokens")
+    if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
+        # Like the API, never more output than the request allows.
+        out = min(out, limit)
+        reasoning_tokens = min(reasoning_tokens, out)
     return {
         "input_tokens": input_tokens,
         "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},

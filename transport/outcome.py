@@ -171,6 +171,23 @@ def parse_usage(value: object) -> Usage | None:
     return usage
 
 
+# -- rate-limit headers ----------------------------------------------------------------------
+# A remaining count above this is treated as this (no account has more; it bounds arithmetic).
+MAX_RATE_LIMIT_COUNT: Final = 10**12
+MAX_RATE_LIMIT_RESET: Final = 24 * 3600.0  # seconds; a longer reset is read as this
+
+
+class RateLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The provider's ``x-ratelimit-remaining-*`` / ``x-ratelimit-reset-*`` response headers
+    (counts and seconds only, each bounded; ``None`` when absent or unparsable). Built by
+    :func:`recoverable.transport.ratelimit.parse_rate_limit_headers`; never persisted."""
+
+    remaining_requests: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    remaining_tokens: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    reset_requests: Annotated[float, msgspec.Meta(ge=0)] | None = None  # seconds
+    reset_tokens: Annotated[float, msgspec.Meta(ge=0)] | None = None  # seconds
+
+
 class Interruption(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Why an attempt did not produce a completed response.
 
@@ -199,6 +216,9 @@ class Interruption(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # output (``/items/1/name``; ``""`` is the root) made of the contract's own names and
     # list indexes.
     output_path: str | None = None
+    # The response's x-ratelimit-* headers, for the rate governor; never persisted (the
+    # record keeps ``None``, like ``usage``).
+    rate_limits: RateLimits | None = None
 
     def __post_init__(self) -> None:
         for name in ("provider_type", "provider_code", "transport_code"):
@@ -246,6 +266,7 @@ class Completed(msgspec.Struct, frozen=True, kw_only=True):
     sequence_number: int | None = None
     usage: Usage | None = None  # the reported usage, when it was sent and well formed
     usage_malformed: bool = False  # a usage object was sent but ignored as malformed
+    rate_limits: RateLimits | None = None  # the response's x-ratelimit-* headers, if any
 
     def __post_init__(self) -> None:
         _bound_id(self)

@@ -7,6 +7,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, cast
 
 import httpx
+import msgspec
 import trio
 from recoverable.transport.base import (
     MAX_ERROR_BODY_BYTES,
@@ -16,7 +17,8 @@ from recoverable.transport.base import (
 )
 from recoverable.transport.connect import classify_connect_error
 from recoverable.transport.events import FrameTooLarge, ResponseStream, SseDecoder
-from recoverable.transport.outcome import Completed, Interruption, Outcome, Progress
+from recoverable.transport.outcome import Completed, Interruption, Outcome, Progress, RateLimits
+from recoverable.transport.ratelimit import parse_rate_limit_headers
 
 __all__ = ["SseTransport", "add_field"]
 
@@ -124,9 +126,10 @@ class SseTransport:
         # Filled once a 4xx/5xx status is seen: a stalled or broken error body must not hide
         # the rejection (its status and retry hints) behind a timeout or a disconnect.
         rejected: list[tuple[httpx.Response, bytearray]] = []
+        rate_limits: list[RateLimits] = []
         with idle:
             try:
-                outcome = await self._exchange(request, state, idle, rejected)
+                outcome = await self._exchange(request, state, idle, rejected, rate_limits)
             except httpx.ConnectTimeout as exc:
                 code = classify_connect_error(exc, default="connect_timeout")
                 outcome = state.interrupt(
@@ -150,10 +153,12 @@ class SseTransport:
         if rejected and (idle.cancelled_caught or not isinstance(outcome, Interruption)
                          or outcome.kind != "http_rejected"):
             response, partial = rejected[0]
-            return self._rejection(response, bytes(partial), state)
-        if idle.cancelled_caught:
-            return state.interrupt("timeout", transport_code="idle_timeout")
+            outcome = self._rejection(response, bytes(partial), state)
+        elif idle.cancelled_caught:
+            outcome = state.interrupt("timeout", transport_code="idle_timeout")
         assert outcome is not None
+        if rate_limits:  # the HTTP response's x-ratelimit-* headers, for the rate governor
+            outcome = msgspec.structs.replace(outcome, rate_limits=rate_limits[0])
         return outcome
 
     async def _exchange(
@@ -162,9 +167,13 @@ class SseTransport:
         state: ResponseStream,
         idle: trio.CancelScope,
         rejected: list[tuple[httpx.Response, bytearray]],
+        rate_limits: list[RateLimits],
     ) -> Outcome:
         limits = self._limits
         response = await self._client.send(request, stream=True)
+        seen = parse_rate_limit_headers(response.headers.multi_items())
+        if seen is not None:
+            rate_limits.append(seen)
         chunks = cast("AsyncGenerator[bytes, None]", response.aiter_raw())  # closed below
         try:
             if not 200 <= response.status_code < 300:

@@ -29,6 +29,7 @@ from recoverable.transport.base import (
 from recoverable.transport.connect import classify_connect_error
 from recoverable.transport.events import ResponseStream
 from recoverable.transport.outcome import Completed, Interruption, Outcome, Progress
+from recoverable.transport.ratelimit import parse_rate_limit_headers
 from recoverable.transport.sse import add_field
 
 __all__ = ["WebSocketTransport", "websocket_url"]
@@ -282,6 +283,7 @@ class WebSocketTransport:
             provider_type=ptype,
             provider_code=pcode,
             retry_after=parse_retry_after(headers),
+            rate_limits=parse_rate_limit_headers(headers),
         )
 
     def _take_idle(self, key: tuple[str, str]) -> _Connection | None:
@@ -356,6 +358,7 @@ class WebSocketTransport:
         idle = trio.CancelScope()
         idle.deadline = trio.current_time() + limits.connect_timeout + limits.idle_timeout
         conn: _Connection | None = None
+        fresh: _Connection | None = None
         outcome: Outcome | None = None
         try:
             with idle:
@@ -371,7 +374,7 @@ class WebSocketTransport:
                             conn.abort()  # went stale while idle; nothing was sent
                             conn = None
                     if conn is None:
-                        conn = await self._connect(nursery, token, attempt_id, state)
+                        conn = fresh = await self._connect(nursery, token, attempt_id, state)
                         await established()
                         try:
                             await conn.ws.send_message(message)
@@ -386,6 +389,15 @@ class WebSocketTransport:
             if idle.cancelled_caught:
                 outcome = state.interrupt("timeout", transport_code="idle_timeout")
             assert outcome is not None
+            if fresh is not None and outcome.rate_limits is None:
+                # The x-ratelimit-* headers of this connection's own opening handshake (a
+                # reused connection's handshake speaks of an earlier request: not used).
+                seen = parse_rate_limit_headers(
+                    (bytes(k).decode("latin-1"), bytes(v).decode("latin-1"))
+                    for k, v in fresh.ws.handshake_headers
+                )
+                if seen is not None:
+                    outcome = msgspec.structs.replace(outcome, rate_limits=seen)
             if conn is not None:
                 if isinstance(outcome, Completed):
                     self._give_back(conn)

@@ -750,6 +750,9 @@ class BatchConfig:
     mode: Literal["websocket", "sse"] = "websocket"
     concurrency: int = 64
     rps: float | None = None
+    rpm: float | None = None  # --rpm / --tpm: the rate governor (docs/rate-limits.md)
+    tpm: float | None = None
+    rate_burst_seconds: float = 60.0
     faults: FaultSpec | None = None
     max_attempts: int = 8
     initial_backoff: float = 0.5
@@ -1611,6 +1614,9 @@ async def _run_host(
             account=account,
             max_concurrency=config.concurrency,
             requests_per_second=config.rps,
+            requests_per_minute=config.rpm,
+            tokens_per_minute=config.tpm,
+            rate_burst_seconds=config.rate_burst_seconds,
         ) as rt,
     ):
         host = BatchHost(rt, store, log, jobs, config, summary, say=output.say, work=work,

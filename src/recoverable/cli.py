@@ -146,6 +146,20 @@ def _revision(text: str) -> str:
     return text
 
 
+def _per_minute(text: str) -> float:
+    value = _positive_float(text)
+    if value > 1e12:
+        raise argparse.ArgumentTypeError(f"must be at most 1e12 per minute: {text!r}")
+    return value
+
+
+def _burst_seconds(text: str) -> float:
+    value = _positive_float(text)
+    if value > 3600:
+        raise argparse.ArgumentTypeError(f"must be at most 3600 seconds: {text!r}")
+    return value
+
+
 def _fault_spec(text: str) -> FaultSpec:
     try:
         return FaultSpec.parse(text)
@@ -196,6 +210,19 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument(
         "--rps", type=_rps, metavar="R",
         help=f"max POSTs per second ({MINIMUM_RPS:g}..{MAXIMUM_RPS:g})",
+    )
+    batch.add_argument(
+        "--rpm", type=_per_minute, metavar="N",
+        help="requests per minute, shared by every process on the store (docs/rate-limits.md)",
+    )
+    batch.add_argument(
+        "--tpm", type=_per_minute, metavar="N",
+        help="tokens per minute (estimated from each request, corrected by its usage), "
+        "shared by every process on the store",
+    )
+    batch.add_argument(
+        "--rate-burst-seconds", type=_burst_seconds, default=60.0, metavar="S",
+        help="--rpm/--tpm budget that may be spent at once, in seconds of refill (default 60)",
     )
     batch.add_argument(
         "--faults",
@@ -397,6 +424,9 @@ def _batch(args: argparse.Namespace, out: IO[str] | None, err: IO[str] | None) -
         mode=args.mode,
         concurrency=args.concurrency,
         rps=args.rps,
+        rpm=args.rpm,
+        tpm=args.tpm,
+        rate_burst_seconds=args.rate_burst_seconds,
         faults=args.faults,
         max_attempts=args.max_attempts,
         initial_backoff=(
@@ -735,6 +765,10 @@ def format_status(status: Status) -> str:
         ("model", status.model),
         ("next attempt at", status.next_attempt_at.isoformat() if status.next_attempt_at else None),
         ("expires at", status.expires_at.isoformat() if status.expires_at else None),
+        ("rate limited", (
+            f"{status.rate_limited} until {status.rate_limited_until.isoformat()}"
+            if status.rate_limited and status.rate_limited_until else status.rate_limited
+        )),
         ("last failure", _failure(failure) if failure is not None else None),
         ("tokens", usage_text(status.usage)),
         ("tokens per attempt", attempts_usage_text((a.number, a.usage) for a in status.attempts)),

@@ -299,9 +299,9 @@ def _suspended(rec: OperationRecord) -> OperationRecord:
 
 def _stored_failure(failure: Interruption) -> Interruption:
     """The failure as the record keeps it: its usage lives on the attempt, not here."""
-    if failure.usage is None and not failure.usage_malformed:
+    if failure.usage is None and not failure.usage_malformed and failure.rate_limits is None:
         return failure
-    return msgspec.structs.replace(failure, usage=None, usage_malformed=False)
+    return msgspec.structs.replace(failure, usage=None, usage_malformed=False, rate_limits=None)
 
 
 def _ended(

@@ -232,6 +232,11 @@ class Status(msgspec.Struct, frozen=True, kw_only=True):
     # output-token budget (None: none) — see docs/usage.md.
     usage: Usage = Usage()
     maximum_output_tokens_total: int | None = None
+    # Waiting for the rate governor (docs/rate-limits.md): "paused" (a shared 429 pause
+    # of its endpoint and account, seen from any process), "requests" or "tokens" (the
+    # per-minute budget, in the runtime that runs it), and until when (an estimate).
+    rate_limited: Literal["paused", "requests", "tokens"] | None = None
+    rate_limited_until: _dt.datetime | None = None
 
 
 class Receipt(msgspec.Struct, frozen=True, kw_only=True):

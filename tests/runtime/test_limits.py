@@ -175,3 +175,24 @@ def test_cli_concurrency_and_rps_hold_at_the_provider(
     arrivals = sorted(r["received_at"] for r in log)
     assert arrivals[-1] - arrivals[0] >= 11 / rate - JITTER, arrivals
     assert most_in_window(arrivals, 1.0) <= rate * 1.0 + 1 + 1, arrivals
+
+
+def test_cli_rpm_spaces_posts_at_the_provider(
+    tmp_path: Path, slow_provider: dict[str, Any]
+) -> None:
+    # 600 a minute (10 a second, less the governor's 5% margin), a bucket of half a
+    # second: 12 jobs need at least (12 - 5) / 10 s; without --rpm they arrive at once.
+    log = cli_batch(tmp_path, slow_provider, "rpm", "--concurrency", "12",
+                    "--rpm", "600", "--rate-burst-seconds", "0.5")
+    arrivals = sorted(r["received_at"] for r in log)
+    assert arrivals[-1] - arrivals[0] >= 7 / 10 - JITTER, arrivals
+    assert most_in_window(arrivals, 1.0) <= 10 + 5 + 1, arrivals
+
+
+@pytest.mark.parametrize("flag", [("--rpm", "0"), ("--tpm", "-5"), ("--tpm", "nan"),
+                                  ("--rate-burst-seconds", "7200")])
+def test_cli_bad_rate_limits_are_usage_errors(tmp_path: Path, flag: tuple[str, str]) -> None:
+    jobs = write_jobs(tmp_path / "jobs.jsonl", [job_line(0)])
+    done = run_cli("batch", str(jobs), "--out", str(tmp_path / "out.jsonl"), *flag)
+    assert done.returncode == 2, done.stderr
+    assert flag[0] in done.stderr

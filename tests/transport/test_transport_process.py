@@ -84,7 +84,7 @@ async def test_killed_client_is_counted_exactly_once(tmp_path: Path, mode: str) 
             assert outcome_line == 'outcome {"text":"{\\"answer\\":42}","response_id":' \
                 '"resp_fixture000000000002","sequence_number":11,"usage":{"input_tokens":134,' \
                 '"cached_input_tokens":0,"output_tokens":3,"reasoning_tokens":0},' \
-                '"usage_malformed":false}'
+                '"usage_malformed":false,"rate_limits":null}'  # no x-ratelimit-* headers here
             listing = await get_requests(info["requests_url"])
             assert [r["attempt_id"] for r in listing] == ["killed-attempt", "second-attempt"]
             assert listing[0]["body"] == listing[1]["body"]

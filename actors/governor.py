@@ -1,0 +1,327 @@
+"""The rate governor: one per runtime, shared with every process on the same store.
+
+Before an operation connects for an attempt (so before anything is spent), it asks
+the governor of its endpoint and account for admission. The governor holds, per
+endpoint+account, one row in the store's ``governor`` table:
+
+- ``paused_until``: a shared cooldown. A 429 with Retry-After on ANY operation (of
+  any process on the store) pauses every operation of that endpoint and account
+  until then; so does an ``x-ratelimit-remaining-*: 0`` header (until its reset).
+  Bounded by the operation's ``RetryPolicy.maximum_retry_after``. Persisted: a
+  restarted runtime honours it.
+- two token buckets, when limits are configured: requests per minute and tokens per
+  minute. A bucket holds at most ``limit * burst_seconds / 60`` and refills at
+  ``limit / 60`` per second. Every admission claims its cost from the shared row in
+  one store transaction (claims of one process are group-committed), so the budget
+  is exact across processes: N processes together stay within one limit.
+
+The tokens of a request are estimated from its frozen body
+(:func:`~recoverable.transport.ratelimit.estimate_tokens`) when it is admitted and
+corrected UP by the usage the provider reports when the attempt ends (never down:
+a provider counts ``max_output_tokens`` at admission, so a refund would overshoot).
+``x-ratelimit-remaining-*`` headers lower the levels (never raise them).
+
+Times in the row are wall-clock seconds (``Runtime.now``), the one clock every
+process shares. The row is advisory state, not budget: an unreadable row is
+replaced by a fresh one (and reported by ``check_integrity``).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Final, Literal
+
+import msgspec
+from recoverable.storage.store import governor_key
+from recoverable.transport.outcome import Interruption, Outcome
+
+from recoverable import errors
+from recoverable.types import AccountBinding
+
+if TYPE_CHECKING:
+    from recoverable.storage.store import RecoveryStore, WriteTxn
+
+    from recoverable.telemetry import Telemetry
+
+__all__ = [
+    "GovernorRecord",
+    "RateGovernor",
+    "WaitReason",
+    "check_governor_entry",
+    "validate_limits",
+]
+
+GOVERNOR_VERSION: Final = 1
+# The governor aims this fraction below the configured limits (bucket size and refill):
+# a request is counted when it is admitted and by the provider when it arrives, a
+# varying moment later, so an exact aim would sometimes arrive a little early.
+RATE_MARGIN: Final = 0.05
+WaitReason = Literal["paused", "requests", "tokens"]
+# An upper bound on any one pause (also when a policy allows a longer Retry-After).
+MAXIMUM_PAUSE: Final = 24 * 3600.0
+_MAX_LIMIT: Final = 1e12
+
+
+class GovernorRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The shared state of one endpoint+account (wall-clock seconds; levels in requests
+    or tokens, ``None``: never claimed, i.e. full)."""
+
+    version: int = GOVERNOR_VERSION
+    paused_until: float = 0.0
+    requests_level: float | None = None
+    requests_at: float = 0.0
+    tokens_level: float | None = None
+    tokens_at: float = 0.0
+
+
+_encode: Final = msgspec.msgpack.Encoder(order="deterministic").encode
+_decode: Final = msgspec.msgpack.Decoder(GovernorRecord).decode
+
+
+def _load(raw: bytes | None) -> GovernorRecord:
+    if raw is None:
+        return GovernorRecord()
+    try:
+        record = _decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return GovernorRecord()  # advisory state: a damaged row starts afresh
+    if record.version != GOVERNOR_VERSION:
+        return GovernorRecord()
+    return record
+
+
+def check_governor_entry(key: bytes, raw: bytes) -> str | None:
+    """For ``RecoveryStore.check_integrity``: a description of a bad row, or None."""
+    if len(key) != 16:
+        return "malformed governor key"
+    try:
+        record = _decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        return f"corrupt_record: {exc}"
+    if record.version != GOVERNOR_VERSION:
+        return f"unsupported_record_version: governor version {record.version}"
+    return None
+
+
+def validate_limits(
+    requests_per_minute: float | None, tokens_per_minute: float | None, burst_seconds: float
+) -> None:
+    for name, value in (("requests_per_minute", requests_per_minute),
+                        ("tokens_per_minute", tokens_per_minute)):
+        if value is None:
+            continue
+        if (isinstance(value, bool) or not isinstance(value, int | float)
+                or not math.isfinite(value) or not 0 < value <= _MAX_LIMIT):
+            raise errors.InvalidRequest(f"{name} must be a positive number (at most 1e12)")
+    if (isinstance(burst_seconds, bool) or not isinstance(burst_seconds, int | float)
+            or not math.isfinite(burst_seconds) or not 0 < burst_seconds <= 3600):
+        raise errors.InvalidRequest("rate_burst_seconds must be in (0, 3600]")
+
+
+def _level(level: float | None, at: float, now: float, per_minute: float, burst: float) -> float:
+    """The bucket at ``now``: ``per_minute`` is the effective (margined) limit."""
+    capacity = per_minute * burst / 60.0
+    if level is None:
+        return capacity
+    return min(capacity, level + max(0.0, now - at) * per_minute / 60.0)
+
+
+class RateGovernor:
+    """Admission before connecting, and the settlement of every attempt's outcome."""
+
+    def __init__(
+        self,
+        store: RecoveryStore,
+        *,
+        wall_clock: Callable[[], float],
+        telemetry: Telemetry,
+        requests_per_minute: float | None = None,
+        tokens_per_minute: float | None = None,
+        burst_seconds: float = 60.0,
+        margin: float = RATE_MARGIN,
+    ) -> None:
+        validate_limits(requests_per_minute, tokens_per_minute, burst_seconds)
+        if not 0.0 <= margin < 1.0:
+            raise errors.InvalidRequest("the rate margin must be in [0, 1)")
+        self._store = store
+        self._wall = wall_clock
+        self._telemetry = telemetry
+        # The effective limits: the configured ones less the margin.
+        self.requests_per_minute = (
+            None if requests_per_minute is None else requests_per_minute * (1.0 - margin)
+        )
+        self.tokens_per_minute = (
+            None if tokens_per_minute is None else tokens_per_minute * (1.0 - margin)
+        )
+        self.burst_seconds = float(burst_seconds)
+        # operation id -> (why, wall-clock time it may go on) while it waits here.
+        self.waiting: dict[str, tuple[WaitReason, float]] = {}
+        self.waits = 0  # admissions that had to wait (all reasons)
+
+    @property
+    def limited(self) -> bool:
+        return self.requests_per_minute is not None or self.tokens_per_minute is not None
+
+    def _capacity_tokens(self) -> float:
+        assert self.tokens_per_minute is not None
+        return self.tokens_per_minute * self.burst_seconds / 60.0
+
+    # -- admission -------------------------------------------------------------------
+
+    def _claim(
+        self, key: bytes, tokens: int, now: float, txn: WriteTxn
+    ) -> tuple[WaitReason | None, float]:
+        """One transaction: the pause, then both buckets; charge both only if both allow."""
+        record = _load(txn.get_raw("governor", key))
+        if record.paused_until > now:
+            return "paused", record.paused_until
+        burst = self.burst_seconds
+        rpm, tpm = self.requests_per_minute, self.tokens_per_minute
+        requests = tokens_level = None
+        wait_until = now
+        reason: WaitReason | None = None
+        if rpm is not None:
+            requests = _level(record.requests_level, record.requests_at, now, rpm, burst)
+            if requests < 1.0:
+                wait_until = now + (1.0 - requests) * 60.0 / rpm
+                reason = "requests"
+        if tpm is not None:
+            cost = min(float(tokens), self._capacity_tokens())  # an oversized one: when full
+            tokens_level = _level(record.tokens_level, record.tokens_at, now, tpm, burst)
+            if tokens_level < cost:
+                at = now + (cost - tokens_level) * 60.0 / tpm
+                if at > wait_until:
+                    wait_until, reason = at, "tokens"
+        if reason is not None:
+            return reason, wait_until
+        # A claim computed at an earlier ``now`` than the row's (another process committed
+        # first) keeps the row's time: refill is never counted twice.
+        txn.put_raw("governor", key, _encode(msgspec.structs.replace(
+            record,
+            requests_level=None if requests is None else requests - 1.0,
+            requests_at=max(now, record.requests_at) if requests is not None
+            else record.requests_at,
+            tokens_level=(None if tokens_level is None
+                          else tokens_level - min(float(tokens), self._capacity_tokens())),
+            tokens_at=max(now, record.tokens_at) if tokens_level is not None
+            else record.tokens_at,
+        )))
+        return None, now
+
+    def paused_until(self, endpoint_id: str, account: AccountBinding) -> float | None:
+        """The shared pause of an endpoint+account (wall clock), if one is in force."""
+        record = _load(self._store.get_raw("governor", governor_key(endpoint_id, account)))
+        return record.paused_until if record.paused_until > self._wall() else None
+
+    async def admit(
+        self,
+        operation_id: str,
+        endpoint_id: str,
+        account: AccountBinding,
+        tokens: int,
+        wait_until: Callable[[float], Awaitable[None]],
+    ) -> None:
+        """Return once this attempt may connect: no pause in force and (with limits) its
+        request and estimated tokens claimed. Cancellable while waiting (nothing claimed)."""
+        key = governor_key(endpoint_id, account)
+        waited = False
+        try:
+            while True:
+                now = self._wall()
+                if self.limited:
+                    reason, until = await self._store.write(
+                        functools.partial(self._claim, key, tokens, now)
+                    )
+                else:
+                    raw = self._store.get_raw("governor", key)
+                    paused = _load(raw).paused_until
+                    reason, until = ("paused", paused) if paused > now else (None, now)
+                if reason is None:
+                    return
+                self.waiting[operation_id] = (reason, until)
+                if not waited:
+                    waited = True
+                    self.waits += 1
+                    self._telemetry.emit("operation.rate_limited", operation_id, reason=reason,
+                                         seconds=round(max(0.0, until - now), 3))
+                await wait_until(until)
+        finally:
+            self.waiting.pop(operation_id, None)
+
+    # -- settlement ------------------------------------------------------------------
+
+    async def settle(
+        self,
+        operation_id: str,
+        endpoint_id: str,
+        account: AccountBinding,
+        *,
+        estimate: int,
+        outcome: Outcome,
+        maximum_pause: float,
+    ) -> None:
+        """After an attempt ended: the shared pause (429 Retry-After, or a remaining
+        count of 0 until its reset), the headers' remaining counts, and the usage
+        correction. One write, only when something changes."""
+        now = self._wall()
+        cap = min(max(0.0, maximum_pause), MAXIMUM_PAUSE)
+        pause_until = 0.0
+        if (isinstance(outcome, Interruption) and outcome.is_rate_limit
+                and outcome.retry_after is not None and outcome.retry_after > 0):
+            pause_until = now + min(outcome.retry_after, cap)
+        limits = outcome.rate_limits
+        if limits is not None:
+            for remaining, reset in ((limits.remaining_requests, limits.reset_requests),
+                                     (limits.remaining_tokens, limits.reset_tokens)):
+                if remaining == 0 and reset is not None and reset > 0:
+                    pause_until = max(pause_until, now + min(reset, cap))
+        extra = 0
+        if self.tokens_per_minute is not None and outcome.usage is not None:
+            extra = max(0, outcome.usage.total_tokens - estimate)
+        lower_requests = (limits.remaining_requests if limits is not None
+                          and self.requests_per_minute is not None else None)
+        lower_tokens = (limits.remaining_tokens if limits is not None
+                        and self.tokens_per_minute is not None else None)
+        if pause_until <= now and not extra and lower_requests is None and lower_tokens is None:
+            return
+        key = governor_key(endpoint_id, account)
+        burst = self.burst_seconds
+
+        def update(txn: WriteTxn) -> bool:
+            record = _load(txn.get_raw("governor", key))
+            changes: dict[str, float | None] = {}
+            if pause_until > record.paused_until:
+                changes["paused_until"] = pause_until
+            rpm, tpm = self.requests_per_minute, self.tokens_per_minute
+            if rpm is not None and lower_requests is not None:
+                level = _level(record.requests_level, record.requests_at, now, rpm, burst)
+                if lower_requests < level:
+                    changes["requests_level"] = float(lower_requests)
+                    changes["requests_at"] = max(now, record.requests_at)
+            if tpm is not None and (extra or lower_tokens is not None):
+                level = _level(record.tokens_level, record.tokens_at, now, tpm, burst)
+                new = level - extra
+                if lower_tokens is not None:
+                    new = min(new, float(lower_tokens))
+                # Never below one burst in debt: a huge correction waits at most 2 bursts.
+                new = max(new, -self._capacity_tokens())
+                if new < level:
+                    changes["tokens_level"] = new
+                    changes["tokens_at"] = max(now, record.tokens_at)
+            if not changes:
+                return False
+            txn.put_raw("governor", key, _encode(msgspec.structs.replace(record, **changes)))
+            return True
+
+        try:
+            await self._store.write(update)
+        except errors.RecoveryError as exc:
+            # Advisory state: the attempt's own record is already saved; a store that
+            # cannot take this row refuses the next admission's claim as well.
+            self._telemetry.emit("governor.unavailable", operation_id, code=exc.code)
+            return
+        if pause_until > now:
+            self._telemetry.emit("endpoint.paused", operation_id,
+                                 seconds=round(pause_until - now, 3))

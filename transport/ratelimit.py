@@ -1,0 +1,128 @@
+"""The provider's rate-limit response headers, and the token estimate of a frozen body.
+
+OpenAI-style servers answer every request (and every 429) with::
+
+    x-ratelimit-remaining-requests: 59
+    x-ratelimit-remaining-tokens: 149984
+    x-ratelimit-reset-requests: 1s
+    x-ratelimit-reset-tokens: 6m0s
+
+The reset values are Go-style durations (``"20ms"``, ``"1s"``, ``"6m0s"``, ``"1h2m3.5s"``).
+:func:`parse_rate_limit_headers` turns them into a bounded :class:`RateLimits` (counts and
+seconds only); anything malformed is ignored field by field (``None``), never an error: a
+header can only make the governor more careful, never stop an operation.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+from typing import Final
+
+import msgspec
+from recoverable.transport.outcome import MAX_RATE_LIMIT_COUNT, MAX_RATE_LIMIT_RESET, RateLimits
+
+__all__ = [
+    "RATE_LIMIT_HEADERS",
+    "RateLimits",
+    "estimate_tokens",
+    "format_duration",
+    "parse_duration",
+    "parse_rate_limit_headers",
+]
+
+RATE_LIMIT_HEADERS: Final = (
+    "x-ratelimit-remaining-requests",
+    "x-ratelimit-remaining-tokens",
+    "x-ratelimit-reset-requests",
+    "x-ratelimit-reset-tokens",
+)
+_MAX_VALUE_CHARS: Final = 64
+_NUMBER = r"(\d{1,12}(?:\.\d{1,9})?)"
+_DURATION = re.compile(
+    rf"(?:{_NUMBER}h)?(?:{_NUMBER}m(?!s))?(?:{_NUMBER}s)?(?:{_NUMBER}ms)?"
+    rf"(?:{_NUMBER}(?:us|µs))?(?:{_NUMBER}ns)?"
+)
+_UNITS: Final = (3600.0, 60.0, 1.0, 1e-3, 1e-6, 1e-9)
+
+
+def parse_duration(text: str) -> float | None:
+    """Seconds from a Go-style duration (``"6m0s"``, ``"1s"``, ``"20ms"``) or a plain
+    number of seconds; ``None`` if it is neither. Capped at ``MAX_RATE_LIMIT_RESET``."""
+    if not isinstance(text, str) or not 0 < len(text) <= _MAX_VALUE_CHARS:
+        return None
+    text = text.strip()
+    try:
+        value = float(text)
+    except ValueError:
+        match = _DURATION.fullmatch(text)
+        if match is None or not any(match.groups()):
+            return None
+        value = sum(float(g) * unit for g, unit in zip(match.groups(), _UNITS, strict=True) if g)
+    if not math.isfinite(value) or value < 0:
+        return None
+    return min(value, MAX_RATE_LIMIT_RESET)
+
+
+def format_duration(seconds: float) -> str:
+    """The provider's format for a reset time (the fixture provider uses it)."""
+    seconds = max(0.0, seconds)
+    if seconds < 1.0:
+        return f"{math.ceil(seconds * 1000)}ms"
+    minutes, rest = divmod(seconds, 60.0)
+    if minutes >= 1:
+        return f"{int(minutes)}m{rest:.3g}s"
+    return f"{seconds:.3g}s"
+
+
+def _count(text: str) -> int | None:
+    text = text.strip()
+    if not 0 < len(text) <= _MAX_VALUE_CHARS or not text.isascii() or not text.isdigit():
+        return None
+    return min(int(text), MAX_RATE_LIMIT_COUNT)
+
+
+def parse_rate_limit_headers(
+    headers: Mapping[str, str] | Iterable[tuple[str, str]],
+) -> RateLimits | None:
+    """The four ``x-ratelimit-*`` headers as :class:`RateLimits`; ``None`` if none is
+    present and well formed. Names match case-insensitively; the first value wins."""
+    items = headers.items() if isinstance(headers, Mapping) else headers
+    found: dict[str, str] = {}
+    for k, v in items:
+        name = str(k).lower()
+        if name in RATE_LIMIT_HEADERS and name not in found:
+            found[name] = str(v)
+    if not found:
+        return None
+    limits = RateLimits(
+        remaining_requests=_count(found.get("x-ratelimit-remaining-requests", "")),
+        remaining_tokens=_count(found.get("x-ratelimit-remaining-tokens", "")),
+        reset_requests=parse_duration(found.get("x-ratelimit-reset-requests", "")),
+        reset_tokens=parse_duration(found.get("x-ratelimit-reset-tokens", "")),
+    )
+    if limits == RateLimits():
+        return None
+    return limits
+
+
+class _MaxOutput(msgspec.Struct):
+    max_output_tokens: int | None = None
+
+
+_decode_max_output: Final = msgspec.json.Decoder(_MaxOutput).decode
+
+
+def estimate_tokens(body: bytes) -> int:
+    """The tokens a request is counted for before its usage is known: a quarter of the
+    frozen body's bytes (about four bytes a token for text and JSON), plus the request's
+    ``max_output_tokens`` when it sets one (the most the answer can add)."""
+    estimate = -(-len(body) // 4)
+    try:
+        extra = _decode_max_output(body).max_output_tokens
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        extra = None
+    if isinstance(extra, int) and extra > 0:
+        estimate += min(extra, MAX_RATE_LIMIT_COUNT)
+    return estimate
