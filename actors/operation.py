@@ -631,12 +631,12 @@ class OperationActor:
                 except errors.StorageLimitExceeded as exc:
                     raise errors.CompletionUnavailable(
                         "the validated completion could not be saved (store full)",
-                        operation_id=self.operation_id,
+                        operation_id=self.operation_id, unsaved=True,
                     ) from exc
                 except errors.StorageUnavailable as exc:
                     raise errors.CompletionUnavailable(
                         "the validated completion could not be saved",
-                        operation_id=self.operation_id,
+                        operation_id=self.operation_id, unsaved=True,
                     ) from exc
                 if t.record.has_completion:
                     self._payload = payload

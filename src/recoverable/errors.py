@@ -318,6 +318,24 @@ class CompletionUnavailable(RecoveryError):
     _summary = "no validated completion could be saved or read"
     _action = "nothing is regenerated: restore the store (or its space), or abandon the operation"
 
+    def __init__(
+        self, message: str = "", *, operation_id: str | None = None, unsaved: bool = False
+    ) -> None:
+        super().__init__(message, operation_id=operation_id)
+        # True: a completion was received and validated but could not be saved. It is
+        # lost (never returned), its attempt stays spent, and only an authorized
+        # replacement within the remaining budget can generate it again.
+        self.unsaved = unsaved
+
+    def _todo(self) -> str:
+        if self.unsaved:
+            return (
+                "this result is lost and its attempt stays spent; fix the store (or its "
+                "space), then call send_recovering with the same handle: an authorized "
+                "replacement within the remaining budget generates it again"
+            )
+        return self._action
+
 
 class AccountChanged(RecoveryError):
     """The runtime's account binding differs from the operation's (or is signed out)."""

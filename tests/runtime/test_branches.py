@@ -278,6 +278,8 @@ async def test_an_io_error_while_saving_the_completion_is_completion_unavailable
             with pytest.raises(recoverable.CompletionUnavailable) as exc:
                 await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
             assert isinstance(exc.value.__cause__, recoverable.StorageUnavailable)
+            # The advice matches what happens next: the lost result is generated again.
+            assert exc.value.unsaved and "replacement" in str(exc.value)
             for undo in limits:
                 undo()
             limits.clear()
