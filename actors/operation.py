@@ -228,8 +228,11 @@ class OperationActor:
             if command is not None:
                 if check_commands and command.serial > known:
                     raise _CommandArrived(command.kind, command.serial)
-                if folds_command and command.serial <= known:
-                    txn.delete_command(op_id)  # folded into the record's phase
+                if (folds_command and command.serial <= known
+                        and (command.kind != "cancel" or record.phase == "cancelled")):
+                    # Folded into the record's phase. A cancel is folded only into a
+                    # cancelled record: never lost into a resumable suspension.
+                    txn.delete_command(op_id)
             if completion is not None:
                 txn.put_payload(op_id, "completion", completion)
             if t.changed or completion is not None:
@@ -303,7 +306,11 @@ class OperationActor:
             return
         with trio.CancelScope(shield=True):
             try:
-                t = machine.interrupted_locally(record)
+                if self.watch is not None and self.watch.command == "cancel":
+                    # A permanent cancel was seen as the caller went away: it wins.
+                    t = machine.command_observed(record, "cancel")
+                else:
+                    t = machine.interrupted_locally(record)
                 await self._persist(t, check_commands=False, release=True)
                 self.rt.telemetry.emit("operation.suspended", self.operation_id)
             except errors.RecoveryError:

@@ -593,3 +593,39 @@ async def test_a_schema_violation_names_where_the_output_broke_the_contract(
         with pytest.raises(recoverable.PermanentlyFailed) as again:
             await rt.send_recovering(handle, response=_Order, authorize=Authorizer())
         assert "/lines/1/quantity" in str(again.value)
+
+
+async def test_a_cancel_seen_as_the_caller_goes_away_stays_permanent(
+    provider: FixtureProvider, store: recoverable.RecoveryStore
+) -> None:
+    """The host cancels permanently and, at the same moment, the sending task is cancelled:
+    the saved record is cancelled (never a resumable suspension), and nothing generates."""
+    provider.script([Reply.rate_limited(retry_after=30.0)])
+    waiting = trio.Event()
+
+    def sink(event: recoverable.TelemetryEvent) -> None:
+        if event.name == "recovery.operation.waiting":
+            waiting.set()  # the sender parks in its 30 s cooldown right after this event
+
+    async with recoverable.open_runtime(
+        store, make_backend(provider), account=ACCOUNT, telemetry=sink
+    ) as rt:
+        handle = await rt.prepare(REQUEST, response=Answer, maximum_attempts=3)
+        caller = trio.CancelScope()
+
+        async def send() -> None:
+            with caller:
+                await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send)
+            with trio.fail_after(60):  # hang guard only
+                await waiting.wait()
+            assert (await rt.status(handle)).availability == "waiting"
+            await rt.cancel(handle)  # the watch sees the cancel at once (same process)
+            caller.cancel()  # ... and the caller goes away before the operation runs again
+        record = store.get_operation(handle.operation_id)
+        assert record is not None and record.phase == "cancelled"
+        with pytest.raises(recoverable.OperationCancelled):
+            await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
+    assert len(generation_requests(provider, handle.operation_id)) == 1
