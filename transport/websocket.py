@@ -326,13 +326,23 @@ class WebSocketTransport:
             return await self._stream_in(
                 self._nursery, message, attempt_id, token, on_progress, before_send
             )
-        async with trio.open_nursery() as nursery:
-            result = await self._stream_in(
-                nursery, message, attempt_id, token, on_progress, before_send
-            )
-            # Unpooled: the connection's closing handshake gets a bounded grace, then it is
-            # dropped — a peer that never answers the close must not hold the caller.
-            nursery.cancel_scope.deadline = trio.current_time() + _DISCONNECT_TIMEOUT
+        try:
+            async with trio.open_nursery() as nursery:
+                result = await self._stream_in(
+                    nursery, message, attempt_id, token, on_progress, before_send
+                )
+                # Unpooled: the connection's closing handshake gets a bounded grace, then it
+                # is dropped — a peer that never answers the close must not hold the caller.
+                nursery.cancel_scope.deadline = trio.current_time() + _DISCONNECT_TIMEOUT
+        except BaseExceptionGroup as group:
+            # This private nursery must not change what the caller sees: an error raised by
+            # ``before_send`` (a stop at consumption, a storage error) reaches it as itself,
+            # exactly as on a pooled connection.
+            if len(group.exceptions) == 1 and not isinstance(
+                group.exceptions[0], trio.Cancelled
+            ):
+                raise group.exceptions[0] from None
+            raise
         return result
 
     async def _stream_in(
