@@ -46,7 +46,7 @@ import msgspec.inspect as mi
 
 from recoverable import output_types
 from recoverable.errors import InvalidRequest
-from recoverable.schema_graph import SchemaGraph
+from recoverable.schema_graph import SchemaGraph, json_pointer, resolve_pointer
 from recoverable.types import JsonSchema
 
 __all__ = [
@@ -422,11 +422,6 @@ def _check_json_shape(schema: dict[str, Any]) -> None:
             )
 
 
-def _pointer(path: tuple[str | int, ...]) -> str:
-    parts = (str(p).replace("~", "~0").replace("/", "~1") for p in path)
-    return "#/" + "/".join(parts) if path else "#"
-
-
 _Path = tuple[str | int, ...]
 
 
@@ -444,20 +439,7 @@ def _subschemas(node: dict[str, Any], path: _Path) -> list[tuple[Any, _Path]]:
 
 
 def _resolve_local(root: dict[str, Any], ref: str) -> bool:
-    if ref == "#":
-        return True
-    if not ref.startswith("#/"):
-        return False
-    target: Any = root
-    for raw in ref[2:].split("/"):
-        part = raw.replace("~1", "/").replace("~0", "~")
-        if isinstance(target, dict) and part in target:
-            target = target[part]
-        elif isinstance(target, list) and part.isdigit() and int(part) < len(target):
-            target = target[int(part)]
-        else:
-            return False
-    return isinstance(target, (dict, bool))
+    return isinstance(resolve_pointer(root, ref), (dict, bool))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -486,7 +468,7 @@ def _check_patterns(node: dict[str, Any], path: _Path) -> None:
         reason = _regex_error(pattern)
         if reason is not None:
             raise InvalidRequest(
-                f"schema is not a valid JSON Schema: pattern at {_pointer((*path, 'pattern'))} "
+                f"schema is not a valid JSON Schema: pattern at {json_pointer((*path, 'pattern'))} "
                 f"is not a regular expression the validator accepts: {reason}"
             )
     keyed = node.get("patternProperties")
@@ -496,7 +478,7 @@ def _check_patterns(node: dict[str, Any], path: _Path) -> None:
             if reason is not None:
                 raise InvalidRequest(
                     "schema is not a valid JSON Schema: patternProperties key at "
-                    f"{_pointer((*path, 'patternProperties', key))} is not a regular "
+                    f"{json_pointer((*path, 'patternProperties', key))} is not a regular "
                     f"expression the validator accepts: {reason}"
                 )
 
@@ -524,29 +506,31 @@ def _check_strict(schema: dict[str, Any]) -> None:
             if key != "$ref" or not isinstance(ref, str) or not ref.startswith("#"):
                 raise InvalidRequest(
                     "only local $ref (starting with '#') is allowed; "
-                    f"found {key} at {_pointer(path)}"
+                    f"found {key} at {json_pointer(path)}"
                 )
             if not _resolve_local(schema, ref):
-                raise InvalidRequest(f"$ref at {_pointer(path)} does not resolve within the schema")
+                raise InvalidRequest(
+                    f"$ref at {json_pointer(path)} does not resolve within the schema"
+                )
         if "$id" in node and path:
-            raise InvalidRequest(f"$id is not allowed in subschemas (at {_pointer(path)})")
+            raise InvalidRequest(f"$id is not allowed in subschemas (at {json_pointer(path)})")
         _check_patterns(node, path)
         if _is_object_schema(node):
             if node.get("additionalProperties") is not False:
                 raise InvalidRequest(
                     f"strict mode requires additionalProperties: false on every object; "
-                    f"missing at {_pointer(path)}"
+                    f"missing at {json_pointer(path)}"
                 )
             properties = node.get("properties", {})
             if not isinstance(properties, dict):
-                raise InvalidRequest(f"properties must be an object at {_pointer(path)}")
+                raise InvalidRequest(f"properties must be an object at {json_pointer(path)}")
             required = node.get("required", [])
             if not isinstance(required, list):
-                raise InvalidRequest(f"required must be a list at {_pointer(path)}")
+                raise InvalidRequest(f"required must be a list at {json_pointer(path)}")
             missing = [name for name in properties if name not in required]
             if missing:
                 raise InvalidRequest(
-                    f"strict mode requires every property in required; at {_pointer(path)} "
+                    f"strict mode requires every property in required; at {json_pointer(path)} "
                     f"{len(missing)} missing (first: {missing[0][:64]!r}); "
                     "type optional values as nullable instead"
                 )

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-__all__ = ["SchemaGraph", "resolve_pointer"]
+__all__ = ["SchemaGraph", "json_pointer", "resolve_pointer"]
 
 _SCALAR_TYPES = ("string", "integer", "number", "boolean", "null")
 _ALL_TYPES = ("object", "array", *_SCALAR_TYPES)
@@ -45,7 +45,8 @@ def resolve_pointer(root: Any, ref: str) -> Any:
     return target
 
 
-def _pointer(path: tuple[str | int, ...]) -> str:
+def json_pointer(path: tuple[str | int, ...]) -> str:
+    """The ``#/...`` pointer (escaped) of a path of keys and indexes in a schema."""
     parts = (str(p).replace("~", "~0").replace("/", "~1") for p in path)
     return "#/" + "/".join(parts) if path else "#"
 
@@ -226,7 +227,7 @@ class SchemaGraph:
         return None if node is None else self._order[node]
 
     def path(self, schema: Any) -> str:
-        return _pointer(self._paths.get(id(schema), ()))
+        return json_pointer(self._paths.get(id(schema), ()))
 
     def no_finite_instance(self) -> str | None:
         """None when the root has a finite instance; else why not, naming a JSON pointer."""
@@ -253,7 +254,7 @@ class SchemaGraph:
             child, came_by_property = self._blocking_child(node)
             if child is None:
                 if node in self._false_paths:
-                    where = _pointer(self._false_paths[node])
+                    where = json_pointer(self._false_paths[node])
                 else:
                     where = self._node_path(seen[-1]) if seen else "#"
                 return (
@@ -268,7 +269,7 @@ class SchemaGraph:
 
     def _node_path(self, node: int) -> str:
         key = self._schema_nodes.get(node)
-        return _pointer(self._paths[key]) if key is not None else "#"
+        return json_pointer(self._paths[key]) if key is not None else "#"
 
     def _blocking_child(self, node: int) -> tuple[int | None, bool]:
         """A child that keeps ``node`` uninhabited (and whether it is a required property)."""
