@@ -22,7 +22,7 @@ import stat
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import IO, Any, Final, Literal
+from typing import IO, Any, Final, Literal, TypeVar
 
 import attrs
 import msgspec
@@ -174,6 +174,28 @@ def _is_object(line: str) -> bool:
         return False
 
 
+_LineT = TypeVar("_LineT")
+
+
+def _decode_line(line: str, lineno: int, kind: type[_LineT], invalid: str) -> _LineT:
+    """One JSON line as ``kind``, every decoding failure a :class:`JobLineError`."""
+    try:
+        return msgspec.json.decode(line, type=kind)
+    except msgspec.ValidationError as exc:
+        raise JobLineError(lineno, f"{invalid}: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise JobLineError(lineno, f"not a JSON object: {exc}") from None
+    except RecursionError:
+        raise JobLineError(lineno, "the JSON is nested too deeply") from None
+
+
+def _check_id(lineno: int, name: str, value: str) -> None:
+    if not value or len(value) > MAX_ID_CHARS or any(ord(c) < 32 for c in value):
+        raise JobLineError(
+            lineno, f"{name} must be 1..{MAX_ID_CHARS} characters without control characters"
+        )
+
+
 def parse_job_line(line: str, lineno: int, *, revision: str | None = None) -> Job:
     """Parse and validate one JSONL job line (this tool's format, or an OpenAI Batch API
     line, told apart by ``custom_id``); raise ``JobLineError(lineno, reason)``.
@@ -184,19 +206,9 @@ def parse_job_line(line: str, lineno: int, *, revision: str | None = None) -> Jo
         raise JobLineError(lineno, f"the line is longer than {MAX_LINE_BYTES} bytes")
     if line_format(line) == "openai-batch":
         return parse_batch_api_line(line, lineno, revision=revision)
-    try:
-        raw = msgspec.json.decode(line, type=_JobLine)
-    except msgspec.ValidationError as exc:
-        raise JobLineError(lineno, f"invalid job: {exc}") from None
-    except msgspec.DecodeError as exc:
-        raise JobLineError(lineno, f"not a JSON object: {exc}") from None
-    except RecursionError:
-        raise JobLineError(lineno, "the JSON is nested too deeply") from None
+    raw = _decode_line(line, lineno, _JobLine, "invalid job")
     for name, value in (("id", raw.id), ("revision", raw.revision)):
-        if not value or len(value) > MAX_ID_CHARS or any(ord(c) < 32 for c in value):
-            raise JobLineError(
-                lineno, f"{name} must be 1..{MAX_ID_CHARS} characters without control characters"
-            )
+        _check_id(lineno, name, value)
     if raw.max_attempts is not None and not 1 <= raw.max_attempts <= machine.MAX_ATTEMPTS:
         raise JobLineError(lineno, f"max_attempts must be in 1..{machine.MAX_ATTEMPTS}")
     response = JsonSchema(raw.schema_name, raw.schema)
@@ -265,20 +277,8 @@ def parse_batch_api_line(line: str, lineno: int, *, revision: str | None = None)
     "/v1/responses", "body": {...}}`` whose body carries ``text.format`` of type
     ``json_schema`` (strict); the rest of the body is taken by wire name
     (``StructuredRequest.from_params``), unknown names refused."""
-    try:
-        raw = msgspec.json.decode(line, type=_BatchApiLine)
-    except msgspec.ValidationError as exc:
-        raise JobLineError(lineno, f"invalid Batch API line: {exc}") from None
-    except msgspec.DecodeError as exc:
-        raise JobLineError(lineno, f"not a JSON object: {exc}") from None
-    except RecursionError:
-        raise JobLineError(lineno, "the JSON is nested too deeply") from None
-    if not raw.custom_id or len(raw.custom_id) > MAX_ID_CHARS or any(
-        ord(c) < 32 for c in raw.custom_id
-    ):
-        raise JobLineError(
-            lineno, f"custom_id must be 1..{MAX_ID_CHARS} characters without control characters"
-        )
+    raw = _decode_line(line, lineno, _BatchApiLine, "invalid Batch API line")
+    _check_id(lineno, "custom_id", raw.custom_id)
     try:
         return _batch_api_job(raw, lineno, revision)
     except JobLineError as exc:
