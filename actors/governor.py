@@ -35,9 +35,9 @@ from typing import TYPE_CHECKING, Final, Literal
 
 import msgspec
 from recoverable.storage.store import governor_key
-from recoverable.transport.outcome import Interruption, Outcome
 
 from recoverable import errors
+from recoverable.outcome import Interruption, Outcome
 from recoverable.types import AccountBinding
 
 if TYPE_CHECKING:

@@ -21,10 +21,10 @@ import weakref
 from typing import Literal
 
 import trio
-from recoverable.storage.records import CommandKind, CommandRecord
 from recoverable.storage.store import RecoveryStore
 
 from recoverable.errors import StorageUnavailable
+from recoverable.records import CommandKind, CommandRecord
 from recoverable.types import AccountBinding
 
 AccountStop = Literal["signed_out", "account_changed"]

@@ -21,18 +21,18 @@ import trio
 from recoverable.storage.integrity import verify_body
 from recoverable.storage.leases import acquire_lease, release_lease
 from recoverable.storage.migration import saved_completion, upgrade_operation
-from recoverable.storage.records import (
-    CommandKind,
-    LeaseRecord,
-    OperationRecord,
-)
 from recoverable.transport.base import validate_api_key
 from recoverable.transport.connect import CONNECT_CODES, ConnectKind, EndpointGate
-from recoverable.transport.outcome import Completed, Interruption, Progress, Usage
 from recoverable.transport.ratelimit import estimate_tokens
 
 from recoverable import _killpoints, errors, machine
 from recoverable.contract import OutputInvalid, ResponseContract
+from recoverable.outcome import Completed, Interruption, Progress, Usage
+from recoverable.records import (
+    CommandKind,
+    LeaseRecord,
+    OperationRecord,
+)
 from recoverable.types import Attempt
 
 if TYPE_CHECKING:

@@ -23,22 +23,22 @@ from recoverable.actors.operation import Authorize, OperationActor, check_dispos
 from recoverable.actors.scheduler import Scheduler
 from recoverable.storage.integrity import verify_body
 from recoverable.storage.migration import saved_completion, upgrade_operation
-from recoverable.storage.records import (
+from recoverable.storage.retention import remove_content
+from recoverable.storage.store import RecoveryStore, WriteTxn
+from recoverable.transport.base import Credentials
+from recoverable.transport.connect import ConnectBackoff, EndpointGate
+
+from recoverable import _killpoints, errors, machine
+from recoverable.body import body_hash, freeze_body
+from recoverable.contract import ResponseContract, contract_for
+from recoverable.outcome import Outcome, Progress, Usage
+from recoverable.records import (
     CommandKind,
     DispositionRecord,
     OperationRecord,
     RetryReservation,
     StoredRequest,
 )
-from recoverable.storage.retention import remove_content
-from recoverable.storage.store import RecoveryStore, WriteTxn
-from recoverable.transport.base import Credentials
-from recoverable.transport.connect import ConnectBackoff, EndpointGate
-from recoverable.transport.outcome import Outcome, Progress, Usage
-
-from recoverable import _killpoints, errors, machine
-from recoverable.body import body_hash, freeze_body
-from recoverable.contract import ResponseContract, contract_for
 from recoverable.telemetry import Telemetry, TelemetrySink
 from recoverable.types import (
     AccountBinding,

@@ -42,15 +42,15 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common
-from recoverable.storage.records import (
-    AttemptRecord,
-    OperationRecord,
-    StoredRequest,
-)
 
 import recoverable
 from recoverable.body import body_hash, freeze_body
 from recoverable.contract import contract_for
+from recoverable.records import (
+    AttemptRecord,
+    OperationRecord,
+    StoredRequest,
+)
 
 ACCOUNT = recoverable.AccountBinding("acct-scale", "api-key")
 GiB = 2**30

@@ -19,7 +19,9 @@ from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
 import msgspec
-from recoverable.storage.records import (
+
+from recoverable.errors import CorruptRecord, UnsupportedRecordVersion
+from recoverable.records import (
     COMMAND_VERSION,
     DISPOSITION_VERSION,
     LEASE_VERSION,
@@ -29,8 +31,6 @@ from recoverable.storage.records import (
     LeaseRecord,
     OperationRecord,
 )
-
-from recoverable.errors import CorruptRecord, UnsupportedRecordVersion
 
 __all__ = [
     "AnyRecord",

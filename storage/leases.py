@@ -27,9 +27,9 @@ import secrets
 from typing import TYPE_CHECKING, Final
 
 import msgspec
-from recoverable.storage.records import LeaseRecord
 
 from recoverable.errors import OperationBusy, StateUnavailable
+from recoverable.records import LeaseRecord
 
 if TYPE_CHECKING:
     from recoverable.storage.store import WriteTxn

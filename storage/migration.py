@@ -24,15 +24,15 @@ from typing import Any, Literal
 
 import msgspec
 from recoverable.storage import codec
-from recoverable.storage.records import (
+
+from recoverable import errors
+from recoverable.outcome import Interruption
+from recoverable.records import (
     AttemptRecord,
     OperationRecord,
     PendingAttempt,
     StoredRequest,
 )
-from recoverable.transport.outcome import Interruption
-
-from recoverable import errors
 from recoverable.types import AccountBinding, JsonSchema, StructuredRequest
 
 V1_STATUS = Literal["pending", "running", "completed", "cancelled", "failed"]

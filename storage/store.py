@@ -35,14 +35,6 @@ import lmdb
 import msgspec
 from recoverable.storage import codec, integrity
 from recoverable.storage.leases import OwnerLock
-from recoverable.storage.records import (
-    CommandKind,
-    CommandRecord,
-    DispositionRecord,
-    LeaseRecord,
-    OperationRecord,
-    PayloadKind,
-)
 from recoverable.storage.writer import MapGuard, MutationContext, Writer
 
 from recoverable.errors import (
@@ -53,6 +45,14 @@ from recoverable.errors import (
     StorageUnavailable,
     StoreDamaged,
     UnsupportedRecordVersion,
+)
+from recoverable.records import (
+    CommandKind,
+    CommandRecord,
+    DispositionRecord,
+    LeaseRecord,
+    OperationRecord,
+    PayloadKind,
 )
 from recoverable.types import AccountBinding, CleanupResult, to_timestamp
 

@@ -9,10 +9,10 @@ from typing import Any
 
 import msgspec
 import pytest
-from recoverable.transport.outcome import Interruption
 
 import recoverable
 from recoverable import errors
+from recoverable.outcome import Interruption
 from recoverable.testing import FixtureProvider, Reply
 
 OP = "op_0123456789abcdef"

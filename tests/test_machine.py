@@ -10,15 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from recoverable.storage.records import (
-    AttemptRecord,
-    CommandKind,
-    FailureReason,
-    OperationRecord,
-    PendingAttempt,
-    Phase,
-)
-from recoverable.transport.outcome import Interruption
 
 from recoverable import errors
 from recoverable import machine as m
@@ -31,6 +22,15 @@ from recoverable.machine import (
     Transition,
     Transmit,
     WaitUntil,
+)
+from recoverable.outcome import Interruption
+from recoverable.records import (
+    AttemptRecord,
+    CommandKind,
+    FailureReason,
+    OperationRecord,
+    PendingAttempt,
+    Phase,
 )
 from recoverable.types import AccountBinding, Attempt, RetryPolicy
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import attrs
 import pytest
-from recoverable.storage.records import OperationRecord
 
 from recoverable import errors
 from recoverable import machine as m
 from recoverable.machine import AskHost, Deliver, Stop
+from recoverable.records import OperationRecord
 
 from .test_machine import ALICE, EP, OP, T0, ctx, open_, record, spent, stopped, transmitting
 

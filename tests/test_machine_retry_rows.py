@@ -10,10 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from recoverable.storage.records import AttemptRecord, OperationRecord
 
 from recoverable import errors
 from recoverable import machine as m
+from recoverable.records import AttemptRecord, OperationRecord
 from recoverable.types import AccountBinding
 
 T0 = 1_700_000_000.0

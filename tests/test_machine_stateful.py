@@ -20,8 +20,6 @@ from hypothesis.stateful import (
     invariant,
     rule,
 )
-from recoverable.storage.records import CommandKind, OperationRecord
-from recoverable.transport.outcome import Interruption
 
 from recoverable import errors
 from recoverable import machine as m
@@ -36,6 +34,8 @@ from recoverable.machine import (
     Transmit,
     WaitUntil,
 )
+from recoverable.outcome import Interruption
+from recoverable.records import CommandKind, OperationRecord
 from recoverable.types import AccountBinding, RetryPolicy
 
 ALICE = AccountBinding("alice")

@@ -6,12 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from recoverable.storage.records import OperationRecord
-from recoverable.transport.outcome import Interruption, Usage
 
 from recoverable import errors
 from recoverable import machine as m
 from recoverable.machine import Deliver, Stop, Transmit, WaitUntil
+from recoverable.outcome import Interruption, Usage
+from recoverable.records import OperationRecord
 from recoverable.types import RetryPolicy
 
 from .test_machine import OP, T0, asked, ctx, open_, record, run_to_transmit, stopped

@@ -11,13 +11,13 @@ from typing import Any
 
 import msgspec
 import pytest
-from recoverable.storage.records import StoredRequest
 
 import recoverable
-from recoverable.batch import JobLineError, parse_job_line
 from recoverable.body import body_hash, freeze_body, parameters_from_wire
+from recoverable.cli.batch import JobLineError, parse_job_line
 from recoverable.contract import contract_for
 from recoverable.errors import InvalidParameter, InvalidRequest
+from recoverable.records import StoredRequest
 from recoverable.testing import FixtureProvider, Reply
 from recoverable.types import JsonSchema, StructuredRequest
 

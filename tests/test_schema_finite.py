@@ -21,7 +21,8 @@ from recoverable.transport.fixture_replies import (
 )
 
 import recoverable
-from recoverable import Completed, Interruption, batch
+from recoverable import Completed, Interruption
+from recoverable.cli import batch
 from recoverable.contract import _clear_caches, contract_for
 from recoverable.errors import InvalidRequest
 from recoverable.schema_graph import SchemaGraph

@@ -1,17 +1,22 @@
 """Responses transports (WebSocket and HTTP SSE), the event parser, and the fixture provider.
 
 The transport knows frames, headers and how a stream ended; it knows nothing of
-budgets or policy. Names other than the outcome types load lazily, because
-``recoverable.types`` imports ``recoverable.transport.outcome`` while the
-backend needs ``recoverable.types``.
+budgets or policy. The values a stream ends with (``Completed``, ``Interruption``,
+``Usage``) live in the core (``recoverable.outcome``); they are re-exported here.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from recoverable.transport.backend import ResponsesBackend
+from recoverable.transport.base import (
+    Credentials,
+    StaticCredentials,
+    StreamLimits,
+    normalize_base_url,
+    parse_retry_after,
+)
 
-from recoverable.transport.outcome import (
+from recoverable.outcome import (
     QUOTA_CODES,
     Completed,
     Interruption,
@@ -19,25 +24,6 @@ from recoverable.transport.outcome import (
     Progress,
     Usage,
 )
-
-if TYPE_CHECKING:
-    from recoverable.transport.backend import ResponsesBackend
-    from recoverable.transport.base import (
-        Credentials,
-        StaticCredentials,
-        StreamLimits,
-        normalize_base_url,
-        parse_retry_after,
-    )
-
-_LAZY = {
-    "ResponsesBackend": "recoverable.transport.backend",
-    "Credentials": "recoverable.transport.base",
-    "StaticCredentials": "recoverable.transport.base",
-    "StreamLimits": "recoverable.transport.base",
-    "normalize_base_url": "recoverable.transport.base",
-    "parse_retry_after": "recoverable.transport.base",
-}
 
 __all__ = [
     "QUOTA_CODES",
@@ -53,12 +39,3 @@ __all__ = [
     "normalize_base_url",
     "parse_retry_after",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'recoverable.transport' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value

@@ -10,11 +10,11 @@ from urllib.parse import urlsplit
 
 import trio
 from recoverable.transport.base import Credentials, StreamLimits, normalize_base_url
-from recoverable.transport.outcome import Outcome, Progress
 from recoverable.transport.sse import SseTransport
 from recoverable.transport.websocket import WebSocketTransport
 
 from recoverable.errors import InvalidRequest
+from recoverable.outcome import Outcome, Progress
 
 __all__ = ["ResponsesBackend", "check_base_url", "endpoint_identity"]
 

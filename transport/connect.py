@@ -4,7 +4,7 @@ A generation attempt is consumed only once a connection to the endpoint is
 established (TCP, TLS if any, and the WebSocket handshake in WebSocket mode;
 an open connection from the httpx pool for SSE). A connection that was never
 established sent nothing, so it spends no budget: the transport reports it as
-an :class:`~recoverable.transport.outcome.Interruption` whose ``transport_code``
+an :class:`~recoverable.outcome.Interruption` whose ``transport_code``
 is one of :data:`CONNECT_CODES`, *without* having called the caller's
 ``before_send`` hook.
 

@@ -14,7 +14,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgspec
-from recoverable.transport.outcome import (
+
+from recoverable.outcome import (
     Completed,
     Interruption,
     InterruptionKind,

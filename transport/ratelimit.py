@@ -21,7 +21,8 @@ from collections.abc import Iterable, Mapping
 from typing import Final
 
 import msgspec
-from recoverable.transport.outcome import MAX_RATE_LIMIT_COUNT, MAX_RATE_LIMIT_RESET, RateLimits
+
+from recoverable.outcome import MAX_RATE_LIMIT_COUNT, MAX_RATE_LIMIT_RESET, RateLimits
 
 __all__ = [
     "RATE_LIMIT_HEADERS",

@@ -17,8 +17,9 @@ from recoverable.transport.base import (
 )
 from recoverable.transport.connect import classify_connect_error
 from recoverable.transport.events import FrameTooLarge, ResponseStream, SseDecoder
-from recoverable.transport.outcome import Completed, Interruption, Outcome, Progress, RateLimits
 from recoverable.transport.ratelimit import parse_rate_limit_headers
+
+from recoverable.outcome import Completed, Interruption, Outcome, Progress, RateLimits
 
 __all__ = ["SseTransport", "add_field"]
 

@@ -28,9 +28,10 @@ from recoverable.transport.base import (
 )
 from recoverable.transport.connect import classify_connect_error
 from recoverable.transport.events import ResponseStream
-from recoverable.transport.outcome import Completed, Interruption, Outcome, Progress
 from recoverable.transport.ratelimit import parse_rate_limit_headers
 from recoverable.transport.sse import add_field
+
+from recoverable.outcome import Completed, Interruption, Outcome, Progress
 
 __all__ = ["WebSocketTransport", "websocket_url"]
 

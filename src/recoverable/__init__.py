@@ -18,12 +18,12 @@ from recoverable.actors.runtime import Backend, Runtime, open_runtime
 from recoverable.blocking import AsyncioRuntime, BlockingRuntime
 from recoverable.errors import *  # noqa: F403
 from recoverable.errors import __all__ as _errors_all
+from recoverable.outcome import Completed, Interruption, Usage
 from recoverable.storage.store import RecoveryStore
 from recoverable.telemetry import LoggingSink, TelemetryEvent, TelemetrySink
 from recoverable.transport.backend import ResponsesBackend
 from recoverable.transport.base import Credentials, StaticCredentials, StreamLimits
 from recoverable.transport.connect import ConnectBackoff
-from recoverable.transport.outcome import Completed, Interruption, Usage
 from recoverable.types import (
     AccountBinding,
     Attempt,

@@ -54,7 +54,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from recoverable.transport.outcome import Interruption
+    from recoverable.outcome import Interruption
 
 
 class RecoveryError(Exception):

@@ -44,14 +44,14 @@ import attrs
 import msgspec
 
 from recoverable import errors
-from recoverable.storage.records import (
+from recoverable.outcome import MAX_USAGE_TOKENS, Interruption, Usage
+from recoverable.records import (
     AttemptRecord,
     CommandKind,
     FailureReason,
     OperationRecord,
     PendingAttempt,
 )
-from recoverable.transport.outcome import MAX_USAGE_TOKENS, Interruption, Usage
 from recoverable.types import (
     AccountBinding,
     Attempt,
@@ -265,6 +265,17 @@ def _body_error(rec: OperationRecord, ctx: Context) -> errors.RecoveryError:
 
 def _expired(rec: OperationRecord, now: float) -> bool:
     return rec.expires_at is not None and now >= rec.expires_at
+
+
+def merge_command(existing: CommandKind | None, new: CommandKind) -> CommandKind:
+    """The lifecycle command that stands after ``new`` arrives where ``existing`` stood.
+
+    The one statement of the rule: a cancel is permanent and never downgraded by a later
+    suspend; any other command replaces what stood before.
+    """
+    if existing == "cancel":
+        return "cancel"
+    return new
 
 
 def _apply_command(rec: OperationRecord, kind: CommandKind) -> Transition:

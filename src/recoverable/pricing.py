@@ -26,8 +26,8 @@ import attrs
 import msgspec
 
 from recoverable import errors
-from recoverable.storage.records import OperationRecord
-from recoverable.transport.outcome import Usage
+from recoverable.outcome import Usage
+from recoverable.records import OperationRecord
 
 __all__ = [
     "BUILTIN_PRICES",

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from recoverable.transport.outcome import Interruption, Usage
+from recoverable.outcome import Interruption, Usage
 
 AttemptReason = Literal["initial", "replacement", "authentication_reissue"]
 Selection = Literal["preserve", "reselect"]

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import recoverable
-from recoverable.batch import (
+from recoverable.cli.batch import (
     BATCH_REVISION_PREFIX,
     FIXTURE_ACCOUNT,
     JobLineError,

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import trio
 
-from recoverable.batch import (
+from recoverable.cli.batch import (
     MAX_LINE_BYTES,
     JobLineError,
     ResultLog,

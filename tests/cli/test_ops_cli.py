@@ -11,8 +11,8 @@ import pytest
 import trio
 
 import recoverable
-from recoverable.batch import FIXTURE_ACCOUNT
 from recoverable.cli import main
+from recoverable.cli.batch import FIXTURE_ACCOUNT
 
 from .cli_helpers import job_line, read_results, run_cli, write_jobs
 

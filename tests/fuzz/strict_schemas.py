@@ -26,10 +26,10 @@ import pytest
 from hypothesis import strategies as st
 from recoverable.transport.events import ResponseStream
 from recoverable.transport.fixture_replies import events_for
-from recoverable.transport.outcome import Completed
 
 import recoverable
 from recoverable.contract import OutputInvalid, ResponseContract, _clear_caches, contract_for
+from recoverable.outcome import Completed
 from recoverable.testing import Reply, synthesize_value
 
 NAMES = st.sampled_from(["a", "b", "label", "score", "items", "x y", "ü", "$ref", "type", "n"])

@@ -26,15 +26,15 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from recoverable.storage import codec
-from recoverable.storage.records import (
+from recoverable.storage.store import RecoveryStore, Table
+
+import recoverable
+from recoverable.records import (
     CommandRecord,
     DispositionRecord,
     LeaseRecord,
     OperationRecord,
 )
-from recoverable.storage.store import RecoveryStore, Table
-
-import recoverable
 from recoverable.testing import FixtureProvider
 
 ACCOUNT = recoverable.AccountBinding("acct-fuzz", "api-key")

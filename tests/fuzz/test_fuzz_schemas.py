@@ -9,7 +9,7 @@ format hash is stable across builds, the fixture's answer stream completes with 
 valid value). Strict-mode schemas are generated (``strict_schemas``) so that the
 acceptance path is reached; each fuzzer counts and asserts how many examples took
 each path (run with ``-s`` to see the counts). Any text given to
-``recoverable.batch.parse_job_line`` must give a ``Job`` or a ``JobLineError``.
+``recoverable.cli.batch.parse_job_line`` must give a ``Job`` or a ``JobLineError``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from recoverable.transport.fixture_replies import CannotSynthesize
 
 import recoverable
-from recoverable import batch
+from recoverable.cli import batch
 from recoverable.contract import OutputInvalid, contract_for
 
 from .strict_schemas import check_accepted, strict_schemas

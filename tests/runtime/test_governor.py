@@ -22,11 +22,11 @@ import pytest
 import trio
 from recoverable.actors.governor import RateGovernor
 from recoverable.storage.store import governor_key
-from recoverable.transport.outcome import Completed, Interruption, RateLimits, Usage
 
 import recoverable
 from recoverable.cli import format_status
 from recoverable.errors import InvalidRequest, RecoveryError
+from recoverable.outcome import Completed, Interruption, RateLimits, Usage
 from recoverable.telemetry import Telemetry
 from recoverable.testing import FixtureProvider, Reply
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 from recoverable.storage.store import operation_key
 from recoverable.transport import StreamLimits
-from recoverable.transport.outcome import UNRECOGNIZED_CODE
 
 import recoverable
+from recoverable.outcome import UNRECOGNIZED_CODE
 from recoverable.testing import FixtureProvider, Reply
 
 from .conftest import ACCOUNT, REQUEST, Answer, Authorizer, generation_requests, make_backend

@@ -9,8 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from recoverable.storage.records import OperationRecord
-
+from recoverable.records import OperationRecord
 from recoverable.types import AccountBinding, RetryPolicy
 
 ACCOUNT = AccountBinding("acct-1", "api-key")

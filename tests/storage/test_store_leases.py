@@ -9,10 +9,10 @@ import signal
 import msgspec
 import pytest
 from recoverable.storage import RecoveryStore, acquire_lease, release_lease
-from recoverable.storage.records import LeaseRecord
 from storage_helpers import make_op, read_line, spawn_child
 
 from recoverable.errors import FenceMismatch, OperationBusy, StateUnavailable
+from recoverable.records import LeaseRecord
 
 
 async def test_acquisition_increments_the_fence_and_a_second_task_is_busy(

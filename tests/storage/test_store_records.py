@@ -13,7 +13,11 @@ from recoverable.storage import (
     register_operation_upgrader,
     unregister_operation_upgrader,
 )
-from recoverable.storage.records import (
+from storage_helpers import ACCOUNT, OTHER, make_op, spawn_child
+
+from recoverable.errors import CorruptRecord, InvalidRequest, UnsupportedRecordVersion
+from recoverable.outcome import Interruption
+from recoverable.records import (
     AttemptRecord,
     CommandRecord,
     DispositionRecord,
@@ -22,10 +26,6 @@ from recoverable.storage.records import (
     PendingAttempt,
     RetryReservation,
 )
-from recoverable.transport.outcome import Interruption
-from storage_helpers import ACCOUNT, OTHER, make_op, spawn_child
-
-from recoverable.errors import CorruptRecord, InvalidRequest, UnsupportedRecordVersion
 
 
 def full_op(op_id: str) -> OperationRecord:

@@ -8,10 +8,10 @@ from typing import Any
 import msgspec
 import pytest
 from recoverable.storage import RecoveryStore, WriteTxn, acquire_lease
-from recoverable.storage.records import DispositionRecord, LeaseRecord
 from storage_helpers import make_op
 
 from recoverable.errors import CorruptRecord, RecoveryError, UnsupportedRecordVersion
+from recoverable.records import DispositionRecord, LeaseRecord
 from recoverable.types import AccountBinding
 
 CORRUPT = b"\x85\xa7version\x02\xffnot msgpack at all"

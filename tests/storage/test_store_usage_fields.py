@@ -9,12 +9,12 @@ from pathlib import Path
 import msgspec
 import pytest
 from recoverable.storage import codec
-from recoverable.storage.records import AttemptRecord, DispositionRecord
-from recoverable.transport.outcome import Usage
 from storage_helpers import ACCOUNT, make_op
 
 from recoverable import machine
 from recoverable.errors import CorruptRecord
+from recoverable.outcome import Usage
+from recoverable.records import AttemptRecord, DispositionRecord
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "version2_before_usage.hex"
 

@@ -15,10 +15,10 @@ from recoverable.transport.connect import (
     EndpointGate,
     classify_connect_error,
 )
-from recoverable.transport.outcome import Completed, Interruption
 from transport_helpers import make_body
 
 from recoverable.errors import InvalidRequest
+from recoverable.outcome import Completed, Interruption
 from recoverable.testing import FixtureProvider
 
 MODES = ["sse", "websocket"]

@@ -4,13 +4,6 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-from recoverable.transport.outcome import (
-    MAX_RATE_LIMIT_COUNT,
-    MAX_RATE_LIMIT_RESET,
-    Completed,
-    Interruption,
-    RateLimits,
-)
 from recoverable.transport.ratelimit import (
     estimate_tokens,
     format_duration,
@@ -19,6 +12,13 @@ from recoverable.transport.ratelimit import (
 )
 
 import recoverable
+from recoverable.outcome import (
+    MAX_RATE_LIMIT_COUNT,
+    MAX_RATE_LIMIT_RESET,
+    Completed,
+    Interruption,
+    RateLimits,
+)
 from recoverable.testing import FixtureProvider
 
 

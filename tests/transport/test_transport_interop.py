@@ -24,15 +24,15 @@ from recoverable.transport import (
 )
 from recoverable.transport.base import parse_error_body
 from recoverable.transport.events import ResponseStream
-from recoverable.transport.outcome import (
+from transport_helpers import SCHEMA, make_body
+
+from recoverable.machine import classify
+from recoverable.outcome import (
     MAX_CODE_CHARS,
     MAX_RESPONSE_ID_CHARS,
     UNRECOGNIZED_CODE,
     bounded_response_id,
 )
-from transport_helpers import SCHEMA, make_body
-
-from recoverable.machine import classify
 from recoverable.testing import FixtureProvider, Reply
 from recoverable.types import RetryPolicy
 

@@ -9,7 +9,8 @@ import msgspec
 import pytest
 from recoverable.transport.events import ResponseStream
 from recoverable.transport.fixture_replies import events_for
-from recoverable.transport.outcome import (
+
+from recoverable.outcome import (
     MAX_USAGE_TOKENS,
     Completed,
     Interruption,
@@ -17,7 +18,6 @@ from recoverable.transport.outcome import (
     Usage,
     parse_usage,
 )
-
 from recoverable.testing import Reply
 
 GOOD = {

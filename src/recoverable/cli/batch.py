@@ -33,7 +33,7 @@ from recoverable.actors.runtime import Runtime, open_runtime
 from recoverable.body import body_hash, freeze_body, parameters_from_wire
 from recoverable.contract import contract_for
 from recoverable.pricing import PriceTable, TokenLedger, builtin_prices
-from recoverable.storage.records import OperationRecord
+from recoverable.records import OperationRecord
 from recoverable.storage.store import RecoveryStore
 from recoverable.transport.backend import ResponsesBackend
 from recoverable.transport.base import StaticCredentials, validate_api_key

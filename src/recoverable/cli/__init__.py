@@ -1,7 +1,7 @@
 """The ``recoverable`` command line: the batch host and store operations.
 
 ``recoverable batch JOBS.jsonl --out RESULTS.jsonl`` runs a file of jobs durably
-(see ``recoverable.batch``). ``status|inventory|receipt|acknowledge|abandon|
+(see ``recoverable.cli.batch``). ``status|inventory|receipt|acknowledge|abandon|
 suspend|cancel|retry|purge --store DIR`` operate on a store from the shell
 (``--json`` for machine output), always within the account given by
 ``--account``. ``fixture-provider`` runs the loopback test provider.
@@ -26,7 +26,7 @@ import trio
 
 from recoverable import errors
 from recoverable.actors.runtime import Runtime, open_runtime
-from recoverable.batch import (
+from recoverable.cli.batch import (
     DEFAULT_RETRY_PROVIDER_CODES,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -122,7 +122,7 @@ def _non_negative_float(text: str) -> float:
 
 
 def _provider_codes(text: str) -> frozenset[str]:
-    from recoverable.transport.outcome import bounded_code
+    from recoverable.outcome import bounded_code
 
     codes = frozenset(c.strip() for c in text.split(",") if c.strip())
     for code in codes:

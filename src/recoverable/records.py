@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import msgspec
-from recoverable.transport.outcome import Interruption, Usage
 
+from recoverable.outcome import Interruption, Usage
 from recoverable.types import AccountBinding, AttemptReason, RetryPolicy, StructuredRequest
 
 OPERATION_VERSION = 2
