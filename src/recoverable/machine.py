@@ -774,6 +774,53 @@ def command_on_idle(rec: OperationRecord, kind: CommandKind) -> Transition:
     return _t(rec, _suspended(rec), None)
 
 
+def command_at_open(pending: CommandKind | None) -> CommandKind | None:
+    """The stored command an opening execution applies (``ctx.command`` of
+    :func:`open_operation`): a pending suspend is spent by reopening (reopening is
+    resuming; the driver deletes its row), a pending cancel stands and fences."""
+    match pending:
+        case "cancel":
+            return "cancel"
+        case _:
+            return None
+
+
+def command_to_store(existing: CommandKind | None, new: CommandKind) -> CommandKind | None:
+    """A live owner runs the operation: the command row to write for ``new``, or ``None``
+    when the stored row stands unchanged (a stored cancel is never downgraded, nor
+    rewritten with a fresh serial)."""
+    merged = merge_command(existing, new)
+    return None if merged == existing == "cancel" else merged
+
+
+def command_folded(rec: OperationRecord, kind: CommandKind) -> bool:
+    """The record's phase already says what the stored command ``kind`` asked for, so its
+    row may be deleted once this record is written: a suspend is said by a suspended or
+    cancelled record, a cancel only by a cancelled one (never lost into a resumable
+    suspension)."""
+    match kind:
+        case "cancel":
+            return rec.phase == "cancelled"
+        case _:
+            return rec.phase in ("suspended", "cancelled")
+
+
+def cancel_fences(rec: OperationRecord, command: CommandKind | None) -> bool:
+    """Nothing may be delivered or read as a receipt: the record is cancelled, or a cancel
+    command is pending (it is permanent from the moment it is written)."""
+    return rec.phase == "cancelled" or command == "cancel"
+
+
+def caller_cancelled(rec: OperationRecord, command: CommandKind | None) -> Transition:
+    """The owning task was cancelled (Trio cancellation) with ``command`` observed by its
+    watch: a permanent cancel seen as the caller went away wins; anything else suspends."""
+    match command:
+        case "cancel":
+            return command_observed(rec, "cancel")
+        case _:
+            return interrupted_locally(rec)
+
+
 def check_retry_source(rec: OperationRecord, *, now: float, endpoint_id: str | None) -> None:
     """The source-condition table of manual retry, row by row."""
     op = rec.operation_id
