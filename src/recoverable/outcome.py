@@ -16,6 +16,12 @@ from typing import Annotated, Final, Literal
 import msgspec
 import msgspec.structs
 
+from recoverable import failure_policy
+
+# Re-exported: the quota and rate-limit words are the failure policy's.
+from recoverable.failure_policy import QUOTA_CODES as QUOTA_CODES
+from recoverable.failure_policy import RATE_LIMIT_NAMES as RATE_LIMIT_NAMES
+
 InterruptionKind = Literal[
     "disconnected",  # the connection dropped / closed before a terminal event
     "timeout",  # idle time between events (or connect) passed its bound
@@ -30,24 +36,6 @@ InterruptionKind = Literal[
     "invalid_output",  # completed, but the text is not valid JSON / not schema-valid
     "interrupted",  # the local process died or was cancelled while the attempt was in flight
 ]
-
-# Quota, credit and spending-limit exhaustion: permanent until the account changes,
-# even when the HTTP status is 429 (which otherwise means a temporary rate limit).
-QUOTA_CODES: frozenset[str] = frozenset(
-    {
-        "insufficient_quota",
-        "quota_exceeded",
-        "credit_balance_exhausted",
-        "organization_spend_limit_exceeded",
-        "project_spend_limit_exceeded",
-        "organization_usage_limit_exceeded",
-        "billing_hard_limit_reached",
-    }
-)
-
-
-# Error types that mean a rate limit (the same as an HTTP 429) when no status says otherwise.
-RATE_LIMIT_NAMES: frozenset[str] = frozenset({"rate_limit_exceeded", "rate_limit_error"})
 
 # -- bounds on every provider-supplied string -------------------------------------------------
 # A provider code/type/reason is kept only when it looks like a code: a short token. Anything
@@ -237,25 +225,23 @@ class Interruption(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             if bounded_id is not rid:
                 msgspec.structs.force_setattr(self, "response_id", bounded_id)
 
+    # The failure policy's reading of this failure (``recoverable.failure_policy``).
+
     @property
     def is_quota(self) -> bool:
         """Recognized quota/credit/spending-limit exhaustion (never a rate limit)."""
-        return (self.provider_type in QUOTA_CODES) or (self.provider_code in QUOTA_CODES)
+        return failure_policy.is_quota(self)
 
     @property
     def provider_key(self) -> str | None:
         """The provider's own word on the failure: ``provider_code``, else ``provider_type``."""
-        return self.provider_code if self.provider_code is not None else self.provider_type
+        return failure_policy.provider_key(self)
 
     @property
     def is_rate_limit(self) -> bool:
         """A temporary rate limit: HTTP 429 when there is a status; without one, a
         rate-limit code, or (no code) a rate-limit ``error.type``. Never quota."""
-        if self.is_quota:
-            return False
-        if self.http_status is not None:
-            return self.http_status == 429
-        return self.provider_key in RATE_LIMIT_NAMES
+        return failure_policy.is_rate_limit(self)
 
 
 class Completed(msgspec.Struct, frozen=True, kw_only=True):

@@ -15,8 +15,10 @@ from typing import Any, Literal
 
 import msgspec
 
+from recoverable.failure_policy import FailureReason as FailureReason
+from recoverable.failure_policy import RetryPolicy
 from recoverable.outcome import Interruption, Usage
-from recoverable.types import AccountBinding, AttemptReason, RetryPolicy, StructuredRequest
+from recoverable.types import AccountBinding, AttemptReason, StructuredRequest
 
 OPERATION_VERSION = 2
 COMMAND_VERSION = 1
@@ -34,19 +36,6 @@ Phase = Literal[
     "failed",  # terminal failure (see failure_reason)
     "suspended",  # suspended by the owner task's cancellation or by a suspend command
     "cancelled",  # permanently cancelled
-]
-
-FailureReason = Literal[
-    "exhausted",  # budget spent on replacement-eligible failures
-    "quota",  # quota/credit/spending limit: never replaced
-    "rejected",  # 403 and other nonretryable HTTP rejections
-    "provider_failed",  # response.failed with a code not allowed for replacement
-    "invalid_output",  # invalid JSON / schema violation / refusal
-    "incomplete",  # response.incomplete
-    "tool_activity",  # tool call seen: nothing executed, never replaced
-    "response_too_large",  # a configured size bound was passed: a replacement would too
-    "authentication_required",  # 401 and renewal unavailable
-    "token_budget_exhausted",  # maximum_output_tokens_total reached: no replacement
 ]
 
 PayloadKind = Literal["body", "request", "completion"]

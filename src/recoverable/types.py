@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from recoverable.failure_policy import RetryPolicy as RetryPolicy  # saved with each operation
 from recoverable.outcome import Interruption, Usage
 
 AttemptReason = Literal["initial", "replacement", "authentication_reissue"]
@@ -140,30 +141,6 @@ class JsonSchema(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     name: str
     schema: dict[str, Any]
-
-
-class RetryPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Saved with the operation: which failures may be replaced, and the backoff.
-
-    Transport interruptions (disconnect, timeout, premature EOF, malformed
-    stream, a process interrupted mid-attempt) are always replacement-eligible;
-    a response past a configured size bound never is. ``retryable_provider_codes``
-    lists the provider error codes (or, without a code, ``error.type`` values) of a
-    ``response.failed`` / status-less error that may be replaced: none by default,
-    only what the host allows explicitly. A rate limit is judged like HTTP 429.
-    The delay before attempt ``n+1`` is
-    ``min(maximum_backoff, initial_backoff * multiplier**(n-1))``, or the
-    provider's Retry-After when larger (capped at ``maximum_retry_after``).
-    """
-
-    initial_backoff: float = 1.0
-    maximum_backoff: float = 60.0
-    multiplier: float = 2.0
-    maximum_retry_after: float = 24 * 3600.0
-    retryable_statuses: frozenset[int] = frozenset({408, 409, 429, 500, 502, 503, 504})
-    retryable_provider_codes: frozenset[str] = frozenset()
-    replace_invalid_output: bool = False
-    replace_incomplete: bool = False
 
 
 class Handle(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
