@@ -54,6 +54,7 @@ TOP_LEVEL = {
     "schema_graph": CORE,
     "status": CORE,
     "transitions": CORE,
+    "wire_parameters": CORE,
     "types": CORE,
     "telemetry": STORAGE_TRANSPORT,
     "otel": STORAGE_TRANSPORT,

@@ -24,6 +24,7 @@ import msgspec
 from recoverable.contract import ResponseContract
 from recoverable.errors import InvalidParameter, InvalidRequest, UnsupportedInputItem
 from recoverable.types import StructuredRequest
+from recoverable.wire_parameters import parameters_from_wire, refuse, shown
 
 __all__ = [
     "INCLUDABLES",
@@ -157,11 +158,6 @@ def freeze_body(request: StructuredRequest, contract: ResponseContract) -> bytes
     return _canonical(body)
 
 
-def _refuse(parameter: str, why: str) -> InvalidParameter:
-    return InvalidParameter(f"{parameter} is not allowed: {why}", parameter=parameter,
-                            reason="refused")
-
-
 def _check_tool_free(request: StructuredRequest) -> None:
     # Identity and type checks, not truthiness: a look-alike (``tools=None``, ``store=0``)
     # would be saved with the request and then fail to decode on reselection.
@@ -180,25 +176,25 @@ def _check_tool_free(request: StructuredRequest) -> None:
             parameter="tool_choice", reason="refused",
         )
     if request.parallel_tool_calls is not None and request.parallel_tool_calls is not False:
-        raise _refuse("parallel_tool_calls", "recovery never runs tools (only None or False)")
+        raise refuse("parallel_tool_calls", "recovery never runs tools (only None or False)")
     if request.previous_response_id is not None:
-        raise _refuse(
+        raise refuse(
             "previous_response_id", "recovery does not continue persistent threads"
         )
     if request.conversation is not None:
-        raise _refuse("conversation", "recovery does not continue persistent threads")
+        raise refuse("conversation", "recovery does not continue persistent threads")
     if request.store is not None and request.store is not False:
-        raise _refuse(
+        raise refuse(
             "store",
             "recovery keeps no response on the provider; an interrupted attempt is "
             "replaced by a new request from the frozen body (only None or False)",
         )
     if request.background is not None and request.background is not False:
-        raise _refuse(
+        raise refuse(
             "background", "recovery streams every attempt itself (only None or False)"
         )
     if request.prompt is not None:
-        raise _refuse(
+        raise refuse(
             "prompt",
             "a stored prompt template lives on the provider and may change; put its text "
             "in instructions/input so the frozen body says everything",
@@ -243,11 +239,6 @@ def _optional_parameters(request: StructuredRequest) -> dict[str, Any]:
     return {name: value for name, value in found.items() if value is not None}
 
 
-def _shown(value: Any) -> str:
-    """A short, safe rendering of a rejected value for an error message."""
-    return repr(value)[:40] if isinstance(value, (str, int, float)) else type(value).__name__
-
-
 def _label(name: str, wire: str | None) -> str:
     return f"{name} ({wire})" if wire else name
 
@@ -260,7 +251,7 @@ def _choice(
     if not isinstance(value, str) or value not in allowed:
         raise InvalidParameter(
             f"{_label(name, wire)} must be one of {', '.join(sorted(allowed))} or None, "
-            f"not {_shown(value)}",
+            f"not {shown(value)}",
             parameter=name,
         )
     return value
@@ -276,7 +267,7 @@ def _number(value: Any, name: str, low: float, high: float) -> float | None:
         or not low <= value <= high  # exact for any int, so no OverflowError below
     ):
         raise InvalidParameter(
-            f"{name} must be a number from {low:g} to {high:g} or None, not {_shown(value)}",
+            f"{name} must be a number from {low:g} to {high:g} or None, not {shown(value)}",
             parameter=name,
         )
     return float(value)  # 1 and 1.0 freeze to the same bytes
@@ -287,7 +278,7 @@ def _integer(value: Any, name: str, low: int, high: int) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise InvalidParameter(
-            f"{name} must be an integer from {low} to {high} or None, not {_shown(value)}",
+            f"{name} must be an integer from {low} to {high} or None, not {shown(value)}",
             parameter=name,
         )
     return int(value)
@@ -345,7 +336,7 @@ def _include(value: Any) -> list[str] | None:
         if not isinstance(entry, str) or entry not in INCLUDABLES:
             raise InvalidParameter(
                 f"include entries must be among {', '.join(sorted(INCLUDABLES))}, "
-                f"not {_shown(entry)}",
+                f"not {shown(entry)}",
                 parameter="include",
             )
     return sorted(set(value))
@@ -361,7 +352,7 @@ def _prompt_cache_options(value: Any) -> dict[str, str] | None:
     for key, item in value.items():
         if key not in allowed:
             raise InvalidParameter(
-                f"{name} has an unknown key {_shown(key)} (known: mode, ttl)",
+                f"{name} has an unknown key {shown(key)} (known: mode, ttl)",
                 parameter=name, reason="unknown",
             )
         _choice(item, f"{name}.{key}", allowed[key])
@@ -402,93 +393,6 @@ def _moderation(value: Any) -> dict[str, Any] | None:
             }
         frozen["policy"] = frozen_policy
     return frozen
-
-
-# -- wire-form parameters (a Responses create body) --------------------------------------
-
-# Wire names taken as they are (StructuredRequest field = wire name).
-_WIRE_FIELDS = frozenset({
-    "model", "input", "instructions", "max_output_tokens", "temperature", "top_p",
-    "top_logprobs", "service_tier", "metadata", "prompt_cache_key", "prompt_cache_retention",
-    "prompt_cache_options", "safety_identifier", "user", "truncation", "include", "moderation",
-    # refused unless None or their no-op value, by freeze_body
-    "tools", "tool_choice", "parallel_tool_calls", "previous_response_id", "conversation",
-    "store", "background", "prompt",
-})
-_WIRE_REFUSED = {
-    "max_tool_calls": "recovery never runs tools",
-    "context_management": "it compacts a stored conversation; recovery keeps no thread",
-    "stream": "the transport sets it for its mode",
-    "stream_options": "the transport owns the stream",
-}
-_WIRE_NESTED = {
-    "text": {"verbosity": "verbosity"},
-    "reasoning": {
-        "effort": "reasoning_effort",
-        "summary": "reasoning_summary",
-        "mode": "reasoning_mode",
-        "context": "reasoning_context",
-    },
-}
-
-
-def parameters_from_wire(params: Any) -> dict[str, Any]:
-    """``StructuredRequest`` keyword arguments from a Responses create body (wire names).
-
-    ``text.verbosity`` becomes ``verbosity``, ``reasoning.<name>`` becomes
-    ``reasoning_<name>`` (effort, summary, mode, context); ``text.format`` is refused (the format
-    comes from ``response=`` / the job's schema), as are tool and thread parameters and
-    every unknown name (``InvalidParameter`` with ``reason="unknown"``). Values are
-    validated by ``freeze_body``.
-    """
-    if not isinstance(params, dict):
-        raise InvalidRequest(
-            f"request parameters must be a JSON object (dict), not {type(params).__name__}"
-        )
-    kwargs: dict[str, Any] = {}
-    for name, value in params.items():
-        if not isinstance(name, str):
-            raise InvalidParameter(
-                f"parameter names must be strings, not {_shown(name)}",
-                parameter=str(name)[:64], reason="unknown",
-            )
-        if name in _WIRE_FIELDS:
-            kwargs[name] = value
-        elif name in _WIRE_REFUSED:
-            raise _refuse(name, _WIRE_REFUSED[name])
-        elif name in _WIRE_NESTED:
-            kwargs.update(_nested_from_wire(name, value))
-        else:
-            raise InvalidParameter(
-                f"unknown request parameter {name[:64]!r}", parameter=name[:64],
-                reason="unknown",
-            )
-    return kwargs
-
-
-def _nested_from_wire(name: str, value: Any) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise InvalidParameter(f"{name} must be an object or null", parameter=name)
-    fields = _WIRE_NESTED[name]
-    kwargs: dict[str, Any] = {}
-    for key, item in value.items():
-        path = f"{name}.{str(key)[:64]}"
-        if path == "text.format":
-            raise InvalidParameter(
-                "text.format is not a request parameter: the structured output format comes "
-                "from response= (the job's schema in a batch)",
-                parameter=path, reason="refused",
-            )
-        if key not in fields:
-            raise InvalidParameter(
-                f"unknown request parameter {path!r} (known: "
-                f"{', '.join(f'{name}.{k}' for k in sorted(fields))})",
-                parameter=path, reason="unknown",
-            )
-        kwargs[fields[key]] = item
-    return kwargs
 
 
 def _encode_input(value: Any) -> bytes:

@@ -40,12 +40,20 @@ from recoverable.errors import InvalidRequest, UnsupportedOutputType
 __all__ = [
     "STRICT_CONSTRAINT_KEYWORDS",
     "STRICT_STRING_FORMATS",
+    "JsonSchema",
     "PydanticDecoder",
     "decode_as",
     "generated_schema",
     "output_kind",
     "strict_schema",
 ]
+
+class JsonSchema(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """An explicit JSON Schema response contract (OpenAI strict-mode subset)."""
+
+    name: str
+    schema: dict[str, Any]
+
 
 OutputKind = Literal["pydantic", "native"]
 
@@ -225,8 +233,6 @@ def decode_as(payload: bytes, tp: Any) -> Any:
     """Decode a saved payload as ``tp``: a pydantic model (validated by pydantic), any type
     msgspec decodes (Struct, dataclass, TypedDict, ``dict``...), or a ``JsonSchema`` (the
     plain JSON value)."""
-    from recoverable.types import JsonSchema
-
     if isinstance(tp, JsonSchema):
         return msgspec.json.decode(payload)
     if is_pydantic_type(tp):

@@ -13,6 +13,9 @@ import msgspec
 
 from recoverable.failure_policy import RetryPolicy as RetryPolicy  # saved with each operation
 from recoverable.outcome import Interruption, Usage
+from recoverable.output_types import JsonSchema as JsonSchema  # a response contract
+from recoverable.output_types import decode_as
+from recoverable.wire_parameters import parameters_from_wire
 
 AttemptReason = Literal["initial", "replacement", "authentication_reissue"]
 Selection = Literal["preserve", "reselect"]
@@ -131,16 +134,7 @@ class StructuredRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
         """Build a request from a Responses create body (wire names, e.g. a Batch API
         ``body`` without ``text.format``). Raises ``InvalidParameter`` naming any unknown,
         refused or malformed parameter; values are checked again at prepare."""
-        from recoverable.body import parameters_from_wire
-
         return cls(**parameters_from_wire(params))
-
-
-class JsonSchema(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """An explicit JSON Schema response contract (OpenAI strict-mode subset)."""
-
-    name: str
-    schema: dict[str, Any]
 
 
 class Handle(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -239,8 +233,6 @@ class Receipt(msgspec.Struct, frozen=True, kw_only=True):
     def decode(self, type: Any) -> Any:
         """Decode the payload as ``type``: the ``response=`` type (a msgspec Struct, a pydantic
         model, a dataclass, a TypedDict), ``dict`` etc., or a ``JsonSchema`` (plain JSON)."""
-        from recoverable.output_types import decode_as
-
         return decode_as(self.payload, type)
 
 
