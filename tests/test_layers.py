@@ -43,6 +43,7 @@ TOP_LEVEL = {
     "body": CORE,
     "contract": CORE,
     "errors": CORE,
+    "failure_text": CORE,
     "failure_policy": CORE,
     "lifecycle": CORE,
     "machine": CORE,

@@ -13,7 +13,6 @@ between versions: hosts never parse it.
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING, Any, ClassVar
 
 __all__ = [
@@ -52,6 +51,14 @@ __all__ = [
     "UnsupportedOutputType",
     "UnsupportedRecordVersion",
 ]
+
+from recoverable.failure_text import (
+    REASONS,
+    bounded,
+    interruption_facts,
+    reason_todo,
+)
+from recoverable.failure_text import describe_interruption as describe_interruption
 
 if TYPE_CHECKING:
     from recoverable.outcome import Interruption
@@ -169,14 +176,14 @@ class PermanentlyFailed(_EndedWithFailure):
 
     def _what(self) -> str:
         reason = self._detail
-        if reason in _REASONS:
-            facts = _facts(self.last_failure) if self.last_failure is not None else []
-            return _REASONS[reason][0] + (f" ({', '.join(facts)})" if facts else "")
-        cause = f"it failed permanently ({_bounded(reason)})" if reason else "it failed permanently"
+        if reason in REASONS:
+            facts = interruption_facts(self.last_failure) if self.last_failure is not None else ()
+            return REASONS[reason][0] + (f" ({', '.join(facts)})" if facts else "")
+        cause = f"it failed permanently ({bounded(reason)})" if reason else "it failed permanently"
         return f"{cause}{self._last()}"
 
     def _todo(self) -> str:
-        return _reason_todo(self._detail)
+        return reason_todo(self._detail)
 
 
 class OperationCancelled(RecoveryError):
@@ -442,7 +449,7 @@ class UnsupportedInputItem(InvalidRequest):
     def _what(self) -> str:
         if self._detail:
             return self._detail
-        kind = f"type {_bounded(self.item_type)!r}" if self.item_type else "no type"
+        kind = f"type {bounded(self.item_type)!r}" if self.item_type else "no type"
         return f"input item {self.item_index} ({kind}) is not a self-contained message"
 
     def _todo(self) -> str:
@@ -523,14 +530,14 @@ class ProviderError(RecoveryError):
     def _what(self) -> str:
         text = describe_interruption(self.interruption)
         reason = self._detail if self._detail != self.interruption.kind else ""
-        if reason in _REASONS:
-            facts = _facts(self.interruption)
-            return _REASONS[reason][0] + (f" ({', '.join(facts)})" if facts else "")
+        if reason in REASONS:
+            facts = interruption_facts(self.interruption)
+            return REASONS[reason][0] + (f" ({', '.join(facts)})" if facts else "")
         return f"the attempt failed: {text}"
 
     def _todo(self) -> str:
         reason = self._detail if self._detail != self.interruption.kind else ""
-        return _reason_todo(reason) if reason else (
+        return reason_todo(reason) if reason else (
             "see the failure table in docs/failures.md for this kind"
         )
 
@@ -544,16 +551,6 @@ def _rebuild_provider_error(
     return ProviderError(message, operation_id=operation_id, interruption=interruption)
 
 
-# --- readable messages: only library text and bounded typed fields -------------------
-
-_CODE_CHARS = re.compile(r"[^A-Za-z0-9_.:/-]")
-
-
-def _bounded(value: object, limit: int = 64) -> str:
-    """A code-like value, bounded and restricted to code characters."""
-    return _CODE_CHARS.sub("?", str(value))[:limit]
-
-
 def _sentence(doc: str) -> str:
     text = doc.rstrip(".").strip()
     return text[:1].lower() + text[1:]
@@ -561,120 +558,6 @@ def _sentence(doc: str) -> str:
 
 def _with_detail(what: str, detail: str) -> str:
     return f"{what} ({detail})" if detail and detail != what else what
-
-
-# Terminal failure reasons (``machine.classify``): (what happened, what to do).
-_RETRY = "runtime.retry(handle, retry_action_id=..., maximum_attempts=...)"
-_REASONS: dict[str, tuple[str, str]] = {
-    "quota": (
-        "the account's quota, credit or spending limit is exhausted",
-        f"raise the limit or add credit, then create a deliberate manual retry with {_RETRY}",
-    ),
-    "rejected": (
-        "the provider rejected the request",
-        f"fix the authorization or configuration, then create a manual retry with {_RETRY}",
-    ),
-    "provider_failed": (
-        "the provider reported that the response failed",
-        f"if the failure may be transient, create a manual retry with {_RETRY}",
-    ),
-    "incomplete": (
-        "the response ended incomplete",
-        "raise max_output_tokens or opt in with RetryPolicy(replace_incomplete=True), then "
-        f"create a manual retry with {_RETRY}",
-    ),
-    "invalid_output": (
-        "the output was not valid for the response schema",
-        "fix or migrate the contract, or opt in with RetryPolicy(replace_invalid_output=True); "
-        f"a manual retry is {_RETRY}",
-    ),
-    "tool_activity": (
-        "the model started a tool call (nothing was executed, and it is never replaced)",
-        "fix the request or integration: recoverable sends tool-free requests only",
-    ),
-    "authentication_required": (
-        "the provider rejected the credentials (HTTP 401), even after renewing them",
-        "sign in to the same account again, then call send_recovering with the same handle",
-    ),
-}
-
-
-def _reason_todo(reason: str) -> str:
-    if reason in _REASONS:
-        return _REASONS[reason][1]
-    return f"see docs/failures.md; a deliberate manual retry is {_RETRY}"
-
-
-_KINDS: dict[str, str] = {
-    "disconnected": "the connection was lost",
-    "timeout": "it timed out",
-    "premature_eof": "the stream ended without a final event",
-    "http_rejected": "the provider rejected it",
-    "provider_failed": "the provider reported response.failed",
-    "incomplete": "the response was incomplete",
-    "tool_activity": "the model started a tool call",
-    "malformed": "the stream broke the protocol or a bound",
-    "refusal": "the model refused",
-    "invalid_output": "the output was not valid JSON for the schema",
-    "interrupted": "the attempt was interrupted locally",
-}
-
-_TRANSPORT_CODES: dict[str, str] = {
-    "connect_refused": "connection refused",
-    "connect_failed": "could not connect",
-    "connect_timeout": "connecting timed out",
-    "idle_timeout": "no event within the idle timeout",
-    "http_timeout": "the HTTP exchange timed out",
-    "read_error": "reading failed",
-    "http_protocol_error": "the server broke the HTTP exchange",
-    "transport_error": "a transport error",
-    "handshake_protocol_error": "the server broke the WebSocket handshake",
-    "frame_too_large": "an event was larger than the bound",
-    "stream_too_large": "the stream was larger than the bound",
-    "too_many_events": "the stream had more events than the bound",
-    "invalid_json": "an event was not valid JSON",
-    "write_error": "writing failed",
-    "signed_out": "signed out",
-    "account_changed": "the account changed",
-    "owner_lost": "the process that owned it was lost",
-}
-
-
-def _transport_text(code: str) -> str:
-    if code in _TRANSPORT_CODES:
-        return _TRANSPORT_CODES[code]
-    if code.startswith("tls") or "certificate" in code or code.startswith("ssl"):
-        return f"TLS handshake failed: {_bounded(code)}"
-    if code.startswith("dns") or code.startswith("name_resolution"):
-        return f"the host name did not resolve: {_bounded(code)}"
-    if code.startswith("ws_close_"):
-        return f"WebSocket closed with code {_bounded(code[len('ws_close_'):])}"
-    return _bounded(code)
-
-
-def describe_interruption(interruption: Interruption) -> str:
-    """A short readable description of a typed interruption (bounded codes only)."""
-    text = _KINDS.get(interruption.kind, _bounded(interruption.kind))
-    facts = _facts(interruption)
-    return f"{text} ({', '.join(facts)})" if facts else text
-
-
-def _facts(interruption: Interruption) -> list[str]:
-    facts: list[str] = []
-    if interruption.http_status is not None:
-        facts.append(f"HTTP {interruption.http_status}")
-    if interruption.provider_code:
-        facts.append(f"code {_bounded(interruption.provider_code)}")
-    elif interruption.provider_type:
-        facts.append(f"type {_bounded(interruption.provider_type)}")
-    if interruption.transport_code:
-        facts.append(_transport_text(interruption.transport_code))
-    if interruption.retry_after is not None:
-        facts.append(f"retry after {interruption.retry_after:g} s")
-    if interruption.output_path is not None:
-        where = interruption.output_path
-        facts.append(f"at {_bounded(where, 160)}" if where else "at the root of the output")
-    return facts
 
 
 class TokenBudgetExhausted(AttemptsExhausted):
