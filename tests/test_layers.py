@@ -54,6 +54,7 @@ TOP_LEVEL = {
     "records": CORE,
     "schema_graph": CORE,
     "status": CORE,
+    "strict_mode": CORE,
     "transitions": CORE,
     "wire_parameters": CORE,
     "types": CORE,

@@ -30,9 +30,7 @@ follows (so ``decode`` of a saved payload cannot fail later).
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import math
 import re
 import threading
 import typing
@@ -46,7 +44,18 @@ import msgspec.inspect as mi
 
 from recoverable import output_types
 from recoverable.errors import InvalidRequest
-from recoverable.schema_graph import SchemaGraph, json_pointer, resolve_pointer
+from recoverable.strict_mode import (
+    MAX_SCHEMA_BYTES,
+    MAX_SCHEMA_DEPTH,
+    SCHEMA_KEYWORDS,
+    SCHEMA_LIST_KEYWORDS,
+    SCHEMA_MAP_KEYWORDS,
+    check_json_shape,
+    check_strict,
+    first_line,
+    is_object_schema,
+    regex_error,
+)
 from recoverable.types import JsonSchema
 
 __all__ = [
@@ -57,35 +66,12 @@ __all__ = [
     "contract_for",
 ]
 
-MAX_SCHEMA_BYTES = 1024 * 1024
-MAX_SCHEMA_DEPTH = 64
 _MAX_DETAIL = 300
 _CACHE_SIZE = 256
 _TOO_DEEP = "the output nests deeper than the JSON decoder allows"
 _NAME_RE = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 _NAME_BAD_CHARS = re.compile(r"[^a-zA-Z0-9_-]")
 
-# Keywords whose value is one subschema / a list of subschemas / a map of name -> subschema.
-_SCHEMA_KEYWORDS = frozenset(
-    {
-        "items",
-        "additionalProperties",
-        "not",
-        "if",
-        "then",
-        "else",
-        "contains",
-        "propertyNames",
-        "unevaluatedItems",
-        "unevaluatedProperties",
-        "additionalItems",
-        "contentSchema",
-    }
-)
-_SCHEMA_LIST_KEYWORDS = frozenset({"anyOf", "allOf", "oneOf", "prefixItems", "items"})
-_SCHEMA_MAP_KEYWORDS = frozenset(
-    {"properties", "$defs", "definitions", "patternProperties", "dependentSchemas"}
-)
 # Keywords strict mode rejects and msgspec may emit; the typed decoder still enforces them.
 _DROPPED_KEYWORDS = ("default", "discriminator")
 
@@ -336,14 +322,9 @@ def _compile(schema: dict[str, Any], schema_bytes: bytes) -> Any:
             # before this point anyway).
             validator = jsonschema_rs.Draft202012Validator(schema, offline=True)
         except (ValueError, TypeError, OverflowError) as exc:
-            raise InvalidRequest(f"schema is not a valid JSON Schema: {_first_line(exc)}") from None
+            raise InvalidRequest(f"schema is not a valid JSON Schema: {first_line(exc)}") from None
         _validators.put(key, validator)
     return validator
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return (text[0] if text else type(exc).__name__)[:200]
 
 
 # --------------------------------------------------------------------------- JsonSchema
@@ -356,12 +337,12 @@ def _json_schema_contract(response: JsonSchema) -> ResponseContract:
     schema = response.schema
     if not isinstance(schema, dict):
         raise InvalidRequest(f"JsonSchema schema must be a dict, not {type(schema).__name__}")
-    _check_json_shape(schema)  # before encoding: bounds depth, rejects cycles and non-JSON values
+    check_json_shape(schema)  # before encoding: bounds depth, rejects cycles and non-JSON values
     try:
         schema_bytes = _canonical(schema)
     except (TypeError, ValueError, OverflowError, RecursionError, msgspec.EncodeError) as exc:
         raise InvalidRequest(
-            f"JsonSchema schema is not JSON-encodable: {_first_line(exc)}"
+            f"JsonSchema schema is not JSON-encodable: {first_line(exc)}"
         ) from None
     if len(schema_bytes) > MAX_SCHEMA_BYTES:
         raise InvalidRequest(
@@ -377,7 +358,7 @@ def _json_schema_contract(response: JsonSchema) -> ResponseContract:
     # A private copy of exactly what was hashed: later mutation of the host's dict cannot
     # change what this contract sends.
     frozen_schema: dict[str, Any] = msgspec.json.decode(schema_bytes)
-    _check_strict(frozen_schema)
+    check_strict(frozen_schema)
     validator = _compile(frozen_schema, schema_bytes)
     contract = ResponseContract(
         name=name,
@@ -389,157 +370,6 @@ def _json_schema_contract(response: JsonSchema) -> ResponseContract:
     )
     _schema_contracts.put(format_hash, contract)
     return contract
-
-
-def _check_json_shape(schema: dict[str, Any]) -> None:
-    """Iteratively check depth, key types and value types (JSON only, finite numbers)."""
-    stack: list[tuple[Any, int]] = [(schema, 1)]
-    nodes = 0
-    while stack:
-        value, depth = stack.pop()
-        nodes += 1
-        if nodes > MAX_SCHEMA_BYTES:
-            raise InvalidRequest(f"JsonSchema schema is larger than {MAX_SCHEMA_BYTES} bytes")
-        if isinstance(value, dict):
-            if depth > MAX_SCHEMA_DEPTH:
-                raise InvalidRequest(f"JsonSchema schema is nested deeper than {MAX_SCHEMA_DEPTH}")
-            for key, item in value.items():
-                if not isinstance(key, str):
-                    raise InvalidRequest("JsonSchema schema keys must be strings")
-                stack.append((item, depth + 1))
-        elif isinstance(value, list):
-            if depth > MAX_SCHEMA_DEPTH:
-                raise InvalidRequest(f"JsonSchema schema is nested deeper than {MAX_SCHEMA_DEPTH}")
-            stack.extend((item, depth + 1) for item in value)
-        elif isinstance(value, float):
-            if not math.isfinite(value):
-                raise InvalidRequest("JsonSchema schema contains a non-finite number")
-        elif value is None or isinstance(value, (str, int)):
-            pass
-        else:
-            raise InvalidRequest(
-                f"JsonSchema schema contains a non-JSON value of type {type(value).__name__}"
-            )
-
-
-_Path = tuple[str | int, ...]
-
-
-def _subschemas(node: dict[str, Any], path: _Path) -> list[tuple[Any, _Path]]:
-    """The subschemas of ``node`` (keyword positions only: enum/const values are data)."""
-    found: list[tuple[Any, _Path]] = []
-    for key, value in node.items():
-        if key in _SCHEMA_MAP_KEYWORDS and isinstance(value, dict):
-            found.extend((sub, (*path, key, name)) for name, sub in value.items())
-        elif key in _SCHEMA_LIST_KEYWORDS and isinstance(value, list):
-            found.extend((sub, (*path, key, i)) for i, sub in enumerate(value))
-        elif key in _SCHEMA_KEYWORDS and isinstance(value, dict):
-            found.append((value, (*path, key)))
-    return found
-
-
-def _resolve_local(root: dict[str, Any], ref: str) -> bool:
-    return isinstance(resolve_pointer(root, ref), (dict, bool))
-
-
-@functools.lru_cache(maxsize=1024)
-def _regex_error(pattern: str) -> str | None:
-    """Why the JSON Schema validator cannot compile ``pattern``, or None when it can.
-
-    Asked of the validator itself, so the rule is exactly the one it applies to the
-    patterns it reaches.
-    """
-    try:
-        jsonschema_rs.Draft202012Validator({"pattern": pattern}, offline=True)
-    except (ValueError, TypeError, OverflowError) as exc:
-        return _first_line(exc)
-    return None
-
-
-def _check_patterns(node: dict[str, Any], path: _Path) -> None:
-    """Every regular expression of ``node`` compiles, referenced from the root or not.
-
-    The validator compiles only the subschemas it can reach, so a pattern in an
-    unreferenced ``$defs`` entry would otherwise be accepted; strict mode checks them all.
-    Non-string values are left to the compiler's meta-schema check.
-    """
-    pattern = node.get("pattern")
-    if isinstance(pattern, str):
-        reason = _regex_error(pattern)
-        if reason is not None:
-            raise InvalidRequest(
-                f"schema is not a valid JSON Schema: pattern at {json_pointer((*path, 'pattern'))} "
-                f"is not a regular expression the validator accepts: {reason}"
-            )
-    keyed = node.get("patternProperties")
-    if isinstance(keyed, dict):
-        for key in keyed:
-            reason = _regex_error(key)
-            if reason is not None:
-                raise InvalidRequest(
-                    "schema is not a valid JSON Schema: patternProperties key at "
-                    f"{json_pointer((*path, 'patternProperties', key))} is not a regular "
-                    f"expression the validator accepts: {reason}"
-                )
-
-
-def _is_object_schema(node: dict[str, Any]) -> bool:
-    kind = node.get("type")
-    if kind == "object" or (isinstance(kind, list) and "object" in kind):
-        return True
-    return "properties" in node
-
-
-def _check_strict(schema: dict[str, Any]) -> None:
-    """Strict-mode requirements of a host schema; raises InvalidRequest with a JSON-pointer path."""
-    if schema.get("type") != "object":
-        raise InvalidRequest('the schema root must have "type": "object" (strict mode)')
-    stack: list[tuple[Any, tuple[str | int, ...]]] = [(schema, ())]
-    while stack:
-        node, path = stack.pop()
-        if not isinstance(node, dict):
-            continue  # boolean schemas etc.: left to the JSON Schema compiler
-        for key in ("$ref", "$dynamicRef", "$recursiveRef"):
-            if key not in node:
-                continue
-            ref = node[key]
-            if key != "$ref" or not isinstance(ref, str) or not ref.startswith("#"):
-                raise InvalidRequest(
-                    "only local $ref (starting with '#') is allowed; "
-                    f"found {key} at {json_pointer(path)}"
-                )
-            if not _resolve_local(schema, ref):
-                raise InvalidRequest(
-                    f"$ref at {json_pointer(path)} does not resolve within the schema"
-                )
-        if "$id" in node and path:
-            raise InvalidRequest(f"$id is not allowed in subschemas (at {json_pointer(path)})")
-        _check_patterns(node, path)
-        if _is_object_schema(node):
-            if node.get("additionalProperties") is not False:
-                raise InvalidRequest(
-                    f"strict mode requires additionalProperties: false on every object; "
-                    f"missing at {json_pointer(path)}"
-                )
-            properties = node.get("properties", {})
-            if not isinstance(properties, dict):
-                raise InvalidRequest(f"properties must be an object at {json_pointer(path)}")
-            required = node.get("required", [])
-            if not isinstance(required, list):
-                raise InvalidRequest(f"required must be a list at {json_pointer(path)}")
-            missing = [name for name in properties if name not in required]
-            if missing:
-                raise InvalidRequest(
-                    f"strict mode requires every property in required; at {json_pointer(path)} "
-                    f"{len(missing)} missing (first: {missing[0][:64]!r}); "
-                    "type optional values as nullable instead"
-                )
-        stack.extend(_subschemas(node, path))
-    # A schema no finite JSON value satisfies (e.g. a required property whose only way
-    # to exist is to contain itself) can never be answered: refuse it before any POST.
-    reason = SchemaGraph(schema).no_finite_instance()
-    if reason is not None:
-        raise InvalidRequest(reason)
 
 
 # --------------------------------------------------------------------------- Struct types
@@ -577,7 +407,7 @@ def _struct_contract(tp: Any) -> ResponseContract:
     }
     if fixed_defs:
         root["$defs"] = fixed_defs
-    _check_strict(root)  # the same rules a host schema must meet
+    check_strict(root)  # the same rules a host schema must meet
     schema_bytes = _canonical(root)
     name = _struct_name(tp, root_key)
     exact = _typed_decode_is_exact(tp)
@@ -617,13 +447,13 @@ def _fix_node(node: Any, root_pointer: str | None, where: str) -> Any:
             out[key] = "#"  # recursion into the (inlined) root
         elif key in ("enum", "const"):
             out[key] = value
-        elif key in _SCHEMA_MAP_KEYWORDS and isinstance(value, dict):
+        elif key in SCHEMA_MAP_KEYWORDS and isinstance(value, dict):
             out[key] = {k: _fix_node(v, root_pointer, where) for k, v in value.items()}
-        elif key in _SCHEMA_KEYWORDS or key in _SCHEMA_LIST_KEYWORDS:
+        elif key in SCHEMA_KEYWORDS or key in SCHEMA_LIST_KEYWORDS:
             out[key] = _fix_node(value, root_pointer, where)
         else:
             out[key] = value
-    if _is_object_schema(out):
+    if is_object_schema(out):
         extra = out.get("additionalProperties")
         if extra is not None and extra is not False:
             raise InvalidRequest(
@@ -645,13 +475,13 @@ def _typed_contract(tp: Any, kind: output_types.OutputKind) -> ResponseContract:
     label = _NAME_BAD_CHARS.sub("_", output_types.type_label(tp))[:80] or "response"
     generated = output_types.generated_schema(tp, kind)
     root = output_types.strict_schema(generated, output_types.type_label(tp)[:80])
-    _check_json_shape(root)
+    check_json_shape(root)
     schema_bytes = _canonical(root)
     if len(schema_bytes) > MAX_SCHEMA_BYTES:
         raise InvalidRequest(
             f"{label}: the schema is {len(schema_bytes)} bytes; the limit is {MAX_SCHEMA_BYTES}"
         )
-    _check_strict(root)  # the same rules a host schema must meet (and a finite instance)
+    check_strict(root)  # the same rules a host schema must meet (and a finite instance)
     name = label[:64]
     decoder: Any
     if kind == "pydantic":
@@ -707,4 +537,4 @@ def _clear_caches() -> None:
     _struct_contracts.clear()
     _schema_contracts.clear()
     _validators.clear()
-    _regex_error.cache_clear()
+    regex_error.cache_clear()
