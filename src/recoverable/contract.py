@@ -205,8 +205,8 @@ def _msgspec_location(exc: msgspec.ValidationError) -> str | None:
     if not message.startswith("Expected") or " - at `$" not in message:
         return None
     path = message.rsplit(" - at `$", 1)[1].rstrip("`")
-    parts = [a or b for a, b in _MSGSPEC_PATH.findall(path)]
-    if "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in parts) != path:
+    parts = [index or name for index, name in _MSGSPEC_PATH.findall(path)]
+    if "".join(f"[{part}]" if part.isdigit() else f".{part}" for part in parts) != path:
         return None  # something this reading does not understand: say nothing
     return _output_pointer(parts)
 
@@ -395,7 +395,7 @@ def _struct_contract(tp: Any) -> ResponseContract:
         root: dict[str, Any] = dict(defs.pop(root_key))
     else:
         root_key = None
-        root = {k: v for k, v in generated.items() if k != "$defs"}
+        root = {key: value for key, value in generated.items() if key != "$defs"}
     if root.get("type") != "object":
         raise InvalidRequest(
             f"{label} is not an object in JSON (array_like Structs cannot be a response root)"
@@ -448,7 +448,7 @@ def _fix_node(node: Any, root_pointer: str | None, where: str) -> Any:
         elif key in ("enum", "const"):
             out[key] = value
         elif key in SCHEMA_MAP_KEYWORDS and isinstance(value, dict):
-            out[key] = {k: _fix_node(v, root_pointer, where) for k, v in value.items()}
+            out[key] = {name: _fix_node(sub, root_pointer, where) for name, sub in value.items()}
         elif key in SCHEMA_KEYWORDS or key in SCHEMA_LIST_KEYWORDS:
             out[key] = _fix_node(value, root_pointer, where)
         else:

@@ -75,7 +75,7 @@ def bounded_response_id(value: object) -> str | None:
         return value
     digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:_ID_DIGEST_CHARS]
     keep = MAX_RESPONSE_ID_CHARS - _ID_DIGEST_CHARS - 1
-    prefix = "".join(c for c in value[: keep * 4] if "!" <= c <= "~")[:keep]
+    prefix = "".join(char for char in value[: keep * 4] if "!" <= char <= "~")[:keep]
     return f"{prefix}~{digest}"
 
 

@@ -270,7 +270,11 @@ class _Strictifier:
                 raise InvalidRequest(f"{label}: the generated schema's root $ref is dangling")
             self.root: Any = self.defs[self.root_name]
         else:
-            self.root = {k: v for k, v in generated.items() if k not in ("$defs", "definitions")}
+            self.root = {
+                key: value
+                for key, value in generated.items()
+                if key not in ("$defs", "definitions")
+            }
 
     def run(self) -> dict[str, Any]:
         root = self._node(self.root, self.label, (), 0, 0)
@@ -320,7 +324,7 @@ class _Strictifier:
             raise InvalidRequest(f"{self.label}: the schema nests deeper than {_MAX_DEPTH}")
         if not isinstance(node, dict):
             raise self._refuse(field, pointer, "true", "a value of any type (Any)", _ANY_HINT)
-        node = {k: v for k, v in node.items() if k not in _ANNOTATIONS}
+        node = {key: value for key, value in node.items() if key not in _ANNOTATIONS}
         if not set(node) - {"description"}:
             raise self._refuse(field, pointer, "{}", "a value of any type (Any, object)", _ANY_HINT)
         if "discriminator" in node:
@@ -330,7 +334,7 @@ class _Strictifier:
                 node["anyOf"] = node.pop("oneOf")
         all_of = node.get("allOf")
         if isinstance(all_of, list) and len(all_of) == 1 and isinstance(all_of[0], dict):
-            rest = {k: v for k, v in node.items() if k != "allOf"}
+            rest = {key: value for key, value in node.items() if key != "allOf"}
             return self._node({**all_of[0], **rest}, field, pointer, depth + 1, inlined)
         if "const" in node:
             value = node.pop("const")
@@ -361,8 +365,8 @@ class _Strictifier:
                 if not isinstance(value, list) or not value:
                     raise self._refuse(field, pointer, key, "an empty union")
                 out[key] = [
-                    self._node(sub, field, (*pointer, key, i), depth + 1, inlined)
-                    for i, sub in enumerate(value)
+                    self._node(sub, field, (*pointer, key, index), depth + 1, inlined)
+                    for index, sub in enumerate(value)
                 ]
             elif key == "enum":
                 if not isinstance(value, list) or not value:
@@ -402,7 +406,7 @@ class _Strictifier:
         name = ref[len("#/$defs/"):]
         if name not in self.defs:
             raise InvalidRequest(f"{self.label}: $ref at {_pointer(pointer)} is dangling")
-        siblings = {k: v for k, v in node.items() if k != "$ref"}
+        siblings = {key: value for key, value in node.items() if key != "$ref"}
         self.reached_by.setdefault(name, field)
         if name == self.root_name:
             # Recursion into the inlined root; a sibling description cannot stay next to it.
@@ -449,12 +453,12 @@ def _refs(value: Any) -> list[str]:
             ref = item.get("$ref")
             if isinstance(ref, str) and ref.startswith("#/$defs/"):
                 found.append(ref[len("#/$defs/"):])
-            stack.extend(v for k, v in item.items() if k != "enum")
+            stack.extend(value for key, value in item.items() if key != "enum")
         elif isinstance(item, list):
             stack.extend(item)
     return found
 
 
 def _pointer(path: tuple[str | int, ...]) -> str:
-    parts = (str(p).replace("~", "~0").replace("/", "~1") for p in path)
+    parts = (str(part).replace("~", "~0").replace("/", "~1") for part in path)
     return "#/" + "/".join(parts) if path else "#"

@@ -104,7 +104,7 @@ def _subschemas(node: dict[str, Any], path: _Path) -> list[tuple[Any, _Path]]:
         if key in SCHEMA_MAP_KEYWORDS and isinstance(value, dict):
             found.extend((sub, (*path, key, name)) for name, sub in value.items())
         elif key in SCHEMA_LIST_KEYWORDS and isinstance(value, list):
-            found.extend((sub, (*path, key, i)) for i, sub in enumerate(value))
+            found.extend((sub, (*path, key, index)) for index, sub in enumerate(value))
         elif key in SCHEMA_KEYWORDS and isinstance(value, dict):
             found.append((value, (*path, key)))
     return found

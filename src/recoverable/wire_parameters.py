@@ -101,7 +101,7 @@ def _nested_from_wire(name: str, value: Any) -> dict[str, Any]:
         if key not in fields:
             raise InvalidParameter(
                 f"unknown request parameter {path!r} (known: "
-                f"{', '.join(f'{name}.{k}' for k in sorted(fields))})",
+                f"{', '.join(f'{name}.{known}' for known in sorted(fields))})",
                 parameter=path, reason="unknown",
             )
         kwargs[fields[key]] = item
