@@ -13,7 +13,7 @@ between versions: hosts never parse it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 __all__ = [
     "AccountChanged",
@@ -59,9 +59,7 @@ from recoverable.failure_text import (
     reason_todo,
 )
 from recoverable.failure_text import describe_interruption as describe_interruption
-
-if TYPE_CHECKING:
-    from recoverable.outcome import Interruption
+from recoverable.outcome import Interruption
 
 
 class RecoveryError(Exception):
