@@ -9,6 +9,7 @@ from typing import get_args
 
 import pytest
 
+from recoverable import failure_policy, outcome, records, types
 from recoverable import machine as m
 from recoverable.machine import InvalidTransition, Transition
 from recoverable.records import OperationRecord, Phase
@@ -67,3 +68,19 @@ def test_an_event_applies_exactly_in_the_phases_of_its_row(event: m.Event, phase
     else:
         with pytest.raises(InvalidTransition, match=f"{event} in phase {phase}"):
             EVENTS[event](rec)
+
+
+def test_what_happens_after_a_429_is_one_file() -> None:
+    """The retryable-status default, the quota and rate-limit words and the failure table
+    are failure_policy's; the other modules only re-export them."""
+    assert types.RetryPolicy is failure_policy.RetryPolicy
+    assert types.RetryPolicy().retryable_statuses == failure_policy.RETRYABLE_STATUSES
+    assert 429 in failure_policy.RETRYABLE_STATUSES
+    assert outcome.QUOTA_CODES is failure_policy.QUOTA_CODES
+    assert records.FailureReason is failure_policy.FailureReason
+    assert m.classify is failure_policy.classify and m.backoff_delay is failure_policy.backoff_delay
+    quota_429 = outcome.Interruption(
+        kind="http_rejected", http_status=429, provider_type="insufficient_quota"
+    )
+    assert quota_429.is_quota and not quota_429.is_rate_limit
+    assert m.classify(quota_429, types.RetryPolicy()) == "quota"

@@ -33,11 +33,13 @@ The phases (``records.Phase``) and the transitions allowed out of them::
     any ──cancel──▶ cancelled (terminal: no generation, no delivery)
     transmitting ──terminal failure / budget spent──▶ failed
 
-Which event applies in which phase is the table :data:`EVENT_PHASES`, checked in one
-place (:func:`_require`): an event that does not apply to the record's phase raises
-:class:`InvalidTransition`; it is never a silent no-op.
+Which event applies in which phase is the table :data:`EVENT_PHASES`
+(``transitions.py``), checked in one place (``transitions.require_phase``): an event
+that does not apply to the record's phase raises :class:`InvalidTransition`; it is
+never a silent no-op.
 
-Lifecycle commands (suspend, cancel) are stated here too: :func:`merge_command` (a
+Lifecycle commands (suspend, cancel) are stated in ``lifecycle.py`` and re-exported
+here: :func:`merge_command` (a
 cancel is never downgraded), and what a pending command means when an execution opens
 (:func:`command_at_open`), when a record is written (:func:`command_folded`), when a
 host issues one (:func:`command_to_store`, :func:`command_on_idle`), and when the
