@@ -92,7 +92,7 @@ class PriceTable:
 
 def builtin_prices() -> PriceTable:
     return PriceTable(
-        {m: ModelPrice(*p) for m, p in BUILTIN_PRICES.items()},
+        {model: ModelPrice(*price) for model, price in BUILTIN_PRICES.items()},
         source=f"built-in estimate, prices as of {BUILTIN_PRICES_AS_OF}, check the provider",
     )
 
@@ -126,7 +126,7 @@ def load_prices(path: str) -> PriceTable:
         raise errors.InvalidRequest(f"the price file names more than {MAX_MODELS} models")
     prices = dict(builtin_prices().prices)
     for model, line in raw.items():
-        if not model or len(model) > MAX_MODEL_CHARS or any(ord(c) < 32 for c in model):
+        if not model or len(model) > MAX_MODEL_CHARS or any(ord(char) < 32 for char in model):
             raise errors.InvalidRequest(
                 f"price file: model names must be 1..{MAX_MODEL_CHARS} printable characters"
             )
@@ -166,11 +166,11 @@ class TokenLedger:
 
     @property
     def total(self) -> Usage:
-        return _sum(t.total for t in self.by_model.values())
+        return _sum(tokens.total for tokens in self.by_model.values())
 
     @property
     def replaced(self) -> Usage:
-        return _sum(t.replaced for t in self.by_model.values())
+        return _sum(tokens.replaced for tokens in self.by_model.values())
 
     def rows(self, prices: PriceTable | None) -> list[tuple[str, str]]:
         """The summary rows: tokens, and the estimated cost when every model has a price."""
@@ -220,11 +220,12 @@ def usage_text(usage: Usage | None) -> str | None:
 def attempts_usage_text(usages: Iterable[tuple[int, Usage | None]]) -> str | None:
     """Per attempt: ``1: -; 2: 120 in / 30 out`` (``None`` when no attempt reported any)."""
     pairs = list(usages)
-    if all(u is None for _, u in pairs):
+    if all(usage is None for _, usage in pairs):
         return None
     return "; ".join(
-        f"{n}: " + ("-" if u is None else f"{u.input_tokens} in / {u.output_tokens} out")
-        for n, u in pairs
+        f"{number}: "
+        + ("-" if usage is None else f"{usage.input_tokens} in / {usage.output_tokens} out")
+        for number, usage in pairs
     )
 
 

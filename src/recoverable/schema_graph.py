@@ -47,7 +47,7 @@ def resolve_pointer(root: Any, ref: str) -> Any:
 
 def json_pointer(path: tuple[str | int, ...]) -> str:
     """The ``#/...`` pointer (escaped) of a path of keys and indexes in a schema."""
-    parts = (str(p).replace("~", "~0").replace("/", "~1") for p in path)
+    parts = (str(part).replace("~", "~0").replace("/", "~1") for part in path)
     return "#/" + "/".join(parts) if path else "#"
 
 
@@ -56,7 +56,7 @@ def type_names(schema: Mapping[str, Any]) -> tuple[str, ...]:
     kind = schema.get("type")
     if isinstance(kind, str):
         return (kind,)
-    if isinstance(kind, list) and kind and all(isinstance(k, str) for k in kind):
+    if isinstance(kind, list) and kind and all(isinstance(name, str) for name in kind):
         return tuple(kind)
     return _ALL_TYPES
 
@@ -149,13 +149,12 @@ class SchemaGraph:
                 needs.append(self._node_for(target, _path_of_ref(ref), todo))
         all_of = schema.get("allOf")
         if isinstance(all_of, list):
-            needs.extend(sub(part, "allOf", i) for i, part in enumerate(all_of))
+            needs.extend(sub(part, "allOf", index) for index, part in enumerate(all_of))
         for keyword in ("anyOf", "oneOf"):
             branches = schema.get(keyword)
             if isinstance(branches, list):
-                needs.append(
-                    self._new(_OR, [sub(b, keyword, i) for i, b in enumerate(branches)])
-                )
+                options = [sub(branch, keyword, index) for index, branch in enumerate(branches)]
+                needs.append(self._new(_OR, options))
         alternatives: list[int] = []
         for kind in type_names(schema):
             if kind == "object":
@@ -179,17 +178,17 @@ class SchemaGraph:
             return []
         prefix = schema.get("prefixItems")
         prefix = prefix if isinstance(prefix, list) else []
-        needs = [sub(p, "prefixItems", i) for i, p in enumerate(prefix[:count])]
+        needs = [sub(part, "prefixItems", index) for index, part in enumerate(prefix[:count])]
         if count > len(prefix) and "items" in schema and not isinstance(schema["items"], list):
             needs.append(sub(schema["items"], "items"))
         return needs
 
     def _propagate(self) -> list[int | None]:
-        n = len(self._kind)
-        parents: list[list[int]] = [[] for _ in range(n)]
-        missing = [0] * n
+        count = len(self._kind)
+        parents: list[list[int]] = [[] for _ in range(count)]
+        missing = [0] * count
         ready: deque[int] = deque()
-        for node in range(n):
+        for node in range(count):
             children = self._children[node]
             for child in children:
                 parents[child].append(node)
@@ -197,7 +196,7 @@ class SchemaGraph:
                 missing[node] = len(children)
                 if not children:
                     ready.append(node)
-        order: list[int | None] = [None] * n
+        order: list[int | None] = [None] * count
         step = 0
         while ready:
             node = ready.popleft()
@@ -240,7 +239,7 @@ class SchemaGraph:
         while True:
             if node in seen:
                 cycle = seen[seen.index(node):]
-                entry = next((s for s in cycle if s in via_property), cycle[0])
+                entry = next((step for step in cycle if step in via_property), cycle[0])
                 return (
                     f"the schema has no finite instance: the required value at "
                     f"{self._node_path(entry)} can only be satisfied by recursing into itself "
@@ -274,7 +273,7 @@ class SchemaGraph:
     def _blocking_child(self, node: int) -> tuple[int | None, bool]:
         """A child that keeps ``node`` uninhabited (and whether it is a required property)."""
         children = self._children[node]
-        uninhabited = [c for c in children if self._order[c] is None]
+        uninhabited = [child for child in children if self._order[child] is None]
         if not uninhabited:
             return None, False
         if self._kind[node] == _OR:
@@ -320,5 +319,5 @@ def _other_subschemas(schema: dict[str, Any]) -> Iterator[tuple[tuple[str | int,
             if isinstance(value, dict | bool):
                 yield (keyword,), value
             elif isinstance(value, list) and keyword in _LIST_KEYWORDS:
-                for i, sub in enumerate(value):
-                    yield (keyword, i), sub
+                for index, sub in enumerate(value):
+                    yield (keyword, index), sub
