@@ -30,6 +30,8 @@ def test_a_pending_suspend_is_spent_by_opening_and_a_cancel_stands() -> None:
     assert m.command_at_open(None) is None
     assert m.command_at_open("suspend") is None
     assert m.command_at_open("cancel") == "cancel"
+    assert m.command_spent_at_open("suspend")
+    assert not m.command_spent_at_open("cancel") and not m.command_spent_at_open(None)
 
 
 @pytest.mark.parametrize("existing", [None, *KINDS])

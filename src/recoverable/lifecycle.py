@@ -3,8 +3,8 @@
 A cancel is permanent and never downgraded (:func:`merge_command`, said once); a
 suspend keeps everything (the request, the spent budget, the cooldown, a saved
 completion). The functions here answer each point where the actors meet a command:
-opening an execution (:func:`command_at_open`), writing a record
-(:func:`command_folded`), a host issuing one (:func:`command_to_store`,
+opening an execution (:func:`command_at_open`, :func:`command_spent_at_open`), writing
+a record (:func:`command_folded`), a host issuing one (:func:`command_to_store`,
 :func:`command_on_idle`), the live execution observing one (:func:`command_observed`)
 and the caller going away (:func:`caller_cancelled`). Pure; no I/O.
 """
@@ -68,6 +68,13 @@ def command_at_open(pending: CommandKind | None) -> CommandKind | None:
             return "cancel"
         case _:
             return None
+
+
+def command_spent_at_open(pending: CommandKind | None) -> bool:
+    """The stored command row is spent by the opening itself (delete it in the same
+    transaction): a suspend, since reopening is resuming. A cancel row stays until a
+    cancelled record says it (:func:`command_folded`)."""
+    return pending == "suspend"
 
 
 def command_to_store(existing: CommandKind | None, new: CommandKind) -> CommandKind | None:
