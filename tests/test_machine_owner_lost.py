@@ -316,3 +316,32 @@ def test_new_reasons_read_as_failed_with_a_manual_retry(reason: str) -> None:
     text = str(error)
     assert reason.replace("_", " ") in text or "on_interruption" in text or "worker" in text
     assert "runtime.retry" in text
+
+
+# --- unclaimed (the sweep's --unclaimed-after bound) --------------------------------------
+
+
+def test_a_prepared_operation_nobody_claimed_fails_no_worker_after_the_bound() -> None:
+    rec = record()  # created at T0
+    assert not m.unclaimed(rec, now=T0 + 59, unclaimed_after=60).changed
+    t = m.unclaimed(rec, now=T0 + 60, unclaimed_after=60)
+    assert t.record.phase == "failed" and t.record.failure_reason == "no_worker"
+    assert t.record.attempts == rec.attempts and t.action is None
+    again = m.unclaimed(t.record, now=T0 + 60, unclaimed_after=60)
+    assert again.record == t.record and not again.changed
+    stopped(open_(t.record), errors.PermanentlyFailed)
+
+
+def test_a_waiting_operation_counts_from_its_saved_cooldown() -> None:
+    rec = record(phase="waiting", next_attempt_at=T0 + 100, **spent(1))
+    assert not m.unclaimed(rec, now=T0 + 150, unclaimed_after=60).changed
+    assert m.unclaimed(rec, now=T0 + 160, unclaimed_after=60).record.failure_reason == (
+        "no_worker"
+    )
+
+
+@pytest.mark.parametrize("phase", ["authorizing", "transmitting", "suspended", "completed",
+                                   "failed", "cancelled"])
+def test_unclaimed_leaves_other_phases_alone(phase: Phase) -> None:
+    rec = record(phase=phase, **spent(1))
+    assert not m.unclaimed(rec, now=T0 + 10**6, unclaimed_after=0).changed

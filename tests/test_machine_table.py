@@ -52,6 +52,7 @@ EVENTS: dict[m.Event, Callable[[OperationRecord], Transition]] = {
     "command_observed": lambda rec: m.command_observed(rec, "suspend"),
     "command_on_idle": lambda rec: m.command_on_idle(rec, "suspend"),
     "owner_lost": lambda rec: m.owner_lost(rec, now=T0),
+    "unclaimed": lambda rec: m.unclaimed(rec, now=T0, unclaimed_after=0.0),
 }
 
 

@@ -156,6 +156,7 @@ __all__ = [
     "progress",
     "redacted_status",
     "suggested_actions",
+    "unclaimed",
     "validate_metadata",
     "validate_preparation",
     "wake",
@@ -583,3 +584,29 @@ def owner_lost(rec: OperationRecord, *, now: float) -> Transition:
         next_at = cooldown if next_at is None else max(next_at, cooldown)
     phase = closed.phase if closed.phase == "waiting" else idle_phase(closed)
     return moved(rec, evolve(closed, phase=phase, next_attempt_at=next_at), None)
+
+
+
+def unclaimed(rec: OperationRecord, *, now: float, unclaimed_after: float) -> Transition:
+    """The recovery sweep's bound on waiting for a worker (``--unclaimed-after``): an
+    operation no live process owns, runnable (``prepared``, or ``waiting`` once its
+    cooldown passed) and not run by anyone for ``unclaimed_after`` seconds since it
+    became runnable, ends ``failed`` with ``failure_reason="no_worker"``.
+
+    It became runnable at the latest of its creation, its last consumed attempt and its
+    saved ``next_attempt_at``. Any other phase, or a younger one, is returned unchanged
+    (action ``None``). The caller checks that no live lease exists.
+    """
+    require_phase("unclaimed", rec)
+    if rec.phase not in ("prepared", "waiting") or rec.has_completion:
+        return moved(rec, rec, None)
+    since = max(
+        rec.created_at,
+        rec.attempts[-1].consumed_at if rec.attempts else rec.created_at,
+        rec.next_attempt_at if rec.next_attempt_at is not None else rec.created_at,
+    )
+    if now - since < unclaimed_after:
+        return moved(rec, rec, None)
+    failed = evolve(rec, phase="failed", failure_reason="no_worker", pending=None,
+                    next_attempt_at=None, renew_next=False)
+    return moved(rec, failed, None)

@@ -40,6 +40,7 @@ Event = Literal[
     "command_observed",  # a lifecycle command reached the live execution
     "command_on_idle",  # a lifecycle command for a record no execution owns
     "owner_lost",  # the recovery sweep found no live owner (dead process, expired lease)
+    "unclaimed",  # the recovery sweep found it runnable and unclaimed past its bound
 ]
 
 EVERY_PHASE: Final[frozenset[Phase]] = frozenset(get_args(Phase))
@@ -61,6 +62,7 @@ EVENT_PHASES: Final[Mapping[Event, frozenset[Phase]]] = {
     # Changes only an owned phase (OWNED); in any other phase it is a no-op, so the
     # sweep may apply it to its own result (idempotent).
     "owner_lost": EVERY_PHASE,
+    "unclaimed": EVERY_PHASE,  # changes only prepared/waiting; a no-op elsewhere
 }
 
 # The phases a live execution drives: only these can be left behind by a lost owner.
