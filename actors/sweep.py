@@ -32,14 +32,13 @@ and counted.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
-from typing import Final, Literal
+from collections.abc import Callable, Iterable
+from typing import Final, Literal, Protocol, TypeVar
 
 import msgspec
-from recoverable.storage.store import RecoveryStore, WriteTxn
 
 from recoverable import errors, machine
-from recoverable.records import OperationRecord
+from recoverable.records import CommandRecord, LeaseRecord, OperationRecord
 
 __all__ = ["MAX_REPORT_IDS", "SweepReport", "sweep"]
 
@@ -50,6 +49,36 @@ _IN_FLIGHT: Final = frozenset({"authorizing", "transmitting"})
 _RUNNABLE: Final = frozenset({"prepared", "waiting"})
 
 Outcome = Literal["untouched", "live", "raced", "closed", "waiting", "failed", "unreadable"]
+
+
+Result = TypeVar("Result")
+
+
+class WriteTxn(Protocol):
+    """The members of a store's write transaction the sweep uses (a subset of
+    ``storage.base.WriteTransaction``; the actors never name the LMDB classes)."""
+
+    def get_operation(self, operation_id: str) -> OperationRecord | None: ...
+
+    def get_lease(self, operation_id: str) -> LeaseRecord | None: ...
+
+    def lease_is_live(self, lease: LeaseRecord) -> bool: ...
+
+    def put_operation(
+        self, record: OperationRecord, *, expect_fence: int | None = None
+    ) -> None: ...
+
+    def delete_lease(self, operation_id: str) -> bool: ...
+
+
+class RecoveryStore(Protocol):
+    """The members of an opened store the sweep uses (a subset of ``storage.base.Store``)."""
+
+    async def write(self, fn: Callable[[WriteTxn], Result]) -> Result: ...
+
+    def inventory(self) -> tuple[list[OperationRecord], list[str]]: ...
+
+    def control_rows(self) -> tuple[dict[str, LeaseRecord], dict[str, CommandRecord]]: ...
 
 
 class SweepReport(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

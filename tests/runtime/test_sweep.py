@@ -24,7 +24,6 @@ from typing import Any
 import pytest
 import trio
 from recoverable.actors.sweep import MAX_REPORT_IDS, SweepReport, sweep
-from recoverable.storage.store import operation_key
 
 import recoverable
 from recoverable import errors
@@ -97,11 +96,11 @@ def _records(store: recoverable.RecoveryStore, ids: dict[str, str]) -> dict[str,
     return out
 
 
-def _raw(store: recoverable.RecoveryStore, ids: dict[str, str]) -> dict[str, bytes | None]:
+def _raw(store: recoverable.RecoveryStore, ids: dict[str, str]) -> dict[str, Any]:
+    """Every stored row the sweep could change (records compare field by field, fence
+    included)."""
     return {
-        op_id: store.get_raw("operations", operation_key(op_id)) for op_id in ids.values()
-    } | {
-        "lease:" + op_id: store.get_raw("leases", operation_key(op_id)) for op_id in ids.values()
+        op_id: (store.get_operation(op_id), store.get_lease(op_id)) for op_id in ids.values()
     }
 
 
@@ -237,7 +236,7 @@ async def test_a_live_owner_is_untouched_then_its_orphan_is_adopted(
                 backend = recoverable.ResponsesBackend(
                     provider.http_url,
                     credentials=recoverable.StaticCredentials("sk-adopt", account=ACCOUNT),
-                    mode=mode,  # type: ignore[arg-type]
+                    mode=mode,
                     endpoint_id="fixture",
                 )
                 asked: list[recoverable.Attempt] = []
@@ -271,7 +270,7 @@ async def test_bad_bounds_are_typed_errors(tmp_path: Path) -> None:
     try:
         for bad in (-1.0, float("nan"), float("inf"), True, "60"):
             with pytest.raises(errors.InvalidRequest):
-                await sweep(store, now=time.time(), unclaimed_after=bad)  # type: ignore[arg-type]
+                await sweep(store, now=time.time(), unclaimed_after=bad)
         with pytest.raises(errors.InvalidRequest):
             await sweep(store, now=float("nan"))
         assert await sweep(store, now=time.time()) == SweepReport()
