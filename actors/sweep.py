@@ -23,8 +23,12 @@ wait forever.
 
 Which operations are examined: every operation in ``authorizing`` or ``transmitting``,
 every operation holding a lease row and, with ``unclaimed_after``, every ``prepared`` or
-``waiting`` one. The store has no phase index, so the scan decodes every operation record
-once (one read snapshot); the writes touch only the operations that change.
+``waiting`` one. The store has no phase index, so this full scan decodes every operation
+record once (one read snapshot; ~0.2 s for 20,000 records here); the writes touch only the
+operations that change. ``leased_only=True`` (what a runtime runs when it opens) reads only
+the lease table and the records it names: every operation a dead owner was driving holds
+a lease row, except one whose owner's last write failed before it released the lease;
+that rare row reads as interrupted and is closed by a full sweep or when reopened.
 Unreadable records (``CorruptRecord`` / ``UnsupportedRecordVersion``) are left untouched
 and counted.
 """
@@ -75,6 +79,8 @@ class RecoveryStore(Protocol):
     """The members of an opened store the sweep uses (a subset of ``storage.base.Store``)."""
 
     async def write(self, fn: Callable[[WriteTxn], Result]) -> Result: ...
+
+    def get_operation(self, operation_id: str) -> OperationRecord | None: ...
 
     def inventory(self) -> tuple[list[OperationRecord], list[str]]: ...
 
@@ -213,23 +219,51 @@ def _sweep_one(
     return "closed"
 
 
+def _leased_records(
+    store: RecoveryStore, leased: Iterable[str]
+) -> tuple[list[OperationRecord], int]:
+    records: list[OperationRecord] = []
+    unreadable = 0
+    for operation_id in leased:
+        try:
+            record = store.get_operation(operation_id)
+        except (errors.CorruptRecord, errors.UnsupportedRecordVersion):
+            unreadable += 1
+            continue
+        if record is not None:
+            records.append(record)
+    return records, unreadable
+
+
 async def sweep(
-    store: RecoveryStore, *, now: float, unclaimed_after: float | None = None
+    store: RecoveryStore,
+    *,
+    now: float,
+    unclaimed_after: float | None = None,
+    leased_only: bool = False,
 ) -> SweepReport:
     """Close every operation whose owner is gone (see the module docstring).
 
     ``now`` is wall-clock seconds (the clock every process shares, ``Runtime.now()``).
     ``unclaimed_after`` (seconds, optional) also ends runnable operations nobody claimed
-    for that long (``no_worker``). ``InvalidRequest`` for a bad bound; storage failures
-    raise their typed errors (the operations already swept stay swept).
+    for that long (``no_worker``). ``leased_only`` examines only operations holding a
+    lease row (cheap; not with ``unclaimed_after``). ``InvalidRequest`` for a bad
+    argument; storage failures raise their typed errors (the operations already swept
+    stay swept).
     """
     _check_bound(unclaimed_after)
     if not math.isfinite(now):
         raise errors.InvalidRequest("now must be a finite wall-clock time")
-    records, unreadable = store.inventory()
+    if leased_only and unclaimed_after is not None:
+        raise errors.InvalidRequest("unclaimed_after needs a full sweep (leased_only=False)")
     leases, _ = store.control_rows()
+    if leased_only:
+        records, unreadable_count = _leased_records(store, sorted(leases))
+    else:
+        records, unreadable = store.inventory()
+        unreadable_count = len(unreadable)
     tally = _Tally()
-    for _ in unreadable:
+    for _ in range(unreadable_count):
         tally.add("unreadable")
     for seen in _candidates(records, frozenset(leases), unclaimed_after):
         tally.add("examined")

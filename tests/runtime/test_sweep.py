@@ -28,7 +28,7 @@ from recoverable.actors.sweep import MAX_REPORT_IDS, SweepReport, sweep
 import recoverable
 from recoverable import errors
 from recoverable.outcome import Interruption
-from recoverable.records import OperationRecord
+from recoverable.records import AttemptRecord, OperationRecord
 from recoverable.testing import FixtureProvider, Reply
 
 from .sweep_child import ACCOUNT, Answer
@@ -118,7 +118,10 @@ def _closed_honestly(before: OperationRecord, after: OperationRecord) -> None:
     assert after.fence == before.fence + 1  # the lost owner is fenced out
 
 
-async def test_sigkill_mid_stream_then_sweep_closes_every_row_honestly(tmp_path: Path) -> None:
+@pytest.mark.parametrize("leased_only", [False, True])
+async def test_sigkill_mid_stream_then_sweep_closes_every_row_honestly(
+    tmp_path: Path, leased_only: bool
+) -> None:
     store_path = str(tmp_path / "store")
     t0 = time.time()
     ops = [
@@ -147,7 +150,7 @@ async def test_sigkill_mid_stream_then_sweep_closes_every_row_honestly(tmp_path:
             lease = store.get_lease(op_id)
             assert lease is not None and not store.lease_is_live(lease), job
         now = t0 + 7200  # past the "expires" operation's expires_at
-        report = await sweep(store, now=now)
+        report = await sweep(store, now=now, leased_only=leased_only)
         after = _records(store, ids)
         by_id = {op_id: job for job, op_id in ids.items()}
 
@@ -424,3 +427,32 @@ async def test_unclaimed_after_ends_only_old_unowned_runnable_operations(
 
 async def _approve(attempt: recoverable.Attempt) -> bool:
     return True
+
+
+async def test_an_in_flight_row_without_a_lease_row_needs_the_full_sweep(
+    tmp_path: Path,
+) -> None:
+    """An owner whose last write failed released its lease with the record still in
+    flight: the cheap sweep (lease rows only) leaves it, the full sweep closes it."""
+    store = recoverable.RecoveryStore.open(str(tmp_path / "store"))
+    try:
+        attempt = AttemptRecord(attempt_id="op-x.1", number=1, reason="initial",
+                                consumed_at=10.0)
+        rec = OperationRecord(
+            operation_id="op-x", account=ACCOUNT, endpoint_id="fixture", created_at=1.0,
+            phase="transmitting", maximum_attempts=2, attempts_used=1, attempts=(attempt,),
+            model="gpt-test", format_name="Answer", format_hash="fh", body_hash="bh",
+            root_operation_id="op-x",
+        )
+        await store.write(lambda txn: txn.put_operation(rec))
+        assert await sweep(store, now=20.0, leased_only=True) == SweepReport()
+        report = await sweep(store, now=20.0)
+        assert report.waiting_ids == ("op-x",)
+        after = store.get_operation("op-x")
+        assert after is not None and after.phase == "waiting"
+        assert after.attempts[-1].failure == OWNER_LOST and after.fence == rec.fence + 1
+        assert await sweep(store, now=20.0) == SweepReport()
+        with pytest.raises(errors.InvalidRequest):
+            await sweep(store, now=20.0, leased_only=True, unclaimed_after=5.0)
+    finally:
+        store.close()
