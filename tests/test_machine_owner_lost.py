@@ -345,3 +345,20 @@ def test_a_waiting_operation_counts_from_its_saved_cooldown() -> None:
 def test_unclaimed_leaves_other_phases_alone(phase: Phase) -> None:
     rec = record(phase=phase, **spent(1))
     assert not m.unclaimed(rec, now=T0 + 10**6, unclaimed_after=0).changed
+
+
+@pytest.mark.parametrize("value", ["replace", "fail"])
+def test_preparation_accepts_the_two_policies(value: str) -> None:
+    m.validate_preparation(
+        maximum_attempts=3, retry_policy=RetryPolicy(), scope=None, job_id=None,
+        input_revision=None, contract_version=None, on_interruption=value,
+    )
+
+
+@pytest.mark.parametrize("value", ["Fail", "retry", "", None, 1, ["fail"], b"fail"])
+def test_preparation_refuses_any_other_policy(value: object) -> None:
+    with pytest.raises(errors.InvalidRequest, match="on_interruption"):
+        m.validate_preparation(
+            maximum_attempts=3, retry_policy=RetryPolicy(), scope=None, job_id=None,
+            input_revision=None, contract_version=None, on_interruption=value,
+        )
