@@ -21,7 +21,7 @@ import weakref
 from typing import Literal
 
 import trio
-from recoverable.storage.store import RecoveryStore
+from recoverable.storage.base import Store as RecoveryStore
 
 from recoverable.errors import StorageUnavailable
 from recoverable.records import CommandKind, CommandRecord

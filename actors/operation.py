@@ -38,7 +38,7 @@ from recoverable.types import Attempt
 if TYPE_CHECKING:
     from recoverable.actors.monitor import Watch
     from recoverable.actors.runtime import Runtime
-    from recoverable.storage.store import WriteTxn
+    from recoverable.storage.base import WriteTransaction as WriteTxn
 
 Authorize = Callable[[Attempt], Awaitable[bool] | bool]
 

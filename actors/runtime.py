@@ -21,10 +21,11 @@ from recoverable.actors.governor import RateGovernor
 from recoverable.actors.monitor import LifecycleMonitor
 from recoverable.actors.operation import Authorize, OperationActor, check_disposition
 from recoverable.actors.scheduler import Scheduler
+from recoverable.storage.base import Store as RecoveryStore
+from recoverable.storage.base import WriteTransaction as WriteTxn
 from recoverable.storage.integrity import verify_body
 from recoverable.storage.migration import saved_completion, upgrade_operation
 from recoverable.storage.retention import remove_content
-from recoverable.storage.store import RecoveryStore, WriteTxn
 from recoverable.transport.base import Credentials
 from recoverable.transport.connect import ConnectBackoff, EndpointGate
 
