@@ -320,7 +320,7 @@ class BlockingRuntime(_RuntimeMethods):
 
     def _running_calls(self) -> list[_Call]:
         with self._lock:
-            return [c for c in self._calls if c.suspends]
+            return [call for call in self._calls if call.suspends]
 
     # --- calls (host side) --------------------------------------------------------------
 
