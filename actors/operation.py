@@ -73,7 +73,7 @@ class OperationActor:
         contract: ResponseContract,
         authorize: Authorize,
     ) -> None:
-        self.rt = host
+        self.host = host
         self.operation_id = operation_id
         self.contract = contract
         self.authorize = authorize
@@ -91,17 +91,17 @@ class OperationActor:
         """Take the lease and persist the opening transition (``fenced.acquire``)."""
         op_id = self.operation_id
         try:
-            opened = await self.rt.store.write(
-                functools.partial(fenced.acquire, op_id, self.rt.now(), open_step, False)
+            opened = await self.host.store.write(
+                functools.partial(fenced.acquire, op_id, self.host.now(), open_step, False)
             )
         except fenced.NeedsUpgrade:
             # A version-1 record: rewrite it as current (lazily, once), then take the lease.
-            backend = self.rt.backend
+            backend = self.host.backend
             if backend is not None:
-                await upgrade_operation(self.rt.store, op_id, endpoint_id=backend.endpoint_id)
+                await upgrade_operation(self.host.store, op_id, endpoint_id=backend.endpoint_id)
             # If it could not be upgraded: still readable, never sent.
-            opened = await self.rt.store.write(
-                functools.partial(fenced.acquire, op_id, self.rt.now(), open_step, True)
+            opened = await self.host.store.write(
+                functools.partial(fenced.acquire, op_id, self.host.now(), open_step, True)
             )
         opening = opened.transition
         self._body = opened.body
@@ -109,8 +109,8 @@ class OperationActor:
         self.lease = None if opened.final else opened.lease
         self.record = opening.record
         self.known_serial = opened.serial
-        self.watch = self.rt.monitor.watch(op_id, opened.serial, opening.record.account)
-        current_account = self.rt.account
+        self.watch = self.host.monitor.watch(op_id, opened.serial, opening.record.account)
+        current_account = self.host.account
         if current_account != opening.record.account:
             # Signed out (or switched) after the acquisition checked the account and
             # before this watch existed: stop as if the change came a moment later.
@@ -121,14 +121,14 @@ class OperationActor:
 
     async def _release(self) -> None:
         if self.watch is not None:
-            self.rt.monitor.unwatch(self.watch)
+            self.host.monitor.unwatch(self.watch)
         lease = self.lease
         if lease is None:
             return
         self.lease = None
         with trio.CancelScope(shield=True):
             try:
-                await self.rt.store.write(
+                await self.host.store.write(
                     functools.partial(fenced.release, self.operation_id, lease.token)
                 )
             except errors.RecoveryError:
@@ -138,12 +138,12 @@ class OperationActor:
     # --- persistence ----------------------------------------------------------------
 
     def _ctx(self, command: CommandKind | None = None) -> machine.Context:
-        credentials = self.rt.backend.credentials if self.rt.backend is not None else None
+        credentials = self.host.backend.credentials if self.host.backend is not None else None
         return machine.Context(
-            now=self.rt.now(),
-            account=self.rt.account,
+            now=self.host.now(),
+            account=self.host.account,
             credentials_account=credentials.account if credentials is not None else None,
-            endpoint_id=self.rt.backend.endpoint_id if self.rt.backend is not None else None,
+            endpoint_id=self.host.backend.endpoint_id if self.host.backend is not None else None,
             command=command,
         )
 
@@ -172,7 +172,7 @@ class OperationActor:
             release_token=lease.token if lease is not None else None,
         )
         try:
-            await self.rt.store.write(functools.partial(fenced.persist, write))
+            await self.host.store.write(functools.partial(fenced.persist, write))
         except errors.FenceMismatch as exc:
             raise errors.OperationBusy(
                 "the operation's lease was taken over", operation_id=self.operation_id
@@ -247,13 +247,13 @@ class OperationActor:
                 seen = self.watch.command if self.watch is not None else None
                 stop = machine.command_observed(record, machine.merge_command(seen, "suspend"))
                 await self._persist(stop, check_commands=False, release=True)
-                self.rt.telemetry.emit("operation.suspended", self.operation_id)
+                self.host.telemetry.emit("operation.suspended", self.operation_id)
             except errors.RecoveryError:
                 pass  # the lease dies with us; a stale in-flight attempt reads as interrupted
 
     async def _drive(self, transition: machine.Transition) -> Any:
         op_id = self.operation_id
-        telemetry = self.rt.telemetry
+        telemetry = self.host.telemetry
         while True:
             current = transition.record
             match transition.action:
@@ -267,7 +267,7 @@ class OperationActor:
                     transition = await self._on_stop(current)
                 case machine.WaitUntil(at=at):
                     telemetry.emit("operation.waiting", op_id, until=at)
-                    waited = await self._interruptible(self.rt.scheduler.wait_until(at))
+                    waited = await self._interruptible(self.host.scheduler.wait_until(at))
                     if isinstance(waited, Cut):
                         transition = await self._on_stop(current)
                     else:
@@ -306,15 +306,15 @@ class OperationActor:
             return await self._advance(lambda _: machine.command_observed(current, kind))
         code = watch.account_stop
         assert code is not None
-        self.rt.telemetry.emit("operation.account_stopped", self.operation_id, reason=code)
+        self.host.telemetry.emit("operation.account_stopped", self.operation_id, reason=code)
         return await self._advance(
             lambda command: machine.account_stopped(current, code, self._ctx(command))
         )
 
     async def _ask_host(self, current: OperationRecord, attempt: Attempt) -> machine.Transition:
-        rt = self.rt
+        host = self.host
         _killpoints.hit("attempt.pending_saved")
-        rt.telemetry.emit("attempt.reserved", self.operation_id, attempt=attempt.number,
+        host.telemetry.emit("attempt.reserved", self.operation_id, attempt=attempt.number,
                           reason=attempt.reason, model=current.model)
 
         async def ask() -> bool:
@@ -329,7 +329,7 @@ class OperationActor:
             return await self._on_stop(current)
         token: str | None = None
         if approved:
-            backend = rt.backend
+            backend = host.backend
             if backend is None:
                 raise errors.ConfigurationUnavailable(
                     "no backend: this runtime can only read receipts",
@@ -346,7 +346,7 @@ class OperationActor:
                 blocked = await self._advance(
                     lambda _: machine.credentials_unavailable(current, attempt.attempt_id)
                 )
-                rt.telemetry.emit("operation.authentication_required", self.operation_id)
+                host.telemetry.emit("operation.authentication_required", self.operation_id)
                 assert isinstance(blocked.action, machine.Stop)
                 raise blocked.action.error from exc
         if self._watch().account_stop is not None:
@@ -379,13 +379,13 @@ class OperationActor:
         lifecycle command or the caller's cancellation cuts it), and connecting is tried
         again.
         """
-        rt = self.rt
-        backend = rt.backend
+        host = self.host
+        backend = host.backend
         assert backend is not None
         body = self._body
         if body is None:
             raise errors.CorruptRecord("the frozen body is missing", operation_id=self.operation_id)
-        gate = rt.endpoint_gate(backend.endpoint_id)
+        gate = host.endpoint_gate(backend.endpoint_id)
         authorized = current
         while True:
             known = gate.failure
@@ -404,7 +404,7 @@ class OperationActor:
                     _unreachable, authorized, attempt_id, kind
                 ))
                 authorized = noted.record
-            rt.telemetry.emit("endpoint.unavailable", self.operation_id, kind=kind,
+            host.telemetry.emit("endpoint.unavailable", self.operation_id, kind=kind,
                               failures=gate.failures)
             # Before the next try: still allowed (account, expiry, budget, commands)?
             recheck = self._approved(authorized, attempt_id, self._watch().command)
@@ -422,8 +422,8 @@ class OperationActor:
         gate: EndpointGate,
     ) -> machine.Transition | tuple[ConnectKind, OperationRecord]:
         """One try: the transition after the attempt, or the connect failure (nothing spent)."""
-        rt = self.rt
-        backend = rt.backend
+        host = self.host
+        backend = host.backend
         assert backend is not None
         ticket = await self._interruptible(gate.admit())
         if isinstance(ticket, Cut):
@@ -450,17 +450,17 @@ class OperationActor:
             sending.consumed = consumed
             if not isinstance(consumed.action, machine.Transmit):
                 raise _NotTransmitted
-            rt.attempts_consumed += 1
+            host.attempts_consumed += 1
             _killpoints.hit("attempt.consumed_saved")
-            rt.telemetry.emit("attempt.transmission_authorized", self.operation_id,
+            host.telemetry.emit("attempt.transmission_authorized", self.operation_id,
                               attempt=consumed.record.attempts_used)
 
         estimate = estimate_tokens(body)
 
         async def stream() -> None:
-            async with rt.scheduler.transmission_slot():
+            async with host.scheduler.transmission_slot():
                 # The rate governor, before connecting: waiting for budget spends nothing.
-                await rt.governor.admit(self.operation_id, backend.endpoint_id,
+                await host.governor.admit(self.operation_id, backend.endpoint_id,
                                         authorized.account, estimate, self._sleep_until)
                 sending.result = await backend.stream(
                     body, attempt_id=attempt_id, token=token,
@@ -511,7 +511,7 @@ class OperationActor:
             # After the attempt's own record is saved: the shared pause (429), the
             # x-ratelimit-* headers and the usage correction, for every operation.
             with trio.CancelScope(shield=True):
-                await rt.governor.settle(
+                await host.governor.settle(
                     self.operation_id, backend.endpoint_id, authorized.account,
                     estimate=estimate, outcome=result,
                     maximum_pause=current.retry_policy.maximum_retry_after,
@@ -521,7 +521,7 @@ class OperationActor:
         self, current: OperationRecord, attempt_id: str, result: Completed | Interruption
     ) -> machine.Transition:
         """Validate and save a completion, or record the failure (the attempt is spent)."""
-        rt = self.rt
+        host = self.host
         if isinstance(result, Completed):
             try:
                 payload = self.contract.validate(result.text)
@@ -564,11 +564,11 @@ class OperationActor:
                 if saved.record.has_completion:
                     self._payload = payload
                     _killpoints.hit("receipt.saved")
-                    rt.telemetry.emit("receipt.saved", self.operation_id, bytes=len(payload))
+                    host.telemetry.emit("receipt.saved", self.operation_id, bytes=len(payload))
                 return saved
         failure = result
         self._count_usage(failure.usage, failure.usage_malformed)
-        rt.telemetry.emit("attempt.failed", self.operation_id, kind=failure.kind,
+        host.telemetry.emit("attempt.failed", self.operation_id, kind=failure.kind,
                           http_status=failure.http_status, code=failure.provider_code)
         failed_from = current
         return await self._advance(
@@ -581,16 +581,16 @@ class OperationActor:
         """The governor's waits (rare, shared): a plain sleep to a wall-clock time. The
         scheduler's heap stays for the saved cooldowns of the operations themselves. The
         governor checks again after it (an early wake only waits once more)."""
-        await trio.sleep(max(0.0, at - self.rt.now()))
+        await trio.sleep(max(0.0, at - self.host.now()))
 
     def _count_usage(self, usage: Usage | None, malformed: bool) -> None:
         """Telemetry for an attempt's reported usage: token counts only (never text)."""
-        rt = self.rt
+        host = self.host
         if malformed:
-            rt.usage_malformed += 1
-            rt.telemetry.emit("attempt.usage_malformed", self.operation_id)
+            host.usage_malformed += 1
+            host.telemetry.emit("attempt.usage_malformed", self.operation_id)
         if usage is not None:
-            rt.telemetry.emit(
+            host.telemetry.emit(
                 "attempt.usage", self.operation_id,
                 input_tokens=usage.input_tokens,
                 cached_input_tokens=usage.cached_input_tokens,
@@ -603,26 +603,26 @@ class OperationActor:
         if watch.command == "cancel":
             await self._advance(lambda _: machine.command_observed(current, "cancel"))
             raise errors.OperationCancelled(operation_id=self.operation_id)
-        if watch.account_stop is not None or self.rt.account != current.account:
+        if watch.account_stop is not None or self.host.account != current.account:
             # Signed out (or switched) while the receipt was being saved: it stays saved
             # for its own account and is delivered to nobody now.
             error = errors.AccountChanged(
-                "signed out" if self.rt.account is None else "account changed",
+                "signed out" if self.host.account is None else "account changed",
                 operation_id=self.operation_id,
             )
-            self.rt.telemetry.emit_stop(self.operation_id, error)
+            self.host.telemetry.emit_stop(self.operation_id, error)
             raise error
         payload = self._payload
         if payload is None:
             # A version-1 record delivered by a runtime that did not upgrade it (no
             # backend) keeps its completion inline: read it from there.
-            payload = saved_completion(self.rt.store, current)
+            payload = saved_completion(self.host.store, current)
             if payload is None:
                 # Fail closed: a missing receipt is never permission to regenerate.
                 raise errors.CompletionUnavailable(
                     "the saved completion is missing", operation_id=self.operation_id
                 )
-            self.rt.telemetry.emit("receipt.retrieved", self.operation_id)
+            self.host.telemetry.emit("receipt.retrieved", self.operation_id)
         try:
             return self.contract.decode(payload)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:

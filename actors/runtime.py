@@ -452,7 +452,7 @@ class Runtime:
         account = require_signed_in(self.account, "no inventory")
         records, unreadable = self.store.inventory(account=account, scope=scope)
         leases, commands = self.store.control_rows()
-        present = self.store.payload_kinds(r.operation_id for r in records)
+        present = self.store.payload_kinds(record.operation_id for record in records)
         live: dict[str, bool] = {}
         now = self.now()
         endpoint_id = self.backend.endpoint_id if self.backend is not None else None
