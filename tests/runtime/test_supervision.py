@@ -149,3 +149,41 @@ async def test_a_second_start_of_a_running_operation_is_busy_without_a_store_wri
         with pytest.raises(recoverable.OperationCancelled):
             await execution.outcome()
     assert len(generation_requests(provider, handle.operation_id)) == 1
+
+
+async def test_only_the_last_caller_going_away_suspends_an_attached_execution(
+    provider: FixtureProvider, store: recoverable.RecoveryStore
+) -> None:
+    provider.script([Reply.stall(after_events=2)])
+    async with recoverable.open_runtime(store, make_backend(provider), account=ACCOUNT) as rt:
+        handle = await rt.prepare(REQUEST, response=Answer, maximum_attempts=3)
+        op_id = handle.operation_id
+        execution = rt.start_operation(
+            handle, response=Answer, authorize=Authorizer(), attached=True
+        )
+        joined: list[Answer] = []
+
+        async def join() -> None:
+            joined.append(await execution.outcome())
+
+        async with trio.open_nursery() as nursery:
+            with trio.CancelScope() as first:
+
+                async def cancel_when_streaming() -> None:
+                    await provider.wait_for_requests(1)
+                    first.cancel()
+
+                nursery.start_soon(cancel_when_streaming)
+                nursery.start_soon(join)
+                await execution.outcome()
+            assert first.cancelled_caught
+            # Another caller still waits: the execution goes on (it is not suspended).
+            assert rt.supervisor.running[op_id] is execution
+            assert (await rt.status(handle)).state == "running"
+            # The last caller going away suspends it, as the seed says of the caller.
+            nursery.cancel_scope.cancel()
+        assert joined == []
+        assert execution.finished.is_set()
+        assert (await rt.status(handle)).state == "suspended"
+        assert store.get_lease(op_id) is None
+    assert len(generation_requests(provider, op_id)) == 1
