@@ -34,14 +34,20 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Final, Literal
 
 import msgspec
-from recoverable.storage.store import governor_key
+from recoverable.storage.governor import GOVERNOR_VERSION as GOVERNOR_VERSION
+from recoverable.storage.governor import GovernorRecord as GovernorRecord
+from recoverable.storage.governor import check_governor_entry as check_governor_entry
+from recoverable.storage.governor import encode_governor as _encode
+from recoverable.storage.governor import governor_key
+from recoverable.storage.governor import load_governor as _load
 
 from recoverable import errors
 from recoverable.outcome import Interruption, Outcome
 from recoverable.types import AccountBinding
 
 if TYPE_CHECKING:
-    from recoverable.storage.store import RecoveryStore, WriteTxn
+    from recoverable.storage.base import Store as RecoveryStore
+    from recoverable.storage.base import WriteTransaction as WriteTxn
 
     from recoverable.telemetry import Telemetry
 
@@ -53,7 +59,6 @@ __all__ = [
     "validate_limits",
 ]
 
-GOVERNOR_VERSION: Final = 1
 # The governor aims this fraction below the configured limits (bucket size and refill):
 # a request is counted when it is admitted and by the provider when it arrives, a
 # varying moment later, so an exact aim would sometimes arrive a little early.
@@ -62,47 +67,6 @@ WaitReason = Literal["paused", "requests", "tokens"]
 # An upper bound on any one pause (also when a policy allows a longer Retry-After).
 MAXIMUM_PAUSE: Final = 24 * 3600.0
 _MAX_LIMIT: Final = 1e12
-
-
-class GovernorRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """The shared state of one endpoint+account (wall-clock seconds; levels in requests
-    or tokens, ``None``: never claimed, i.e. full)."""
-
-    version: int = GOVERNOR_VERSION
-    paused_until: float = 0.0
-    requests_level: float | None = None
-    requests_at: float = 0.0
-    tokens_level: float | None = None
-    tokens_at: float = 0.0
-
-
-_encode: Final = msgspec.msgpack.Encoder(order="deterministic").encode
-_decode: Final = msgspec.msgpack.Decoder(GovernorRecord).decode
-
-
-def _load(raw: bytes | None) -> GovernorRecord:
-    if raw is None:
-        return GovernorRecord()
-    try:
-        record = _decode(raw)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return GovernorRecord()  # advisory state: a damaged row starts afresh
-    if record.version != GOVERNOR_VERSION:
-        return GovernorRecord()
-    return record
-
-
-def check_governor_entry(key: bytes, raw: bytes) -> str | None:
-    """For ``RecoveryStore.check_integrity``: a description of a bad row, or None."""
-    if len(key) != 16:
-        return "malformed governor key"
-    try:
-        record = _decode(raw)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        return f"corrupt_record: {exc}"
-    if record.version != GOVERNOR_VERSION:
-        return f"unsupported_record_version: governor version {record.version}"
-    return None
 
 
 def validate_limits(

@@ -7,7 +7,7 @@ The store is filled quickly (batched ``store.write_sync``, 2,000 records per
 commit) with records shaped like real ones: each has its own frozen body (about
 1 KiB: a ~900-character input through ``freeze_body``), its stored request, and
 an ``OperationRecord`` written through ``WriteTxn.put_operation`` (so the
-schedule and hosts indexes are maintained). Mix: 70% prepared, 20% waiting (one
+hosts index is maintained). Mix: 70% prepared, 20% waiting (one
 failed attempt, a cooldown an hour away), 10% completed (a receipt payload).
 Each record has a unique job id and one of ``--scopes`` scopes (100 scopes: 1%
 of the records each).
@@ -17,7 +17,8 @@ Measured (page cache warm; this is the steady state of a running host):
 - ``runtime.status(handle)`` p50/p99 over ``--samples`` random handles;
 - ``runtime.inventory()`` for the whole store and for one scope (1%);
 - ``store.ids_by_job(account, scope, job)`` p50/p99 over ``--samples`` jobs;
-- ``store.waiting()`` (the scheduler's restart scan) and ``check_integrity()``.
+- ``check_integrity()`` (the ``store.waiting()`` scan left with the retired schedule
+  index, issue 13.4).
 
 ``--quick``: 2,000 records, 50 samples, 10 scopes (a few seconds); it writes no
 results file unless ``--out`` is given.
@@ -210,14 +211,6 @@ async def measure(path: str, ids: list[str], samples: int, scopes: int,
             assert got == [ids[i]], got
         row("store.ids_by_job(account, scope, job)", by_job, "1 id each")
 
-        waiting_n = 0
-
-        def scan_waiting() -> None:
-            nonlocal waiting_n
-            waiting_n = len(store.waiting())
-
-        row("store.waiting() (scheduler restart scan)", timed(scan_waiting, 5),
-            f"{waiting_n} waiting")
         problems: list[str] = []
 
         def integrity() -> None:

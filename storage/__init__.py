@@ -2,9 +2,12 @@
 
 ``RecoveryStore`` is the entry point; mutations receive a ``WriteTxn``; leases are
 taken and released inside mutations with ``acquire_lease`` / ``release_lease``.
+The contract a store implements (what the actors use) is ``storage.base``:
+``Store``, ``WriteTransaction`` and ``RecordReader``.
 """
 
 from recoverable.storage import migration as _migration  # registers the version-1 reader
+from recoverable.storage.base import RecordReader, Store, WriteTransaction
 from recoverable.storage.codec import (
     register_operation_upgrader,
     unregister_operation_upgrader,
@@ -17,8 +20,11 @@ del _migration
 __all__ = [
     "FORMAT_VERSION",
     "TABLES",
+    "RecordReader",
     "RecoveryStore",
+    "Store",
     "Table",
+    "WriteTransaction",
     "WriteTxn",
     "acquire_lease",
     "register_operation_upgrader",

@@ -48,7 +48,7 @@ __all__ = [
 AnyRecord = OperationRecord | CommandRecord | LeaseRecord | DispositionRecord
 OperationUpgrader = Callable[[bytes], OperationRecord]
 
-_R = TypeVar("_R", OperationRecord, CommandRecord, LeaseRecord, DispositionRecord)
+_Row = TypeVar("_Row", OperationRecord, CommandRecord, LeaseRecord, DispositionRecord)
 
 
 class _Versioned(msgspec.Struct):
@@ -114,9 +114,9 @@ def unregister_operation_upgrader(version: int) -> None:
         _operation_upgraders.pop(version, None)
 
 
-def _decode_current(data: bytes, type_: type[_R], op_hint: str | None) -> _R:
+def _decode_current(data: bytes, type_: type[_Row], op_hint: str | None) -> _Row:
     try:
-        record: _R = _decoders[type_].decode(data)
+        record: _Row = _decoders[type_].decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
         raise CorruptRecord(
             f"{type_.__name__} failed strict decoding: {exc}", operation_id=op_hint
@@ -124,7 +124,7 @@ def _decode_current(data: bytes, type_: type[_R], op_hint: str | None) -> _R:
     return _check_key(record, op_hint)
 
 
-def _check_key(record: _R, op_hint: str | None) -> _R:
+def _check_key(record: _Row, op_hint: str | None) -> _Row:
     """A record stored under another operation's key is corrupt, however well it decodes."""
     if op_hint is not None and record.operation_id != op_hint:
         raise CorruptRecord(
@@ -180,7 +180,7 @@ def _version_of(data: bytes, operation_id: str | None) -> int:
         raise
 
 
-def _decode_simple(data: bytes, type_: type[_R], operation_id: str | None) -> _R:
+def _decode_simple(data: bytes, type_: type[_Row], operation_id: str | None) -> _Row:
     version = _version_of(data, operation_id)
     if version != _current_versions[type_]:
         raise UnsupportedRecordVersion(

@@ -18,6 +18,10 @@
   the body, as ``recoverable.body.body_hash`` computes it): checked before every
   transmission and by ``check_integrity``; a mismatch is a corrupt record, never
   sent and never rewritten.
+- **The records against their keys and indexes** (``check_records``, behind
+  ``RecoveryStore.check_integrity``): every row strictly decoded, every record under its
+  own key, the ``hosts`` index against the operations, each body against its record's
+  digest, the ``bytes_used`` counter against the stored sizes.
 - **Every LMDB error** becomes a typed ``StorageUnavailable``; those that mean
   damaged pages (``MDB_CORRUPTED``, ``MDB_PAGE_NOTFOUND``, ...) a ``StoreDamaged``.
 """
@@ -28,16 +32,29 @@ import contextlib
 import hashlib
 import os
 import struct
-from typing import Final
+from typing import Any, Final
 
 import lmdb
+from recoverable.storage.base import TABLES, Table
+from recoverable.storage.governor import check_governor_entry
+from recoverable.storage.keys import (
+    HASH_BYTES,
+    META_BYTES,
+    PAYLOAD_KINDS,
+    hosts_key,
+    key_str,
+    u64,
+)
+from recoverable.storage.rows import decode_row
 
 from recoverable.errors import (
     CorruptRecord,
     StorageUnavailable,
     StoreDamaged,
     StoreLockReplaced,
+    UnsupportedRecordVersion,
 )
+from recoverable.records import OperationRecord
 
 __all__ = [
     "LockIdentity",
@@ -45,6 +62,7 @@ __all__ = [
     "check_data_file",
     "check_lock_before_open",
     "check_owner_locks",
+    "check_records",
     "lock_identity",
     "owner_note",
     "storage_error",
@@ -147,12 +165,12 @@ def check_data_file(path: str) -> None:
                 "it aside"
             )
         return  # created by an open that died before writing anything
-    metas = [m for m in (first, second) if m is not None]
+    metas = [meta for meta in (first, second) if meta is not None]
     if not metas:
         raise StoreDamaged(
             f"the store at {path} is damaged: {DATA_FILE} has no valid LMDB meta page"
         )
-    page_size, last_pgno, _txnid = max(metas, key=lambda m: m[2])
+    page_size, last_pgno, _txnid = max(metas, key=lambda meta: meta[2])
     needed = max(2, last_pgno + 1) * page_size
     if size < needed:
         raise StoreDamaged(
@@ -232,8 +250,12 @@ def _walk(fd: int) -> None:
     if first is None:
         raise _Damage("no valid meta page")
     psize = first[0]
-    metas = [(m, off) for m, off in ((first, 0), (_read_meta(fd, psize), psize)) if m]
-    (_psize, last_pgno, _txnid), offset = max(metas, key=lambda mo: mo[0][2])
+    metas = [
+        (meta, offset)
+        for meta, offset in ((first, 0), (_read_meta(fd, psize), psize))
+        if meta
+    ]
+    (_psize, last_pgno, _txnid), offset = max(metas, key=lambda found: found[0][2])
     end = last_pgno + 1
     raw = os.pread(fd, _PAGE_HEADER + 24 + 96, offset)
     free_root = _DB_ROOT.unpack_from(raw, _PAGE_HEADER + 24)[0]
@@ -287,8 +309,8 @@ def _walk(fd: int) -> None:
             count = (lower - _PAGE_HEADER) // 2
             if flags == _P_BRANCH and count < 1:
                 raise _Damage(f"branch page {pgno} is empty")
-            for i in range(count):
-                ptr = struct.unpack_from("=H", buf, _PAGE_HEADER + 2 * i)[0]
+            for index in range(count):
+                ptr = struct.unpack_from("=H", buf, _PAGE_HEADER + 2 * index)[0]
                 if ptr < upper or ptr + _NODE.size > psize:
                     raise _Damage(f"page {pgno} has a node outside the page")
                 lo, hi, nflags, ksize = _NODE.unpack_from(buf, ptr)
@@ -435,3 +457,83 @@ def verify_body(operation_id: str, expected_hash: str, body: bytes) -> None:
             "record is corrupt and is never sent",
             operation_id=operation_id,
         )
+
+
+# -- the records ----------------------------------------------------------------------
+
+
+def check_records(txn: lmdb.Transaction[bytes], dbs: dict[Table, Any]) -> list[str]:
+    """Strictly decode every row of every table (one snapshot); describe each problem.
+
+    Also checks keys against records, the ``hosts`` index against the operations, each
+    frozen body against its record's digest and ``bytes_used`` against the stored sizes.
+    Rows of the retired ``schedule`` table are counted, never interpreted.
+    """
+    problems: list[str] = []
+    total = 0
+    operations: dict[str, OperationRecord | None] = {}
+    for table in TABLES:
+        if table == "meta":
+            continue
+        for key, raw in txn.cursor(db=dbs[table]).iternext():
+            total += len(key) + len(raw)
+            problem = _check_entry(table, key, raw, operations)
+            if problem is not None:
+                problems.append(f"{table}:{key!r}: {problem}")
+    for key in txn.cursor(db=dbs["hosts"]).iternext(values=False):
+        operation_id = key_str(key[3 * HASH_BYTES :])
+        record = operations.get(operation_id)
+        if operation_id not in operations:
+            problems.append(f"hosts:{key!r}: no such operation")
+        elif record is not None and hosts_key(record) != key:
+            problems.append(f"hosts:{key!r}: does not match its operation")
+    for operation_id, record in operations.items():
+        if record is None:
+            continue
+        if txn.get(hosts_key(record), db=dbs["hosts"]) is None:
+            problems.append(f"operations:{operation_id!r}: missing from the hosts index")
+    for operation_id, record in operations.items():
+        if record is None:
+            continue
+        key = operation_id.encode("utf-8", "surrogateescape") + b"\0body"
+        body = txn.get(key, db=dbs["payloads"])
+        if body is not None and not body_matches(record.body_hash, body):
+            problems.append(
+                f"payloads:{key!r}: corrupt_record: the body digest does not match "
+                "its operation's body_hash"
+            )
+    counted = u64(txn.get(META_BYTES, db=dbs["meta"]))
+    if counted != total:
+        problems.append(f"meta:bytes_used: counter {counted} != stored {total}")
+    return problems
+
+
+def _check_entry(
+    table: Table, key: bytes, raw: bytes, operations: dict[str, OperationRecord | None]
+) -> str | None:
+    match table:
+        case "schedule" | "hosts":
+            return None  # hosts: checked against the operations afterwards
+        case "governor":
+            return check_governor_entry(key, raw)
+        case "payloads":
+            operation_raw, separator, kind = key.rpartition(b"\0")
+            if (
+                not separator
+                or not operation_raw
+                or kind.decode(errors="replace") not in PAYLOAD_KINDS
+            ):
+                return "malformed payload key"
+            return None
+    operation_id = key_str(key)
+    try:
+        record = decode_row(table, raw, operation_id)
+    except (CorruptRecord, UnsupportedRecordVersion) as exc:
+        if table == "operations":
+            operations[operation_id] = None
+        return f"{exc.code}: {exc}"
+    if table == "operations":
+        operations[operation_id] = record
+    if record.operation_id != operation_id:
+        return f"record names operation {record.operation_id!r}"
+    return None

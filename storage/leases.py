@@ -24,17 +24,16 @@ import fcntl
 import os
 import re
 import secrets
-from typing import TYPE_CHECKING, Final
+import threading
+from typing import Final
 
 import msgspec
+from recoverable.storage.base import WriteTransaction
 
 from recoverable.errors import OperationBusy, StateUnavailable
 from recoverable.records import LeaseRecord
 
-if TYPE_CHECKING:
-    from recoverable.storage.store import WriteTxn
-
-__all__ = ["OwnerLock", "acquire_lease", "release_lease"]
+__all__ = ["LeaseTokens", "OwnerLock", "acquire_lease", "release_lease"]
 
 _OWNER_ID: Final = re.compile(r"[0-9a-f]{32}")
 _TMP_PREFIX: Final = ".tmp-"
@@ -115,6 +114,39 @@ class OwnerLock:
             os.close(fd)
 
 
+class LeaseTokens:
+    """The lease acquisitions of one owner that are active now (their tokens), and so the
+    liveness of any lease: ours while its token is held here, another owner's while that
+    owner's lock file is locked by a living process.
+
+    Shared by the owner's tasks and its writer thread (a lock guards the set).
+    """
+
+    def __init__(self, owner: OwnerLock) -> None:
+        self._owner = owner
+        self._active: set[str] = set()
+        self._lock = threading.Lock()
+
+    def add(self, token: str) -> None:
+        with self._lock:
+            self._active.add(token)
+
+    def discard(self, token: str) -> None:
+        with self._lock:
+            self._active.discard(token)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._active.clear()
+
+    def is_live(self, lease: LeaseRecord) -> bool:
+        """Held by one of this owner's active acquisitions, or by a living other owner."""
+        if lease.owner_id == self._owner.owner_id:
+            with self._lock:
+                return lease.token in self._active
+        return OwnerLock.is_held(self._owner.owners_dir, lease.owner_id)
+
+
 def clean_dead_owners(owners_dir: str, *, keep: str) -> list[str]:
     """Delete lock files (and abandoned temporary files) nobody holds. Returns their names."""
     removed: list[str] = []
@@ -147,7 +179,7 @@ def clean_dead_owners(owners_dir: str, *, keep: str) -> list[str]:
     return removed
 
 
-def acquire_lease(txn: WriteTxn, operation_id: str, now: float) -> LeaseRecord:
+def acquire_lease(txn: WriteTransaction, operation_id: str, now: float) -> LeaseRecord:
     """Take the operation's lease for this store's owner, incrementing its fence.
 
     ``StateUnavailable`` if the operation record is missing, ``OperationBusy`` if
@@ -174,7 +206,7 @@ def acquire_lease(txn: WriteTxn, operation_id: str, now: float) -> LeaseRecord:
     return lease
 
 
-def release_lease(txn: WriteTxn, operation_id: str, token: str) -> bool:
+def release_lease(txn: WriteTransaction, operation_id: str, token: str) -> bool:
     """Delete the lease if it is still this acquisition's; forget the token either way."""
     txn.unregister_token(token)
     current = txn.get_lease(operation_id)

@@ -24,12 +24,15 @@ from typing import Any, Literal
 
 import msgspec
 from recoverable.storage import codec
+from recoverable.storage.base import RecordReader, Store, WriteTransaction
+from recoverable.storage.keys import operation_key
 
 from recoverable import errors
 from recoverable.outcome import Interruption
 from recoverable.records import (
     AttemptRecord,
     OperationRecord,
+    PayloadKind,
     PendingAttempt,
     StoredRequest,
 )
@@ -88,14 +91,16 @@ def upgrade_record(old: OperationRecordV1, *, endpoint_id: str = V1_ENDPOINT) ->
     interrupted = Interruption(kind="interrupted", transport_code="upgraded_from_v1")
     attempts = tuple(
         AttemptRecord(
-            attempt_id=f"{op}.{n}",
-            number=n,
-            reason="initial" if n == 1 else "replacement",
+            attempt_id=f"{op}.{number}",
+            number=number,
+            reason="initial" if number == 1 else "replacement",
             consumed_at=old.created_at,
-            outcome="completed" if (old.status == "completed" and n == used) else "interrupted",
-            failure=None if (old.status == "completed" and n == used) else interrupted,
+            outcome=(
+                "completed" if (old.status == "completed" and number == used) else "interrupted"
+            ),
+            failure=None if (old.status == "completed" and number == used) else interrupted,
         )
-        for n in range(1, used + 1)
+        for number in range(1, used + 1)
     )
     phase: Any
     failure_reason: Any = None
@@ -152,15 +157,13 @@ def v1_completion(raw: bytes) -> bytes | None:
     return old.completion.encode()
 
 
-def saved_completion(reader: Any, record: OperationRecord) -> bytes | None:
+def saved_completion(reader: RecordReader, record: OperationRecord) -> bytes | None:
     """The saved completion of ``record``, whatever its record version.
 
     ``reader`` is a store or a write transaction (``get_payload``/``get_raw``).
     A version-1 record that was never rewritten keeps its completion inline:
     it is read from the stored bytes, with no backend, no lease and no write.
     """
-    from recoverable.storage.store import operation_key
-
     op_id = record.operation_id
     payload: bytes | None = reader.get_payload(op_id, "completion")
     if payload is not None or not record.awaiting_upgrade:
@@ -181,7 +184,9 @@ def _read_v1(data: bytes) -> OperationRecord:
 codec.register_operation_upgrader(1, _read_v1)
 
 
-def plan_upgrade(raw: bytes, *, endpoint_id: str) -> tuple[OperationRecord, dict[str, bytes]]:
+def plan_upgrade(
+    raw: bytes, *, endpoint_id: str
+) -> tuple[OperationRecord, dict[PayloadKind, bytes]]:
     """The current record and payloads for version-1 bytes (raises if it cannot be frozen)."""
     from recoverable.body import body_hash, freeze_body
     from recoverable.contract import contract_for
@@ -196,7 +201,7 @@ def plan_upgrade(raw: bytes, *, endpoint_id: str) -> tuple[OperationRecord, dict
     new = msgspec.structs.replace(
         upgrade_record(old, endpoint_id=endpoint_id), body_hash=body_hash(body)
     )
-    payloads = {
+    payloads: dict[PayloadKind, bytes] = {
         "body": body,
         "request": msgspec.json.encode(
             StoredRequest(request=request, format_name=contract.name, schema=contract.schema)
@@ -207,14 +212,12 @@ def plan_upgrade(raw: bytes, *, endpoint_id: str) -> tuple[OperationRecord, dict
     return new, payloads
 
 
-async def upgrade_operation(store: Any, operation_id: str, *, endpoint_id: str) -> bool:
+async def upgrade_operation(store: Store, operation_id: str, *, endpoint_id: str) -> bool:
     """Rewrite one version-1 record (and its payloads) as current, in one transaction.
 
     Called lazily when a version-1 operation is reopened for sending. A record
     whose body cannot be frozen is left untouched (still readable).
     """
-    from recoverable.storage.store import WriteTxn, operation_key
-
     raw = store.get_raw("operations", operation_key(operation_id))
     if raw is None or codec.read_version(raw) != 1:
         return False
@@ -223,11 +226,11 @@ async def upgrade_operation(store: Any, operation_id: str, *, endpoint_id: str) 
     except (errors.RecoveryError, ValueError, msgspec.DecodeError, msgspec.ValidationError):
         return False
 
-    def write(txn: WriteTxn) -> bool:
+    def write(txn: WriteTransaction) -> bool:
         if txn.get_raw("operations", operation_key(operation_id)) != raw:
             return False  # changed meanwhile
         for kind, data in payloads.items():
-            txn.put_payload(operation_id, kind, data)  # type: ignore[arg-type]
+            txn.put_payload(operation_id, kind, data)
         txn.put_operation(new)
         return True
 

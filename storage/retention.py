@@ -7,43 +7,61 @@ unreadable records are reported as skipped, never guessed about or removed.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Final, Protocol, TypeVar, get_args
 
+from recoverable.storage.base import WriteTransaction
+
+from recoverable.records import DispositionRecord, OperationRecord, PayloadKind
 from recoverable.types import AccountBinding, CleanupResult
 
-if TYPE_CHECKING:
-    from recoverable.storage.store import RecoveryStore, WriteTxn
-
-_PAYLOADS = ("body", "request", "completion")
+Result = TypeVar("Result")
 
 
-def remove_control_rows(txn: WriteTxn, operation_id: str) -> None:
+class RetentionTxn(WriteTransaction, Protocol):
+    """A write transaction that can also remove disposition markers."""
+
+    def delete_disposition(self, operation_id: str) -> bool: ...
+
+
+class RetainedStore(Protocol):
+    """What retention needs from a store (the LMDB ``RecoveryStore`` has it)."""
+
+    def inventory(
+        self, account: AccountBinding | None = None, scope: str | None = None
+    ) -> tuple[list[OperationRecord], list[str]]: ...
+
+    def dispositions(
+        self, account: AccountBinding | None = None, scope: str | None = None
+    ) -> list[DispositionRecord]: ...
+
+    def write_sync(self, fn: Callable[[RetentionTxn], Result]) -> Result: ...
+
+
+_PAYLOADS: Final[tuple[PayloadKind, ...]] = get_args(PayloadKind)
+
+
+def remove_control_rows(txn: WriteTransaction, operation_id: str) -> None:
     """Delete the operation's lifecycle command and (dead) lease rows, if any."""
-    for getter, deleter in (
-        (txn.get_command, txn.delete_command),
-        (txn.get_lease, txn.delete_lease),
-    ):
-        if getter(operation_id) is not None:
-            deleter(operation_id)
+    txn.delete_command(operation_id)
+    txn.delete_lease(operation_id)
 
 
-def remove_content(txn: WriteTxn, operation_id: str) -> None:
+def remove_content(txn: WriteTransaction, operation_id: str) -> None:
     """Delete the request, the response and the record (its disposition marker stays)."""
     for kind in _PAYLOADS:
-        txn.delete_payload(operation_id, kind)  # type: ignore[arg-type]
-    if txn.get_operation(operation_id) is not None:
-        txn.delete_operation(operation_id)
+        txn.delete_payload(operation_id, kind)
+    txn.delete_operation(operation_id)
     remove_control_rows(txn, operation_id)
 
 
-def _remove_operation(txn: WriteTxn, operation_id: str) -> None:
+def _remove_operation(txn: RetentionTxn, operation_id: str) -> None:
     remove_content(txn, operation_id)
-    if txn.get_disposition(operation_id) is not None:
-        txn.delete_disposition(operation_id)
+    txn.delete_disposition(operation_id)
 
 
 def purge_account(
-    store: RecoveryStore, account: AccountBinding, scope: str | None = None
+    store: RetainedStore, account: AccountBinding, scope: str | None = None
 ) -> CleanupResult:
     """Remove this account's idle records (and their markers and control rows).
 
@@ -52,10 +70,12 @@ def purge_account(
     are skipped and reported by id, whatever their owner might be.
     """
     records, unreadable = store.inventory(account=account, scope=scope)
-    candidates = [r.operation_id for r in records]
-    markers = [d.operation_id for d in store.dispositions(account=account, scope=scope)]
+    candidates = [record.operation_id for record in records]
+    markers = [
+        marker.operation_id for marker in store.dispositions(account=account, scope=scope)
+    ]
 
-    def purge(txn: WriteTxn) -> tuple[list[str], list[str]]:
+    def purge(txn: RetentionTxn) -> tuple[list[str], list[str]]:
         removed: list[str] = []
         skipped: list[str] = []
         for op_id in candidates:
@@ -83,7 +103,7 @@ def purge_account(
 
 
 def cleanup_disposed(
-    store: RecoveryStore, *, before: float, account: AccountBinding
+    store: RetainedStore, *, before: float, account: AccountBinding
 ) -> CleanupResult:
     """Remove acknowledgement/abandonment markers older than ``before`` for ``account``.
 
@@ -91,9 +111,9 @@ def cleanup_disposed(
     whose content removal is still incomplete is skipped (repeat the
     acknowledgement first). Once a marker is removed, status is unavailable.
     """
-    markers = [d for d in store.dispositions(account=account) if d.at < before]
+    markers = [marker for marker in store.dispositions(account=account) if marker.at < before]
 
-    def clean(txn: WriteTxn) -> tuple[list[str], list[str]]:
+    def clean(txn: RetentionTxn) -> tuple[list[str], list[str]]:
         removed: list[str] = []
         skipped: list[str] = []
         for marker in markers:

@@ -36,7 +36,7 @@ from recoverable.errors import StorageLimitExceeded, StorageUnavailable
 
 __all__ = ["BATCH_LIMIT", "MapGuard", "MutationContext", "Writer"]
 
-T = TypeVar("T")
+Result = TypeVar("Result")
 Ctx = TypeVar("Ctx", bound="MutationContext")
 
 BATCH_LIMIT = 4096
@@ -183,19 +183,19 @@ class Writer(Generic[Ctx]):
 
     # -- submission -------------------------------------------------------------
 
-    async def write(self, fn: Callable[[Ctx], T]) -> T:
+    async def write(self, fn: Callable[[Ctx], Result]) -> Result:
         """Queue ``fn`` and wait (shielded from cancellation) for its durable outcome."""
         task = trio.lowlevel.current_task()
         token = trio.lowlevel.current_trio_token()
         self._enqueue(_Job(fn, token=token, task=task))
-        value: T = await trio.lowlevel.wait_task_rescheduled(_refuse_cancel)
+        value: Result = await trio.lowlevel.wait_task_rescheduled(_refuse_cancel)
         return value
 
-    def write_sync(self, fn: Callable[[Ctx], T]) -> T:
+    def write_sync(self, fn: Callable[[Ctx], Result]) -> Result:
         """Blocking variant for threads that are not running Trio (CLI, tests)."""
         if threading.current_thread() is self._thread:
             raise RuntimeError("write_sync called from inside a mutation (would deadlock)")
-        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        future: concurrent.futures.Future[Result] = concurrent.futures.Future()
 
         def deliver(result: outcome.Outcome[Any]) -> None:
             if isinstance(result, outcome.Error):

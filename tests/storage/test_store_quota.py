@@ -66,7 +66,7 @@ async def test_total_quota_refuses_without_evicting_and_frees_on_delete(
     with pytest.raises(StorageLimitExceeded):
         await small.write(lambda t: t.put_operation(big_op))
     assert state(small) == before
-    assert small.waiting() == [] and small.get_operation("big") is None
+    assert small.get_operation("big") is None and small.inventory() == ([], [])
     for i in written:  # nothing was evicted
         assert small.get_payload(f"p{i}", "body") == bytes([i]) * CHUNK
     # deleting is always allowed and frees room; overwriting smaller is allowed

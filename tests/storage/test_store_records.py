@@ -126,34 +126,32 @@ async def test_command_serials_increase_and_cancel_is_never_replaced(
     assert store.get_command("a") is None
 
 
-async def test_schedule_index_follows_phase_and_next_attempt(store: RecoveryStore) -> None:
-    await store.write(
-        lambda t: t.put_operation(make_op("late", phase="waiting", next_attempt_at=30.0))
-    )
-    await store.write(
-        lambda t: t.put_operation(make_op("early", phase="waiting", next_attempt_at=-5.0))
-    )
-    await store.write(
-        lambda t: t.put_operation(make_op("mid", phase="waiting", next_attempt_at=10.0))
-    )
-    await store.write(
-        lambda t: t.put_operation(make_op("idle", next_attempt_at=1.0))
-    )  # not waiting
-    assert store.waiting() == [(-5.0, "early"), (10.0, "mid"), (30.0, "late")]
-    assert store.waiting(until=10.0) == [(-5.0, "early"), (10.0, "mid")]
-    # moving an operation out of "waiting" removes it; rescheduling moves it
-    await store.write(lambda t: t.put_operation(make_op("mid", phase="transmitting")))
+async def test_no_schedule_index_is_written_and_next_attempt_at_stays_checked(
+    store: RecoveryStore,
+) -> None:
+    # Issue 13.4: the schedule index was written on every put and read by nothing; it is
+    # retired. A waiting record leaves no row beyond itself and its hosts entry.
+    waiting = make_op("late", phase="waiting", next_attempt_at=30.0)
+    await store.write(lambda t: t.put_operation(waiting))
+    await store.write(lambda t: t.put_operation(make_op("idle", next_attempt_at=1.0)))
+    stats = store.stats()
+    assert stats["entries"] == 4  # two operations, two hosts entries
+    assert "waiting" not in dir(store)
     await store.write(
         lambda t: t.put_operation(make_op("late", phase="waiting", next_attempt_at=1.0))
     )
-    assert store.waiting() == [(-5.0, "early"), (1.0, "late")]
-    assert await store.write(lambda t: t.delete_operation("early")) is True
-    assert store.waiting() == [(1.0, "late")]
+    assert await store.write(lambda t: t.delete_operation("late")) is True
+    assert store.stats()["entries"] == 2
     assert store.check_integrity() == []
-    with pytest.raises(InvalidRequest):
-        await store.write(
-            lambda t: t.put_operation(make_op("nan", phase="waiting", next_attempt_at=float("nan")))
-        )
+    # A waiting record's next_attempt_at must still be a finite number.
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(InvalidRequest):
+            await store.write(
+                lambda t, bad=bad: t.put_operation(
+                    make_op("nan", phase="waiting", next_attempt_at=bad)
+                )
+            )
+    assert store.get_operation("nan") is None
 
 
 async def test_hosts_index_tells_none_from_empty_and_follows_changes(store: RecoveryStore) -> None:

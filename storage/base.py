@@ -1,0 +1,140 @@
+"""The storage contract: what the actors need from a recovery store.
+
+Three ``typing.Protocol`` classes name every read, write and query the actors make
+(directly, or through the storage functions they call: ``leases.acquire_lease`` /
+``release_lease``, ``migration.saved_completion`` / ``upgrade_operation``,
+``retention.remove_content``). The LMDB store (``RecoveryStore`` and its ``WriteTxn``)
+implements them; a second store (PostgreSQL) implements the same three and the actors
+run on it unchanged. The actors import these names only, never the LMDB classes.
+
+- :class:`RecordReader`: the reads a store and a write transaction share. Inside a
+  transaction they see the transaction's own earlier writes. A missing row is ``None``;
+  a row that no longer decodes raises its typed error (``CorruptRecord`` /
+  ``UnsupportedRecordVersion``), never guessed about.
+- :class:`WriteTransaction`: one mutation's view. Writes are all or nothing per mutation
+  (a mutation that raises changes nothing); every write counts against the store's
+  quotas (``StorageLimitExceeded``, nothing evicted); a write over an unreadable row is
+  refused. ``put_operation(..., expect_fence=)`` is the fence of the lease protocol.
+- :class:`Store`: an opened store. ``write(fn)`` runs ``fn`` in a transaction and returns
+  its result once durable (``fn`` may run more than once: no side effects outside the
+  transaction, except through ``on_abort``-style hooks of the implementation).
+
+Protocols add no runtime cost: a call goes straight to the implementation's method.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Final, Literal, Protocol, TypeVar, get_args
+
+from recoverable.records import (
+    CommandKind,
+    CommandRecord,
+    DispositionRecord,
+    LeaseRecord,
+    OperationRecord,
+    PayloadKind,
+)
+from recoverable.types import AccountBinding
+
+__all__ = ["TABLES", "RecordReader", "Store", "Table", "WriteTransaction"]
+
+Result = TypeVar("Result")
+
+# The named tables of a store. ``get_raw``/``put_raw`` reach the rows that are not typed
+# records (the governor's advisory rows, a version-1 operation's bytes). ``schedule`` is
+# retired (nothing writes it since issue 13; an older store's rows are dropped at open).
+Table = Literal[
+    "operations", "payloads", "commands", "leases", "schedule", "hosts", "dispositions",
+    "governor", "meta",
+]
+TABLES: Final[tuple[Table, ...]] = get_args(Table)
+
+
+class RecordReader(Protocol):
+    """Reads by operation id (or raw key), shared by a store and a write transaction."""
+
+    def get_operation(self, operation_id: str) -> OperationRecord | None: ...
+
+    def get_payload(self, operation_id: str, kind: PayloadKind) -> bytes | None: ...
+
+    def get_command(self, operation_id: str) -> CommandRecord | None: ...
+
+    def get_lease(self, operation_id: str) -> LeaseRecord | None: ...
+
+    def get_disposition(self, operation_id: str) -> DispositionRecord | None: ...
+
+    def get_raw(self, table: Table, key: bytes) -> bytes | None: ...
+
+    def lease_is_live(self, lease: LeaseRecord) -> bool:
+        """Held by an active acquisition of this store's owner, or by a living other owner."""
+        ...
+
+
+class WriteTransaction(RecordReader, Protocol):
+    """One mutation's typed writes (see the module docstring for the guarantees)."""
+
+    @property
+    def owner_id(self) -> str:
+        """This store opener's owner id (the one a lease taken here names)."""
+        ...
+
+    def put_operation(
+        self, record: OperationRecord, *, expect_fence: int | None = None
+    ) -> None: ...
+
+    def delete_operation(self, operation_id: str, *, expect_fence: int | None = None) -> bool: ...
+
+    def put_payload(self, operation_id: str, kind: PayloadKind, data: bytes) -> None: ...
+
+    def delete_payload(self, operation_id: str, kind: PayloadKind) -> bool: ...
+
+    def put_command(self, operation_id: str, kind: CommandKind, now: float) -> CommandRecord:
+        """Write a command with the next store-wide serial; the command that stands follows
+        ``machine.merge_command`` (a stored cancel is returned unchanged)."""
+        ...
+
+    def delete_command(self, operation_id: str) -> bool: ...
+
+    def put_lease(self, lease: LeaseRecord) -> None: ...
+
+    def delete_lease(self, operation_id: str) -> bool: ...
+
+    def register_token(self, token: str) -> None:
+        """Mark a lease token of this owner active (forgotten if the mutation is discarded)."""
+        ...
+
+    def unregister_token(self, token: str) -> None: ...
+
+    def put_disposition(self, record: DispositionRecord) -> None: ...
+
+    def put_raw(self, table: Table, key: bytes, value: bytes) -> None: ...
+
+
+class Store(RecordReader, Protocol):
+    """An opened recovery store: durable writes, and the queries of the runtime's monitor
+    and inventory."""
+
+    async def write(self, fn: Callable[[WriteTransaction], Result]) -> Result: ...
+
+    def commands_snapshot(self, *, after_serial: int = 0) -> tuple[int, list[CommandRecord]]:
+        """``(snapshot id, commands with serial > after_serial)`` from one snapshot."""
+        ...
+
+    def last_txnid(self) -> int:
+        """An id that moves on every commit by any process (the monitor's cheap poll)."""
+        ...
+
+    def inventory(
+        self, account: AccountBinding | None = None, scope: str | None = None
+    ) -> tuple[list[OperationRecord], list[str]]:
+        """Readable records matching ``account``/``scope``, and the unreadable ids."""
+        ...
+
+    def control_rows(self) -> tuple[dict[str, LeaseRecord], dict[str, CommandRecord]]:
+        """Every readable lease and command by operation id, from one snapshot."""
+        ...
+
+    def payload_kinds(self, operation_ids: Iterable[str]) -> dict[str, frozenset[str]]:
+        """Which payloads each operation has, from one snapshot."""
+        ...

@@ -1,0 +1,368 @@
+"""The LMDB write transaction: typed table helpers over one nested LMDB transaction.
+
+Every put/delete made through :class:`WriteTxn` adjusts ``bytes_used`` (key + value
+lengths, all tables except ``meta``) in the same transaction, so quotas are enforced
+from a counter, never by scanning, and nothing is ever evicted. The counter is carried
+in memory from one mutation of a commit batch to the next (:class:`WriteState`) and
+written once per batch by the store.
+
+This is the hot path of every durable step: keep it free of work that is not needed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any, Final, TypeVar
+
+import lmdb
+from recoverable.storage import codec, integrity
+from recoverable.storage.base import Table
+from recoverable.storage.keys import (
+    COMMAND_KINDS,
+    META_BYTES,
+    META_SERIAL,
+    check_next_attempt_at,
+    hosts_key,
+    operation_key,
+    payload_key,
+    u64,
+)
+from recoverable.storage.leases import LeaseTokens
+from recoverable.storage.rows import RecordGetters, decode_row
+from recoverable.storage.writer import MutationContext
+
+from recoverable.errors import (
+    FenceMismatch,
+    InvalidRequest,
+    StorageLimitExceeded,
+    StorageUnavailable,
+)
+from recoverable.machine import merge_command
+from recoverable.records import (
+    CommandKind,
+    CommandRecord,
+    DispositionRecord,
+    LeaseRecord,
+    OperationRecord,
+    PayloadKind,
+)
+
+__all__ = ["WriteState", "WriteTxn"]
+
+Result = TypeVar("Result")
+
+_MISSING: Final = object()
+
+
+class WriteState:
+    """What every write transaction of one store shares: its tables, its limits, its
+    owner's lease tokens, and the ``bytes_used`` carried across a commit batch."""
+
+    def __init__(
+        self,
+        dbs: dict[Table, Any],
+        *,
+        max_bytes: int,
+        max_record_bytes: int,
+        owner_id: str,
+        tokens: LeaseTokens,
+    ) -> None:
+        self.dbs = dbs
+        self.max_bytes = max_bytes
+        self.max_record_bytes = max_record_bytes
+        self.owner_id = owner_id
+        self.tokens = tokens
+        self.batch_bytes: int | None = None  # None: read from meta by the batch's first mutation
+
+
+class WriteTxn(RecordGetters, MutationContext):
+    """What a mutation receives (the LMDB ``WriteTransaction``).
+
+    Reads see the batch's earlier writes. Every helper that writes several keys is
+    atomic: when it raises, it changed nothing. Helpers refuse to overwrite or delete a
+    stored record that is unreadable (``CorruptRecord`` / ``UnsupportedRecordVersion``).
+    """
+
+    def __init__(self, state: WriteState, txn: lmdb.Transaction[bytes]) -> None:
+        super().__init__()
+        self._state = state
+        self._txn = txn
+        self._dbs = state.dbs
+        running = state.batch_bytes
+        self._bytes_used = (
+            running if running is not None else u64(txn.get(META_BYTES, db=self._dbs["meta"]))
+        )
+        self._cache: dict[tuple[str, bytes], bytes | None] = {}
+        self._decoded: dict[tuple[str, bytes], tuple[bytes, Any]] = {}
+        self._broken = False
+
+    # -- plumbing --
+
+    @property
+    def owner_id(self) -> str:
+        return self._state.owner_id
+
+    @property
+    def bytes_used(self) -> int:
+        return self._bytes_used
+
+    def finish(self) -> None:
+        if self._broken:
+            raise StorageUnavailable(
+                "a storage helper failed inside this mutation and the mutation went on; "
+                "it was rolled back whole"
+            )
+        # The counter is carried in memory to the next mutation of the batch and
+        # written once, before the batch commits (RecoveryStore._end_batch).
+        self._state.batch_bytes = self._bytes_used
+
+    @contextlib.contextmanager
+    def _atomic(self) -> Iterator[None]:
+        """A composite helper (several keys) is all or nothing.
+
+        No nested transaction is needed for that: a mutation that raises is rolled
+        back whole by the writer. If a mutation catches a composite helper's error
+        and carries on, the partial writes would stay — so the mutation is marked
+        and ``finish`` refuses to commit it (fail closed).
+        """
+        try:
+            yield
+        except BaseException:
+            self._broken = True
+            raise
+
+    def _lmdb(self, call: Callable[[], Result]) -> Result:
+        try:
+            return call()
+        except lmdb.Error as exc:
+            raise self._lmdb_error(exc) from exc
+
+    def _lmdb_error(self, exc: lmdb.Error) -> Exception:
+        if isinstance(exc, lmdb.MapFullError):
+            self.map_full = True  # the writer grows the map and runs the batch again
+            return exc
+        if isinstance(exc, lmdb.TxnFullError):
+            self.txn_full = True
+            return exc
+        return integrity.storage_error(exc, "writing")
+
+    def _get(self, table: Table, key: bytes) -> bytes | None:
+        # Values read or written by this mutation are remembered: composite helpers read
+        # the same keys several times (old record, quota deltas, index entries).
+        cached = self._cache.get((table, key), _MISSING)
+        if cached is not _MISSING:
+            return cached  # type: ignore[return-value]
+        try:
+            value: bytes | None = self._txn.get(key, db=self._dbs[table])
+        except lmdb.Error as exc:
+            raise self._lmdb_error(exc) from exc
+        self._cache[(table, key)] = value
+        return value
+
+    def _put(self, table: Table, key: bytes, value: bytes) -> None:
+        state = self._state
+        if len(value) > state.max_record_bytes:
+            raise StorageLimitExceeded(
+                f"a {table} value of {len(value)} bytes exceeds max_record_bytes="
+                f"{state.max_record_bytes}"
+            )
+        db = self._dbs[table]
+        cached = self._cache.get((table, key), _MISSING)
+        try:
+            if cached is _MISSING:
+                old: bytes | None = self._txn.replace(key, value, db=db)  # one LMDB call
+            else:
+                old = cached  # type: ignore[assignment]
+        except lmdb.Error as exc:
+            raise self._lmdb_error(exc) from exc
+        delta = len(value) - len(old) if old is not None else len(key) + len(value)
+        if delta > 0 and self._bytes_used + delta > state.max_bytes:
+            if cached is _MISSING:  # undo the replace: a refused write changes nothing
+                try:
+                    if old is None:
+                        self._txn.delete(key, db=db)
+                    else:
+                        self._txn.put(key, old, db=db)
+                except lmdb.Error as exc:
+                    raise self._lmdb_error(exc) from exc
+            raise StorageLimitExceeded(
+                f"the store would hold {self._bytes_used + delta} bytes; max_bytes="
+                f"{state.max_bytes}"
+            )
+        if cached is not _MISSING:
+            try:
+                self._txn.put(key, value, db=db)
+            except lmdb.Error as exc:
+                raise self._lmdb_error(exc) from exc
+        self._cache[(table, key)] = value
+        self._bytes_used += delta
+
+    def _delete(self, table: Table, key: bytes) -> bool:
+        cached = self._cache.get((table, key), _MISSING)
+        if cached is None:
+            return False
+        try:
+            if cached is _MISSING:
+                old: bytes | None = self._txn.pop(key, db=self._dbs[table])  # one LMDB call
+            else:
+                old = cached  # type: ignore[assignment]
+                self._txn.delete(key, db=self._dbs[table])
+        except lmdb.Error as exc:
+            raise self._lmdb_error(exc) from exc
+        self._cache[(table, key)] = None
+        if old is None:
+            return False
+        self._bytes_used -= len(key) + len(old)
+        return True
+
+    def _counter_next(self, name: bytes) -> int:
+        value = u64(self._get("meta", name)) + 1
+        raw = value.to_bytes(8, "big")
+        self._lmdb(lambda: self._txn.put(name, raw, db=self._dbs["meta"]))
+        self._cache[("meta", name)] = raw
+        return value
+
+    def _read_record(self, table: Table, operation_id: str) -> Any:
+        key = operation_key(operation_id)
+        raw = self._get(table, key)
+        if raw is None:
+            return None
+        seen = self._decoded.get((table, key))
+        if seen is not None and seen[0] is raw:
+            return seen[1]  # records are frozen: the decoded value can be shared
+        record = decode_row(table, raw, operation_id)
+        self._decoded[(table, key)] = (raw, record)
+        return record
+
+    def put_raw(self, table: Table, key: bytes, value: bytes) -> None:
+        """Store bytes as they are (fixtures, repair tools): no decoding, no indexes.
+
+        Still counted in ``bytes_used`` and limited by the quotas.
+        """
+        if table == "meta":
+            raise InvalidRequest("the meta table is written by the store only")
+        self._put(table, key, value)
+
+    # -- operations --
+
+    def put_operation(self, record: OperationRecord, *, expect_fence: int | None = None) -> None:
+        """Write ``record``, keeping the hosts index in step.
+
+        With ``expect_fence``: ``FenceMismatch`` unless the stored record exists and
+        its ``fence`` equals it (a stale owner can never overwrite a newer one).
+        """
+        key = operation_key(record.operation_id)
+        check_next_attempt_at(record)
+        data = codec.encode(record)
+        with self._atomic():
+            old = self.get_operation(record.operation_id)
+            if expect_fence is not None and (old is None or old.fence != expect_fence):
+                raise FenceMismatch(
+                    f"expected fence {expect_fence}, found "
+                    f"{'no record' if old is None else old.fence}",
+                    operation_id=record.operation_id,
+                )
+            new_hosts = hosts_key(record)
+            old_hosts = hosts_key(old) if old is not None else None
+            if old_hosts is not None and old_hosts != new_hosts:
+                self._delete("hosts", old_hosts)
+            self._put("operations", key, data)
+            if new_hosts != old_hosts:
+                self._put("hosts", new_hosts, b"")
+
+    def delete_operation(self, operation_id: str, *, expect_fence: int | None = None) -> bool:
+        """Delete the record and its index entry (not its payloads, lease, command)."""
+        with self._atomic():
+            old = self.get_operation(operation_id)
+            if expect_fence is not None and (old is None or old.fence != expect_fence):
+                raise FenceMismatch(
+                    f"expected fence {expect_fence}, found "
+                    f"{'no record' if old is None else old.fence}",
+                    operation_id=operation_id,
+                )
+            if old is None:
+                return False
+            self._delete("hosts", hosts_key(old))
+            self._delete("operations", operation_key(operation_id))
+            return True
+
+    # -- payloads --
+
+    def put_payload(self, operation_id: str, kind: PayloadKind, data: bytes) -> None:
+        if not isinstance(data, bytes):
+            raise InvalidRequest("payload data must be bytes", operation_id=operation_id)
+        self._put("payloads", payload_key(operation_id, kind), data)
+
+    def delete_payload(self, operation_id: str, kind: PayloadKind) -> bool:
+        return self._delete("payloads", payload_key(operation_id, kind))
+
+    # -- commands --
+
+    def put_command(self, operation_id: str, kind: CommandKind, now: float) -> CommandRecord:
+        """Write a lifecycle command with the next store-wide serial.
+
+        The command that stands is ``machine.merge_command``'s: when it keeps the stored
+        one (a cancel is never downgraded by a later suspend), that stored command is
+        returned unchanged and nothing is written.
+        """
+        if kind not in COMMAND_KINDS:
+            raise InvalidRequest(f"unknown command kind {kind!r}", operation_id=operation_id)
+        key = operation_key(operation_id)
+        with self._atomic():
+            existing = self.get_command(operation_id)
+            if existing is not None and merge_command(existing.kind, kind) != kind:
+                return existing
+            record = CommandRecord(
+                operation_id=operation_id,
+                kind=kind,
+                issued_at=now,
+                serial=self._counter_next(META_SERIAL),
+            )
+            self._put("commands", key, codec.encode(record))
+            return record
+
+    def delete_command(self, operation_id: str) -> bool:
+        if self.get_command(operation_id) is None:
+            return False
+        return self._delete("commands", operation_key(operation_id))
+
+    # -- leases --
+
+    def put_lease(self, lease: LeaseRecord) -> None:
+        self.get_lease(lease.operation_id)  # refuse to overwrite an unreadable lease
+        self._put("leases", operation_key(lease.operation_id), codec.encode(lease))
+
+    def delete_lease(self, operation_id: str) -> bool:
+        if self.get_lease(operation_id) is None:
+            return False
+        return self._delete("leases", operation_key(operation_id))
+
+    def lease_is_live(self, lease: LeaseRecord) -> bool:
+        return self._state.tokens.is_live(lease)
+
+    def register_token(self, token: str) -> None:
+        """Mark a lease token of this store as active now; undone if this run is discarded.
+
+        Registered *before* the commit: a lease row naming this owner is only ever
+        visible after its commit, so an early registration cannot make a missing
+        lease look live, while a late one would let a reader see our own fresh
+        lease as dead for a moment.
+        """
+        tokens = self._state.tokens
+        tokens.add(token)
+        self.on_abort(lambda: tokens.discard(token))
+
+    def unregister_token(self, token: str) -> None:
+        self._state.tokens.discard(token)
+
+    # -- dispositions --
+
+    def put_disposition(self, record: DispositionRecord) -> None:
+        self.get_disposition(record.operation_id)  # refuse over an unreadable one
+        self._put("dispositions", operation_key(record.operation_id), codec.encode(record))
+
+    def delete_disposition(self, operation_id: str) -> bool:
+        if self.get_disposition(operation_id) is None:
+            return False
+        return self._delete("dispositions", operation_key(operation_id))
