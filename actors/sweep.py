@@ -36,15 +36,18 @@ and counted.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
-from typing import Final, Literal, Protocol, TypeVar
+from collections.abc import Iterable
+from typing import Final, Literal
 
 import msgspec
+from recoverable.storage.base import Store as RecoveryStore
+from recoverable.storage.base import WriteTransaction as WriteTxn
 
 from recoverable import errors, machine
-from recoverable.records import CommandRecord, LeaseRecord, OperationRecord
+from recoverable.records import OperationRecord
+from recoverable.telemetry import Telemetry
 
-__all__ = ["MAX_REPORT_IDS", "SweepReport", "sweep"]
+__all__ = ["MAX_REPORT_IDS", "SweepReport", "sweep", "sweep_at_open"]
 
 # Each id list of a report holds at most this many ids (the counts are always exact).
 MAX_REPORT_IDS: Final = 1000
@@ -53,38 +56,6 @@ _IN_FLIGHT: Final = frozenset({"authorizing", "transmitting"})
 _RUNNABLE: Final = frozenset({"prepared", "waiting"})
 
 Outcome = Literal["untouched", "live", "raced", "closed", "waiting", "failed", "unreadable"]
-
-
-Result = TypeVar("Result")
-
-
-class WriteTxn(Protocol):
-    """The members of a store's write transaction the sweep uses (a subset of
-    ``storage.base.WriteTransaction``; the actors never name the LMDB classes)."""
-
-    def get_operation(self, operation_id: str) -> OperationRecord | None: ...
-
-    def get_lease(self, operation_id: str) -> LeaseRecord | None: ...
-
-    def lease_is_live(self, lease: LeaseRecord) -> bool: ...
-
-    def put_operation(
-        self, record: OperationRecord, *, expect_fence: int | None = None
-    ) -> None: ...
-
-    def delete_lease(self, operation_id: str) -> bool: ...
-
-
-class RecoveryStore(Protocol):
-    """The members of an opened store the sweep uses (a subset of ``storage.base.Store``)."""
-
-    async def write(self, fn: Callable[[WriteTxn], Result]) -> Result: ...
-
-    def get_operation(self, operation_id: str) -> OperationRecord | None: ...
-
-    def inventory(self) -> tuple[list[OperationRecord], list[str]]: ...
-
-    def control_rows(self) -> tuple[dict[str, LeaseRecord], dict[str, CommandRecord]]: ...
 
 
 class SweepReport(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -178,9 +149,13 @@ def _candidates(
     """The operations a sweep looks at, in id order (deterministic reports)."""
     chosen = [
         rec for rec in records
-        if rec.phase in _IN_FLIGHT
-        or rec.operation_id in leased
-        or (unclaimed_after is not None and rec.phase in _RUNNABLE)
+        # A version-1 record not yet upgraded: only its migration may rewrite it.
+        if not rec.awaiting_upgrade
+        and (
+            rec.phase in _IN_FLIGHT
+            or rec.operation_id in leased
+            or (unclaimed_after is not None and rec.phase in _RUNNABLE)
+        )
     ]
     chosen.sort(key=lambda rec: rec.operation_id)
     return chosen
@@ -198,6 +173,8 @@ def _sweep_one(
         return "unreadable"
     if current is None or current.fence != seen.fence:
         return "raced"  # claimed (or removed) since the scan: not ours to judge now
+    if current.awaiting_upgrade:
+        return "untouched"
     if lease is not None and txn.lease_is_live(lease):
         return "live"
     new = machine.owner_lost(current, now=now).record
@@ -282,3 +259,24 @@ async def sweep(
                 if outcome != "closed":
                     tally.add(outcome, seen.operation_id)
     return tally.report()
+
+
+async def sweep_at_open(store: RecoveryStore, *, now: float, telemetry: Telemetry) -> SweepReport:
+    """The sweep a runtime runs when it opens: the cheap one (``leased_only``), so opening
+    costs a read of the lease table, not of every record.
+
+    Each operation it closes is reported as ``recovery.operation.owner_lost`` (``state``:
+    ``waiting`` or ``failed``). A typed failure (a full or unavailable store) does not stop
+    the runtime from opening: it is reported as ``recovery.sweep.failed`` (``code``) and
+    the orphans read as interrupted until a later sweep or their reopening closes them.
+    """
+    try:
+        report = await sweep(store, now=now, leased_only=True)
+    except errors.RecoveryError as exc:
+        telemetry.emit("sweep.failed", "", code=exc.code)
+        return SweepReport()
+    for operation_id in report.waiting_ids:
+        telemetry.emit("operation.owner_lost", operation_id, state="waiting")
+    for operation_id in report.failed_ids:
+        telemetry.emit("operation.owner_lost", operation_id, state="failed")
+    return report

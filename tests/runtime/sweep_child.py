@@ -20,7 +20,6 @@ import msgspec
 import trio
 
 import recoverable
-from recoverable.records import OperationRecord
 
 ACCOUNT = recoverable.AccountBinding("acct-sweep", "api-key")
 
@@ -45,21 +44,6 @@ async def approve(attempt: recoverable.Attempt) -> bool:
     return True
 
 
-def _with_policy(rt: Any, policy: str) -> None:
-    """Save the operation with ``on_interruption=policy``.
-
-    A stand-in, in this test child only, until ``prepare`` takes ``on_interruption``
-    (issue 14, step 3): the record is created with the policy in the same write that
-    creates it (never changed afterwards).
-    """
-    create = rt._create
-
-    async def create_with(record: OperationRecord, body: bytes, stored: bytes) -> None:
-        await create(msgspec.structs.replace(record, on_interruption=policy), body, stored)
-
-    rt._create = create_with
-
-
 async def run(args: argparse.Namespace) -> int:
     store = recoverable.RecoveryStore.open(args.store)
     backend = recoverable.ResponsesBackend(
@@ -71,11 +55,7 @@ async def run(args: argparse.Namespace) -> int:
     policy = recoverable.RetryPolicy(initial_backoff=0.0, maximum_backoff=0.0)
     async with backend, recoverable.open_runtime(store, backend, account=ACCOUNT) as rt:
         handles: list[recoverable.Handle] = []
-        create = rt._create
         for spec in (json.loads(raw) for raw in args.op):
-            rt._create = create
-            if spec.get("on_interruption", "replace") != "replace":
-                _with_policy(rt, spec["on_interruption"])
             handle = await rt.prepare(
                 recoverable.StructuredRequest(
                     model="gpt-test", instructions="sweep me", input=f"job {spec['job']}"
@@ -86,6 +66,7 @@ async def run(args: argparse.Namespace) -> int:
                 expires_at=_when(spec.get("expires_at")),
                 job_id=spec["job"],
                 input_revision="r1",
+                on_interruption=spec.get("on_interruption", "replace"),
             )
             handles.append(handle)
             emit(event="prepared", job=spec["job"], operation_id=handle.operation_id)
