@@ -12,10 +12,10 @@ Exit codes: 0 success, 1 a job or an operation failed (or was not found),
 2 usage or input error, 130 interrupted.
 
 The modules, top to bottom: ``entry`` (``main``), ``arguments`` (the parser), ``ops`` and
-``formatting`` (the store commands), ``sweep`` (the recovery sweep), ``batch`` (the batch run), ``host`` (one batch's jobs
-over a runtime), ``progress`` (what a running batch shows), ``provider`` (the fixture or a
-URL), ``report`` (summary and ``--errors``), ``result_log`` (the output file), ``jobs``
-(job lines), ``config`` and ``exits``.
+``formatting`` (the store commands), ``sweep`` (the recovery sweep), ``batch`` (the batch
+run), ``host`` (one batch's jobs over a runtime), ``progress`` (what a running batch
+shows), ``provider`` (the fixture or a URL), ``report`` (summary and ``--errors``),
+``result_log`` (the output file), ``jobs`` (job lines), ``config`` and ``exits``.
 """
 
 from __future__ import annotations
