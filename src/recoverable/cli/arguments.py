@@ -224,6 +224,13 @@ def _add_batch(sub: argparse._SubParsersAction[_Parser]) -> None:
         help="total attempt budget per job unless the job sets max_attempts (default 8)",
     )
     batch.add_argument(
+        "--on-interruption",
+        choices=("replace", "fail"),
+        default="replace",
+        help="what an interrupted attempt (disconnect, idle timeout, crash) means for a "
+        "job: replace it within the budget (default) or fail the job, never replaced",
+    )
+    batch.add_argument(
         "--backoff",
         type=_non_negative_float,
         metavar="SECONDS",

@@ -106,6 +106,7 @@ def _batch_config(args: argparse.Namespace) -> BatchConfig:
         rate_burst_seconds=args.rate_burst_seconds,
         faults=args.faults,
         max_attempts=args.max_attempts,
+        on_interruption=args.on_interruption,
         initial_backoff=(
             args.backoff if args.backoff is not None
             else 0.05 if args.endpoint == "fixture" else 0.5
