@@ -28,6 +28,8 @@ def _record(op_id: str, *, maximum_attempts: int = 3) -> OperationRecord:
                                 consumed_at=2.0),),
         model="gpt-test", format_name="Answer", format_hash="fh", body_hash="bh",
         root_operation_id=op_id,
+        # No cooldown: a swept record is runnable from the sweep's own now.
+        retry_policy=recoverable.RetryPolicy(initial_backoff=0.0, maximum_backoff=0.0),
     )
 
 
