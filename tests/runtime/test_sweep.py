@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import trio
 from recoverable.actors.sweep import MAX_REPORT_IDS, SweepReport, sweep
@@ -454,5 +455,44 @@ async def test_an_in_flight_row_without_a_lease_row_needs_the_full_sweep(
         assert await sweep(store, now=20.0) == SweepReport()
         with pytest.raises(errors.InvalidRequest):
             await sweep(store, now=20.0, leased_only=True, unclaimed_after=5.0)
+    finally:
+        store.close()
+
+
+async def test_the_sweep_fences_out_the_owner_it_took_the_operation_from(
+    tmp_path: Path,
+) -> None:
+    """An owner whose lease is no longer live but who is still running (a hung process
+    whose lease expired; simulated here by forgetting the acquisition's token) can write
+    nothing after the sweep: the fence moved, so its checkpoint and its completion are
+    refused (``FenceMismatch``)."""
+    from recoverable.storage.leases import acquire_lease
+
+    store = recoverable.RecoveryStore.open(str(tmp_path / "store"))
+    try:
+        attempt = AttemptRecord(attempt_id="op-h.1", number=1, reason="initial",
+                                consumed_at=10.0)
+        rec = OperationRecord(
+            operation_id="op-h", account=ACCOUNT, endpoint_id="fixture", created_at=1.0,
+            phase="transmitting", maximum_attempts=2, attempts_used=1, attempts=(attempt,),
+            model="gpt-test", format_name="Answer", format_hash="fh", body_hash="bh",
+            root_operation_id="op-h",
+        )
+        await store.write(lambda txn: txn.put_operation(rec))
+        lease = await store.write(lambda txn: acquire_lease(txn, "op-h", 11.0))
+        live = await sweep(store, now=12.0)
+        assert live.live == 1 and live.closed == 0  # its owner is live: untouched
+        await store.write(lambda txn: txn.unregister_token(lease.token))  # no longer live
+        report = await sweep(store, now=12.0)
+        assert report.waiting_ids == ("op-h",)
+        swept = store.get_operation("op-h")
+        assert swept is not None and swept.fence == lease.fence + 1
+        # The lost owner wakes up: a checkpoint or a completion under its fence is refused.
+        completed = msgspec.structs.replace(swept, phase="completed", completed_at=13.0)
+        with pytest.raises(errors.FenceMismatch):
+            await store.write(
+                lambda txn: txn.put_operation(completed, expect_fence=lease.fence)
+            )
+        assert store.get_operation("op-h") == swept
     finally:
         store.close()
