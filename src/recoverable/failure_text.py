@@ -98,7 +98,7 @@ _KINDS: dict[str, str] = {
     "malformed": "the stream broke the protocol or a bound",
     "refusal": "the model refused",
     "invalid_output": "the output was not valid JSON for the schema",
-    "interrupted": "the attempt was interrupted locally",
+    "interrupted": "the attempt was interrupted",
 }
 
 _TRANSPORT_CODES: dict[str, str] = {
