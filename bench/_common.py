@@ -96,6 +96,32 @@ def self_cpu_seconds() -> float:
     return u.ru_utime + u.ru_stime
 
 
+def thread_cpu_seconds() -> tuple[float, float]:
+    """(main thread, all other threads) CPU seconds, user + system, of this process so far
+    (``/proc/self/task/*/stat``). In a durable worker the other threads are the store's
+    writer thread (and Trio's short-lived worker threads, e.g. for getaddrinfo)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    main = other = 0.0
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            with open(task / "stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the thread ended meanwhile
+        seconds = (int(fields[11]) + int(fields[12])) / ticks
+        if task.name == str(os.getpid()):
+            main += seconds
+        else:
+            other += seconds
+    return main, other
+
+
+def context_switches() -> tuple[int, int]:
+    """(voluntary, involuntary) context switches of this process so far (all threads)."""
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return u.ru_nvcsw, u.ru_nivcsw
+
+
 def ms(seconds: float) -> str:
     return "n/a" if math.isnan(seconds) else f"{seconds * 1000:.1f}"
 

@@ -78,6 +78,13 @@ def check_durable_vs_plain(out: str) -> None:
     assert durable[-1] == "100", out  # POSTs: one per job, no retries
 
 
+def check_durable_parts(out: str) -> None:
+    assert "durable path parts, µs per call (200 records)" in out, out
+    for part in ("governor admission read", "codec.decode_operation", "WriteTxn.put_operation",
+                 "nested txn", "await store.write(no-op)"):
+        assert part in out, out
+
+
 def check_cancel_latency(out: str) -> None:
     rows = table_rows(out, "sse")
     assert len(rows) == 1, out
@@ -120,6 +127,7 @@ def check_transport(out: str) -> None:
 ENTRY_POINTS = [
     ("harness.py", check_harness),
     ("durable_vs_plain.py", check_durable_vs_plain),
+    ("durable_parts.py", check_durable_parts),
     ("cancel_latency.py", check_cancel_latency),
     ("scheduler_lateness.py", check_scheduler_lateness),
     ("soak.py", check_soak),
