@@ -24,6 +24,7 @@ from recoverable.transport.fixture_synth import (
     MAX_SYNTH_DEPTH,
     MAX_SYNTH_VALUES,
     CannotSynthesize,
+    synthesize_text,
     synthesize_value,
     violate,
 )
@@ -201,7 +202,7 @@ def events_for(
     elif kind == "refusal":
         text = reply.text or "I can't help with that."
     else:  # synthesize, disconnect, stall, incomplete, failed, tool_call
-        text = msgspec.json.encode(synthesize_value(schema or {})).decode()
+        text = synthesize_text(schema or {})
 
     events: list[dict[str, Any]] = []
 

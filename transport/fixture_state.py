@@ -88,7 +88,11 @@ CLIENT_REQUEST_ID_FIELD = "client_request_id"
 
 def canonical_body(data: bytes) -> tuple[bytes, dict[str, Any]]:
     """(canonical bytes, decoded object) of a create request; raises ValueError."""
-    obj = msgspec.json.decode(data)
+    return canonical_object(msgspec.json.decode(data))
+
+
+def canonical_object(obj: object) -> tuple[bytes, dict[str, Any]]:
+    """``canonical_body`` of an already decoded request (it is changed in place)."""
     if not isinstance(obj, dict):
         raise ValueError("request body is not a JSON object")
     obj.pop("type", None)

@@ -24,7 +24,14 @@ from recoverable.schema_graph import (
     type_names,
 )
 
-__all__ = ["MAX_SYNTH_DEPTH", "MAX_SYNTH_VALUES", "CannotSynthesize", "synthesize_value", "violate"]
+__all__ = [
+    "MAX_SYNTH_DEPTH",
+    "MAX_SYNTH_VALUES",
+    "CannotSynthesize",
+    "synthesize_text",
+    "synthesize_value",
+    "violate",
+]
 
 MAX_SYNTH_DEPTH = 128
 MAX_SYNTH_VALUES = 100_000
@@ -51,6 +58,9 @@ class _Analysis:
             self.validator: Any = jsonschema_rs.Draft202012Validator(self.root, offline=True)
         except (ValueError, TypeError, OverflowError):
             self.validator = None
+        # The synthesized value as JSON text, once made: synthesis is deterministic, so
+        # a provider answering the same schema thousands of times makes it once.
+        self.text: str | None = None
 
 
 _analyses: OrderedDict[bytes, _Analysis] = OrderedDict()
@@ -81,7 +91,21 @@ def synthesize_value(schema: Any) -> Any:
     """
     if schema is True or not isinstance(schema, Mapping):
         return {}
+    return _synthesize(_analysis(schema))
+
+
+def synthesize_text(schema: Any) -> str:
+    """``synthesize_value(schema)`` as JSON text, cached with the schema's analysis (the
+    fixture's per-request path: the same schema answered many times is synthesized once)."""
+    if schema is True or not isinstance(schema, Mapping):
+        return "{}"
     analysis = _analysis(schema)
+    if analysis.text is None:
+        analysis.text = msgspec.json.encode(_synthesize(analysis)).decode()
+    return analysis.text
+
+
+def _synthesize(analysis: _Analysis) -> Any:
     reason = analysis.graph.no_finite_instance()
     if reason is not None:
         raise CannotSynthesize(reason)
