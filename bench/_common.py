@@ -13,6 +13,8 @@ import resource
 import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -114,6 +116,38 @@ def thread_cpu_seconds() -> tuple[float, float]:
         else:
             other += seconds
     return main, other
+
+
+class GcClock:
+    """Time spent in Python's cyclic garbage collector (``gc.callbacks``), per generation.
+
+    A collection runs in the thread whose allocation triggered it, so its duration is
+    taken with that thread's CPU clock (``time.thread_time``)."""
+
+    def __init__(self) -> None:
+        self.seconds = [0.0, 0.0, 0.0]
+        self.collections = [0, 0, 0]
+        self._started: dict[int, float] = {}
+
+    def install(self) -> GcClock:
+        import gc
+
+        gc.callbacks.append(self._callback)
+        return self
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        ident = threading.get_ident()
+        if phase == "start":
+            self._started[ident] = time.thread_time()
+            return
+        started = self._started.pop(ident, None)
+        if started is not None:
+            generation = info["generation"]
+            self.seconds[generation] += time.thread_time() - started
+            self.collections[generation] += 1
+
+    def total(self) -> float:
+        return sum(self.seconds)
 
 
 def context_switches() -> tuple[int, int]:

@@ -86,6 +86,7 @@ async def durable_phase(args: argparse.Namespace) -> dict[str, Any]:
                 await rt.acknowledge(handle)
 
             await run_pool(args.warmup, args.concurrency, job, offset=args.n)
+            _after_warmup(args)
             before = store.stats()
             cpu0, split0, switches0 = _cpu_marks()
             elapsed, latencies = await run_pool(args.n, args.concurrency, job)
@@ -104,6 +105,8 @@ async def durable_phase(args: argparse.Namespace) -> dict[str, Any]:
         "cpu": cpu,
         "loop_cpu": split[0],
         "thread_cpu": split[1],
+        "gc_cpu": split[2],
+        "gc_by_generation": [GC.seconds, GC.collections],
         "switches": switches,
         "rss_mib": _common.peak_rss_mib(),
     }
@@ -123,26 +126,41 @@ async def plain_phase(args: argparse.Namespace) -> dict[str, Any]:
             assert isinstance(value, Answer)
 
         await run_pool(args.warmup, args.concurrency, job, offset=args.n)
+        _after_warmup(args)
         cpu0, split0, switches0 = _cpu_marks()
         elapsed, latencies = await run_pool(args.n, args.concurrency, job)
         cpu, split, switches = _cpu_since(cpu0, split0, switches0)
     return {"elapsed": elapsed, "latencies": latencies, "cpu": cpu, "loop_cpu": split[0],
-            "thread_cpu": split[1], "switches": switches, "rss_mib": _common.peak_rss_mib()}
+            "thread_cpu": split[1], "gc_cpu": split[2], "switches": switches,
+            "gc_by_generation": [GC.seconds, GC.collections],
+            "rss_mib": _common.peak_rss_mib()}
 
 
-def _cpu_marks() -> tuple[float, tuple[float, float], tuple[int, int]]:
-    return _common.self_cpu_seconds(), _common.thread_cpu_seconds(), _common.context_switches()
+GC = _common.GcClock()
+
+
+def _after_warmup(args: argparse.Namespace) -> None:
+    if "gc-freeze" in (args.experiment or []):
+        import gc
+
+        gc.freeze()
+        gc.set_threshold(10_000, 10, 10)
+
+
+def _cpu_marks() -> tuple[float, tuple[float, float, float], tuple[int, int]]:
+    main, other = _common.thread_cpu_seconds()
+    return _common.self_cpu_seconds(), (main, other, GC.total()), _common.context_switches()
 
 
 def _cpu_since(
-    cpu0: float, split0: tuple[float, float], switches0: tuple[int, int]
-) -> tuple[float, tuple[float, float], tuple[int, int]]:
-    """CPU seconds (all threads; event-loop thread, other threads) and context switches
-    (voluntary, involuntary) since the marks."""
+    cpu0: float, split0: tuple[float, float, float], switches0: tuple[int, int]
+) -> tuple[float, tuple[float, float, float], tuple[int, int]]:
+    """CPU seconds (all threads; event-loop thread, other threads, the cyclic garbage
+    collector in any thread) and context switches (voluntary, involuntary) since the marks."""
     cpu1, split1, switches1 = _cpu_marks()
     return (
         cpu1 - cpu0,
-        (split1[0] - split0[0], split1[1] - split0[1]),
+        (split1[0] - split0[0], split1[1] - split0[1], split1[2] - split0[2]),
         (switches1[0] - switches0[0], switches1[1] - switches0[1]),
     )
 
@@ -153,6 +171,9 @@ EXPERIMENTS = {
     "no-nested-txn": "the writer runs each mutation straight in the batch transaction (no "
     "child transaction; a failing mutation would not be rolled back alone: measurement only)",
     "switch-interval-1ms": "sys.setswitchinterval(0.001) (the GIL is handed over sooner)",
+    "gc-off": "gc.disable() in the worker (what Python's cyclic garbage collector costs)",
+    "gc-freeze": "gc.freeze() after the warm-up and gc.set_threshold(10_000, 10, 10): what a "
+    "host can do without touching the library",
 }
 
 
@@ -190,12 +211,19 @@ def apply_experiments(names: list[str]) -> None:
             Writer._run_one = run_one  # type: ignore[method-assign]
         elif name == "switch-interval-1ms":
             sys.setswitchinterval(0.001)
+        elif name == "gc-off":
+            import gc
+
+            gc.disable()
+        elif name == "gc-freeze":
+            pass  # applied after the warm-up (_after_warmup)
         else:
             raise SystemExit(f"unknown experiment {name!r}: {sorted(EXPERIMENTS)}")
 
 
 def worker_main(args: argparse.Namespace) -> None:
     _common.raise_fd_limit()
+    GC.install()
     apply_experiments(args.experiment or [])
     phase = durable_phase if args.worker == "durable" else plain_phase
     if args.profile:
@@ -244,9 +272,8 @@ def run_worker(
         argv += ["--profile", profile]
         if profile_raw:
             argv.append("--profile-raw")
-    if phase == "durable":
-        for name in experiments or []:
-            argv += ["--experiment", name]
+    for name in experiments or []:  # the patches of the durable path are inert in plain
+        argv += ["--experiment", name]
     proc = subprocess.run(argv, capture_output=True, text=True, env=_common.child_env(),
                           timeout=900)
     if proc.returncode != 0:
@@ -268,8 +295,9 @@ def main() -> None:
     parser.add_argument("--profile-raw", action="store_true",
                         help="with --profile: also keep the raw cProfile files (*.prof)")
     parser.add_argument("--experiment", action="append", choices=sorted(EXPERIMENTS),
-                        help="durable phase only: a bench-side patch that measures a change's "
-                        "gain before it is made (breaks guarantees; never for real figures)")
+                        help="a bench-side patch in both workers (those of the durable path "
+                        "are inert in plain) that measures a change's gain before it is made "
+                        "(some break guarantees; never for real figures)")
     parser.add_argument("--worker", choices=["durable", "plain"], help=argparse.SUPPRESS)
     parser.add_argument("--base-url", help=argparse.SUPPRESS)
     parser.add_argument("--dir", help=argparse.SUPPRESS)
@@ -313,7 +341,8 @@ def main() -> None:
         shutil.rmtree(base, ignore_errors=True)
     print(f"durable vs plain, concurrency {concurrency} (provider in a separate process)")
     headers = ["mode", "N", "phase", "jobs/s", "ratio", "fsync/op", "writes/op", "p50 ms",
-               "p99 ms", "client CPU ms/job", "loop ms/job", "threads ms/job", "csw/job",
+               "p99 ms", "client CPU ms/job", "loop ms/job", "threads ms/job", "gc ms/job",
+               "csw/job",
                "provider CPU ms/job", "peak RSS MiB", "POSTs"]
     out = []
     for mode, n, results in rows:
@@ -329,11 +358,20 @@ def main() -> None:
                 f"{r['writes'] / n:.1f}" if "writes" in r else "",
                 _common.ms(_common.percentile(lat, 50)), _common.ms(_common.percentile(lat, 99)),
                 f"{r['cpu'] / n * 1000:.2f}", f"{r['loop_cpu'] / n * 1000:.2f}",
-                f"{r['thread_cpu'] / n * 1000:.2f}", f"{sum(r['switches']) / n:.1f}",
+                f"{r['thread_cpu'] / n * 1000:.2f}", f"{r['gc_cpu'] / n * 1000:.2f}",
+                f"{sum(r['switches']) / n:.1f}",
                 f"{r['provider_cpu'] / (n + warmup) * 1000:.2f}",
                 f"{r['rss_mib']:.0f}", r["posts"],
             ])
     print(_common.table(headers, out))
+    for mode, n, results in rows:
+        for phase in ("plain", "durable"):
+            seconds, counts = results[phase]["gc_by_generation"]
+            by_generation = ", ".join(
+                f"gen{g} {counts[g]} collections {seconds[g] * 1000:.0f} ms" for g in range(3)
+            )
+            print(f"cyclic GC over the whole {phase} worker ({mode}, N={n}, warm-up "
+                  f"included): {by_generation}")
 
 
 if __name__ == "__main__":
