@@ -1,15 +1,19 @@
 """The cheaper per-event work of issue 20, checked against what it replaces: the fixture's
-hand-built WebSocket frames are wsproto's bytes and its cached synthesis is the same text."""
+hand-built WebSocket frames are wsproto's bytes, its cached synthesis is the same text,
+and the lazy idle timer never fires early and at most its slack late (MockClock)."""
 
 from __future__ import annotations
 
 import msgspec
 import pytest
+import trio
+import trio.testing
 import wsproto
 import wsproto.events as wse
 from recoverable.transport.fixture_replies import synthesize_value
 from recoverable.transport.fixture_synth import synthesize_text
 from recoverable.transport.fixture_ws import text_frame
+from recoverable.transport.idle import IdleTimer
 from wsproto import ConnectionType
 
 
@@ -57,3 +61,39 @@ def test_cached_synthesis_is_the_synthesized_value(schema: object) -> None:
     text = synthesize_text(schema)
     assert msgspec.json.decode(text) == synthesize_value(schema)
     assert synthesize_text(schema) is text or schema is True  # made once per schema
+
+
+async def _idle_run(touches: int, every: float, bound: float) -> tuple[float, int]:
+    """Touch ``touches`` times, ``every`` seconds apart, then fall silent: (seconds from the
+    last touch to the cancellation, how many times the deadline moved)."""
+    moves = 0
+    last = 0.0
+    with trio.CancelScope() as scope:
+        scope.deadline = trio.current_time() + 1000.0  # a connect allowance far away
+        timer = IdleTimer(scope, bound)
+        for _ in range(touches):
+            before = scope.deadline
+            timer.touch()
+            last = trio.current_time()
+            moves += scope.deadline != before
+            await trio.sleep(every)
+        await trio.sleep_forever()
+    return trio.current_time() - last, moves
+
+
+def test_idle_timer_never_fires_early_and_at_most_its_slack_late() -> None:
+    timeout = 1.6  # slack 0.1
+    for touches, every in ((1, 0.0), (40, 0.01), (300, 0.05), (20, 1.5)):
+        silent, moves = trio.run(_idle_run, touches, every, timeout,
+                                 clock=trio.testing.MockClock(autojump_threshold=0))
+        assert timeout <= silent <= timeout + 0.1 + 1e-9, (touches, every, silent)
+        # The deadline moves at most once per slack of activity (plus the first pull-in).
+        assert moves <= 1 + (touches - 1) * every / 0.1 + 1, (touches, every, moves)
+
+
+def test_idle_timer_moves_the_deadline_rarely_under_a_stream_of_events() -> None:
+    # 1,000 events in 0.5 s against a 120 s timeout: the deadline moves once.
+    silent, moves = trio.run(_idle_run, 1000, 0.0005, 120.0,
+                             clock=trio.testing.MockClock(autojump_threshold=0))
+    assert moves == 1
+    assert 120.0 <= silent <= 121.0
