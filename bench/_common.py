@@ -30,9 +30,12 @@ PROVIDER_CODE = (
 
 
 @contextmanager
-def provider_process(faults: str | None = None) -> Iterator[dict[str, Any]]:
-    """Start the fixture provider in its own process; yield its URL line (plus ``pid``)."""
-    argv = [sys.executable, "-c", PROVIDER_CODE, "--port", "0"]
+def provider_process(
+    faults: str | None = None, extra: Sequence[str] = ()
+) -> Iterator[dict[str, Any]]:
+    """Start the fixture provider in its own process; yield its URL line (plus ``pid``).
+    ``extra``: more ``fixture-provider`` options (e.g. ``--deltas 200:500``)."""
+    argv = [sys.executable, "-c", PROVIDER_CODE, "--port", "0", *extra]
     if faults:
         argv += ["--faults", faults]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)

@@ -58,6 +58,8 @@ def test_every_bench_entry_point_is_covered() -> None:
 def check_harness(out: str) -> None:
     # --quick runs the faults scenario only (it runs every line the other one does).
     assert re.search(r"^faults: \(a\)/\(b\) = \d+\.\d\d", out, re.M), out
+    # The realistic scenario (answers streamed in 200-500 deltas) runs in --quick too.
+    assert re.search(r"^realistic: \(a\)/\(b\) = \d+\.\d\d", out, re.M), out
     assert "worker CPU % core" in out and "provider CPU % core" in out
     assert "(a) recoverable" in out and "(b) plain stream" in out and "(d) JSON files" in out
     assert re.search(r"'violations': \[\]", out), out

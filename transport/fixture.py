@@ -36,6 +36,7 @@ from recoverable.transport.fixture_replies import (
     schema_rejection,
 )
 from recoverable.transport.fixture_state import (
+    MAX_DELTAS,
     MAX_REQUEST_BYTES,
     RECV_BYTES,
     ProviderState,
@@ -91,6 +92,7 @@ class FixtureProvider(ProviderState):
         reply_delay: float = 0.0,
         tpm_limit: int | None = None,
         rate_burst_seconds: float = 60.0,
+        deltas: tuple[int, int] | None = None,
     ) -> AsyncIterator[FixtureProvider]:
         """Serve until exit. ``reply_delay``: seconds every generation request is held
         after it is recorded and before its reply starts (a slow provider: it makes
@@ -100,9 +102,13 @@ class FixtureProvider(ProviderState):
         ``estimate_tokens(body)`` (a quarter of its bytes plus its ``max_output_tokens``)
         and, after its reply, for the reported usage beyond that; one that would take more
         than the bucket holds is answered 429 with Retry-After. Every answer carries the
-        ``x-ratelimit-*-tokens`` headers."""
+        ``x-ratelimit-*-tokens`` headers.
+
+        ``deltas=(low, high)``: every text answer streams in ``low``..``high`` delta events
+        (chosen per reply; fewer if the text is shorter) instead of four, as real answers
+        of hundreds of tokens do."""
         provider = cls(faults=faults, reply_delay=reply_delay, tpm_limit=tpm_limit,
-                       rate_burst_seconds=rate_burst_seconds)
+                       rate_burst_seconds=rate_burst_seconds, deltas=deltas)
         listeners = await trio.open_tcp_listeners(port, host=host, backlog=4096)
         provider.host = host
         provider.port = listeners[0].socket.getsockname()[1]
@@ -342,7 +348,22 @@ def _parser() -> argparse.ArgumentParser:
         "--rate-burst-seconds", type=float, default=60.0, metavar="SECONDS",
         help="the budget the --tpm-limit bucket holds, in seconds of refill (default 60)",
     )
+    parser.add_argument(
+        "--deltas", type=_deltas, default=None, metavar="LOW:HIGH",
+        help="stream every text answer in LOW..HIGH delta events (default: four)",
+    )
     return parser
+
+
+def _deltas(text: str) -> tuple[int, int]:
+    low, sep, high = text.partition(":")
+    try:
+        pair = (int(low), int(high if sep else low))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not LOW:HIGH: {text!r}") from None
+    if not 1 <= pair[0] <= pair[1] <= MAX_DELTAS:
+        raise argparse.ArgumentTypeError(f"need 1 <= LOW <= HIGH <= {MAX_DELTAS}: {text!r}")
+    return pair
 
 
 def fixture_main(argv: list[str]) -> int:
@@ -368,6 +389,7 @@ def fixture_main(argv: list[str]) -> int:
             async with FixtureProvider.serve(
                 host=args.host, port=args.port, faults=faults, reply_delay=args.reply_delay,
                 tpm_limit=args.tpm_limit, rate_burst_seconds=args.rate_burst_seconds,
+                deltas=args.deltas,
             ) as provider:
                 provider.script(script)
                 line = {

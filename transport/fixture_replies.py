@@ -177,6 +177,16 @@ def _chunks(text: str, n: int = 4) -> list[str]:
     return [text[i : i + size] for i in range(0, len(text), size)]
 
 
+def _split(text: str, n: int) -> list[str]:
+    """``text`` in ``min(n, len(text))`` pieces of near-equal length (one empty piece for
+    an empty text)."""
+    n = min(max(1, n), len(text))
+    if n == 0:
+        return [""]
+    size = len(text)
+    return [text[i * size // n : (i + 1) * size // n] for i in range(n)]
+
+
 def request_schema(request: Mapping[str, Any]) -> Any:
     text = request.get("text")
     fmt = text.get("format") if isinstance(text, Mapping) else None
@@ -186,9 +196,13 @@ def request_schema(request: Mapping[str, Any]) -> Any:
 
 
 def events_for(
-    reply: Reply, request: Mapping[str, Any], *, serial: int, created_at: int
+    reply: Reply, request: Mapping[str, Any], *, serial: int, created_at: int,
+    deltas: int | None = None,
 ) -> list[dict[str, Any]]:
-    """The full event list of a streamed reply (a disconnect/stall sends only a prefix)."""
+    """The full event list of a streamed reply (a disconnect/stall sends only a prefix).
+
+    ``deltas``: stream the answer text in that many delta events (fewer if the text is
+    shorter), as a real answer of that many tokens streams; default four."""
     rid = reply.response_id or f"resp_fixture{serial:012d}"
     mid = f"msg_fixture{serial:012d}"
     kind = reply.kind
@@ -268,7 +282,7 @@ def events_for(
     emit({"type": "response.output_item.added", "output_index": 0, "item": item})
     emit({"type": "response.content_part.added", "item_id": mid, "output_index": 0,
           "content_index": 0, "part": empty_part})
-    chunks = _chunks(text)
+    chunks = _chunks(text) if deltas is None else _split(text, deltas)
     if kind == "incomplete":
         chunks = chunks[: max(1, len(chunks) // 2)]
     delta_type = "response.refusal.delta" if kind == "refusal" else "response.output_text.delta"

@@ -25,6 +25,7 @@ from recoverable.transport.ratelimit import estimate_tokens, format_duration
 from recoverable.errors import InvalidRequest
 
 MAX_REQUEST_BYTES = 32 * 2**20
+MAX_DELTAS = 100_000
 RECV_BYTES = 65536
 
 
@@ -111,6 +112,7 @@ class ProviderState:
         reply_delay: float = 0.0,
         tpm_limit: int | None = None,
         rate_burst_seconds: float = 60.0,
+        deltas: tuple[int, int] | None = None,
     ) -> None:
         if not reply_delay >= 0.0:
             raise InvalidRequest("reply_delay must be >= 0 seconds")
@@ -120,7 +122,18 @@ class ProviderState:
             raise InvalidRequest("tpm_limit must be a positive integer (tokens per minute)")
         if not 0.0 < rate_burst_seconds <= 3600.0:
             raise InvalidRequest("rate_burst_seconds must be in (0, 3600]")
+        if deltas is not None and not (
+            len(deltas) == 2
+            and all(isinstance(d, int) and not isinstance(d, bool) for d in deltas)
+            and 1 <= deltas[0] <= deltas[1] <= MAX_DELTAS
+        ):
+            raise InvalidRequest(
+                f"deltas must be (low, high) with 1 <= low <= high <= {MAX_DELTAS}"
+            )
         self.faults = faults
+        # How many delta events a text answer is streamed in: None, four (the default
+        # stream); else from ``low`` to ``high``, chosen per reply by its serial number.
+        self.deltas = deltas
         self.reply_delay = reply_delay
         # The tokens-per-minute limit it enforces (None: none), as a token bucket holding
         # ``rate_burst_seconds`` of budget, full at start, refilled continuously.
@@ -260,7 +273,12 @@ class ProviderState:
 
     def reply_events(self, reply: Reply, request: Mapping[str, Any]) -> list[dict[str, Any]]:
         self._serial += 1
-        return events_for(reply, request, serial=self._serial, created_at=int(time.time()))
+        deltas = None
+        if self.deltas is not None:
+            low, high = self.deltas
+            deltas = low + self._serial % (high - low + 1)
+        return events_for(reply, request, serial=self._serial, created_at=int(time.time()),
+                          deltas=deltas)
 
 
 

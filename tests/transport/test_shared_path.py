@@ -10,11 +10,17 @@ import trio
 import trio.testing
 import wsproto
 import wsproto.events as wse
-from recoverable.transport.fixture_replies import synthesize_value
+from recoverable.transport import ResponsesBackend, StaticCredentials
+from recoverable.transport.fixture_replies import Reply, events_for, synthesize_value
+from recoverable.transport.fixture_state import MAX_DELTAS, ProviderState
 from recoverable.transport.fixture_synth import synthesize_text
 from recoverable.transport.fixture_ws import text_frame
 from recoverable.transport.idle import IdleTimer
 from wsproto import ConnectionType
+
+from recoverable.errors import InvalidRequest
+from recoverable.outcome import Completed
+from recoverable.testing import FixtureProvider
 
 
 def _open_server() -> wsproto.WSConnection:
@@ -97,3 +103,56 @@ def test_idle_timer_moves_the_deadline_rarely_under_a_stream_of_events() -> None
                              clock=trio.testing.MockClock(autojump_threshold=0))
     assert moves == 1
     assert 120.0 <= silent <= 121.0
+
+
+# -- long answers: the fixture streams hundreds of deltas (the harness's realistic load) --
+
+LONG_SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"type": "integer"}, "note": {"type": "string", "minLength": 1400}},
+    "required": ["answer", "note"],
+    "additionalProperties": False,
+}
+
+
+def _request() -> dict[str, object]:
+    return {"model": "m", "input": "q", "text": {"format": {
+        "type": "json_schema", "name": "Essay", "strict": True, "schema": LONG_SCHEMA}}}
+
+
+@pytest.mark.parametrize("deltas", [1, 200, 500, 5000])
+def test_events_for_streams_the_answer_in_that_many_deltas(deltas: int) -> None:
+    events = events_for(Reply.synthesize(), _request(), serial=1, created_at=0, deltas=deltas)
+    pieces = [e["delta"] for e in events if e["type"] == "response.output_text.delta"]
+    text = synthesize_text(LONG_SCHEMA)
+    assert "".join(pieces) == text
+    assert len(pieces) == min(deltas, len(text)) and all(pieces)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+
+
+def test_deltas_are_bounded() -> None:
+    for bad in [(0, 5), (5, 4), (1, MAX_DELTAS + 1), (1.0, 2)]:
+        with pytest.raises(InvalidRequest):
+            ProviderState(deltas=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("mode", ["sse", "websocket"])
+async def test_a_provider_with_deltas_streams_long_answers_end_to_end(mode: str) -> None:
+    body = msgspec.json.encode({**_request(), "store": False})
+    async with FixtureProvider.serve(deltas=(200, 500)) as provider:
+        backend = ResponsesBackend(provider.http_url, credentials=StaticCredentials("sk-t"),
+                                   mode=mode)  # type: ignore[arg-type]
+        seen: list[int] = []
+        try:
+            for i in range(3):
+                outcome = await backend.stream(
+                    body, attempt_id=f"a{i}", token="sk-t",
+                    on_progress=lambda p: seen.append(p.sequence_number or 0),
+                )
+                assert isinstance(outcome, Completed), outcome
+                assert outcome.text == synthesize_text(LONG_SCHEMA)
+        finally:
+            await backend.aclose()
+    # The last reply's events: created, in_progress, item/part added, the deltas, then
+    # text done, part done, item done, completed: 8 + deltas, with deltas in 200..500.
+    assert 200 + 8 <= max(seen) + 1 <= 500 + 8
