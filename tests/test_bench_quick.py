@@ -87,6 +87,13 @@ def check_durable_parts(out: str) -> None:
         assert part in out, out
 
 
+def check_memory(out: str) -> None:
+    rows = [line for line in out.splitlines() if "in flight" not in line and (
+        line.strip().startswith(("plain stream", "durable,")))]
+    assert len(rows) == 3, out
+    assert re.search(r"slope after the first quarter [+-]\d+\.\d KiB per 1,000 jobs", out), out
+
+
 def check_cancel_latency(out: str) -> None:
     rows = table_rows(out, "sse")
     assert len(rows) == 1, out
@@ -130,6 +137,7 @@ ENTRY_POINTS = [
     ("harness.py", check_harness),
     ("durable_vs_plain.py", check_durable_vs_plain),
     ("durable_parts.py", check_durable_parts),
+    ("memory.py", check_memory),
     ("cancel_latency.py", check_cancel_latency),
     ("scheduler_lateness.py", check_scheduler_lateness),
     ("soak.py", check_soak),
