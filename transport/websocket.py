@@ -456,7 +456,9 @@ class WebSocketTransport:
         outcome: Outcome | None = None
         try:
             with flood:
-                outcome = await self._messages(conn, state, timer)
+                # With the byte stream watched, every message's bytes already re-armed the
+                # timer as they arrived: the messages need not do it again.
+                outcome = await self._messages(conn, state, timer if watched is None else None)
         finally:
             if watched is not None:
                 watched.on_bytes = None
@@ -465,7 +467,7 @@ class WebSocketTransport:
         return outcome
 
     async def _messages(
-        self, conn: _Connection, state: ResponseStream, timer: IdleTimer
+        self, conn: _Connection, state: ResponseStream, timer: IdleTimer | None
     ) -> Outcome:
         limits = self._limits
         total = 0
@@ -482,4 +484,5 @@ class WebSocketTransport:
             outcome = state.feed(msg)
             if outcome is not None:
                 return outcome
-            timer.touch()
+            if timer is not None:
+                timer.touch()
