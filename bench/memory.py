@@ -8,15 +8,19 @@ process (``bench/_common.py``), on a real LMDB store in a temporary directory:
 
 - **in flight**: the provider holds every reply for ``--hold`` seconds (``--reply-delay``),
   so all ``--concurrency`` operations are prepared, authorized and waiting on their stream
-  at once; RSS is sampled every 20 ms. Reported: RSS before (runtime open, after a warm-up
-  of 50 jobs), the peak while they are in flight, and the difference per 1,000 operations.
+  at once; RSS is sampled every 20 ms, anonymous (the heap) and file-backed (the LMDB map's
+  pages touched) apart. Reported: RSS before (runtime open, after a warm-up of 50 jobs),
+  the peak while they are in flight, and the difference per 1,000 operations.
   Once on an empty store, once on a store holding ``--records`` operations at rest (the mix
   of ``store_scale.py``: 70% prepared, 20% waiting on a cooldown an hour away, 10%
   completed awaiting acknowledgement), filled beforehand by another process. The plain
   stream (no store) in flight is measured too, for comparison.
 - **slope**: ``--jobs`` jobs at concurrency ``--concurrency`` with no hold; RSS sampled 40
   times (every ``jobs / 40`` finished jobs, at least 100); the least-squares slope over the
-  samples after the first 25% (KiB per 1,000 jobs; 0 means no growth).
+  samples after the first 25% and over the last half (KiB per 1,000 jobs; 0 means no
+  growth). The store's key caches (``functools.lru_cache`` of 16,384 operation keys and
+  16,384 hashed key parts, about 0.4 KiB per operation) fill during the first 16,384 jobs;
+  a run longer than that shows what grows after them.
 
 ``--quick``: concurrency 50, 2,000 records, 1,000 jobs, a 1 s hold (a few seconds). The
 figures of a quick run mean nothing; it proves the script still works.
@@ -51,10 +55,18 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 MiB = 2**20
 
 
-def rss_bytes() -> int:
-    """This process's resident set size now (``/proc/self/statm``)."""
-    with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[1]) * PAGE
+def rss_bytes() -> tuple[int, int]:
+    """This process's resident set now, (anonymous, file-backed) bytes (``/proc/self/status``:
+    ``RssAnon``, ``RssFile``). File-backed pages are mostly the LMDB map's pages touched
+    (page cache, shared, reclaimable); anonymous pages are the heap."""
+    anon = file = 0
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("RssAnon:"):
+                anon = int(line.split()[1]) * 1024
+            elif line.startswith(("RssFile:", "RssShmem:")):
+                file += int(line.split()[1]) * 1024
+    return anon, file
 
 
 async def approve(attempt: recoverable.Attempt) -> bool:
@@ -62,16 +74,18 @@ async def approve(attempt: recoverable.Attempt) -> bool:
 
 
 class Sampler:
-    """The peak RSS seen by a task that samples every ``every`` seconds."""
+    """The peak RSS (anonymous, file-backed; each its own peak) seen by a task that samples
+    every ``every`` seconds."""
 
     def __init__(self, every: float = 0.02) -> None:
         self.every = every
-        self.peak = 0
+        self.peak = (0, 0)
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         while True:
-            self.peak = max(self.peak, rss_bytes())
+            anon, file = rss_bytes()
+            self.peak = (max(self.peak[0], anon), max(self.peak[1], file))
             await trio.sleep(self.every)
 
 
@@ -168,9 +182,10 @@ def run_worker(kind: str, args: argparse.Namespace, base_url: str, workdir: str)
     return result
 
 
-def slope_kib_per_1000(samples: list[tuple[int, int]]) -> float:
-    """Least-squares slope of RSS over jobs, after the first quarter, in KiB per 1,000 jobs."""
-    tail = samples[len(samples) // 4 :]
+def slope_kib_per_1000(samples: list[tuple[int, int]], skip: float = 0.25) -> float:
+    """Least-squares slope of RSS over jobs, after the first ``skip`` of the samples, in KiB
+    per 1,000 jobs."""
+    tail = samples[int(len(samples) * skip) :]
     if len(tail) < 2:
         return float("nan")
     xs = [x for x, _ in tail]
@@ -181,6 +196,10 @@ def slope_kib_per_1000(samples: list[tuple[int, int]]) -> float:
     return cov / var * 1000 / 1024
 
 
+class _Skip(Exception):
+    pass
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", type=int, default=1000)
@@ -189,6 +208,8 @@ def main() -> None:
     parser.add_argument("--hold", type=float, default=None,
                         help="seconds the provider holds each reply in the in-flight runs "
                         "(default 8; quick 1)")
+    parser.add_argument("--part", action="append", choices=["inflight", "slope"],
+                        help="run only this part (repeatable; default both)")
     parser.add_argument("--quick", action="store_true",
                         help="concurrency 50, 2,000 records, 1,000 jobs, 1 s hold")
     parser.add_argument("--worker-kind", choices=["durable", "plain", "slope", "fill"],
@@ -204,8 +225,12 @@ def main() -> None:
     hold = args.hold if args.hold is not None else (1.0 if args.quick else 8.0)
     base = tempfile.mkdtemp(prefix="memory-")
     rows: list[list[str]] = []
+    parts = args.part or ["inflight", "slope"]
+    r: dict[str, Any] = {}
     try:
         with _common.provider_process(extra=["--reply-delay", str(hold)]) as held:
+            if "inflight" not in parts:
+                raise _Skip
             for label, kind, records in (
                 ("plain stream, no store", "plain", 0),
                 ("durable, empty store", "durable", 0),
@@ -218,26 +243,43 @@ def main() -> None:
                     print(f"  filled {records:,} records in {time.monotonic() - t0:.0f} s",
                           file=sys.stderr)
                 r = run_worker(kind, args, held["base_url"], workdir)
-                per_1000 = (r["peak"] - r["before"]) / max(1, args.concurrency) * 1000
-                rows.append([label, f"{args.concurrency:,}", f"{r['before'] / MiB:.0f}",
-                             f"{r['peak'] / MiB:.0f}", f"{per_1000 / MiB:.1f}"])
+                scale = 1000 / max(1, args.concurrency) / MiB
+                (anon0, file0), (anon1, file1) = r["before"], r["peak"]
+                rows.append([label, f"{args.concurrency:,}", f"{anon0 / MiB:.0f}",
+                             f"{anon1 / MiB:.0f}", f"{(anon1 - anon0) * scale:.1f}",
+                             f"{file0 / MiB:.0f}", f"{file1 / MiB:.0f}",
+                             f"{(file1 - file0) * scale:.1f}"])
                 shutil.rmtree(workdir, ignore_errors=True)
-        with _common.provider_process() as info:
-            workdir = tempfile.mkdtemp(dir=base)
-            r = run_worker("slope", args, info["base_url"], workdir)
+    except _Skip:
+        pass
+    try:
+        if "slope" in parts:
+            with _common.provider_process() as info:
+                workdir = tempfile.mkdtemp(dir=base)
+                r = run_worker("slope", args, info["base_url"], workdir)
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    print(f"RSS with operations in flight (each reply held {hold:g} s by the provider)")
-    print(_common.table(["workload", "in flight", "RSS before MiB", "peak RSS MiB",
-                         "MiB per 1,000 in flight"], rows))
+    if rows:
+        print(f"RSS with operations in flight (each reply held {hold:g} s by the provider)")
+        print(_common.table(["workload", "in flight", "anon before MiB", "anon peak MiB",
+                             "anon MiB per 1,000", "file before MiB", "file peak MiB",
+                             "file MiB per 1,000"], rows))
+        print("(anon: the heap; file: pages of the LMDB map and libraries touched, page "
+              "cache)")
+    if not r:
+        return
     samples = r["samples"]
-    slope = slope_kib_per_1000(samples)
-    shown = ", ".join(
-        f"{n:,} {rss / MiB:.0f}" for n, rss in samples[:: max(1, len(samples) // 8)]
-    )
-    print(f"RSS across {args.jobs:,} durable jobs at concurrency {args.concurrency:,} "
-          f"({args.jobs / r['elapsed']:.0f} jobs/s): start {r['before'] / MiB:.0f} MiB, "
-          f"{shown} MiB; slope after the first quarter {slope:+.1f} KiB per 1,000 jobs")
+    for i, what in ((0, "anon"), (1, "file")):
+        series = [(n, rss[i]) for n, rss in samples]
+        slope = slope_kib_per_1000(series)
+        late = slope_kib_per_1000(series, 0.5)
+        shown = ", ".join(
+            f"{n:,} {rss / MiB:.0f}" for n, rss in series[:: max(1, len(series) // 8)]
+        )
+        print(f"RSS {what} across {args.jobs:,} durable jobs at concurrency "
+              f"{args.concurrency:,} ({args.jobs / r['elapsed']:.0f} jobs/s): start "
+              f"{r['before'][i] / MiB:.0f} MiB, {shown} MiB; slope after the first quarter "
+              f"{slope:+.1f} KiB per 1,000 jobs, over the last half {late:+.1f}")
 
 
 if __name__ == "__main__":
