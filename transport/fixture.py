@@ -238,18 +238,18 @@ class FixtureProvider(ProviderState):
         try:
             canonical, obj = canonical_body(body)
         except (ValueError, msgspec.DecodeError):
-            self.record("sse", headers, body, "bad_request", attempt_id, where)
+            self._record("sse", headers, body, "bad_request", attempt_id, where)
             err = {"error": {"message": "We could not parse the JSON body of your request.",
                              "type": "invalid_request_error", "param": None, "code": None}}
             await self._simple(conn, stream, 400, msgspec.json.encode(err))
             return True
-        reply = self.admit_tokens(canonical) or self.next_reply(attempt_id)
-        self.record("sse", headers, canonical, reply.kind, attempt_id, where)
-        index = await self.replying()
+        reply = self._admit_tokens(canonical) or self.next_reply(attempt_id)
+        self._record("sse", headers, canonical, reply.kind, attempt_id, where)
+        index = await self._replying()
         try:
             return await self._sse_reply(conn, stream, reply, obj, canonical)
         finally:
-            self.finished(index)
+            self._finished(index)
 
     async def _sse_reply(
         self, conn: h11.Connection, stream: trio.SocketStream, reply: Reply, obj: dict[str, Any],
@@ -261,8 +261,8 @@ class FixtureProvider(ProviderState):
                                [*rejection.headers, *self.rate_limit_headers()])
             return True
         try:
-            events = self.reply_events(reply, obj)
-            self.charge_usage(events, canonical)
+            events = self._events(reply, obj)
+            self._charge_usage(events, canonical)
         except CannotSynthesize as exc:  # a schema no value can answer: the API's 400
             rejection = schema_rejection(exc)
             await self._simple(conn, stream, rejection.status, rejection.body, rejection.headers)

@@ -181,7 +181,7 @@ class ProviderState:
             return capacity
         return min(capacity, self._tokens_level + (now - self._tokens_at) * self.tpm_limit / 60.0)
 
-    def admit_tokens(self, canonical: bytes) -> Reply | None:
+    def _admit_tokens(self, canonical: bytes) -> Reply | None:
         """Count a request against the limit, or the 429 that refuses it (nothing counted)."""
         if self.tpm_limit is None:
             return None
@@ -195,7 +195,7 @@ class ProviderState:
         self._tokens_level, self._tokens_at = level - cost, now
         return None
 
-    def charge_usage(self, events: list[dict[str, Any]], canonical: bytes) -> None:
+    def _charge_usage(self, events: list[dict[str, Any]], canonical: bytes) -> None:
         """After a reply: the reported usage beyond the arrival estimate is counted too."""
         if self.tpm_limit is None or not events:
             return
@@ -245,7 +245,7 @@ class ProviderState:
                 return fault
         return Reply.synthesize()
 
-    def record(
+    def _record(
         self,
         transport: Literal["sse", "websocket"],
         headers: dict[str, str],
@@ -261,17 +261,17 @@ class ProviderState:
         self._changed.set()
         self._changed = trio.Event()
 
-    async def replying(self) -> int:
+    async def _replying(self) -> int:
         """After ``_record``: the recorded request's index, once the reply may start."""
         index = len(self.requests) - 1
         if self.reply_delay:
             await trio.sleep(self.reply_delay)
         return index
 
-    def finished(self, index: int) -> None:
+    def _finished(self, index: int) -> None:
         self.requests[index] = attrs.evolve(self.requests[index], finished_at=time.time())
 
-    def reply_events(self, reply: Reply, request: Mapping[str, Any]) -> list[dict[str, Any]]:
+    def _events(self, reply: Reply, request: Mapping[str, Any]) -> list[dict[str, Any]]:
         self._serial += 1
         deltas = None
         if self.deltas is not None:

@@ -75,7 +75,7 @@ async def serve_websocket(
                 reply = state.next_reply(attempt_id)
                 if reply.kind in HTTP_KINDS:
                     where[1] += 1
-                    state.record("websocket", headers, b"", reply.kind, attempt_id,
+                    state._record("websocket", headers, b"", reply.kind, attempt_id,
                                  (where[0], where[1]))
                     rejection = http_rejection(reply)
                     hdrs = [(k.encode(), v.encode()) for k, v in rejection.headers]
@@ -154,19 +154,19 @@ async def _ws_create(
             "type": "invalid_request_error", "code": "invalid_request",
             "message": "Expected a response.create message.", "param": None}})
         return True
-    limited = state.admit_tokens(canonical)
+    limited = state._admit_tokens(canonical)
     if limited is not None:
         reply = limited
     elif reply is None:
         reply = state.next_reply(attempt_id)
     where[1] += 1
-    state.record("websocket", headers, canonical, reply.kind, attempt_id,
+    state._record("websocket", headers, canonical, reply.kind, attempt_id,
                  (where[0], where[1]))
-    index = await state.replying()
+    index = await state._replying()
     try:
         return await _ws_reply(state, ws, stream, reply, obj, canonical)
     finally:
-        state.finished(index)
+        state._finished(index)
 
 
 async def _ws_reply(
@@ -184,8 +184,8 @@ async def _ws_reply(
         })
         return True
     try:
-        events = state.reply_events(reply, obj)
-        state.charge_usage(events, canonical)
+        events = state._events(reply, obj)
+        state._charge_usage(events, canonical)
     except CannotSynthesize as exc:  # a schema no value can answer: the API's 400
         rejection = schema_rejection(exc)
         await _ws_send(ws, stream, {
