@@ -35,6 +35,7 @@ import struct
 from typing import Any, Final
 
 import lmdb
+from recoverable.storage import queue
 from recoverable.storage.base import TABLES, Table
 from recoverable.storage.governor import check_governor_entry
 from recoverable.storage.keys import (
@@ -480,6 +481,10 @@ def check_records(txn: lmdb.Transaction[bytes], dbs: dict[Table, Any]) -> list[s
             problem = _check_entry(table, key, raw, operations)
             if problem is not None:
                 problems.append(f"{table}:{key!r}: {problem}")
+    for key, raw in txn.cursor(db=dbs["queue"]).iternext():
+        problem = queue.check_entry(txn, dbs["queue"], key, raw)
+        if problem is not None:
+            problems.append(f"queue:{key!r}: {problem}")
     for key in txn.cursor(db=dbs["hosts"]).iternext(values=False):
         operation_id = key_str(key[3 * HASH_BYTES :])
         record = operations.get(operation_id)
@@ -512,8 +517,8 @@ def _check_entry(
     table: Table, key: bytes, raw: bytes, operations: dict[str, OperationRecord | None]
 ) -> str | None:
     match table:
-        case "schedule" | "hosts":
-            return None  # hosts: checked against the operations afterwards
+        case "schedule" | "hosts" | "queue":
+            return None  # hosts and queue: checked afterwards
         case "governor":
             return check_governor_entry(key, raw)
         case "payloads":
