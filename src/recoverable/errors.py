@@ -326,8 +326,8 @@ class JobConflict(RecoveryError):
         "this job and input revision were already submitted with another request body"
     )
     _action = (
-        "submit new content under a new input_revision (the submitted operation is "
-        "unchanged)"
+        "wait for the submitted operation, or create new content under a new "
+        "input_revision (the submitted operation is unchanged)"
     )
 
 
