@@ -148,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_batch(sub)
+    _add_worker(sub)
     for name in OPS_COMMANDS:
         _add_ops_command(sub, name)
     sub.add_parser(
@@ -274,6 +275,47 @@ def _add_batch(sub: argparse._SubParsersAction[_Parser]) -> None:
         metavar="FILE",
         help="JSON price table for the cost estimate: model -> {input, cached_input, output} "
         "in USD per 1M tokens (default: a small dated built-in estimate)",
+    )
+
+
+def _add_worker(sub: argparse._SubParsersAction[_Parser]) -> None:
+    worker = sub.add_parser(
+        "worker",
+        help="run queued operations of a store (until SIGTERM/SIGINT)",
+        description=(
+            "Claim queued and orphaned operations of one account and endpoint on --store "
+            "(runtime.submit queues them), run them and save their receipts. SIGTERM or "
+            "SIGINT suspends the running ones durably for the next worker. Default "
+            "authorization: every attempt the operation's saved budget allows."
+        ),
+    )
+    worker.add_argument("--store", required=True, metavar="DIR")
+    worker.add_argument(
+        "--endpoint", default="fixture", metavar="URL|fixture",
+        help="a Responses-compatible base URL, or 'fixture' (an embedded provider)",
+    )
+    worker.add_argument(
+        "--fixture-url", metavar="URL",
+        help="a fixture provider already serving at URL (what batch --workers passes)",
+    )
+    worker.add_argument("--api-key-env", default="OPENAI_API_KEY", metavar="VAR")
+    worker.add_argument(
+        "--account", metavar="ID",
+        help="the account whose operations it runs (default: as recoverable batch's)",
+    )
+    worker.add_argument("--mode", choices=("websocket", "sse"), default="websocket")
+    worker.add_argument(
+        "--concurrency", type=_positive_int, default=64, metavar="N",
+        help="operations run at once (default 64)",
+    )
+    worker.add_argument(
+        "--authorizer", metavar="MODULE:CALLABLE",
+        help="the host's authorization policy, called with each Attempt (default: every "
+        "attempt the saved budget allows)",
+    )
+    worker.add_argument(
+        "--idle-timeout", type=_positive_float, default=120.0, metavar="SECONDS",
+        help="a stream silent this long is interrupted (and replaced)",
     )
 
 

@@ -14,6 +14,7 @@ from recoverable.cli.batch import run_batch
 from recoverable.cli.config import DEFAULT_RETRY_PROVIDER_CODES, BatchConfig
 from recoverable.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, UsageError
 from recoverable.cli.ops import run_ops
+from recoverable.cli.worker import main as worker_main
 from recoverable.pricing import load_prices
 from recoverable.transport.backend import check_base_url
 from recoverable.transport.fixture import fixture_main
@@ -52,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "batch":
             return run_batch(_batch_config(args), out=sys.stdout, err=sys.stderr)
+        if args.command == "worker":
+            return worker_main(args)
         out = sys.stdout if sys.stdout is not None else open(os.devnull, "w")
         return run_ops(args, out, sys.stderr)
     except UsageError as exc:
