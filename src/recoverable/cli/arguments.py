@@ -111,6 +111,23 @@ def _rps(text: str) -> float:
     return value
 
 
+def _workers(text: str) -> int:
+    value = _non_negative_int(text)
+    if value > 64:
+        raise argparse.ArgumentTypeError(f"must be in 0..64: {text!r}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0 or value > 10_000:
+        raise argparse.ArgumentTypeError(f"must be in 0..10000: {text!r}")
+    return value
+
+
 def _revision(text: str) -> str:
     if not 1 <= len(text) <= 256 or any(ord(char) < 32 for char in text):
         raise argparse.ArgumentTypeError("must be 1..256 characters without control characters")
@@ -269,6 +286,16 @@ def _add_batch(sub: argparse._SubParsersAction[_Parser]) -> None:
         metavar="R",
         help="the revision of every OpenAI Batch API line (default: derived from the line's "
         "body, so it changes when the body does)",
+    )
+    batch.add_argument(
+        "--workers", type=_workers, default=0, metavar="N",
+        help="run the jobs in N `recoverable worker` processes on the store (many cores; "
+        "--concurrency is then per worker); 0 (default): in this process",
+    )
+    batch.add_argument(
+        "--worker-restarts", type=_non_negative_int, metavar="N",
+        help="replace a worker process that dies at most N times in all (default: 4 per "
+        "worker), then stop with worker_restarts_exhausted",
     )
     batch.add_argument(
         "--prices",

@@ -120,7 +120,12 @@ def _batch_config(args: argparse.Namespace) -> BatchConfig:
         errors_path=None if args.errors is None else os.path.abspath(args.errors),
         retry_failed=args.retry_failed,
         revision=args.revision,
+        workers=args.workers,
+        worker_restarts=args.worker_restarts,
     )
+    if args.workers and (args.rps is not None or args.rpm is not None or args.tpm is not None):
+        raise UsageError("--rps/--rpm/--tpm are not available with --workers yet "
+                         "(each worker would need them); use --workers 0")
     if args.faults is not None and args.endpoint != "fixture":
         raise UsageError("--faults only applies to --endpoint fixture")
     if args.endpoint != "fixture":
