@@ -4,8 +4,9 @@
 ``(account, scope, job_id, input_revision)``: the same frozen body again returns the
 same handle (and queues it again if it is not finished); a different body under the
 same key is ``JobConflict`` and changes nothing. ``wait`` watches the operation's record
-(a bounded poll with backoff: one LMDB ``last_txnid`` read per poll, the record read
-only when something committed) until it is settled: the saved, validated value, or the
+(a bounded poll with backoff: one LMDB ``last_txnid`` read per poll; when something
+committed, one queue-row read; the record itself once the operation left the queue, and
+at least once a second) until it is settled: the saved, validated value, or the
 operation's typed terminal error. Any process on the store may wait; a worker
 (``actors/worker.py``) runs the operation.
 
@@ -194,7 +195,7 @@ async def wait(
 
     Runs nothing itself: a worker (any process on the store) runs the operation. It
     polls the store with backoff (``POLL_FIRST`` .. ``POLL_MAX`` seconds; the record is
-    read only when a transaction committed, and at least every ``FULL_READ_EVERY`` s),
+    read when it left the queue, and at least every ``FULL_READ_EVERY`` s),
     never busy-loops; bound it with ``trio.fail_after``/``move_on_after``. Raises
     ``OperationCancelled``, ``AttemptsExhausted``/``PermanentlyFailed`` (the failed
     record's error), ``StateExpired``, ``OperationSuspended`` (suspended by a host, not
@@ -210,7 +211,13 @@ async def wait(
     while True:
         txnid = store.last_txnid()
         clock = trio.current_time()
-        if txnid != last_txnid or clock - last_read >= FULL_READ_EVERY:
+        stale = clock - last_read >= FULL_READ_EVERY
+        if txnid != last_txnid and not stale and previous is not None:
+            # Something committed somewhere. While the operation is still queued a worker
+            # has it (or will): its terminal state removes it from the queue.
+            last_txnid = txnid
+            stale = queue_entry(store, handle.operation_id) is None
+        if stale or last_txnid is None:
             last_txnid, last_read = txnid, clock
             value = settled(rt, handle.operation_id, contract)
             if value is not _PENDING:

@@ -54,6 +54,7 @@ __all__ = ["MAX_CONCURRENCY", "WorkerReport", "claimable", "run_worker"]
 
 MAX_CONCURRENCY: Final = 10_000
 SKIP_SECONDS: Final = 30.0  # an operation that stopped without progress is left this long
+BUSY_SECONDS: Final = 0.1  # one running in another process is looked at again after this
 POLL_FIRST: Final = 0.005  # seconds between looks at the queue when work was found
 POLL_MAX: Final = 0.1  # ... and at most this long when there was none
 
@@ -184,8 +185,12 @@ class _Worker:
                 if operation_id in self.running or self.skip.get(operation_id, 0) > clock:
                     continue
                 try:
-                    record = self.store.get_operation(operation_id)
                     lease = self.store.get_lease(operation_id)
+                    live = lease is not None and self.store.lease_is_live(lease)
+                    if live:  # running elsewhere: not read again for a moment
+                        self.skip[operation_id] = clock + BUSY_SECONDS
+                        continue
+                    record = self.store.get_operation(operation_id)
                 except (errors.CorruptRecord, errors.UnsupportedRecordVersion):
                     self.skip[operation_id] = clock + SKIP_SECONDS
                     continue
@@ -194,7 +199,7 @@ class _Worker:
                     continue
                 verdict = claimable(
                     record, entry, account=self.account, endpoint_id=self.endpoint_id,
-                    now=now, lease_live=lease is not None and self.store.lease_is_live(lease),
+                    now=now, lease_live=False,
                 )
                 if verdict is None:
                     done.append(operation_id)
