@@ -176,7 +176,7 @@ class _Worker:
         claims: list[tuple[OperationRecord, QueueEntry]] = []
         after = 0
         while len(claims) < free:
-            page = self.store.queued(after_serial=after)
+            page = self.store.queued(after_serial=after, limit=max(64, 4 * free))
             if not page:
                 break
             after = page[-1].serial
