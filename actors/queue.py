@@ -138,8 +138,8 @@ async def submit(
     chosen = await rt.store.write(functools.partial(submit_operation, record, body, stored))
     _killpoints.hit("submit.saved")
     if chosen is record:
-        rt.telemetry.emit("operation.submitted", record.operation_id, model=record.model,
-                          maximum_attempts=maximum_attempts)
+        rt.telemetry.emit("operation.prepared", record.operation_id, model=record.model,
+                          effort=record.reasoning_effort, maximum_attempts=maximum_attempts)
     return Handle(
         chosen.operation_id,
         root_operation_id=chosen.root_operation_id,
