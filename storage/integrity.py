@@ -130,7 +130,8 @@ def check_data_file(path: str) -> None:
 
     ``StoreDamaged`` if ``data.mdb`` is missing next to a lock file, or empty next
     to a lock file or an ``owners`` directory (the store was used), if neither meta page is
-    valid, or if the file is shorter than its newest meta page says.
+    valid, or if a page the newest snapshot uses is past the end of the file (the file
+    itself may be shorter than the meta page's last page: see the end of the function).
     """
     data = os.path.join(path, DATA_FILE)
     used = os.path.exists(os.path.join(path, LOCK_FILE)) or os.path.isdir(
@@ -173,16 +174,24 @@ def check_data_file(path: str) -> None:
         )
     page_size, last_pgno, _txnid = max(metas, key=lambda meta: meta[2])
     needed = max(2, last_pgno + 1) * page_size
-    if size < needed:
+    if size < 2 * page_size:
         raise StoreDamaged(
             f"the store at {path} is damaged: {DATA_FILE} is truncated ({size} bytes, its "
             f"metadata needs {needed}); restore it or move it aside"
         )
     problem = walk_pages(data)
+    if problem is not None and size < needed:
+        raise StoreDamaged(
+            f"the store at {path} is damaged: {DATA_FILE} is truncated ({size} bytes, its "
+            f"metadata needs {needed}: {problem}); restore it or move it aside"
+        )
     if problem is not None:
         raise StoreDamaged(
             f"the store at {path} is damaged: {problem}; restore it or move it aside"
         )
+    # A file shorter than ``needed`` whose walk is clean is healthy: LMDB never writes a
+    # page a transaction allocated and freed again (a "loose" page), so the last pages
+    # may be missing; no page the snapshot uses is past the end (the walk read each one).
 
 
 # -- the page walk ------------------------------------------------------------------
