@@ -54,6 +54,7 @@ __all__ = ["MAX_CONCURRENCY", "WorkerReport", "claimable", "run_worker"]
 
 MAX_CONCURRENCY: Final = 10_000
 SKIP_SECONDS: Final = 30.0  # an operation that stopped without progress is left this long
+MAX_SKIPPED: Final = 4096  # remembered skips past which the lapsed ones are dropped
 BUSY_SECONDS: Final = 0.1  # one running in another process is looked at again after this
 POLL_FIRST: Final = 0.005  # seconds between looks at the queue when work was found
 POLL_MAX: Final = 0.1  # ... and at most this long when there was none
@@ -172,6 +173,8 @@ class _Worker:
         if free <= 0:
             return 0
         now, clock = self.rt.now(), trio.current_time()
+        if len(self.skip) > MAX_SKIPPED:  # bounded: forget the entries that have lapsed
+            self.skip = {k: until for k, until in self.skip.items() if until > clock}
         done: list[str] = []
         claims: list[tuple[OperationRecord, QueueEntry]] = []
         after = 0
