@@ -19,6 +19,7 @@ import functools
 from collections.abc import Callable
 from typing import Any, Final, Protocol, TypeVar
 
+import msgspec
 import trio
 from recoverable.actors.checks import require_owner
 from recoverable.actors.host import Backend
@@ -34,7 +35,7 @@ from recoverable.preconditions import is_expired
 from recoverable.records import OperationRecord
 from recoverable.telemetry import Telemetry
 from recoverable.transitions import FINISHED
-from recoverable.types import AccountBinding, Handle, JsonSchema, StructuredRequest
+from recoverable.types import AccountBinding, Handle, JsonSchema, Status, StructuredRequest
 
 
 class Runtime(Protocol):
@@ -47,7 +48,9 @@ class Runtime(Protocol):
     now: Callable[[], float]
     telemetry: Telemetry
 
-__all__ = ["choose_job_operation", "settled", "submit", "wait"]
+__all__ = [
+    "choose_job_operation", "served_now", "settled", "submit", "wait", "with_queue_state",
+]
 
 ResultT = TypeVar("ResultT")
 
@@ -228,3 +231,37 @@ async def wait(
                 previous, delay = current, POLL_FIRST  # it moves: look again soon
         await trio.sleep(delay)
         delay = min(delay * 2, POLL_MAX)
+
+
+Served = set[tuple[str, str, str]]  # (account id, credential source, endpoint id)
+_SETTLED_STATES: Final = frozenset({"completed", "failed", "cancelled", "acknowledged",
+                                    "abandoned"})
+
+
+def served_now(store: RecoveryStore) -> Served:
+    """The accounts and endpoints some live worker serves (one read of the worker rows,
+    one owner-lock check per worker)."""
+    return {
+        (row.account_id, row.source, row.endpoint_id)
+        for owner_id, _token, row in store.workers()
+        if store.owner_is_live(owner_id)
+    }
+
+
+def with_queue_state(
+    store: RecoveryStore, record: OperationRecord, status: Status, served: Served | None = None
+) -> Status:
+    """``status`` with its queue state: ``queued``, ``resuming`` or ``waiting_for_worker``
+    (queued, and no live worker serves its account and endpoint). Unchanged for an
+    operation that is not queued, is settled, or was suspended by a host."""
+    if status.redacted or status.state in _SETTLED_STATES:
+        return status
+    entry = queue_entry(store, record.operation_id)
+    if entry is None or (record.phase == "suspended" and not entry.resume):
+        return status
+    if served is None:
+        served = served_now(store)
+    key = (record.account.account_id, record.account.source, record.endpoint_id)
+    if key not in served:
+        return msgspec.structs.replace(status, queue="waiting_for_worker")
+    return msgspec.structs.replace(status, queue="resuming" if entry.resume else "queued")

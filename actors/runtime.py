@@ -323,7 +323,7 @@ class Runtime:
         live = lease is not None and self.store.lease_is_live(lease)
         command = self.store.get_command(record.operation_id)
         payloads = self.store.payload_kinds([record.operation_id])[record.operation_id]
-        return self._with_rate_limit(record, machine.derive_status(
+        status = self._with_rate_limit(record, machine.derive_status(
             record,
             now=self.now(),
             lease_live=live,
@@ -333,6 +333,7 @@ class Runtime:
             payloads=payloads,
             endpoint_down=self.endpoint_failure(),
         ))
+        return submitted.with_queue_state(self.store, record, status)
 
     def _with_rate_limit(
         self,
@@ -426,6 +427,7 @@ class Runtime:
         endpoint_id = self.backend.endpoint_id if self.backend is not None else None
         endpoint_down = self.endpoint_failure()
         pauses: dict[tuple[str, AccountBinding], float | None] = {}
+        served = submitted.served_now(self.store)  # live workers (docs/workers.md)
         statuses = []
         for record in records:
             lease = leases.get(record.operation_id)
@@ -436,7 +438,7 @@ class Runtime:
                     live[key] = self.store.lease_is_live(lease)
                 is_live = live[key]
             command = commands.get(record.operation_id)
-            statuses.append(self._with_rate_limit(
+            status = self._with_rate_limit(
                 record,
                 machine.derive_status(
                     record, now=now, lease_live=is_live, viewer=self.account,
@@ -446,7 +448,8 @@ class Runtime:
                     endpoint_down=endpoint_down,
                 ),
                 pauses,
-            ))
+            )
+            statuses.append(submitted.with_queue_state(self.store, record, status, served))
         return Inventory(operations=tuple(statuses), unreadable=tuple(unreadable))
 
     # --- lifecycle ------------------------------------------------------------------

@@ -29,6 +29,7 @@ The sweep of seed 004 (``actors/sweep.py``) is not run here yet: see the TODO be
 from __future__ import annotations
 
 import functools
+import secrets
 from collections.abc import Callable
 from typing import Any, Final, Protocol
 
@@ -41,7 +42,7 @@ from recoverable.actors.operation import Authorize
 from recoverable.actors.supervisor import Execution
 from recoverable.storage.base import Store as RecoveryStore
 from recoverable.storage.base import WriteTransaction as WriteTxn
-from recoverable.storage.queue import QueueEntry
+from recoverable.storage.queue import QueueEntry, WorkerRow
 
 from recoverable import errors
 from recoverable.preconditions import is_expired
@@ -115,6 +116,16 @@ def claimable(
     return False
 
 
+def _register(token: str, row: WorkerRow, dead: list[tuple[str, str]], txn: WriteTxn) -> None:
+    for owner_id, other in dead:
+        txn.unregister_worker(owner_id, other)
+    txn.register_worker(token, row)
+
+
+def _unregister(token: str, txn: WriteTxn) -> None:
+    txn.unregister_worker(txn.owner_id, token)
+
+
 def _dequeue(operation_ids: list[str], txn: WriteTxn) -> int:
     return sum(txn.dequeue(operation_id) for operation_id in operation_ids)
 
@@ -142,6 +153,7 @@ class _Worker:
         self.running: dict[str, Execution] = {}
         self.skip: dict[str, float] = {}  # operation id -> trio time it may be tried again
         self.changed = trio.Event()  # an execution ended: look at the queue again
+        self.token = secrets.token_hex(8)  # names this worker's row (storage/queue.py)
 
     def _wake(self) -> None:
         self.changed.set()
@@ -149,6 +161,29 @@ class _Worker:
     async def run(self) -> WorkerReport:
         # TODO(issue 14, w-sweep): run ``recoverable.actors.sweep.sweep`` here at start
         # once it exists; until then orphans are closed by the actor's own reopening.
+        await self._register()
+        try:
+            return await self._serve()
+        finally:
+            with trio.CancelScope(shield=True):
+                try:
+                    await self.store.write(functools.partial(_unregister, self.token))
+                except errors.RecoveryError:
+                    pass  # the row names a dead owner once this process ends
+
+    async def _register(self) -> None:
+        """Say which account and endpoint this worker serves (status tells operations
+        nobody serves: ``waiting_for_worker``); forget the rows of dead workers."""
+        dead = [(owner, token) for owner, token, _row in self.store.workers()
+                if not self.store.owner_is_live(owner)]
+        row = WorkerRow(
+            account_id=self.account.account_id, source=self.account.source,
+            endpoint_id=self.endpoint_id, concurrency=self.concurrency,
+            started_at=self.rt.now(),
+        )
+        await self.store.write(functools.partial(_register, self.token, row, dead))
+
+    async def _serve(self) -> WorkerReport:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch_stop)
             delay = POLL_FIRST

@@ -38,7 +38,7 @@ from recoverable.records import (
 from recoverable.types import AccountBinding
 
 if TYPE_CHECKING:
-    from recoverable.storage.queue import QueueEntry
+    from recoverable.storage.queue import QueueEntry, WorkerRow
 
 __all__ = ["TABLES", "RecordReader", "Store", "Table", "WriteTransaction"]
 
@@ -127,6 +127,10 @@ class WriteTransaction(RecordReader, Protocol):
 
     def dequeue(self, operation_id: str) -> bool: ...
 
+    def register_worker(self, token: str, row: WorkerRow) -> None: ...
+
+    def unregister_worker(self, owner_id: str, token: str) -> bool: ...
+
 
 class Store(RecordReader, Protocol):
     """An opened recovery store: durable writes, and the queries of the runtime's monitor
@@ -158,4 +162,12 @@ class Store(RecordReader, Protocol):
 
     def queued(self, *, after_serial: int = 0, limit: int = 1024) -> list[QueueEntry]:
         """Queued operations with a serial above ``after_serial``, in order (one snapshot)."""
+        ...
+
+    def workers(self) -> list[tuple[str, str, WorkerRow]]:
+        """Every worker row ``(owner id, token, row)``, live or not."""
+        ...
+
+    def owner_is_live(self, owner_id: str) -> bool:
+        """This store's own owner, or another whose lock a living process holds."""
         ...

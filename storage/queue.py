@@ -1,6 +1,6 @@
 """The ``queue`` table: operations submitted for workers (``runtime.submit``).
 
-Two kinds of rows, both in the ``queue`` table:
+Three kinds of rows, all in the ``queue`` table:
 
 - ``b"s" + serial`` (8-byte big-endian enqueue serial) -> the operation id (UTF-8): the
   order in which workers look at queued operations;
@@ -8,7 +8,11 @@ Two kinds of rows, both in the ``queue`` table:
   an operation is found (and removed) by id without a scan. The state is ``q``
   (queued) or ``r`` (suspended by a worker that stopped cleanly: the next worker resumes
   it; an operation suspended by a host's ``suspend`` is never flagged, so no worker
-  resumes it on its own).
+  resumes it on its own);
+- ``b"w" + owner id + b"\\0" + token`` -> a :class:`WorkerRow` (msgpack): a worker
+  serving one account and endpoint, written when it starts and removed when it stops;
+  live while its owner's lock is held (a row left by a killed worker is dead at once,
+  and removed by the next worker that starts).
 
 A row names an operation; it never holds any of its content. Rows of operations that
 became terminal or were disposed are removed by the worker that sees them (lazily: a
@@ -21,6 +25,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import attrs
+import msgspec
 from recoverable.storage.keys import key_str, operation_key
 
 if TYPE_CHECKING:
@@ -36,6 +41,7 @@ __all__ = [
     "MAX_SCAN",
     "META_QUEUE_SERIAL",
     "QueueEntry",
+    "WorkerRow",
     "check_entry",
     "decode_member",
     "encode_member",
@@ -48,6 +54,7 @@ __all__ = [
 META_QUEUE_SERIAL: Final = b"queue_serial"
 ORDER: Final = b"s"
 MEMBER: Final = b"o"
+WORKER: Final = b"w"
 QUEUED: Final = b"q"
 RESUME: Final = b"r"
 MAX_SCAN: Final = 4096  # rows one scan returns at most (a worker pages through the rest)
@@ -61,6 +68,56 @@ class QueueEntry:
     serial: int
     operation_id: str
     resume: bool = False
+
+
+class WorkerRow(msgspec.Struct, frozen=True, kw_only=True):
+    """A running worker: which account and endpoint it serves (``WORKER`` rows)."""
+
+    version: int = 1
+    account_id: str
+    source: str
+    endpoint_id: str
+    concurrency: int
+    started_at: float
+
+
+_WORKER_DECODER: Final = msgspec.msgpack.Decoder(WorkerRow)
+
+
+def worker_key(owner_id: str, token: str) -> bytes:
+    """One running worker: its owner (process) and a token of its own (one process may
+    run several workers, e.g. for several endpoints)."""
+    return WORKER + owner_id.encode("ascii", "strict") + b"\0" + token.encode("ascii")
+
+
+def encode_worker(row: WorkerRow) -> bytes:
+    return msgspec.msgpack.encode(row)
+
+
+def decode_worker(raw: bytes) -> WorkerRow | None:
+    """The row, or None for one this version cannot read."""
+    try:
+        row = _WORKER_DECODER.decode(raw)
+    except msgspec.DecodeError:
+        return None
+    return row if row.version == 1 else None
+
+
+def workers(txn: lmdb.Transaction[bytes], db: Any) -> list[tuple[str, str, WorkerRow]]:
+    """Every readable worker row, ``(owner id, token, row)`` (one snapshot)."""
+    found: list[tuple[str, str, WorkerRow]] = []
+    cursor = txn.cursor(db=db)
+    if not cursor.set_range(WORKER):
+        return found
+    for key, value in cursor.iternext():
+        if not key.startswith(WORKER):
+            break
+        row = decode_worker(value)
+        owner, separator, token = key[1:].partition(b"\0")
+        if row is not None and separator:
+            found.append((owner.decode("ascii", "replace"), token.decode("ascii", "replace"),
+                          row))
+    return found
 
 
 def order_key(serial: int) -> bytes:
@@ -130,4 +187,6 @@ def check_entry(txn: lmdb.Transaction[bytes], db: Any, key: bytes, raw: bytes) -
         if txn.get(order_key(decoded[0]), db=db) != key[1:]:
             return "queue membership row without its order row"
         return None
+    if key.startswith(WORKER) and b"\0" in key:
+        return None if decode_worker(raw) is not None else "malformed worker row"
     return "unknown queue row"

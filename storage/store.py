@@ -400,6 +400,17 @@ class RecoveryStore(RecordGetters):
             txn, self._dbs["queue"], after_serial=after_serial, limit=limit
         ))
 
+    def workers(self) -> list[tuple[str, str, queue.WorkerRow]]:
+        """Every worker row ``(owner id, token, row)``, live or not (``owner_is_live``)."""
+        return self._read(lambda txn: queue.workers(txn, self._dbs["queue"]))
+
+    def owner_is_live(self, owner_id: str) -> bool:
+        """This store's own owner, or another whose lock a living process holds."""
+        assert self._owner is not None
+        if owner_id == self._owner.owner_id:
+            return True
+        return OwnerLock.is_held(self._owner.owners_dir, owner_id)
+
     def commands(self, *, after_serial: int = 0) -> list[CommandRecord]:
         """Every readable command with ``serial > after_serial``, in serial order.
 

@@ -423,3 +423,10 @@ class WriteTxn(RecordGetters, MutationContext):
                 self._delete("queue", queue.order_key(current[0]))
             self._delete("queue", member)
         return True
+
+    def register_worker(self, token: str, row: queue.WorkerRow) -> None:
+        """This owner runs a worker (``storage/queue.py``), named by ``token``."""
+        self._put("queue", queue.worker_key(self.owner_id, token), queue.encode_worker(row))
+
+    def unregister_worker(self, owner_id: str, token: str) -> bool:
+        return self._delete("queue", queue.worker_key(owner_id, token))

@@ -184,6 +184,9 @@ async def test_sigterm_suspends_for_the_next_worker_and_sigkill_is_adopted(
             await phases_reach(store, handles, {"transmitting"}, 4)
             second.kill()  # SIGKILL mid-stream: its leases die with its owner lock
             second.wait(timeout=30)
+            # Its worker row is dead with it: nobody serves the queue until the next one.
+            waiting = [(await rt.status(h)).queue for h in handles]
+            assert "waiting_for_worker" in waiting and "queued" not in waiting, waiting
             third = start_worker(path, provider, "--concurrency", "8")
             try:
                 values = await wait_all(rt, handles)

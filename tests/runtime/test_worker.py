@@ -100,3 +100,29 @@ async def test_run_worker_checks_its_arguments(
     async with recoverable.open_runtime(store, None, account=ACCOUNT) as rt:
         with pytest.raises(errors.ConfigurationUnavailable):
             await run_worker(rt, concurrency=1, authorize=approve)
+
+
+async def test_status_says_whether_a_live_worker_serves_a_queued_operation(
+    store: recoverable.RecoveryStore,
+) -> None:
+    async with FixtureProvider.serve(reply_delay=0.2) as provider:
+        async with recoverable.open_runtime(store, make_backend(provider), account=ACCOUNT) as rt:
+            handle = await rt.submit(REQUEST, response=Answer, job_id="q", maximum_attempts=2)
+            assert (await rt.status(handle)).queue == "waiting_for_worker"
+            assert (await rt.inventory()).operations[0].queue == "waiting_for_worker"
+            prepared = await rt.prepare(REQUEST, response=Answer, maximum_attempts=2)
+            assert (await rt.status(prepared)).queue is None  # not submitted: not queued
+            stop = trio.Event()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(lambda: run_worker(rt, concurrency=1, authorize=approve,
+                                                      stop=stop))
+                with trio.fail_after(30):  # generous
+                    while (await rt.status(handle)).queue != "queued":  # noqa: ASYNC110
+                        await trio.sleep(0.01)  # (a store row: no Event says it)
+                    await rt.wait(handle, response=Answer)
+                assert (await rt.status(handle)).queue is None  # completed: settled
+                stop.set()
+            later = await rt.submit(REQUEST, response=Answer, job_id="q2", maximum_attempts=2)
+            # The worker stopped: its row is gone, nobody serves the queue now.
+            assert (await rt.status(later)).queue == "waiting_for_worker"
+        assert store.check_integrity() == []
