@@ -243,3 +243,21 @@ async def test_a_host_authorizer_declines_and_nothing_is_sent(
         assert posts(provider)[handles[0].operation_id] == 0
     finally:
         store.close()
+
+
+def test_sigterm_right_after_ready_is_a_clean_stop(tmp_path: Path) -> None:
+    """Regression: "ready" was printed before the signal handler was installed, so a
+    SIGTERM right after it killed the worker (exit -15) instead of stopping it."""
+    proc = subprocess.Popen(
+        cli_command("worker", "--store", str(tmp_path / "store")),  # embedded fixture
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=child_env(),
+    )
+    assert proc.stdout is not None
+    assert json.loads(proc.stdout.readline())["worker"] == "ready"
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert json.loads(out.splitlines()[-1]) == {
+        "worker": "stopped", "claimed": 0, "completed": 0, "failed": 0, "busy": 0,
+        "stopped": 0, "removed": 0, "resumable": 0,
+    }

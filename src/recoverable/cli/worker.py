@@ -170,7 +170,7 @@ async def _serve(
         open_runtime(store, backend, account=account) as rt,
         trio.open_nursery() as nursery,
     ):
-        nursery.start_soon(_watch_signals, stop)
+        await nursery.start(_watch_signals, stop)  # installed before "ready" is said
         _say(out, {"worker": "ready", "pid": os.getpid(), "concurrency": config.concurrency})
         report = await run_worker(rt, concurrency=config.concurrency, authorize=authorize,
                                   stop=stop)
@@ -178,8 +178,11 @@ async def _serve(
     return report
 
 
-async def _watch_signals(stop: trio.Event) -> None:
+async def _watch_signals(
+    stop: trio.Event, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        task_status.started()
         async for _ in signals:
             if stop.is_set():
                 os._exit(EXIT_INTERRUPTED)  # second signal: at once (the store is safe)
