@@ -191,7 +191,8 @@ def check_data_file(path: str) -> None:
         )
     # A file shorter than ``needed`` whose walk is clean is healthy: LMDB never writes a
     # page a transaction allocated and freed again (a "loose" page), so the last pages
-    # may be missing; no page the snapshot uses is past the end (the walk read each one).
+    # may be missing; the walk read every page the snapshot uses and found each missing
+    # one on the free list.
 
 
 # -- the page walk ------------------------------------------------------------------
@@ -360,6 +361,11 @@ def _walk(fd: int) -> None:
         if pgno < 2 or pgno >= end or pgno in used or pgno in seen_free:
             raise _Damage(f"the free-page list names page {pgno}, which is not free")
         seen_free.add(pgno)
+    # The file may end before the last page: only pages LMDB never wrote (allocated and
+    # freed again in one transaction) may be missing, and those are on the free list.
+    for pgno in range(max(2, os.fstat(fd).st_size // psize), end):
+        if pgno not in seen_free:
+            raise _Damage(f"page {pgno} is past the end of the file and not free")
 
 
 # -- the lock file ------------------------------------------------------------------
