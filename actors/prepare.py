@@ -9,14 +9,26 @@ from __future__ import annotations
 
 import itertools
 import secrets
+from collections.abc import Callable
+from typing import Any
 
 import attrs
+import msgspec
+from recoverable.actors.checks import require_signed_in
+from recoverable.actors.host import Backend
 from recoverable.storage.base import WriteTransaction as WriteTxn
 
-from recoverable import errors
-from recoverable.body import body_hash
-from recoverable.records import OnInterruption, OperationRecord
-from recoverable.types import AccountBinding, RetryPolicy
+from recoverable import errors, machine
+from recoverable.body import body_hash, freeze_body
+from recoverable.contract import contract_for
+from recoverable.records import OnInterruption, OperationRecord, StoredRequest
+from recoverable.types import (
+    AccountBinding,
+    JsonSchema,
+    RetryPolicy,
+    StructuredRequest,
+    to_timestamp,
+)
 
 _ID_PREFIX = secrets.token_bytes(8)  # per process; ids stay unique across processes
 _ID_COUNTER = itertools.count(int.from_bytes(secrets.token_bytes(4), "big"))
@@ -111,3 +123,76 @@ def create_operation(record: OperationRecord, body: bytes, stored: bytes, txn: W
     if txn.get_operation(record.operation_id) is not None:
         raise errors.InvalidRequest("operation id collision", operation_id=record.operation_id)
     put_new_operation(txn, record, body, stored)
+
+
+def new_admission(
+    request: StructuredRequest,
+    *,
+    response: type[Any] | JsonSchema,
+    maximum_attempts: int,
+    retry_policy: RetryPolicy | None,
+    expires_at: Any,
+    scope: str | None,
+    job_id: str | None,
+    input_revision: str | None,
+    contract_version: str | None,
+    previous_operation_id: str | None,
+    maximum_output_tokens_total: int | None,
+    on_interruption: OnInterruption = "replace",
+    account: AccountBinding | None,
+    backend: Backend | None,
+    selector: Callable[[StructuredRequest], StructuredRequest] | None,
+    now: float,
+) -> tuple[OperationRecord, bytes, bytes]:
+    """What ``prepare`` and ``submit`` save: the checked new record, its frozen body and
+    its saved request (nothing is written here)."""
+    account = require_signed_in(account, "cannot prepare")
+    policy = retry_policy or RetryPolicy()
+    machine.validate_preparation(
+        maximum_attempts=maximum_attempts,
+        retry_policy=policy,
+        scope=scope,
+        job_id=job_id,
+        input_revision=input_revision,
+        contract_version=contract_version,
+        maximum_output_tokens_total=maximum_output_tokens_total,
+        on_interruption=on_interruption,
+    )
+    machine.validate_metadata("previous_operation_id", previous_operation_id)
+    if backend is None:
+        raise errors.ConfigurationUnavailable("no backend: cannot prepare generation")
+    contract = contract_for(response)
+    effective = request
+    if selector is not None and not request.model_override:
+        effective = selector(request)
+    body = freeze_body(effective, contract)
+    operation_id = new_operation_id()
+    record = new_operation_record(
+        operation_id,
+        identity=Identity(
+            format_name=contract.name,
+            format_hash=contract.format_hash,
+            model_override=request.model_override,
+            contract_version=contract_version,
+            scope=scope,
+            job_id=job_id,
+            input_revision=input_revision,
+        ),
+        account=account,
+        endpoint_id=backend.endpoint_id,
+        created_at=now,
+        maximum_attempts=maximum_attempts,
+        expires_at=to_timestamp(expires_at),
+        retry_policy=policy,
+        model=effective.model,
+        reasoning_effort=effective.reasoning_effort,
+        body=body,
+        root_operation_id=operation_id,
+        previous_operation_id=previous_operation_id,
+        maximum_output_tokens_total=maximum_output_tokens_total,
+        on_interruption=on_interruption,
+    )
+    stored = msgspec.json.encode(
+        StoredRequest(request=request, format_name=contract.name, schema=contract.schema)
+    )
+    return record, body, stored

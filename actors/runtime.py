@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import msgspec
 import trio
+from recoverable.actors import queue as submitted
 from recoverable.actors import retry as manual_retry
 from recoverable.actors.checks import require_owner, require_signed_in
 from recoverable.actors.governor import RateGovernor
@@ -25,12 +26,7 @@ from recoverable.actors.host import Backend
 from recoverable.actors.lifecycle import dispose, write_command
 from recoverable.actors.monitor import LifecycleMonitor
 from recoverable.actors.operation import Authorize, OperationActor
-from recoverable.actors.prepare import (
-    Identity,
-    create_operation,
-    new_operation_id,
-    new_operation_record,
-)
+from recoverable.actors.prepare import create_operation, new_admission, new_operation_id
 from recoverable.actors.scheduler import Scheduler
 from recoverable.actors.supervisor import Execution, Supervisor
 from recoverable.actors.sweep import sweep_at_open
@@ -39,7 +35,6 @@ from recoverable.storage.migration import saved_completion
 from recoverable.transport.connect import ConnectBackoff, EndpointGate
 
 from recoverable import _killpoints, errors, machine
-from recoverable.body import freeze_body
 from recoverable.contract import ResponseContract, contract_for
 from recoverable.outcome import Usage
 from recoverable.records import (
@@ -48,7 +43,6 @@ from recoverable.records import (
     DispositionRecord,
     OnInterruption,
     OperationRecord,
-    StoredRequest,
 )
 from recoverable.telemetry import Telemetry, TelemetrySink
 from recoverable.types import (
@@ -62,7 +56,6 @@ from recoverable.types import (
     Status,
     StructuredRequest,
     to_datetime,
-    to_timestamp,
 )
 
 __all__ = ["Backend", "Runtime", "new_operation_id", "open_runtime"]
@@ -174,65 +167,39 @@ class Runtime:
         has its own budget and its own root; nothing about the prior one is checked,
         reserved or changed (it may even be gone). Use ``retry`` for a linked successor.
         """
-        account = require_signed_in(self.account, "cannot prepare")
-        policy = retry_policy or RetryPolicy()
-        machine.validate_preparation(
+        record, body, stored = new_admission(
+            request,
+            response=response,
             maximum_attempts=maximum_attempts,
-            retry_policy=policy,
+            retry_policy=retry_policy,
+            expires_at=expires_at,
             scope=scope,
             job_id=job_id,
             input_revision=input_revision,
             contract_version=contract_version,
-            maximum_output_tokens_total=maximum_output_tokens_total,
-            on_interruption=on_interruption,
-        )
-        machine.validate_metadata("previous_operation_id", previous_operation_id)
-        if self.backend is None:
-            raise errors.ConfigurationUnavailable("no backend: cannot prepare generation")
-        contract = contract_for(response)
-        effective = request
-        if self.selector is not None and not request.model_override:
-            effective = self.selector(request)
-        body = freeze_body(effective, contract)
-        operation_id = new_operation_id()
-        record = new_operation_record(
-            operation_id,
-            identity=Identity(
-                format_name=contract.name,
-                format_hash=contract.format_hash,
-                model_override=request.model_override,
-                contract_version=contract_version,
-                scope=scope,
-                job_id=job_id,
-                input_revision=input_revision,
-            ),
-            account=account,
-            endpoint_id=self.backend.endpoint_id,
-            created_at=self.now(),
-            maximum_attempts=maximum_attempts,
-            expires_at=to_timestamp(expires_at),
-            retry_policy=policy,
-            model=effective.model,
-            reasoning_effort=effective.reasoning_effort,
-            body=body,
-            root_operation_id=operation_id,
             previous_operation_id=previous_operation_id,
             maximum_output_tokens_total=maximum_output_tokens_total,
             on_interruption=on_interruption,
-        )
-        stored = msgspec.json.encode(
-            StoredRequest(request=request, format_name=contract.name, schema=contract.schema)
+            account=self.account,
+            backend=self.backend,
+            selector=self.selector,
+            now=self.now(),
         )
         _killpoints.hit("prepare.before_save")
         await self.store.write(functools.partial(create_operation, record, body, stored))
         _killpoints.hit("prepare.saved")
-        self.telemetry.emit("operation.prepared", operation_id, model=record.model,
+        self.telemetry.emit("operation.prepared", record.operation_id, model=record.model,
                             effort=record.reasoning_effort, maximum_attempts=maximum_attempts)
         return Handle(
-            operation_id,
-            root_operation_id=operation_id,
+            record.operation_id,
+            root_operation_id=record.operation_id,
             previous_operation_id=previous_operation_id,
         )
+
+    # --- submit and wait: operations run by workers (actors/queue.py, actors/worker.py) ---
+
+    submit = submitted.submit
+    wait = submitted.wait
 
     # --- send -----------------------------------------------------------------------
 
@@ -365,7 +332,7 @@ class Runtime:
         live = lease is not None and self.store.lease_is_live(lease)
         command = self.store.get_command(record.operation_id)
         payloads = self.store.payload_kinds([record.operation_id])[record.operation_id]
-        return self._with_rate_limit(record, machine.derive_status(
+        status = self._with_rate_limit(record, machine.derive_status(
             record,
             now=self.now(),
             lease_live=live,
@@ -375,6 +342,7 @@ class Runtime:
             payloads=payloads,
             endpoint_down=self.endpoint_failure(),
         ))
+        return submitted.with_queue_state(self.store, record, status)
 
     def _with_rate_limit(
         self,
@@ -468,6 +436,7 @@ class Runtime:
         endpoint_id = self.backend.endpoint_id if self.backend is not None else None
         endpoint_down = self.endpoint_failure()
         pauses: dict[tuple[str, AccountBinding], float | None] = {}
+        served = submitted.served_now(self.store)  # live workers (docs/workers.md)
         statuses = []
         for record in records:
             lease = leases.get(record.operation_id)
@@ -478,7 +447,7 @@ class Runtime:
                     live[key] = self.store.lease_is_live(lease)
                 is_live = live[key]
             command = commands.get(record.operation_id)
-            statuses.append(self._with_rate_limit(
+            status = self._with_rate_limit(
                 record,
                 machine.derive_status(
                     record, now=now, lease_live=is_live, viewer=self.account,
@@ -488,7 +457,8 @@ class Runtime:
                     endpoint_down=endpoint_down,
                 ),
                 pauses,
-            ))
+            )
+            statuses.append(submitted.with_queue_state(self.store, record, status, served))
         return Inventory(operations=tuple(statuses), unreadable=tuple(unreadable))
 
     # --- lifecycle ------------------------------------------------------------------

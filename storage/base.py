@@ -25,7 +25,7 @@ Protocols add no runtime cost: a call goes straight to the implementation's meth
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Final, Literal, Protocol, TypeVar, get_args
+from typing import TYPE_CHECKING, Final, Literal, Protocol, TypeVar, get_args
 
 from recoverable.records import (
     CommandKind,
@@ -37,6 +37,9 @@ from recoverable.records import (
 )
 from recoverable.types import AccountBinding
 
+if TYPE_CHECKING:
+    from recoverable.storage.queue import QueueEntry, WorkerRow
+
 __all__ = ["TABLES", "RecordReader", "Store", "Table", "WriteTransaction"]
 
 Result = TypeVar("Result")
@@ -46,7 +49,7 @@ Result = TypeVar("Result")
 # retired (nothing writes it since issue 13; an older store's rows are dropped at open).
 Table = Literal[
     "operations", "payloads", "commands", "leases", "schedule", "hosts", "dispositions",
-    "governor", "meta",
+    "governor", "meta", "queue",
 ]
 TABLES: Final[tuple[Table, ...]] = get_args(Table)
 
@@ -110,6 +113,24 @@ class WriteTransaction(RecordReader, Protocol):
 
     def put_raw(self, table: Table, key: bytes, value: bytes) -> None: ...
 
+    def operation_ids_by_job(
+        self, account: AccountBinding, scope: str | None, job_id: str | None
+    ) -> list[str]:
+        """Operation ids with exactly this account, scope and job id (this transaction's
+        view, its own writes included)."""
+        ...
+
+    def enqueue(self, operation_id: str, *, resume: bool = False) -> int:
+        """Queue the operation for workers (``storage/queue.py``); an operation already
+        queued keeps its serial (only its resume flag is set as given). Returns the serial."""
+        ...
+
+    def dequeue(self, operation_id: str) -> bool: ...
+
+    def register_worker(self, token: str, row: WorkerRow) -> None: ...
+
+    def unregister_worker(self, owner_id: str, token: str) -> bool: ...
+
 
 class Store(RecordReader, Protocol):
     """An opened recovery store: durable writes, and the queries of the runtime's monitor
@@ -137,4 +158,16 @@ class Store(RecordReader, Protocol):
 
     def payload_kinds(self, operation_ids: Iterable[str]) -> dict[str, frozenset[str]]:
         """Which payloads each operation has, from one snapshot."""
+        ...
+
+    def queued(self, *, after_serial: int = 0, limit: int = 1024) -> list[QueueEntry]:
+        """Queued operations with a serial above ``after_serial``, in order (one snapshot)."""
+        ...
+
+    def workers(self) -> list[tuple[str, str, WorkerRow]]:
+        """Every worker row ``(owner id, token, row)``, live or not."""
+        ...
+
+    def owner_is_live(self, owner_id: str) -> bool:
+        """This store's own owner, or another whose lock a living process holds."""
         ...

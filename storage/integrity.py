@@ -35,6 +35,7 @@ import struct
 from typing import Any, Final
 
 import lmdb
+from recoverable.storage import queue
 from recoverable.storage.base import TABLES, Table
 from recoverable.storage.governor import check_governor_entry
 from recoverable.storage.keys import (
@@ -129,7 +130,8 @@ def check_data_file(path: str) -> None:
 
     ``StoreDamaged`` if ``data.mdb`` is missing next to a lock file, or empty next
     to a lock file or an ``owners`` directory (the store was used), if neither meta page is
-    valid, or if the file is shorter than its newest meta page says.
+    valid, or if a page the newest snapshot uses is past the end of the file (the file
+    itself may be shorter than the meta page's last page: see the end of the function).
     """
     data = os.path.join(path, DATA_FILE)
     used = os.path.exists(os.path.join(path, LOCK_FILE)) or os.path.isdir(
@@ -172,16 +174,25 @@ def check_data_file(path: str) -> None:
         )
     page_size, last_pgno, _txnid = max(metas, key=lambda meta: meta[2])
     needed = max(2, last_pgno + 1) * page_size
-    if size < needed:
+    if size < 2 * page_size:
         raise StoreDamaged(
             f"the store at {path} is damaged: {DATA_FILE} is truncated ({size} bytes, its "
             f"metadata needs {needed}); restore it or move it aside"
         )
     problem = walk_pages(data)
+    if problem is not None and size < needed:
+        raise StoreDamaged(
+            f"the store at {path} is damaged: {DATA_FILE} is truncated ({size} bytes, its "
+            f"metadata needs {needed}: {problem}); restore it or move it aside"
+        )
     if problem is not None:
         raise StoreDamaged(
             f"the store at {path} is damaged: {problem}; restore it or move it aside"
         )
+    # A file shorter than ``needed`` whose walk is clean is healthy: LMDB never writes a
+    # page a transaction allocated and freed again (a "loose" page), so the last pages
+    # may be missing; the walk read every page the snapshot uses and found each missing
+    # one on the free list.
 
 
 # -- the page walk ------------------------------------------------------------------
@@ -350,6 +361,11 @@ def _walk(fd: int) -> None:
         if pgno < 2 or pgno >= end or pgno in used or pgno in seen_free:
             raise _Damage(f"the free-page list names page {pgno}, which is not free")
         seen_free.add(pgno)
+    # The file may end before the last page: only pages LMDB never wrote (allocated and
+    # freed again in one transaction) may be missing, and those are on the free list.
+    for pgno in range(max(2, os.fstat(fd).st_size // psize), end):
+        if pgno not in seen_free:
+            raise _Damage(f"page {pgno} is past the end of the file and not free")
 
 
 # -- the lock file ------------------------------------------------------------------
@@ -480,6 +496,10 @@ def check_records(txn: lmdb.Transaction[bytes], dbs: dict[Table, Any]) -> list[s
             problem = _check_entry(table, key, raw, operations)
             if problem is not None:
                 problems.append(f"{table}:{key!r}: {problem}")
+    for key, raw in txn.cursor(db=dbs["queue"]).iternext():
+        problem = queue.check_entry(txn, dbs["queue"], key, raw)
+        if problem is not None:
+            problems.append(f"queue:{key!r}: {problem}")
     for key in txn.cursor(db=dbs["hosts"]).iternext(values=False):
         operation_id = key_str(key[3 * HASH_BYTES :])
         record = operations.get(operation_id)
@@ -512,8 +532,8 @@ def _check_entry(
     table: Table, key: bytes, raw: bytes, operations: dict[str, OperationRecord | None]
 ) -> str | None:
     match table:
-        case "schedule" | "hosts":
-            return None  # hosts: checked against the operations afterwards
+        case "schedule" | "hosts" | "queue":
+            return None  # hosts and queue: checked afterwards
         case "governor":
             return check_governor_entry(key, raw)
         case "payloads":

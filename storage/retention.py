@@ -42,9 +42,10 @@ _PAYLOADS: Final[tuple[PayloadKind, ...]] = get_args(PayloadKind)
 
 
 def remove_control_rows(txn: WriteTransaction, operation_id: str) -> None:
-    """Delete the operation's lifecycle command and (dead) lease rows, if any."""
+    """Delete the operation's lifecycle command, (dead) lease and queue rows, if any."""
     txn.delete_command(operation_id)
     txn.delete_lease(operation_id)
+    txn.dequeue(operation_id)
 
 
 def remove_content(txn: WriteTransaction, operation_id: str) -> None:

@@ -9,7 +9,9 @@ Tables (LMDB named databases; keys in ``storage/keys.py``):
 - ``hosts``        h(account) + h(scope) + h(job_id) + op_id -> b"" (every readable operation)
 - ``dispositions`` op_id -> DispositionRecord
 - ``governor``     h(endpoint, account) -> the shared rate-governor state (storage/governor.py)
-- ``meta``         format version, bytes_used, command serial (8-byte big-endian integers)
+- ``meta``         format version, bytes_used, command and queue serials (8-byte big-endian)
+- ``queue``        operations submitted for workers, in enqueue order (storage/queue.py);
+                   a store written before it existed gets the empty table when opened
 - ``schedule``     retired: written by older versions (waiting operations by time), read by
                    nothing; its rows are dropped when the store is opened (same format)
 
@@ -26,7 +28,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import lmdb
-from recoverable.storage import integrity, queries, retention
+from recoverable.storage import integrity, queries, queue, retention
 from recoverable.storage.base import TABLES, Table
 from recoverable.storage.keys import (
     META_BYTES,
@@ -390,6 +392,24 @@ class RecoveryStore(RecordGetters):
         copied, so a status of a large request stays cheap)."""
         ids = list(operation_ids)
         return self._read(lambda txn: queries.payload_kinds(txn, self._dbs, ids))
+
+    def queued(self, *, after_serial: int = 0, limit: int = 1024) -> list[queue.QueueEntry]:
+        """Queued operations with a serial above ``after_serial``, in order, at most
+        ``limit`` (and ``queue.MAX_SCAN``) of them, from one snapshot."""
+        return self._read(lambda txn: queue.scan(
+            txn, self._dbs["queue"], after_serial=after_serial, limit=limit
+        ))
+
+    def workers(self) -> list[tuple[str, str, queue.WorkerRow]]:
+        """Every worker row ``(owner id, token, row)``, live or not (``owner_is_live``)."""
+        return self._read(lambda txn: queue.workers(txn, self._dbs["queue"]))
+
+    def owner_is_live(self, owner_id: str) -> bool:
+        """This store's own owner, or another whose lock a living process holds."""
+        assert self._owner is not None
+        if owner_id == self._owner.owner_id:
+            return True
+        return OwnerLock.is_held(self._owner.owners_dir, owner_id)
 
     def commands(self, *, after_serial: int = 0) -> list[CommandRecord]:
         """Every readable command with ``serial > after_serial``, in serial order.

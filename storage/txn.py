@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Final, TypeVar
 
 import lmdb
-from recoverable.storage import codec, integrity
+from recoverable.storage import codec, integrity, queue
 from recoverable.storage.base import Table
 from recoverable.storage.keys import (
     COMMAND_KINDS,
@@ -24,6 +24,8 @@ from recoverable.storage.keys import (
     META_SERIAL,
     check_next_attempt_at,
     hosts_key,
+    hosts_prefix,
+    key_str,
     operation_key,
     payload_key,
     u64,
@@ -47,6 +49,7 @@ from recoverable.records import (
     OperationRecord,
     PayloadKind,
 )
+from recoverable.types import AccountBinding
 
 __all__ = ["WriteState", "WriteTxn"]
 
@@ -366,3 +369,64 @@ class WriteTxn(RecordGetters, MutationContext):
         if self.get_disposition(operation_id) is None:
             return False
         return self._delete("dispositions", operation_key(operation_id))
+
+    # -- the queue (storage/queue.py) and the job index --
+
+    def operation_ids_by_job(
+        self, account: AccountBinding, scope: str | None, job_id: str | None
+    ) -> list[str]:
+        """Operation ids with exactly this account, scope and job id, through the hosts
+        index (this transaction's own writes included)."""
+        prefix = hosts_prefix(account, scope, job_id, with_job=True)
+        skip = len(prefix)
+        found: list[str] = []
+
+        def scan() -> None:
+            cursor = self._txn.cursor(db=self._dbs["hosts"])
+            if not cursor.set_range(prefix):
+                return
+            for key in cursor.iternext(values=False):
+                if not key.startswith(prefix):
+                    return
+                found.append(key_str(key[skip:]))
+
+        self._lmdb(scan)
+        return found
+
+    def enqueue(self, operation_id: str, *, resume: bool = False) -> int:
+        member = queue.member_key(operation_id)
+        raw = self._get("queue", member)
+        current = None if raw is None else queue.decode_member(raw)
+        with self._atomic():
+            if current is not None:
+                serial, flagged = current
+                if flagged != resume:
+                    self._put("queue", member, queue.encode_member(serial, resume=resume))
+                return serial
+            if raw is not None:
+                raise InvalidRequest(
+                    "the operation's queue row is unreadable", operation_id=operation_id
+                )
+            serial = self._counter_next(queue.META_QUEUE_SERIAL)
+            self._put("queue", queue.order_key(serial), operation_key(operation_id))
+            self._put("queue", member, queue.encode_member(serial, resume=resume))
+            return serial
+
+    def dequeue(self, operation_id: str) -> bool:
+        member = queue.member_key(operation_id)
+        raw = self._get("queue", member)
+        if raw is None:
+            return False
+        current = queue.decode_member(raw)
+        with self._atomic():
+            if current is not None:
+                self._delete("queue", queue.order_key(current[0]))
+            self._delete("queue", member)
+        return True
+
+    def register_worker(self, token: str, row: queue.WorkerRow) -> None:
+        """This owner runs a worker (``storage/queue.py``), named by ``token``."""
+        self._put("queue", queue.worker_key(self.owner_id, token), queue.encode_worker(row))
+
+    def unregister_worker(self, owner_id: str, token: str) -> bool:
+        return self._delete("queue", queue.worker_key(owner_id, token))

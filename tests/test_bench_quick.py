@@ -133,6 +133,15 @@ def check_transport(out: str) -> None:
     assert all(r[3] == "0" for r in rows), out  # no failed stream
 
 
+def check_workers(out: str) -> None:
+    rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["0"], ["1"], ["2"])]
+    assert [r[0] for r in rows] == ["0", "1", "2"], out
+    for row in rows:
+        # jobs, POSTs and committed lines agree: one POST and one line per job, no kill
+        assert row[1] == row[6] == row[7] == "200" and row[8] == "0", out
+    assert re.search(r"^ratio --workers 2 / --workers 0 = \d+\.\d\d$", out, re.M), out
+
+
 ENTRY_POINTS = [
     ("harness.py", check_harness),
     ("durable_vs_plain.py", check_durable_vs_plain),
@@ -144,6 +153,7 @@ ENTRY_POINTS = [
     ("store_commit.py", check_store_commit),
     ("store_scale.py", check_store_scale),
     ("transport.py", check_transport),
+    ("workers.py", check_workers),
 ]
 
 

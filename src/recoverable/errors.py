@@ -28,6 +28,7 @@ __all__ = [
     "InvalidCredentials",
     "InvalidParameter",
     "InvalidRequest",
+    "JobConflict",
     "OperationBusy",
     "OperationCancelled",
     "OperationSuspended",
@@ -314,6 +315,20 @@ class FenceMismatch(RecoveryError):
     code = "fence_mismatch"
     _summary = "a newer owner changed the operation's record; this execution stopped"
     _action = "call send_recovering again to reopen it (only one execution may own it)"
+
+
+class JobConflict(RecoveryError):
+    """A job was submitted again under the same (account, scope, job id, input revision)
+    with a different request body (``runtime.submit``)."""
+
+    code = "job_conflict"
+    _summary = (
+        "this job and input revision were already submitted with another request body"
+    )
+    _action = (
+        "wait for the submitted operation, or create new content under a new "
+        "input_revision (the submitted operation is unchanged)"
+    )
 
 
 class CompletionUnavailable(RecoveryError):

@@ -156,6 +156,7 @@ __all__ = [
     "progress",
     "redacted_status",
     "suggested_actions",
+    "terminal_error",
     "unclaimed",
     "validate_metadata",
     "validate_preparation",
@@ -218,6 +219,11 @@ def _terminal_error(rec: OperationRecord) -> errors.RecoveryError:
             return errors.PermanentlyFailed(
                 str(reason), operation_id=operation_id, last_failure=rec.last_failure
             )
+
+
+def terminal_error(rec: OperationRecord) -> errors.RecoveryError:
+    """The typed error a failed record stands for (what reopening it raises)."""
+    return _terminal_error(rec)
 
 
 def _budget_spent(rec: OperationRecord) -> FailureReason | None:

@@ -208,6 +208,10 @@ class Status(msgspec.Struct, frozen=True, kw_only=True):
     # per-minute budget, in the runtime that runs it), and until when (an estimate).
     rate_limited: Literal["paused", "requests", "tokens"] | None = None
     rate_limited_until: _dt.datetime | None = None
+    # Submitted for workers (docs/workers.md): "queued" (a live worker serves its account
+    # and endpoint), "resuming" (suspended by a stopping worker; the next one resumes it)
+    # or "waiting_for_worker" (no live worker serves its account and endpoint).
+    queue: Literal["queued", "resuming", "waiting_for_worker"] | None = None
 
 
 class Receipt(msgspec.Struct, frozen=True, kw_only=True):

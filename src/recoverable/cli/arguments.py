@@ -111,6 +111,23 @@ def _rps(text: str) -> float:
     return value
 
 
+def _workers(text: str) -> int:
+    value = _non_negative_int(text)
+    if value > 64:
+        raise argparse.ArgumentTypeError(f"must be in 0..64: {text!r}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0 or value > 10_000:
+        raise argparse.ArgumentTypeError(f"must be in 0..10000: {text!r}")
+    return value
+
+
 def _revision(text: str) -> str:
     if not 1 <= len(text) <= 256 or any(ord(char) < 32 for char in text):
         raise argparse.ArgumentTypeError("must be 1..256 characters without control characters")
@@ -148,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_batch(sub)
+    _add_worker(sub)
     for name in OPS_COMMANDS:
         _add_ops_command(sub, name)
     _add_sweep(sub)
@@ -278,6 +296,16 @@ def _add_batch(sub: argparse._SubParsersAction[_Parser]) -> None:
         "body, so it changes when the body does)",
     )
     batch.add_argument(
+        "--workers", type=_workers, default=0, metavar="N",
+        help="run the jobs in N `recoverable worker` processes on the store (many cores; "
+        "--concurrency is then per worker); 0 (default): in this process",
+    )
+    batch.add_argument(
+        "--worker-restarts", type=_non_negative_int, metavar="N",
+        help="replace a worker process that dies at most N times in all (default: 4 per "
+        "worker), then stop with worker_restarts_exhausted",
+    )
+    batch.add_argument(
         "--prices",
         metavar="FILE",
         help="JSON price table for the cost estimate: model -> {input, cached_input, output} "
@@ -298,6 +326,47 @@ def _add_sweep(sub: argparse._SubParsersAction[_Parser]) -> None:
         "since they became runnable",
     )
     sweep.add_argument("--json", action="store_true", help="machine output (JSON)")
+
+
+def _add_worker(sub: argparse._SubParsersAction[_Parser]) -> None:
+    worker = sub.add_parser(
+        "worker",
+        help="run queued operations of a store (until SIGTERM/SIGINT)",
+        description=(
+            "Claim queued and orphaned operations of one account and endpoint on --store "
+            "(runtime.submit queues them), run them and save their receipts. SIGTERM or "
+            "SIGINT suspends the running ones durably for the next worker. Default "
+            "authorization: every attempt the operation's saved budget allows."
+        ),
+    )
+    worker.add_argument("--store", required=True, metavar="DIR")
+    worker.add_argument(
+        "--endpoint", default="fixture", metavar="URL|fixture",
+        help="a Responses-compatible base URL, or 'fixture' (an embedded provider)",
+    )
+    worker.add_argument(
+        "--fixture-url", metavar="URL",
+        help="a fixture provider already serving at URL (what batch --workers passes)",
+    )
+    worker.add_argument("--api-key-env", default="OPENAI_API_KEY", metavar="VAR")
+    worker.add_argument(
+        "--account", metavar="ID",
+        help="the account whose operations it runs (default: as recoverable batch's)",
+    )
+    worker.add_argument("--mode", choices=("websocket", "sse"), default="websocket")
+    worker.add_argument(
+        "--concurrency", type=_positive_int, default=64, metavar="N",
+        help="operations run at once (default 64)",
+    )
+    worker.add_argument(
+        "--authorizer", metavar="MODULE:CALLABLE",
+        help="the host's authorization policy, called with each Attempt (default: every "
+        "attempt the saved budget allows)",
+    )
+    worker.add_argument(
+        "--idle-timeout", type=_positive_float, default=120.0, metavar="SECONDS",
+        help="a stream silent this long is interrupted (and replaced)",
+    )
 
 
 def _add_ops_command(sub: argparse._SubParsersAction[_Parser], name: str) -> None:

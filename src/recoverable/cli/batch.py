@@ -22,6 +22,7 @@ import trio
 
 from recoverable import errors
 from recoverable.actors.runtime import Runtime, open_runtime
+from recoverable.cli.batch_workers import WorkersHost
 from recoverable.cli.config import BatchConfig
 from recoverable.cli.exits import EXIT_INTERRUPTED, EXIT_USAGE
 from recoverable.cli.host import BatchHost
@@ -107,8 +108,9 @@ class _BatchRun:
                 rate_burst_seconds=config.rate_burst_seconds,
             ) as rt,
         ):
-            host = BatchHost(rt, self.store, self.log, self.jobs, config, summary,
-                             say=self.messages.say, work=self.work, errors_log=self.errors_log)
+            host_class = BatchHost if not config.workers else WorkersHost
+            host = host_class(rt, self.store, self.log, self.jobs, config, summary,
+                              say=self.messages.say, work=self.work, errors_log=self.errors_log)
             self._report_endpoint(rt, backend.endpoint_id)
             display = ProgressDisplay(
                 host, self.messages.out, live=self.messages.live, started=self.started
@@ -122,7 +124,7 @@ class _BatchRun:
                     await host.run()
                 nursery.cancel_scope.cancel()
             summary.endpoint_unavailable = rt.endpoint_failure()
-            summary.attempts = rt.attempts_consumed
+            summary.attempts = host.attempts_spent()
             host.report_suppressed()
             if summary.interrupted or summary.fatal is not None:
                 summary.unfinished = (

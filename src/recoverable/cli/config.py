@@ -49,3 +49,7 @@ class BatchConfig:
     errors_path: str | None = None
     retry_failed: bool = False
     revision: str | None = None
+    # Issue 14: run the jobs in N ``recoverable worker`` processes (0: in this process),
+    # replacing a worker that dies at most ``worker_restarts`` times (None: 4 per worker).
+    workers: int = 0
+    worker_restarts: int | None = None

@@ -15,6 +15,7 @@ from recoverable.cli.config import DEFAULT_RETRY_PROVIDER_CODES, BatchConfig
 from recoverable.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, UsageError
 from recoverable.cli.ops import run_ops
 from recoverable.cli.sweep import run_sweep
+from recoverable.cli.worker import main as worker_main
 from recoverable.pricing import load_prices
 from recoverable.transport.backend import check_base_url
 from recoverable.transport.fixture import fixture_main
@@ -53,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "batch":
             return run_batch(_batch_config(args), out=sys.stdout, err=sys.stderr)
+        if args.command == "worker":
+            return worker_main(args)
         out = sys.stdout if sys.stdout is not None else open(os.devnull, "w")
         if args.command == "sweep":
             return run_sweep(args, out, sys.stderr)
@@ -121,7 +124,12 @@ def _batch_config(args: argparse.Namespace) -> BatchConfig:
         errors_path=None if args.errors is None else os.path.abspath(args.errors),
         retry_failed=args.retry_failed,
         revision=args.revision,
+        workers=args.workers,
+        worker_restarts=args.worker_restarts,
     )
+    if args.workers and (args.rps is not None or args.rpm is not None or args.tpm is not None):
+        raise UsageError("--rps/--rpm/--tpm are not available with --workers yet "
+                         "(each worker would need them); use --workers 0")
     if args.faults is not None and args.endpoint != "fixture":
         raise UsageError("--faults only applies to --endpoint fixture")
     if args.endpoint != "fixture":

@@ -103,6 +103,7 @@ def format_status(status: Status) -> str:
             f"{status.rate_limited} until {status.rate_limited_until.isoformat()}"
             if status.rate_limited and status.rate_limited_until else status.rate_limited
         )),
+        ("queue", status.queue),
         ("last failure", _failure(failure) if failure is not None else None),
         ("tokens", usage_text(status.usage)),
         ("tokens per attempt", attempts_usage_text(

@@ -183,15 +183,27 @@ class BatchHost:
         self.summary.prepared += 1
         return handle
 
+    async def run_operation(self, handle: Handle, job: Job) -> Any:
+        """Run the job's operation here, to its validated value (``--workers 0``)."""
+        return await self.rt.send_recovering(
+            handle, response=job.response, authorize=self.authorize
+        )
+
+    def lanes(self, todo: int) -> int:
+        """How many jobs are handled at once."""
+        return min(self.config.concurrency, todo)
+
+    def attempts_spent(self) -> int:
+        """The attempts this run spent (consumed before sending), for the summary."""
+        return self.rt.attempts_consumed
+
     async def _send(self, job: Job) -> _Sent | None:
         """Run the job's operation to its validated result (None: the job is reported)."""
         try:
             handle = await self._handle(job)
             self.running += 1
             try:
-                value: Any = await self.rt.send_recovering(
-                    handle, response=job.response, authorize=self.authorize
-                )
+                value: Any = await self.run_operation(handle, job)
             finally:
                 self.running -= 1
             return _Sent(handle, value, self._count_tokens(handle.operation_id))
@@ -416,7 +428,7 @@ class BatchHost:
                 self.summary.already_committed += 1
         send, receive = trio.open_memory_channel[Job](0)
         async with trio.open_nursery() as nursery:
-            for _ in range(min(self.config.concurrency, len(todo))):
+            for _ in range(self.lanes(len(todo))):
                 nursery.start_soon(self._worker, receive)
             async with send:
                 for job in todo:

@@ -145,7 +145,7 @@ class ProgressDisplay:
         eta = f"{remaining / rate:.0f}s" if rate > 0 and remaining > 0 else "-"
         scheduler = self.host.rt.scheduler
         waiting = scheduler.waiting
-        summary.attempts = self.host.rt.attempts_consumed
+        summary.attempts = self.host.attempts_spent()
         running = max(0, self.host.running - waiting)
         until = ""
         wake: float | None = getattr(scheduler, "next_wake_at", None)

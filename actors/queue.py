@@ -1,0 +1,268 @@
+"""Submit and wait: operations handed to workers through the store's ``queue`` table.
+
+``submit`` is ``prepare`` plus enqueue, in ONE store transaction, idempotent by
+``(account, scope, job_id, input_revision)``: the same frozen body again returns the
+same handle (and queues it again if it is not finished); a different body under the
+same key is ``JobConflict`` and changes nothing. ``wait`` watches the operation's record
+(a bounded poll with backoff: one LMDB ``last_txnid`` read per poll; when something
+committed, one queue-row read; the record itself once the operation left the queue, and
+at least once a second) until it is settled: the saved, validated value, or the
+operation's typed terminal error. Any process on the store may wait; a worker
+(``actors/worker.py``) runs the operation.
+
+Both are methods of ``Runtime`` (``Runtime.submit``, ``Runtime.wait``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, Final, Protocol, TypeVar
+
+import msgspec
+import trio
+from recoverable.actors.checks import require_owner
+from recoverable.actors.host import Backend
+from recoverable.actors.prepare import new_admission, put_new_operation
+from recoverable.storage.base import Store as RecoveryStore
+from recoverable.storage.base import WriteTransaction as WriteTxn
+from recoverable.storage.migration import saved_completion
+from recoverable.storage.queue import entry as queue_entry
+
+from recoverable import _killpoints, errors, machine
+from recoverable.contract import ResponseContract, contract_for
+from recoverable.preconditions import is_expired
+from recoverable.records import OperationRecord
+from recoverable.telemetry import Telemetry
+from recoverable.transitions import FINISHED
+from recoverable.types import AccountBinding, Handle, JsonSchema, Status, StructuredRequest
+
+
+class Runtime(Protocol):
+    """What submit and wait use of the runtime (``actors/runtime.py`` implements it)."""
+
+    store: RecoveryStore
+    backend: Backend | None
+    account: AccountBinding | None
+    selector: Callable[[StructuredRequest], StructuredRequest] | None
+    now: Callable[[], float]
+    telemetry: Telemetry
+
+__all__ = [
+    "choose_job_operation", "served_now", "settled", "submit", "wait", "with_queue_state",
+]
+
+ResultT = TypeVar("ResultT")
+
+POLL_FIRST: Final = 0.005  # seconds: the first re-read after a change
+POLL_MAX: Final = 0.2  # seconds: the longest pause between two polls
+FULL_READ_EVERY: Final = 1.0  # seconds: the record is read at least this often
+_PENDING: Final = object()
+
+
+def choose_job_operation(records: list[OperationRecord]) -> OperationRecord | None:
+    """The operation that stands for a job among those sharing its key: a source whose
+    manual-retry successor exists yields to it; then a saved completion; then the oldest."""
+    if not records:
+        return None
+    ids = {record.operation_id for record in records}
+    current = [
+        record for record in records
+        if record.retry_reservation is None
+        or not record.retry_reservation.created
+        or record.retry_reservation.successor_id not in ids
+    ] or records
+    current.sort(
+        key=lambda record: (not record.has_completion, record.created_at, record.operation_id)
+    )
+    return current[0]
+
+
+def submit_operation(
+    record: OperationRecord, body: bytes, stored: bytes, txn: WriteTxn
+) -> OperationRecord:
+    """The transaction of ``submit``: the job's existing operation, or this new one;
+    queued unless finished."""
+    existing = []
+    for operation_id in txn.operation_ids_by_job(record.account, record.scope, record.job_id):
+        try:
+            found = txn.get_operation(operation_id)
+        except (errors.CorruptRecord, errors.UnsupportedRecordVersion):
+            continue
+        if found is not None and found.input_revision == record.input_revision:
+            existing.append(found)
+    chosen = choose_job_operation(existing)
+    if chosen is None:
+        put_new_operation(txn, record, body, stored)
+        chosen = record
+    elif chosen.body_hash != record.body_hash:
+        raise errors.JobConflict(
+            "the same job and input revision were submitted with another request body",
+            operation_id=chosen.operation_id,
+        )
+    if chosen.phase not in FINISHED and not chosen.has_completion:
+        txn.enqueue(chosen.operation_id)
+    return chosen
+
+
+async def submit(
+    rt: Runtime,
+    request: StructuredRequest,
+    *,
+    response: type[Any] | JsonSchema,
+    job_id: str,
+    input_revision: str | None = None,
+    maximum_attempts: int,
+    **options: Any,
+) -> Handle:
+    """Prepare and queue an operation for workers, in one transaction; idempotent by
+    ``(account, scope, job_id, input_revision)``.
+
+    ``options`` are ``prepare``'s (``retry_policy``, ``expires_at``, ``scope``,
+    ``contract_version``, ``previous_operation_id``, ``maximum_output_tokens_total``,
+    ``on_interruption``).
+    Submitting the same job and revision again with the same frozen body returns the
+    same handle, whatever state the operation is in (nothing is generated again); with
+    another body it raises ``JobConflict``. A job whose operation was acknowledged or
+    abandoned is gone from the store: submitting it again creates a new operation.
+    """
+    if not isinstance(job_id, str):
+        raise errors.InvalidRequest("submit needs a job_id (the key of its idempotency)")
+    fields: dict[str, Any] = {
+        "retry_policy": None, "expires_at": None, "scope": None, "contract_version": None,
+        "previous_operation_id": None, "maximum_output_tokens_total": None,
+    }
+    fields.update(options)
+    record, body, stored = new_admission(
+        request, response=response, maximum_attempts=maximum_attempts, job_id=job_id,
+        input_revision=input_revision, account=rt.account, backend=rt.backend,
+        selector=rt.selector, now=rt.now(), **fields,
+    )
+    _killpoints.hit("submit.before_save")
+    chosen = await rt.store.write(functools.partial(submit_operation, record, body, stored))
+    _killpoints.hit("submit.saved")
+    if chosen is record:
+        rt.telemetry.emit("operation.prepared", record.operation_id, model=record.model,
+                          effort=record.reasoning_effort, maximum_attempts=maximum_attempts)
+    return Handle(
+        chosen.operation_id,
+        root_operation_id=chosen.root_operation_id,
+        previous_operation_id=chosen.previous_operation_id,
+    )
+
+
+def settled(rt: Runtime, operation_id: str, contract: ResponseContract) -> Any:
+    """The operation's validated value, its typed terminal error raised, or ``_PENDING``."""
+    store: RecoveryStore = rt.store
+    record = store.get_operation(operation_id)
+    if record is None:
+        disposition = store.get_disposition(operation_id)
+        if disposition is not None:
+            require_owner(rt.account, disposition.account, operation_id)
+            raise errors.StateUnavailable(
+                f"operation is {disposition.disposition}", operation_id=operation_id
+            )
+        raise errors.StateUnavailable("no such operation", operation_id=operation_id)
+    require_owner(rt.account, record.account, operation_id)
+    command = store.get_command(operation_id)
+    if record.phase == "cancelled" or (command is not None and command.kind == "cancel"):
+        raise errors.OperationCancelled(operation_id=operation_id)
+    if record.format_hash != contract.format_hash:
+        raise errors.FormatMismatch(
+            "the requested response format differs from the saved one",
+            operation_id=operation_id,
+        )
+    if record.has_completion:
+        payload = saved_completion(store, record)
+        if payload is None:
+            raise errors.CompletionUnavailable(
+                "the saved completion is missing", operation_id=operation_id
+            )
+        return contract.decode(payload)
+    if record.phase == "failed":
+        raise machine.terminal_error(record)
+    idle = record.phase in ("prepared", "waiting", "suspended")
+    if idle and is_expired(record, rt.now()):
+        raise errors.StateExpired(operation_id=operation_id)
+    if record.phase == "suspended":
+        queued = queue_entry(store, operation_id)
+        if queued is None or not queued.resume:
+            raise errors.OperationSuspended(operation_id=operation_id)
+    return _PENDING
+
+
+async def wait(
+    rt: Runtime, handle: Handle, *, response: type[ResultT] | JsonSchema
+) -> ResultT:
+    """Wait until the operation is settled; return its saved, validated value or raise
+    its typed terminal error.
+
+    Runs nothing itself: a worker (any process on the store) runs the operation. It
+    polls the store with backoff (``POLL_FIRST`` .. ``POLL_MAX`` seconds; the record is
+    read when it left the queue, and at least every ``FULL_READ_EVERY`` s),
+    never busy-loops; bound it with ``trio.fail_after``/``move_on_after``. Raises
+    ``OperationCancelled``, ``AttemptsExhausted``/``PermanentlyFailed`` (the failed
+    record's error), ``StateExpired``, ``OperationSuspended`` (suspended by a host, not
+    by a stopping worker), ``StateUnavailable`` (acknowledged, abandoned or missing),
+    ``AccountChanged`` and ``FormatMismatch`` like ``send_recovering``.
+    """
+    contract = contract_for(response)
+    store: RecoveryStore = rt.store
+    delay = POLL_FIRST
+    last_txnid: int | None = None
+    last_read = 0.0
+    previous: OperationRecord | None = None
+    while True:
+        txnid = store.last_txnid()
+        clock = trio.current_time()
+        stale = clock - last_read >= FULL_READ_EVERY
+        if txnid != last_txnid and not stale and previous is not None:
+            # Something committed somewhere. While the operation is still queued a worker
+            # has it (or will): its terminal state removes it from the queue.
+            last_txnid = txnid
+            stale = queue_entry(store, handle.operation_id) is None
+        if stale or last_txnid is None:
+            last_txnid, last_read = txnid, clock
+            value = settled(rt, handle.operation_id, contract)
+            if value is not _PENDING:
+                result: ResultT = value
+                return result
+            current = store.get_operation(handle.operation_id)
+            if current != previous:
+                previous, delay = current, POLL_FIRST  # it moves: look again soon
+        await trio.sleep(delay)
+        delay = min(delay * 2, POLL_MAX)
+
+
+Served = set[tuple[str, str, str]]  # (account id, credential source, endpoint id)
+_SETTLED_STATES: Final = frozenset({"completed", "failed", "cancelled", "acknowledged",
+                                    "abandoned"})
+
+
+def served_now(store: RecoveryStore) -> Served:
+    """The accounts and endpoints some live worker serves (one read of the worker rows,
+    one owner-lock check per worker)."""
+    return {
+        (row.account_id, row.source, row.endpoint_id)
+        for owner_id, _token, row in store.workers()
+        if store.owner_is_live(owner_id)
+    }
+
+
+def with_queue_state(
+    store: RecoveryStore, record: OperationRecord, status: Status, served: Served | None = None
+) -> Status:
+    """``status`` with its queue state: ``queued``, ``resuming`` or ``waiting_for_worker``
+    (queued, and no live worker serves its account and endpoint). Unchanged for an
+    operation that is not queued, is settled, or was suspended by a host."""
+    if status.redacted or status.state in _SETTLED_STATES:
+        return status
+    entry = queue_entry(store, record.operation_id)
+    if entry is None or (record.phase == "suspended" and not entry.resume):
+        return status
+    if served is None:
+        served = served_now(store)
+    key = (record.account.account_id, record.account.source, record.endpoint_id)
+    if key not in served:
+        return msgspec.structs.replace(status, queue="waiting_for_worker")
+    return msgspec.structs.replace(status, queue="resuming" if entry.resume else "queued")

@@ -1,0 +1,362 @@
+"""The worker: runs queued (and orphaned) operations with no caller attached.
+
+``run_worker(runtime, concurrency=, authorize=)`` looks at the store's ``queue`` table
+(``storage/queue.py``, filled by ``runtime.submit``) and claims the operations of ITS
+runtime's account and endpoint that are due and whose lease is not live:
+
+- ``prepared``; ``waiting`` with ``next_attempt_at`` reached;
+- ``authorizing``/``transmitting`` whose owner is gone (orphaned: the actor's reopening
+  closes the in-flight attempt as interrupted and replaces it within the budget);
+- ``suspended`` by a worker that stopped cleanly (its queue row says ``resume``), never
+  one a host suspended.
+
+Each claim is the operation actor taking the lease (``Runtime.start_operation``,
+detached): the acquisition increments the generation fence, so two workers never run
+the same operation, and a stale one can write nothing. At most ``concurrency`` run at
+once. An operation that ends terminal (or was disposed, or expired while idle) leaves
+the queue; one that stopped without a state change it can act on (the host declined the
+attempt, its body is missing, ...) is left alone by this worker for ``SKIP_SECONDS``.
+
+On ``stop`` (the CLI sets it on SIGTERM/SIGINT) the running operations are flagged
+``resume`` in their queue rows (one transaction), then stopped: each actor suspends its
+operation durably and releases its lease before ``run_worker`` returns. The next worker
+resumes them. A worker killed outright (SIGKILL) leaves leases whose owner lock died
+with it: they are not live, so another worker adopts the operations at once.
+
+At start a worker runs the full recovery sweep (``actors/sweep.py``; its runtime already
+ran the cheap, lease-table-only one when it opened): every operation whose owner is gone
+is closed honestly before anything is claimed, including the rare in-flight record that
+has no lease row.
+"""
+
+from __future__ import annotations
+
+import functools
+import secrets
+from collections.abc import Callable
+from typing import Any, Final, Protocol
+
+import attrs
+import msgspec
+import trio
+from recoverable.actors.checks import require_signed_in
+from recoverable.actors.host import Backend
+from recoverable.actors.operation import Authorize
+from recoverable.actors.supervisor import Execution
+from recoverable.actors.sweep import sweep
+from recoverable.storage.base import Store as RecoveryStore
+from recoverable.storage.base import WriteTransaction as WriteTxn
+from recoverable.storage.queue import QueueEntry, WorkerRow
+
+from recoverable import errors
+from recoverable.preconditions import is_expired
+from recoverable.records import OperationRecord, StoredRequest
+from recoverable.telemetry import Telemetry
+from recoverable.transitions import FINISHED
+from recoverable.types import AccountBinding, Handle, JsonSchema
+
+__all__ = ["MAX_CONCURRENCY", "WorkerReport", "claimable", "run_worker"]
+
+MAX_CONCURRENCY: Final = 10_000
+SKIP_SECONDS: Final = 30.0  # an operation that stopped without progress is left this long
+MAX_SKIPPED: Final = 4096  # remembered skips past which the lapsed ones are dropped
+BUSY_SECONDS: Final = 0.1  # one running in another process is looked at again after this
+POLL_FIRST: Final = 0.005  # seconds between looks at the queue when work was found
+POLL_MAX: Final = 0.1  # ... and at most this long when there was none
+
+
+class WorkerRuntime(Protocol):
+    """What the worker uses of the runtime (``actors/runtime.py`` implements it)."""
+
+    store: RecoveryStore
+    backend: Backend | None
+    account: AccountBinding | None
+    now: Callable[[], float]
+    telemetry: Telemetry
+
+    def start_operation(
+        self, handle: Handle, *, response: Any, authorize: Authorize,
+    ) -> Execution: ...
+
+
+@attrs.define
+class WorkerReport:
+    """What one worker did (counts only: no ids, no content)."""
+
+    claimed: int = 0  # executions started
+    completed: int = 0  # ended with a saved completion
+    failed: int = 0  # ended terminal without one (failed, cancelled, expired)
+    busy: int = 0  # another worker claimed it first
+    stopped: int = 0  # ended without a terminal state (declined, suspended, ...)
+    removed: int = 0  # queue rows removed (terminal, disposed, expired)
+    resumable: int = 0  # suspended by this worker's stop, flagged for the next one
+
+
+def claimable(
+    record: OperationRecord,
+    entry: QueueEntry,
+    *,
+    account: AccountBinding,
+    endpoint_id: str,
+    now: float,
+    lease_live: bool,
+) -> bool | None:
+    """True: this worker may claim it now; False: not now (another's, not due, running);
+    None: it is done with the queue (finished, or expired while idle)."""
+    if record.phase in FINISHED or record.has_completion:
+        return None
+    idle = record.phase in ("prepared", "waiting", "suspended")
+    if idle and is_expired(record, now):
+        return None
+    if record.account != account or record.endpoint_id != endpoint_id or lease_live:
+        return False
+    match record.phase:
+        case "prepared" | "authorizing" | "transmitting":
+            return True
+        case "waiting":
+            return record.next_attempt_at is None or record.next_attempt_at <= now
+        case "suspended":
+            return entry.resume
+    return False
+
+
+def _register(token: str, row: WorkerRow, dead: list[tuple[str, str]], txn: WriteTxn) -> None:
+    for owner_id, other in dead:
+        txn.unregister_worker(owner_id, other)
+    txn.register_worker(token, row)
+
+
+def _unregister(token: str, txn: WriteTxn) -> None:
+    txn.unregister_worker(txn.owner_id, token)
+
+
+def _dequeue(operation_ids: list[str], txn: WriteTxn) -> int:
+    return sum(txn.dequeue(operation_id) for operation_id in operation_ids)
+
+
+def _flag(operation_ids: list[str], resume: bool, txn: WriteTxn) -> None:
+    for operation_id in operation_ids:
+        if txn.get_operation(operation_id) is not None:
+            txn.enqueue(operation_id, resume=resume)
+
+
+class _Worker:
+    def __init__(
+        self, rt: WorkerRuntime, *, concurrency: int, authorize: Authorize, stop: trio.Event
+    ) -> None:
+        self.rt = rt
+        self.store = rt.store
+        self.concurrency = concurrency
+        self.authorize = authorize
+        self.stop = stop
+        self.report = WorkerReport()
+        self.account = require_signed_in(rt.account, "a worker needs an account")
+        if rt.backend is None:
+            raise errors.ConfigurationUnavailable("a worker needs a backend")
+        self.endpoint_id = rt.backend.endpoint_id
+        self.running: dict[str, Execution] = {}
+        self.skip: dict[str, float] = {}  # operation id -> trio time it may be tried again
+        self.changed = trio.Event()  # an execution ended: look at the queue again
+        self.token = secrets.token_hex(8)  # names this worker's row (storage/queue.py)
+
+    def _wake(self) -> None:
+        self.changed.set()
+
+    async def run(self) -> WorkerReport:
+        try:
+            await sweep(self.store, now=self.rt.now())
+        except errors.RecoveryError as exc:  # a full/unavailable store: claims still fence
+            self.rt.telemetry.emit("sweep.failed", "", code=exc.code)
+        await self._register()
+        try:
+            return await self._serve()
+        finally:
+            with trio.CancelScope(shield=True):
+                try:
+                    await self.store.write(functools.partial(_unregister, self.token))
+                except errors.RecoveryError:
+                    pass  # the row names a dead owner once this process ends
+
+    async def _register(self) -> None:
+        """Say which account and endpoint this worker serves (status tells operations
+        nobody serves: ``waiting_for_worker``); forget the rows of dead workers."""
+        dead = [(owner, token) for owner, token, _row in self.store.workers()
+                if not self.store.owner_is_live(owner)]
+        row = WorkerRow(
+            account_id=self.account.account_id, source=self.account.source,
+            endpoint_id=self.endpoint_id, concurrency=self.concurrency,
+            started_at=self.rt.now(),
+        )
+        await self.store.write(functools.partial(_register, self.token, row, dead))
+
+    async def _serve(self) -> WorkerReport:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._watch_stop)
+            delay = POLL_FIRST
+            while not self.stop.is_set():
+                self.changed = trio.Event()
+                started = await self._claim_round(nursery)
+                delay = POLL_FIRST if started else min(delay * 2, POLL_MAX)
+                await trio.sleep(POLL_FIRST)  # completions that come together: one round
+                with trio.move_on_after(delay - POLL_FIRST):
+                    await self.changed.wait()
+            await self._shutdown()
+            nursery.cancel_scope.cancel()
+        return self.report
+
+    async def _watch_stop(self) -> None:
+        await self.stop.wait()
+        self._wake()
+
+    async def _claim_round(self, nursery: trio.Nursery) -> int:
+        """Look at the queue once (oldest first); start what may run; return how many."""
+        free = self.concurrency - len(self.running)
+        if free <= 0:
+            return 0
+        now, clock = self.rt.now(), trio.current_time()
+        if len(self.skip) > MAX_SKIPPED:  # bounded: forget the entries that have lapsed
+            self.skip = {k: until for k, until in self.skip.items() if until > clock}
+        done: list[str] = []
+        claims: list[tuple[OperationRecord, QueueEntry]] = []
+        after = 0
+        while len(claims) < free:
+            page = self.store.queued(after_serial=after, limit=max(64, 4 * free))
+            if not page:
+                break
+            after = page[-1].serial
+            for entry in page:
+                operation_id = entry.operation_id
+                if operation_id in self.running or self.skip.get(operation_id, 0) > clock:
+                    continue
+                try:
+                    lease = self.store.get_lease(operation_id)
+                    live = lease is not None and self.store.lease_is_live(lease)
+                    if live:  # running elsewhere: not read again for a moment
+                        self.skip[operation_id] = clock + BUSY_SECONDS
+                        continue
+                    record = self.store.get_operation(operation_id)
+                except (errors.CorruptRecord, errors.UnsupportedRecordVersion):
+                    self.skip[operation_id] = clock + SKIP_SECONDS
+                    continue
+                if record is None:
+                    done.append(operation_id)  # acknowledged, abandoned or purged
+                    continue
+                verdict = claimable(
+                    record, entry, account=self.account, endpoint_id=self.endpoint_id,
+                    now=now, lease_live=False,
+                )
+                if verdict is None:
+                    done.append(operation_id)
+                elif verdict:
+                    claims.append((record, entry))
+                    if len(claims) >= free:
+                        break
+        if done:
+            self.report.removed += await self.store.write(functools.partial(_dequeue, done))
+        resumed = [record.operation_id for record, entry in claims if entry.resume]
+        if resumed:  # claimed now: a later host suspension must not be resumed
+            await self.store.write(functools.partial(_flag, resumed, False))
+        started = 0
+        for record, _entry in claims:
+            if self._start(record, nursery):
+                started += 1
+        return started
+
+    def _start(self, record: OperationRecord, nursery: trio.Nursery) -> bool:
+        operation_id = record.operation_id
+        try:
+            stored = self.store.get_payload(operation_id, "request")
+            if stored is None:
+                raise errors.RequestUnavailable(operation_id=operation_id)
+            saved = msgspec.json.decode(stored, type=StoredRequest)
+            response = JsonSchema(saved.format_name, saved.schema)
+            execution = self.rt.start_operation(
+                Handle(operation_id), response=response, authorize=self.authorize
+            )
+        except errors.OperationBusy:
+            self.report.busy += 1
+            return False
+        except (errors.RecoveryError, msgspec.DecodeError):
+            # It cannot be run from here (its saved request is unreadable, ...): leave it
+            # to the host (status shows why), and do not look at it again for a while.
+            self.skip[operation_id] = trio.current_time() + SKIP_SECONDS
+            return False
+        self.running[operation_id] = execution
+        self.report.claimed += 1
+        nursery.start_soon(self._finish, execution)
+        return True
+
+    async def _finish(self, execution: Execution) -> None:
+        operation_id = execution.operation_id
+        try:
+            await execution.finished.wait()
+        finally:
+            self.running.pop(operation_id, None)
+            self._wake()
+        if self.stop.is_set():
+            return
+        error = execution.error
+        if isinstance(error, errors.OperationBusy | errors.FenceMismatch):
+            self.report.busy += 1
+            return
+        try:
+            record = self.store.get_operation(operation_id)
+        except errors.RecoveryError:
+            record = None
+        finished = record is None or record.phase in FINISHED or record.has_completion
+        expired = isinstance(error, errors.StateExpired)
+        if finished or expired:
+            if error is None:
+                self.report.completed += 1
+            else:
+                self.report.failed += 1
+            with trio.CancelScope(shield=True):
+                self.report.removed += await self.store.write(
+                    functools.partial(_dequeue, [operation_id])
+                )
+            return
+        self.report.stopped += 1
+        if record is not None and record.phase != "suspended":
+            self.skip[operation_id] = trio.current_time() + SKIP_SECONDS
+
+    async def _shutdown(self) -> None:
+        """Flag the running operations for resumption, stop them, wait until each has
+        suspended durably and released its lease."""
+        running = list(self.running.values())
+        if not running:
+            return
+        with trio.CancelScope(shield=True):
+            ids = [execution.operation_id for execution in running]
+            try:
+                await self.store.write(functools.partial(_flag, ids, True))
+                self.report.resumable += len(ids)
+            except errors.RecoveryError:
+                pass  # they stay suspended; a host resumes them (send_recovering / submit)
+            for execution in running:
+                execution.stop()
+            for execution in running:
+                await execution.finished.wait()
+
+
+async def run_worker(
+    runtime: WorkerRuntime,
+    *,
+    concurrency: int,
+    authorize: Authorize,
+    stop: trio.Event | None = None,
+) -> WorkerReport:
+    """Run queued and orphaned operations of ``runtime``'s account and endpoint, at most
+    ``concurrency`` at once, until ``stop`` is set (then they are suspended durably and
+    flagged for the next worker). ``authorize`` is the standing authorization policy:
+    it is asked before every attempt, like ``send_recovering``'s callback."""
+    if (
+        not isinstance(concurrency, int) or isinstance(concurrency, bool)
+        or not 1 <= concurrency <= MAX_CONCURRENCY
+    ):
+        raise errors.InvalidRequest(f"concurrency must be an integer in 1..{MAX_CONCURRENCY}")
+    if not callable(authorize):
+        raise errors.InvalidRequest("authorize must be a callable")
+    worker = _Worker(runtime, concurrency=concurrency, authorize=authorize,
+                     stop=trio.Event() if stop is None else stop)
+    return await worker.run()
+

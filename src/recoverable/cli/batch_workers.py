@@ -1,0 +1,211 @@
+"""``recoverable batch --workers N``: the jobs run in N worker processes (many cores).
+
+The batch process stays the host: it submits every job that is not committed yet
+(``runtime.submit``: prepare + enqueue in one transaction, idempotent by the job's id and
+revision in scope ``"batch"``, so a rerun adopts what an earlier run submitted), runs N
+``recoverable worker`` child processes on the same store and provider, and waits for each
+job's operation (``runtime.wait``). Each validated result goes through the same result
+log as ``--workers 0`` (``cli/host.py``, ``cli/result_log.py``): one fsynced line per
+job, then the acknowledgement — so every job is committed exactly once, whatever happens
+to the workers.
+
+The workers (:class:`WorkerPool`): a worker that exits while the batch still runs (a
+crash, SIGKILL, the OOM killer) is replaced; its operations are adopted by the others at
+once (their leases died with its owner lock) and their interrupted attempts replaced
+within their saved budgets. At most ``--worker-restarts`` replacements in all (default 4
+per worker); past it the batch stops with ``worker_restarts_exhausted`` (exit 1, a rerun
+resumes). When the batch ends or is interrupted the workers get SIGTERM: they suspend
+their running operations durably (flagged for the next worker) and exit.
+
+The embedded fixture provider is served by the batch process on 127.0.0.1; its URL is
+passed to the workers (``--fixture-url``). A real endpoint is passed as ``--endpoint`` with
+the same ``--api-key-env`` (the key is read by each worker from its environment, never
+put on a command line).
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any, Final
+
+import trio
+
+from recoverable import errors
+from recoverable.cli.host import BatchHost, _JobFailed
+from recoverable.cli.jobs import BATCH_SCOPE, Job
+from recoverable.cli.provider import batch_account
+from recoverable.records import OperationRecord
+from recoverable.types import Handle
+
+__all__ = ["RESTARTS_PER_WORKER", "WorkerPool", "WorkersHost", "worker_command"]
+
+RESTARTS_PER_WORKER: Final = 4
+MAX_WAITERS: Final = 10_000  # jobs waited for at once (each a cheap poll of the store)
+
+
+def worker_command(host: WorkersHost) -> list[str]:
+    """The ``recoverable worker`` command line of this batch's workers."""
+    config = host.config
+    backend = host.rt.backend
+    assert backend is not None
+    command = [
+        sys.executable, "-m", "recoverable", "worker",
+        "--store", config.store_path,
+        "--account", batch_account(config).account_id,
+        "--mode", config.mode,
+        "--concurrency", str(config.concurrency),
+        "--idle-timeout", repr(config.idle_timeout),
+    ]
+    if config.endpoint == "fixture":
+        command += ["--fixture-url", getattr(backend, "base_url")]  # noqa: B009
+    else:
+        command += ["--endpoint", config.endpoint, "--api-key-env", config.api_key_env]
+    return command
+
+
+class WorkerPool:
+    """N supervised worker processes; a dead one is replaced within a bound."""
+
+    def __init__(
+        self,
+        command: list[str],
+        count: int,
+        *,
+        max_restarts: int,
+        say: Callable[[str], None],
+        on_exhausted: Callable[[str], None],
+    ) -> None:
+        self.command = command
+        self.count = count
+        self.max_restarts = max_restarts
+        self.say = say
+        self.on_exhausted = on_exhausted
+        self.restarts = 0
+        self.started = 0
+        self.pids: set[int] = set()
+
+    async def run(self) -> None:
+        """Run the pool until cancelled (then every worker gets SIGTERM and is awaited)."""
+        async with trio.open_nursery() as nursery:
+            for slot in range(self.count):
+                nursery.start_soon(self._slot, slot)
+
+    async def _slot(self, slot: int) -> None:
+        while True:
+            self.started += 1
+            status = await self._run_one()
+            if self.restarts >= self.max_restarts:
+                self.on_exhausted(
+                    f"worker_restarts_exhausted: worker {slot} exited (status {status}) and "
+                    f"{self.restarts} replacement(s) were already made (--worker-restarts "
+                    f"{self.max_restarts}); stopping (a rerun resumes; nothing is lost)"
+                )
+                return
+            self.restarts += 1
+            self.say(f"worker {slot} exited (status {status}); starting a replacement "
+                     f"({self.restarts} of at most {self.max_restarts}); its operations "
+                     "are adopted")
+
+    async def _run_one(self) -> int:
+        process: trio.Process | None = None
+
+        async def run(task_status: trio.TaskStatus[trio.Process]) -> None:
+            await trio.run_process(
+                self.command, check=False, stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, deliver_cancel=_terminate,
+                task_status=task_status,
+            )
+
+        async with trio.open_nursery() as nursery:
+            process = await nursery.start(run)
+            self.pids.add(process.pid)
+        self.pids.discard(process.pid)
+        return process.returncode if process.returncode is not None else -1
+
+
+async def _terminate(process: trio.Process) -> None:
+    """SIGTERM (the worker suspends its operations durably), SIGKILL after 30 s."""
+    process.send_signal(signal.SIGTERM)
+    with trio.move_on_after(30):  # a bound, not a mechanism: suspending takes ms
+        await process.wait()
+        return
+    process.kill()
+
+
+class WorkersHost(BatchHost):
+    """The batch host of ``--workers N``: submits, waits, commits (``cli/host.py``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.spent = 0
+        self.pool: WorkerPool | None = None
+
+    async def _handle(self, job: Job) -> Handle:
+        adopted = self.find_existing(job) is not None  # raises revision_conflict
+        try:
+            handle = await self.rt.submit(
+                job.request,
+                response=job.response,
+                job_id=job.id,
+                input_revision=job.revision,
+                maximum_attempts=job.max_attempts or self.config.max_attempts,
+                retry_policy=self.policy,
+                scope=BATCH_SCOPE,
+            )
+        except errors.JobConflict:
+            raise _JobFailed(
+                "revision_conflict",
+                "the job's content changed but its revision did not (use a new revision)",
+            ) from None
+        if adopted:
+            self.summary.adopted += 1
+        else:
+            self.summary.prepared += 1
+        return handle
+
+    async def run_operation(self, handle: Handle, job: Job) -> Any:
+        """A worker process runs it; this waits for its saved value (or typed error)."""
+        return await self.rt.wait(handle, response=job.response)
+
+    def lanes(self, todo: int) -> int:
+        return min(todo, MAX_WAITERS)
+
+    def attempts_spent(self) -> int:
+        return self.spent
+
+    def _count_tokens(self, operation_id: str | None) -> OperationRecord | None:
+        record = super()._count_tokens(operation_id)
+        if record is not None:
+            self.spent += record.attempts_used
+        return record
+
+    async def run(self) -> None:
+        if all(job.key in self.log.committed for job in self.jobs):
+            await super().run()  # nothing to run: no worker is started
+            return
+        workers = self.config.workers
+        restarts = self.config.worker_restarts
+        self.pool = WorkerPool(
+            worker_command(self),
+            workers,
+            max_restarts=RESTARTS_PER_WORKER * workers if restarts is None else restarts,
+            say=self.say,
+            on_exhausted=self._pool_failed,
+        )
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.pool.run)
+            try:
+                await super().run()
+            finally:
+                nursery.cancel_scope.cancel()  # SIGTERM to every worker, awaited
+
+    def _pool_failed(self, message: str) -> None:
+        if self.fatal is None:
+            self.fatal = message
+            self.summary.fatal = message
+            self.say(f"error: {message}")
+        if self.work is not None:
+            self.work.cancel()

@@ -1,0 +1,243 @@
+"""``recoverable worker``: a process that runs queued operations of one store.
+
+It opens the store, a backend (a base URL with the key from ``--api-key-env``, the
+embedded fixture, or a fixture already served at ``--fixture-url`` — what
+``recoverable batch --workers N`` passes its workers) and a runtime bound to one
+account, then runs ``recoverable.actors.worker.run_worker`` until SIGTERM/SIGINT: the
+running operations are then suspended durably and flagged for the next worker, and the
+process exits 0. A second signal exits at once (still safe: the store is the authority).
+
+The standing authorization policy: ``--authorizer module:callable`` (a host callable,
+given each ``Attempt`` like ``send_recovering``'s ``authorize``), or by default every
+attempt the operation's saved budget allows (the budget, saved at submit, is the bound).
+
+stdout: one JSON line when ready (``{"worker": "ready", "pid": ...}``), one at exit with
+the counts (``WorkerReport``); never ids, prompts, outputs, keys or account names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from typing import IO, Any, Final, Literal
+
+import attrs
+import trio
+
+from recoverable import errors
+from recoverable.actors.operation import Authorize
+from recoverable.actors.runtime import open_runtime
+from recoverable.actors.worker import WorkerReport, run_worker
+from recoverable.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, UsageError
+from recoverable.cli.provider import FIXTURE_ACCOUNT, FIXTURE_KEY
+from recoverable.storage.store import RecoveryStore
+from recoverable.transport.backend import ResponsesBackend, check_base_url
+from recoverable.transport.base import StaticCredentials, StreamLimits, validate_api_key
+from recoverable.transport.fixture import FixtureProvider
+from recoverable.types import AccountBinding, Attempt
+
+__all__ = [
+    "WorkerConfig", "load_authorizer", "main", "run_worker_command", "worker_account",
+    "worker_config",
+]
+
+FIXTURE_ENDPOINT_ID: Final = "fixture"  # the batch's embedded provider, whatever its port
+
+
+@attrs.frozen
+class WorkerConfig:
+    store_path: str
+    endpoint: str = "fixture"  # "fixture" or a base URL
+    fixture_url: str | None = None  # a fixture provider already served (batch --workers)
+    api_key_env: str = "OPENAI_API_KEY"
+    account: str | None = None
+    mode: Literal["websocket", "sse"] = "websocket"
+    concurrency: int = 64
+    authorizer: str | None = None
+    idle_timeout: float = 120.0
+
+
+def worker_account(config: WorkerConfig) -> AccountBinding:
+    """The account this worker serves (the same rule as ``recoverable batch``'s)."""
+    if config.account is not None:
+        return AccountBinding(config.account, "api-key")
+    fixture = config.endpoint == "fixture" or config.fixture_url is not None
+    return FIXTURE_ACCOUNT if fixture else AccountBinding("default")
+
+
+async def authorize_within_budget(attempt: Attempt) -> bool:
+    """The CLI's default policy: every attempt the operation's saved budget allows (the
+    runtime never asks for one past it)."""
+    return True
+
+
+def load_authorizer(spec: str) -> Authorize:
+    """``module:callable`` (a dotted attribute path after the colon) -> the callable."""
+    module_name, colon, attribute = spec.partition(":")
+    if not colon or not module_name or not attribute:
+        raise UsageError(f"--authorizer must be module:callable, not {spec!r}")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UsageError(f"--authorizer: cannot import {module_name!r}: {exc}") from None
+    for part in attribute.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise UsageError(f"--authorizer: {module_name!r} has no {attribute!r}") from None
+    if not callable(target):
+        raise UsageError(f"--authorizer: {spec!r} is not callable")
+    authorize: Authorize = target
+    return authorize
+
+
+def check_worker_config(config: WorkerConfig) -> None:
+    """Usage problems, before anything is opened (``UsageError``)."""
+    if config.fixture_url is not None:
+        try:
+            check_base_url(config.fixture_url)
+        except ValueError as exc:
+            raise UsageError(f"--fixture-url: not a usable URL: {exc}") from None
+        return
+    if config.endpoint == "fixture":
+        return
+    try:
+        check_base_url(config.endpoint)
+    except ValueError as exc:
+        raise UsageError(f"--endpoint: not a usable URL: {exc}") from None
+    key = os.environ.get(config.api_key_env)
+    if not key:
+        raise UsageError(
+            f"the environment variable {config.api_key_env} (--api-key-env) is not set"
+        )
+    try:
+        validate_api_key(key, what=f"the key in {config.api_key_env}")
+    except errors.InvalidCredentials as exc:
+        raise UsageError(str(exc)) from None
+
+
+@contextlib.asynccontextmanager
+async def open_worker_backend(
+    config: WorkerConfig, account: AccountBinding
+) -> AsyncIterator[ResponsesBackend]:
+    limits = StreamLimits(idle_timeout=config.idle_timeout)
+    if config.fixture_url is not None or config.endpoint == "fixture":
+        async with contextlib.AsyncExitStack() as stack:
+            url = config.fixture_url
+            if url is None:
+                provider = await stack.enter_async_context(FixtureProvider.serve())
+                url = provider.http_url
+            backend = ResponsesBackend(
+                url, credentials=StaticCredentials(FIXTURE_KEY, account=account),
+                mode=config.mode, limits=limits, endpoint_id=FIXTURE_ENDPOINT_ID,
+            )
+            async with backend:
+                yield backend
+        return
+    backend = ResponsesBackend(
+        config.endpoint,
+        credentials=StaticCredentials(os.environ.get(config.api_key_env, ""), account=account),
+        mode=config.mode,
+        limits=limits,
+    )
+    async with backend:
+        yield backend
+
+
+def _say(stream: IO[str] | None, line: dict[str, Any]) -> None:
+    if stream is None:
+        return
+    try:
+        stream.write(json.dumps(line) + "\n")
+        stream.flush()
+    except (OSError, ValueError):
+        pass  # a closed stdout never stops the worker
+
+
+async def _serve(
+    config: WorkerConfig, store: RecoveryStore, authorize: Authorize, out: IO[str] | None
+) -> WorkerReport:
+    account = worker_account(config)
+    stop = trio.Event()
+    async with (
+        open_worker_backend(config, account) as backend,
+        open_runtime(store, backend, account=account) as rt,
+        trio.open_nursery() as nursery,
+    ):
+        await nursery.start(_watch_signals, stop)  # installed before "ready" is said
+        _say(out, {"worker": "ready", "pid": os.getpid(), "concurrency": config.concurrency})
+        report = await run_worker(rt, concurrency=config.concurrency, authorize=authorize,
+                                  stop=stop)
+        nursery.cancel_scope.cancel()
+    return report
+
+
+async def _watch_signals(
+    stop: trio.Event, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        task_status.started()
+        async for _ in signals:
+            if stop.is_set():
+                os._exit(EXIT_INTERRUPTED)  # second signal: at once (the store is safe)
+            stop.set()
+
+
+def run_worker_command(
+    config: WorkerConfig, *, out: IO[str] | None, err: IO[str] | None
+) -> int:
+    """Run a worker until SIGTERM/SIGINT; 0 after a clean stop."""
+    def say(text: str) -> None:
+        if err is not None:
+            err.write(text + "\n")
+
+    try:
+        check_worker_config(config)
+        authorize = (
+            load_authorizer(config.authorizer) if config.authorizer is not None
+            else authorize_within_budget
+        )
+    except UsageError as exc:
+        say(f"recoverable worker: {exc}")
+        return EXIT_USAGE
+    try:
+        store = RecoveryStore.open(config.store_path)
+    except errors.RecoveryError as exc:
+        say(f"recoverable worker: cannot open the store: {exc.code}: {exc}")
+        return EXIT_USAGE
+    try:
+        report = trio.run(_serve, config, store, authorize, out)
+    except errors.RecoveryError as exc:
+        say(f"recoverable worker: {exc.code}: {exc}")
+        return EXIT_FAILED
+    finally:
+        store.close()
+    _say(out, {"worker": "stopped", **attrs.asdict(report)})
+    return 0
+
+
+def worker_config(args: argparse.Namespace) -> WorkerConfig:
+    """The parsed ``recoverable worker`` arguments (``cli/arguments.py``)."""
+    if args.fixture_url is not None and args.endpoint != "fixture":
+        raise UsageError("--fixture-url and --endpoint URL exclude each other")
+    return WorkerConfig(
+        store_path=args.store,
+        endpoint=args.endpoint,
+        fixture_url=args.fixture_url,
+        api_key_env=args.api_key_env,
+        account=args.account,
+        mode=args.mode,
+        concurrency=args.concurrency,
+        authorizer=args.authorizer,
+        idle_timeout=args.idle_timeout,
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    return run_worker_command(worker_config(args), out=sys.stdout, err=sys.stderr)
