@@ -338,8 +338,8 @@ class WriteTxn(RecordGetters, MutationContext):
             return False
         return self._delete("leases", operation_key(operation_id))
 
-    def lease_is_live(self, lease: LeaseRecord) -> bool:
-        return self._state.tokens.is_live(lease)
+    def lease_is_live(self, lease: LeaseRecord, now: float | None = None) -> bool:
+        return self._state.tokens.is_live(lease, now)
 
     def register_token(self, token: str) -> None:
         """Mark a lease token of this store as active now; undone if this run is discarded.

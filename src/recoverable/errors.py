@@ -28,6 +28,7 @@ __all__ = [
     "InvalidCredentials",
     "InvalidParameter",
     "InvalidRequest",
+    "LeaseLost",
     "OperationBusy",
     "OperationCancelled",
     "OperationSuspended",
@@ -314,6 +315,24 @@ class FenceMismatch(RecoveryError):
     code = "fence_mismatch"
     _summary = "a newer owner changed the operation's record; this execution stopped"
     _action = "call send_recovering again to reopen it (only one execution may own it)"
+
+
+class LeaseLost(RecoveryError):
+    """This execution's lease expired or was taken over (a newer owner has a higher fence).
+
+    Raised to the caller of an execution whose lease could not be renewed in time (its
+    process was stopped, or the store was unavailable past the lease's safety margin) or
+    whose token/fence moved. This owner never retries it: whatever it still had in
+    flight is refused by the store (fenced writes), and the new owner, if any, carries
+    the operation on.
+    """
+
+    code = "lease_lost"
+    _summary = "its lease expired or a newer owner took the operation over; this execution stopped"
+    _action = (
+        "read its status (the new owner may be running or have finished it); call "
+        "send_recovering again to reopen it if nobody runs it"
+    )
 
 
 class CompletionUnavailable(RecoveryError):
