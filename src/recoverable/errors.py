@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 __all__ = [
     "AccountChanged",
+    "AdmissionChanged",
     "AttemptNotAuthorized",
     "AttemptsExhausted",
     "AuthenticationRequired",
@@ -315,6 +316,30 @@ class FenceMismatch(RecoveryError):
     code = "fence_mismatch"
     _summary = "a newer owner changed the operation's record; this execution stopped"
     _action = "call send_recovering again to reopen it (only one execution may own it)"
+
+
+class AdmissionChanged(RecoveryError):
+    """A write tried to change an admission field of a saved operation (or its frozen body).
+
+    The admission fields (account, endpoint, model, reasoning effort, body, budget, retry
+    policy, expiry, format, contract version, scope, job id, input revision, interruption
+    policy) are fixed when the operation is prepared; the store refuses any write that
+    changes them, whoever makes it. ``field`` names the first field found changed
+    (``"body"`` for the frozen body payload). Nothing was written.
+    """
+
+    code = "admission_changed"
+    _summary = "a write tried to change what the operation was admitted with; nothing was written"
+    _action = (
+        "prepare a new operation (or use runtime.retry) to run with other settings; "
+        "a saved operation's request, budget and policy never change"
+    )
+
+    def __init__(
+        self, message: str = "", *, operation_id: str | None = None, field: str | None = None
+    ) -> None:
+        super().__init__(message, operation_id=operation_id)
+        self.field = field
 
 
 class LeaseLost(RecoveryError):

@@ -12,9 +12,9 @@ from storage_helpers import make_op
 
 
 def increment(txn: WriteTxn) -> int:
-    raw = txn.get_payload("counter", "body")
+    raw = txn.get_payload("counter", "request")
     value = (int.from_bytes(raw, "big") if raw else 0) + 1
-    txn.put_payload("counter", "body", value.to_bytes(8, "big"))
+    txn.put_payload("counter", "request", value.to_bytes(8, "big"))
     return value
 
 
