@@ -5,6 +5,8 @@ from __future__ import annotations
 import fcntl
 import os
 import signal
+import time
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -248,3 +250,76 @@ def test_lease_lost_is_a_typed_error_with_a_stable_code() -> None:
     error = LeaseLost(operation_id="op_1")
     assert error.code == "lease_lost" and isinstance(error, RecoveryError)
     assert str(error).startswith("operation op_1: ")
+
+
+def _wait_until_stopped(pid: int) -> None:
+    """Block until the kernel reports ``pid`` stopped (a barrier, not a sleep)."""
+    _, status = os.waitpid(pid, os.WUNTRACED)
+    assert os.WIFSTOPPED(status) and os.WSTOPSIG(status) == signal.SIGSTOP
+
+
+def test_a_stopped_owner_keeps_its_lease_until_expiry_then_is_fenced_out(
+    store: RecoveryStore, tmp_path: Path
+) -> None:
+    """SIGSTOP a real process holding an expiring lease (issue 14.3, seed 004's
+    "expired-lease reclamation"): its lock stays held, so only the expiry frees the
+    operation; the reclaim raises the fence, and after SIGCONT every write the stale
+    owner tries (renew, checkpoint, finish, release) is refused."""
+    store.write_sync(lambda t: t.put_operation(make_op("hung")))
+    report = tmp_path / "report.json"
+    child = spawn_child("hold-expiring-lease", store.path, "hung", "1.0", str(report))
+    try:
+        # Barrier on durable state: the child's lease row is committed.
+        deadline = time.monotonic() + 60.0  # generous: a loaded 2-core machine
+        theirs = store.get_lease("hung")
+        while theirs is None or theirs.owner_id == store.owner_id:
+            assert child.poll() is None, child.communicate()
+            assert time.monotonic() < deadline, "the child never took the lease"
+            time.sleep(0.01)
+            theirs = store.get_lease("hung")
+        assert theirs.fence == 1 and theirs.expires_at == theirs.acquired_at + 1.0
+        child.send_signal(signal.SIGSTOP)
+        _wait_until_stopped(child.pid)
+        # Its owner lock is held (the process lives, stopped): before the expiry the
+        # operation is busy for another owner, at any instant up to it.
+        for before in (theirs.acquired_at, theirs.expires_at - 0.001):  # type: ignore[operator]
+            assert store.lease_is_live(theirs, before)
+            with pytest.raises(OperationBusy):
+                store.write_sync(
+                    lambda t, now=before: acquire_lease(t, "hung", now, lease_seconds=30.0)
+                )
+        assert store.get_operation("hung").fence == 1  # type: ignore[union-attr]
+        # After the expiry, on the real clock (the one every process shares): reclaimed,
+        # with a higher fence, while the stale owner is still alive and stopped.
+        expires_at = theirs.expires_at
+        assert expires_at is not None
+        while (left := expires_at - time.time()) > 0:
+            time.sleep(left)  # waiting for a known instant on the clock, not for an event
+        assert not store.lease_is_live(theirs)
+        ours = store.write_sync(
+            lambda t: acquire_lease(t, "hung", time.time(), lease_seconds=30.0)
+        )
+        assert ours.fence == 2 and ours.owner_id == store.owner_id
+        assert child.poll() is None  # still alive: the lock did not decide this
+        child.send_signal(signal.SIGCONT)
+        assert child.stdin is not None
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.wait(60) == 0, child.communicate()
+    finally:
+        if child.poll() is None:
+            child.send_signal(signal.SIGKILL)
+            child.send_signal(signal.SIGCONT)
+            child.wait(30)
+    answers = msgspec.json.decode(report.read_bytes())
+    assert answers == {
+        "live_for_itself": "False",  # its own expiry is past: it knows it lost
+        "renew": 'ok:{"renewed":0,"lost":1}',
+        "checkpoint": "fence_mismatch",
+        "finish": "fence_mismatch",
+        "release": "ok:false",  # not its lease any more: nothing deleted
+    }
+    current = store.get_operation("hung")
+    assert current is not None and current.phase == "prepared" and current.fence == 2
+    assert store.get_payload("hung", "completion") is None  # its late completion: refused
+    assert store.get_lease("hung") == ours and store.lease_is_live(ours)
