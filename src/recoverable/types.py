@@ -208,6 +208,12 @@ class Status(msgspec.Struct, frozen=True, kw_only=True):
     # per-minute budget, in the runtime that runs it), and until when (an estimate).
     rate_limited: Literal["paused", "requests", "tokens"] | None = None
     rate_limited_until: _dt.datetime | None = None
+    # Who runs it now (issue 14): the owner id (an opaque store-opener id, not an account)
+    # of the live lease and when that lease expires unless renewed (None: no live lease,
+    # or a lease without expiry), and the generation fence (incremented by every claim).
+    lease_owner: str | None = None
+    lease_expires_at: _dt.datetime | None = None
+    fence: int = 0
 
 
 class Receipt(msgspec.Struct, frozen=True, kw_only=True):
