@@ -24,6 +24,7 @@ import trio
 from recoverable.storage.base import Store as RecoveryStore
 
 from recoverable.errors import StorageUnavailable
+from recoverable.machine import merge_command
 from recoverable.records import CommandKind, CommandRecord
 from recoverable.types import AccountBinding
 
@@ -51,13 +52,19 @@ class Watch:
         self.cancel_scope.cancel()
 
     def deliver(self, command: CommandRecord) -> None:
-        if command.serial <= self.baseline_serial:
-            return
-        if self.command == "cancel" and command.kind == "suspend":
-            return  # a permanent cancel is never downgraded
-        self.command = command.kind
-        self.command_serial = command.serial
-        self.cancel_scope.cancel()
+        """A command from the store (any process): cut the running step if it is new."""
+        if command.serial > self.baseline_serial and self.observe(command.kind, command.serial):
+            self.cancel_scope.cancel()
+
+    def observe(self, kind: CommandKind, serial: int) -> bool:
+        """Note ``kind`` merged with what was seen (a cancel is never downgraded);
+        False when what was seen already says more."""
+        standing = merge_command(self.command, kind)
+        if standing != kind:
+            return False
+        self.command = standing
+        self.command_serial = serial
+        return True
 
     def fresh_scope(self) -> trio.CancelScope:
         """A new scope for the next interruptible step (cancelled at once if a command is known)."""

@@ -1,43 +1,51 @@
 """The Runtime (supervisor): the public API over one store, one backend, one account.
 
-``open_runtime`` opens a supervisor nursery holding the Scheduler, the
-LifecycleMonitor and the telemetry pump; each ``send_recovering`` runs an
-OperationActor in the caller's task (so the caller's cancellation suspends it).
+``open_runtime`` opens the supervisor nursery holding the Scheduler, the
+LifecycleMonitor, the telemetry pump and every active operation: each
+``send_recovering`` starts an OperationActor as a task of that nursery
+(``actors/supervisor.py``) and awaits its outcome; the caller's cancellation
+suspends the operation. Manual retry lives in ``actors/retry.py``, the lifecycle
+transactions in ``actors/lifecycle.py``, new records in ``actors/prepare.py``.
 """
 
 from __future__ import annotations
 
-import hashlib
-import itertools
-import secrets
+import functools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 import trio
+from recoverable.actors import retry as manual_retry
+from recoverable.actors.checks import require_owner, require_signed_in
 from recoverable.actors.governor import RateGovernor
+from recoverable.actors.host import Backend
+from recoverable.actors.lifecycle import dispose, write_command
 from recoverable.actors.monitor import LifecycleMonitor
-from recoverable.actors.operation import Authorize, OperationActor, check_disposition
+from recoverable.actors.operation import Authorize, OperationActor
+from recoverable.actors.prepare import (
+    Identity,
+    create_operation,
+    new_operation_id,
+    new_operation_record,
+)
 from recoverable.actors.scheduler import Scheduler
+from recoverable.actors.supervisor import Execution, Supervisor
 from recoverable.storage.base import Store as RecoveryStore
-from recoverable.storage.base import WriteTransaction as WriteTxn
-from recoverable.storage.integrity import verify_body
-from recoverable.storage.migration import saved_completion, upgrade_operation
-from recoverable.storage.retention import remove_content
-from recoverable.transport.base import Credentials
+from recoverable.storage.migration import saved_completion
 from recoverable.transport.connect import ConnectBackoff, EndpointGate
 
 from recoverable import _killpoints, errors, machine
-from recoverable.body import body_hash, freeze_body
+from recoverable.body import freeze_body
 from recoverable.contract import ResponseContract, contract_for
-from recoverable.outcome import Outcome, Progress, Usage
+from recoverable.outcome import Usage
 from recoverable.records import (
     CommandKind,
+    Disposition,
     DispositionRecord,
     OperationRecord,
-    RetryReservation,
     StoredRequest,
 )
 from recoverable.telemetry import Telemetry, TelemetrySink
@@ -55,39 +63,12 @@ from recoverable.types import (
     to_timestamp,
 )
 
-T = TypeVar("T")
+__all__ = ["Backend", "Runtime", "new_operation_id", "open_runtime"]
+
+ResultT = TypeVar("ResultT")
 Selector = Callable[[StructuredRequest], StructuredRequest]
 
 _UNSET: Any = object()
-
-
-class Backend(Protocol):
-    """What the runtime needs from a transport (``ResponsesBackend`` implements it)."""
-
-    @property
-    def endpoint_id(self) -> str: ...
-
-    @property
-    def credentials(self) -> Credentials: ...
-
-    async def stream(
-        self,
-        body: bytes,
-        *,
-        attempt_id: str,
-        token: str,
-        on_progress: Callable[[Progress], None] | None = None,
-        before_send: Callable[[], Awaitable[None]] | None = None,
-    ) -> Outcome: ...
-
-
-_ID_PREFIX = secrets.token_bytes(8)  # per process; ids stay unique across processes
-_ID_COUNTER = itertools.count(int.from_bytes(secrets.token_bytes(4), "big"))
-
-
-def new_operation_id() -> str:
-    """A unique operation id without a system call per id (ids are not secrets)."""
-    return "op_" + (_ID_PREFIX + next(_ID_COUNTER).to_bytes(8, "big")).hex()
 
 
 class Runtime:
@@ -119,6 +100,7 @@ class Runtime:
         self.governor = governor or RateGovernor(store, wall_clock=wall_clock, telemetry=telemetry)
         self.attempts_consumed = 0  # attempts this runtime consumed (persisted before sending)
         self.usage_malformed = 0  # attempts whose reported usage was ignored as malformed
+        self.supervisor = Supervisor()  # every active operation: a task of open_runtime's nursery
         self._gates: dict[str, EndpointGate] = {}
 
     def endpoint_gate(self, endpoint_id: str) -> EndpointGate:
@@ -155,14 +137,6 @@ class Runtime:
         self.account = account
         self.monitor.account_changed(account)
 
-    def _require_account(self, record: OperationRecord) -> None:
-        if self.account is None:
-            raise errors.AccountChanged("signed out", operation_id=record.operation_id)
-        if record.account != self.account:
-            raise errors.AccountChanged(
-                "the operation belongs to another account", operation_id=record.operation_id
-            )
-
     # --- prepare --------------------------------------------------------------------
 
     async def prepare(
@@ -192,8 +166,7 @@ class Runtime:
         has its own budget and its own root; nothing about the prior one is checked,
         reserved or changed (it may even be gone). Use ``retry`` for a linked successor.
         """
-        if self.account is None:
-            raise errors.AccountChanged("signed out: cannot prepare")
+        account = require_signed_in(self.account, "cannot prepare")
         policy = retry_policy or RetryPolicy()
         machine.validate_preparation(
             maximum_attempts=maximum_attempts,
@@ -213,9 +186,18 @@ class Runtime:
             effective = self.selector(request)
         body = freeze_body(effective, contract)
         operation_id = new_operation_id()
-        record = OperationRecord(
-            operation_id=operation_id,
-            account=self.account,
+        record = new_operation_record(
+            operation_id,
+            identity=Identity(
+                format_name=contract.name,
+                format_hash=contract.format_hash,
+                model_override=request.model_override,
+                contract_version=contract_version,
+                scope=scope,
+                job_id=job_id,
+                input_revision=input_revision,
+            ),
+            account=account,
             endpoint_id=self.backend.endpoint_id,
             created_at=self.now(),
             maximum_attempts=maximum_attempts,
@@ -223,14 +205,7 @@ class Runtime:
             retry_policy=policy,
             model=effective.model,
             reasoning_effort=effective.reasoning_effort,
-            model_override=request.model_override,
-            format_name=contract.name,
-            format_hash=contract.format_hash,
-            contract_version=contract_version,
-            scope=scope,
-            job_id=job_id,
-            input_revision=input_revision,
-            body_hash=body_hash(body),
+            body=body,
             root_operation_id=operation_id,
             previous_operation_id=previous_operation_id,
             maximum_output_tokens_total=maximum_output_tokens_total,
@@ -238,7 +213,9 @@ class Runtime:
         stored = msgspec.json.encode(
             StoredRequest(request=request, format_name=contract.name, schema=contract.schema)
         )
-        await self._create(record, body, stored)
+        _killpoints.hit("prepare.before_save")
+        await self.store.write(functools.partial(create_operation, record, body, stored))
+        _killpoints.hit("prepare.saved")
         self.telemetry.emit("operation.prepared", operation_id, model=record.model,
                             effort=record.reasoning_effort, maximum_attempts=maximum_attempts)
         return Handle(
@@ -247,44 +224,59 @@ class Runtime:
             previous_operation_id=previous_operation_id,
         )
 
-    async def _create(self, record: OperationRecord, body: bytes, stored: bytes) -> None:
-        op_id = record.operation_id
-
-        def create(txn: WriteTxn) -> None:
-            if txn.get_operation(op_id) is not None:
-                raise errors.InvalidRequest("operation id collision", operation_id=op_id)
-            txn.put_payload(op_id, "body", body)
-            txn.put_payload(op_id, "request", stored)
-            txn.put_operation(record)
-
-        _killpoints.hit("prepare.before_save")
-        await self.store.write(create)
-        _killpoints.hit("prepare.saved")
-
     # --- send -----------------------------------------------------------------------
 
     async def send_recovering(
         self,
         handle: Handle,
         *,
-        response: type[T] | JsonSchema,
+        response: type[ResultT] | JsonSchema,
         authorize: Authorize,
         expected_contract_version: str | None = _UNSET,
-    ) -> T:
+    ) -> ResultT:
         """Run the operation to a validated, saved completion and return it.
 
-        A saved completion is returned with no POST and no callback. Trio
-        cancellation of the calling task suspends the operation.
+        A saved completion is returned with no POST and no callback. The operation runs
+        as an actor of this runtime's supervisor nursery; this call is its caller. Trio
+        cancellation of the calling task suspends the operation (and returns only after
+        the actor has unwound and released its lease).
+        """
+        execution = self.start_operation(
+            handle,
+            response=response,
+            authorize=authorize,
+            expected_contract_version=expected_contract_version,
+            attached=True,
+        )
+        result: ResultT = await execution.outcome()
+        return result
+
+    def start_operation(
+        self,
+        handle: Handle,
+        *,
+        response: type[Any] | JsonSchema,
+        authorize: Authorize,
+        expected_contract_version: str | None = _UNSET,
+        attached: bool = False,
+    ) -> Execution:
+        """Internal: start the operation's actor in the supervisor nursery, not awaiting it.
+
+        Detached (the default) it runs with no caller until it ends or the runtime
+        closes (then it is suspended, as by a caller's cancellation). Its outcome is
+        ``await execution.outcome()``; a second start of a running operation raises
+        ``OperationBusy``. The actor runs in a copy of the starting task's context.
         """
         contract: ResponseContract = contract_for(response)
         actor = OperationActor(self, handle.operation_id, contract, authorize)
-        result: T = await actor.run(
+        run = functools.partial(
+            actor.run,
             expected_contract_version=(
                 None if expected_contract_version is _UNSET else expected_contract_version
             ),
             check_contract_version=expected_contract_version is not _UNSET,
         )
-        return result
+        return self.supervisor.start(handle.operation_id, run, attached=attached)
 
     # --- manual retry ---------------------------------------------------------------
 
@@ -306,188 +298,21 @@ class Runtime:
         reservation is saved on the source before the child is created, and
         the child's id derives from (source id, action id), so repeating the
         same action with the same settings returns or completes the same child.
+        See ``actors/retry.py``.
         """
-        if not isinstance(retry_action_id, str) or not 0 < len(retry_action_id) <= 256:
-            raise errors.InvalidRequest("retry_action_id must be a non-empty string (<= 256)")
-        if selection not in ("preserve", "reselect"):
-            raise errors.InvalidRequest("selection must be 'preserve' or 'reselect'")
-        machine.validate_preparation(
+        plan = manual_retry.plan_retry(
+            handle.operation_id,
+            retry_action_id=retry_action_id,
             maximum_attempts=maximum_attempts,
-            retry_policy=retry_policy or RetryPolicy(),
-            scope=None, job_id=None, input_revision=None, contract_version=None,
+            selection=selection,
+            expires_at=expires_at,
+            retry_policy=retry_policy,
+            account=self.account,
+            endpoint_id=self.backend.endpoint_id if self.backend is not None else None,
+            now=self.now(),
         )
-        if self.backend is None:
-            raise errors.ConfigurationUnavailable("no backend: cannot prepare a successor")
-        source_id = handle.operation_id
-        settings = msgspec.json.encode(
-            {
-                "maximum_attempts": maximum_attempts,
-                "selection": selection,
-                "expires_at": to_timestamp(expires_at),
-                "retry_policy": retry_policy,
-            },
-            order="sorted",
-        )
-        settings_hash = hashlib.sha256(settings).hexdigest()
-        successor_id = "op_" + hashlib.sha256(
-            f"{source_id}\0{retry_action_id}".encode()
-        ).hexdigest()[:32]
-        account = self.account
-        now = self.now()
-        endpoint_id = self.backend.endpoint_id
-
-        def conditions(view: Any) -> OperationRecord:
-            """The source-condition table, on the store (a pre-check) or in the write."""
-            check_disposition(view, source_id)
-            source: OperationRecord | None = view.get_operation(source_id)
-            if source is None:
-                raise errors.StateUnavailable("no such operation", operation_id=source_id)
-            if account is None or source.account != account:
-                raise errors.AccountChanged(operation_id=source_id)
-            reservation = source.retry_reservation
-            if reservation is not None:
-                if reservation.retry_action_id != retry_action_id:
-                    raise errors.RetryAlreadyCreated(
-                        f"successor {reservation.successor_id} exists; retry from it",
-                        operation_id=source_id,
-                    )
-                if reservation.settings_hash != settings_hash:
-                    raise errors.RetryConfigurationMismatch(operation_id=source_id)
-                return source
-            lease = view.get_lease(source_id)
-            if lease is not None and view.lease_is_live(lease):
-                raise errors.OperationBusy(operation_id=source_id)
-            machine.check_retry_source(source, now=now, endpoint_id=endpoint_id)
-            return source
-
-        # Check first, reserve second: the source must be clonable (its frozen request
-        # present and readable) BEFORE its reservation is written, so a refusal leaves
-        # no dangling successor id behind.
-        checked = conditions(self.store)
-        if checked.retry_reservation is not None and checked.retry_reservation.created:
-            return self._successor_handle(checked)
-        if checked.awaiting_upgrade:
-            # A version-1 source: freeze its request (the lazy upgrade send_recovering
-            # does), then check it again as a current record.
-            await upgrade_operation(self.store, source_id, endpoint_id=endpoint_id)
-            checked = conditions(self.store)
-            if checked.awaiting_upgrade:
-                raise errors.RequestUnavailable(
-                    "the version-1 request could not be frozen: it cannot be cloned",
-                    operation_id=source_id,
-                )
-        body, stored, model, effort = self._successor_body(checked, selection)
-
-        def reserve(txn: WriteTxn) -> OperationRecord:
-            source = conditions(txn)
-            if source.retry_reservation is not None:
-                return source
-            if source.body_hash != checked.body_hash or txn.get_payload(
-                source_id, "body"
-            ) is None:
-                raise errors.RequestUnavailable(
-                    "the source's frozen request changed or disappeared", operation_id=source_id
-                )
-            reserved = msgspec.structs.replace(
-                source,
-                retry_reservation=RetryReservation(
-                    retry_action_id=retry_action_id,
-                    successor_id=successor_id,
-                    settings_hash=settings_hash,
-                ),
-            )
-            txn.put_operation(reserved)
-            return reserved
-
-        source = await self.store.write(reserve)
-        assert source.retry_reservation is not None
-        if source.retry_reservation.created:
-            return self._successor_handle(source)
-        _killpoints.hit("retry.reserved")
-        child = OperationRecord(
-            operation_id=successor_id,
-            account=source.account,
-            endpoint_id=endpoint_id,
-            created_at=now,
-            maximum_attempts=maximum_attempts,
-            expires_at=to_timestamp(expires_at),
-            retry_policy=retry_policy or source.retry_policy,
-            model=model,
-            reasoning_effort=effort,
-            model_override=source.model_override,
-            format_name=source.format_name,
-            format_hash=source.format_hash,
-            contract_version=source.contract_version,
-            scope=source.scope,
-            job_id=source.job_id,
-            input_revision=source.input_revision,
-            body_hash=body_hash(body),
-            root_operation_id=source.root_operation_id,
-            previous_operation_id=source_id,
-            # The same per-operation token budget, counted afresh for the successor.
-            maximum_output_tokens_total=source.maximum_output_tokens_total,
-        )
-
-        def create(txn: WriteTxn) -> None:
-            current = txn.get_operation(source_id)
-            if current is None or current.retry_reservation is None:
-                raise errors.StateUnavailable("the source changed", operation_id=source_id)
-            if txn.get_operation(successor_id) is None and txn.get_disposition(
-                successor_id
-            ) is None:
-                txn.put_payload(successor_id, "body", body)
-                txn.put_payload(successor_id, "request", stored)
-                txn.put_operation(child)
-            done = msgspec.structs.replace(current.retry_reservation, created=True)
-            txn.put_operation(msgspec.structs.replace(current, retry_reservation=done))
-
-        await self.store.write(create)
-        self.telemetry.emit("operation.manual_retry_created", successor_id,
-                            previous_operation_id=source_id, selection=selection,
-                            maximum_attempts=maximum_attempts, model=model)
-        return self._successor_handle(source)
-
-    @staticmethod
-    def _successor_handle(source: OperationRecord) -> Handle:
-        assert source.retry_reservation is not None
-        return Handle(
-            source.retry_reservation.successor_id,
-            root_operation_id=source.root_operation_id,
-            previous_operation_id=source.operation_id,
-        )
-
-    def _successor_body(
-        self, source: OperationRecord, selection: Selection
-    ) -> tuple[bytes, bytes, str, str | None]:
-        op_id = source.operation_id
-        body = self.store.get_payload(op_id, "body")
-        stored_raw = self.store.get_payload(op_id, "request")
-        if body is None or stored_raw is None:
-            raise errors.RequestUnavailable(
-                "the source's frozen request is missing from the store: it cannot be cloned",
-                operation_id=op_id,
-            )
-        if selection == "preserve":
-            verify_body(op_id, source.body_hash, body)  # a tampered body is never reused
-            return body, stored_raw, source.model, source.reasoning_effort
-        try:
-            stored = msgspec.json.decode(stored_raw, type=StoredRequest)
-        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-            raise errors.CorruptRecord(
-                "the saved request is unreadable", operation_id=op_id
-            ) from exc
-        request = stored.request
-        effective = request
-        if self.selector is not None and not request.model_override:
-            effective = self.selector(request)
-        contract = contract_for(JsonSchema(stored.format_name, stored.schema))
-        if contract.format_hash != source.format_hash:
-            raise errors.FormatMismatch("the saved contract changed", operation_id=op_id)
-        return (
-            freeze_body(effective, contract),
-            stored_raw,
-            effective.model,
-            effective.reasoning_effort,
+        return await manual_retry.retry(
+            self.store, plan, selector=self.selector, telemetry=self.telemetry
         )
 
     # --- reads ----------------------------------------------------------------------
@@ -569,27 +394,29 @@ class Runtime:
             status, rate_limited="paused", rate_limited_until=to_datetime(paused)
         )
 
-    def _disposition_status(self, d: DispositionRecord) -> Status:
-        if self.account is None or d.account != self.account:
-            return machine.redacted_status(d.operation_id)
+    def _disposition_status(self, marker: DispositionRecord) -> Status:
+        try:
+            require_owner(self.account, marker.account, marker.operation_id)
+        except errors.AccountChanged:
+            return machine.redacted_status(marker.operation_id)
         return Status(
-            operation_id=d.operation_id,
-            state=d.disposition,
-            availability=d.disposition,
-            attempts_used=d.attempts_used,
-            maximum_attempts=d.maximum_attempts,
-            root_operation_id=d.root_operation_id,
-            previous_operation_id=d.previous_operation_id,
-            job_id=d.job_id,
-            input_revision=d.input_revision,
-            scope=d.scope,
-            usage=d.usage or Usage(),
+            operation_id=marker.operation_id,
+            state=marker.disposition,
+            availability=marker.disposition,
+            attempts_used=marker.attempts_used,
+            maximum_attempts=marker.maximum_attempts,
+            root_operation_id=marker.root_operation_id,
+            previous_operation_id=marker.previous_operation_id,
+            job_id=marker.job_id,
+            input_revision=marker.input_revision,
+            scope=marker.scope,
+            usage=marker.usage or Usage(),
         )
 
     async def receipt(self, handle: Handle) -> Receipt:
         """The saved, validated completion (works without backend or unexpired permission)."""
         record = self._read(handle.operation_id)
-        self._require_account(record)
+        require_owner(self.account, record.account, record.operation_id)
         command = self.store.get_command(record.operation_id)
         if record.phase == "cancelled" or (command is not None and command.kind == "cancel"):
             raise errors.OperationCancelled(operation_id=record.operation_id)
@@ -622,11 +449,10 @@ class Runtime:
         )
 
     async def inventory(self, scope: str | None = None) -> Inventory:
-        if self.account is None:
-            raise errors.AccountChanged("signed out: no inventory")
-        records, unreadable = self.store.inventory(account=self.account, scope=scope)
+        account = require_signed_in(self.account, "no inventory")
+        records, unreadable = self.store.inventory(account=account, scope=scope)
         leases, commands = self.store.control_rows()
-        present = self.store.payload_kinds(r.operation_id for r in records)
+        present = self.store.payload_kinds(record.operation_id for record in records)
         live: dict[str, bool] = {}
         now = self.now()
         endpoint_id = self.backend.endpoint_id if self.backend is not None else None
@@ -673,31 +499,9 @@ class Runtime:
         await self._command(handle.operation_id, "cancel")
 
     async def _command(self, operation_id: str, kind: CommandKind) -> None:
-        now = self.now()
-        account = self.account
-
-        def write(txn: WriteTxn) -> Any:
-            check_disposition(txn, operation_id)
-            record = txn.get_operation(operation_id)
-            if record is None:
-                raise errors.StateUnavailable("no such operation", operation_id=operation_id)
-            if account is None or record.account != account:
-                raise errors.AccountChanged(operation_id=operation_id)
-            lease = txn.get_lease(operation_id)
-            if lease is not None and txn.lease_is_live(lease):
-                existing = txn.get_command(operation_id)
-                if existing is not None and existing.kind == "cancel":
-                    return existing  # never downgrade a cancel
-                return txn.put_command(operation_id, kind, now)
-            # Nobody runs it: apply directly (a dead owner's lease is void).
-            t = machine.command_on_idle(record, kind)
-            if t.changed:
-                txn.put_operation(t.record)
-            if txn.get_command(operation_id) is not None and kind == "cancel":
-                txn.delete_command(operation_id)
-            return None
-
-        command = await self.store.write(write)
+        command = await self.store.write(
+            functools.partial(write_command, operation_id, kind, self.now(), self.account)
+        )
         if command is not None:
             self.monitor.notify_local(command)
         self.telemetry.emit(
@@ -717,68 +521,10 @@ class Runtime:
         await self._dispose(handle.operation_id, "abandoned")
         self.telemetry.emit("operation.abandoned", handle.operation_id)
 
-    async def _dispose(self, operation_id: str, disposition: str) -> None:
-        now = self.now()
-        account = self.account
-
-        def remove(txn: WriteTxn, marker: DispositionRecord) -> None:
-            remove_content(txn, operation_id)
-            txn.put_disposition(msgspec.structs.replace(marker, removal_complete=True))
-
-        def dispose(txn: WriteTxn) -> None:
-            existing = txn.get_disposition(operation_id)
-            if existing is not None:
-                if account is None or existing.account != account:
-                    raise errors.AccountChanged(operation_id=operation_id)
-                if existing.disposition != disposition:
-                    raise errors.StateUnavailable(
-                        f"operation is {existing.disposition}", operation_id=operation_id
-                    )
-                if not existing.removal_complete:
-                    remove(txn, existing)  # a repeat completes an earlier removal
-                return
-            record = txn.get_operation(operation_id)
-            if record is None:
-                raise errors.StateUnavailable("no such operation", operation_id=operation_id)
-            if account is None or record.account != account:
-                raise errors.AccountChanged(operation_id=operation_id)
-            lease = txn.get_lease(operation_id)
-            if lease is not None and txn.lease_is_live(lease):
-                raise errors.OperationBusy(
-                    "stop and await the active execution first", operation_id=operation_id
-                )
-            if disposition == "acknowledged":
-                machine.check_acknowledge(record)
-                # Acknowledge what the host could have read: the completion must be
-                # readable (a current payload, or a version-1 record's inline one).
-                # A damaged record fails closed and keeps its state; abandon it instead.
-                if saved_completion(txn, record) is None:
-                    raise errors.CompletionUnavailable(
-                        "the saved completion is missing from the store: nothing to "
-                        "acknowledge (abandon the operation instead)",
-                        operation_id=operation_id,
-                    )
-            # The marker and the removal of the content commit together: the operation
-            # can never generate again, and nothing sensitive stays behind it.
-            remove(
-                txn,
-                DispositionRecord(
-                    operation_id=operation_id,
-                    disposition=disposition,  # type: ignore[arg-type]
-                    at=now,
-                    account=record.account,
-                    scope=record.scope,
-                    job_id=record.job_id,
-                    input_revision=record.input_revision,
-                    root_operation_id=record.root_operation_id,
-                    previous_operation_id=record.previous_operation_id,
-                    attempts_used=record.attempts_used,
-                    maximum_attempts=record.maximum_attempts,
-                    usage=record.usage,
-                ),
-            )
-
-        await self.store.write(dispose)
+    async def _dispose(self, operation_id: str, disposition: Disposition) -> None:
+        await self.store.write(
+            functools.partial(dispose, operation_id, disposition, self.now(), self.account)
+        )
         _killpoints.hit("acknowledge.marker_saved")
 
 
@@ -849,6 +595,7 @@ async def open_runtime(
         nursery.start_soon(scheduler.run)
         nursery.start_soon(monitor.run)
         nursery.start_soon(pump.run)
+        runtime.supervisor.open(nursery)
         try:
             yield runtime
         except BaseException as exc:
@@ -856,6 +603,9 @@ async def open_runtime(
             # wrapped in an ExceptionGroup by this internal nursery.
             body_error = exc
         finally:
+            # A detached operation still running is cancelled with the nursery: its actor
+            # suspends it durably (a shielded write) before the nursery closes.
+            runtime.supervisor.close()
             pump.flush()
             nursery.cancel_scope.cancel()
     if body_error is not None:

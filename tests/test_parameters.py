@@ -14,7 +14,7 @@ import pytest
 
 import recoverable
 from recoverable.body import body_hash, freeze_body, parameters_from_wire
-from recoverable.cli.batch import JobLineError, parse_job_line
+from recoverable.cli.jobs import JobLineError, parse_job_line
 from recoverable.contract import contract_for
 from recoverable.errors import InvalidParameter, InvalidRequest
 from recoverable.records import StoredRequest

@@ -22,7 +22,7 @@ from recoverable.transport.fixture_replies import (
 
 import recoverable
 from recoverable import Completed, Interruption
-from recoverable.cli import batch
+from recoverable.cli import jobs as cli_jobs
 from recoverable.contract import _clear_caches, contract_for
 from recoverable.errors import InvalidRequest
 from recoverable.schema_graph import SchemaGraph
@@ -164,8 +164,8 @@ def test_unsatisfiable_constraints_are_a_typed_error_not_an_invalid_answer() -> 
 def test_batch_job_line_with_cyclic_schema_is_a_job_line_error() -> None:
     line = json.dumps({"id": "j1", "revision": "r1", "model": "gpt-test", "input": "hi",
                        "schema": obj({"x": {"$ref": "#/properties/x"}})})
-    with pytest.raises(batch.JobLineError) as info:
-        batch.parse_job_line(line, 7)
+    with pytest.raises(cli_jobs.JobLineError) as info:
+        cli_jobs.parse_job_line(line, 7)
     assert info.value.lineno == 7
     assert "no finite instance" in info.value.reason and "#/properties/x" in info.value.reason
 

@@ -40,29 +40,23 @@ import contextlib
 import inspect
 import queue
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 import trio
 
 from recoverable import errors
 from recoverable.actors.runtime import Backend, Runtime, open_runtime
 from recoverable.storage.store import RecoveryStore
-from recoverable.types import (
-    AccountBinding,
-    Attempt,
-    Handle,
-    Inventory,
-    JsonSchema,
-    Receipt,
-    Status,
-    StructuredRequest,
-)
+from recoverable.types import AccountBinding, Attempt, Handle, JsonSchema
 
 __all__ = ["AsyncioRuntime", "BlockingRuntime"]
 
-T = TypeVar("T")
+_T = TypeVar("_T")
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+_Fn = TypeVar("_Fn", bound=Callable[..., Any])
 
 #: ``BlockingRuntime``'s callback: a plain function, called in the calling thread.
 BlockingAuthorize = Callable[[Attempt], bool]
@@ -93,7 +87,7 @@ class _Call:
                 pass
 
 
-async def _await_future(fut: concurrent.futures.Future[T]) -> T:
+async def _await_future(fut: concurrent.futures.Future[_T]) -> _T:
     """Wait in Trio for a future another thread resolves; cancelling stops waiting for it."""
     token = trio.lowlevel.current_trio_token()
     done = trio.Event()
@@ -118,7 +112,83 @@ def _is_async_callable(fn: object) -> bool:
     )
 
 
-class BlockingRuntime:
+class _Forward(Generic[_P, _R]):
+    """One method of :class:`Runtime`, forwarded to the runtime's Trio thread.
+
+    As an attribute of :class:`_RuntimeMethods` it is, on a :class:`BlockingRuntime`, a
+    blocking method and, on an :class:`AsyncioRuntime`, a coroutine method, each with the
+    runtime method's own parameters (``_P``) and result (``_R``) for type checkers.
+    """
+
+    def __init__(self, method: Callable[Concatenate[Runtime, _P], Awaitable[_R]]) -> None:
+        self.method = method
+        self.name = method.__name__
+        self.doc = (
+            f"Runs :meth:`Runtime.{self.name}` (same arguments) in the runtime's Trio thread."
+        )
+
+    @staticmethod
+    def sync(method: Callable[Concatenate[Runtime, _P], _R]) -> _Forward[_P, _R]:
+        """A runtime method that is a plain ``def`` (applied in the runtime's thread)."""
+
+        async def call(rt: Runtime, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+            return method(rt, *args, **kwargs)
+
+        call.__name__ = method.__name__
+        return _Forward(call)
+
+    def submit(
+        self, host: BlockingRuntime, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> _Call:
+        """Start the call in ``host``'s runtime; a handle argument names the operation."""
+        handle = args[0] if args else kwargs.get("handle")
+        operation_id = handle.operation_id if isinstance(handle, Handle) else None
+
+        async def work(rt: Runtime) -> _R:
+            return await self.method(rt, *args, **kwargs)
+
+        return host._submit(work, operation_id=operation_id)
+
+    def named(self, function: _Fn) -> _Fn:
+        function.__name__ = function.__qualname__ = self.name
+        function.__doc__ = self.doc
+        return function
+
+    @overload
+    def __get__(self, host: None, owner: type[Any]) -> _Forward[_P, _R]: ...
+
+    @overload
+    def __get__(self, host: BlockingRuntime, owner: type[Any]) -> Callable[_P, _R]: ...
+
+    @overload
+    def __get__(
+        self, host: AsyncioRuntime, owner: type[Any]
+    ) -> Callable[_P, Coroutine[Any, Any, _R]]: ...
+
+    def __get__(self, host: BlockingRuntime | AsyncioRuntime | None, owner: type[Any]) -> Any:
+        return self if host is None else host._forwarded(self)
+
+
+class _RuntimeMethods:
+    """The runtime's methods that both hosts forward as they are, listed once.
+
+    ``send_recovering`` is written out in each host: its ``authorize`` callback runs where
+    the caller is (the calling thread, or the caller's event loop)."""
+
+    prepare = _Forward(Runtime.prepare)
+    retry = _Forward(Runtime.retry)
+    acknowledge = _Forward(Runtime.acknowledge)
+    abandon = _Forward(Runtime.abandon)
+    suspend = _Forward(Runtime.suspend)  # also stops a send running in another thread
+    cancel = _Forward(Runtime.cancel)
+    status = _Forward(Runtime.status)
+    receipt = _Forward(Runtime.receipt)
+    inventory = _Forward(Runtime.inventory)
+    sign_in = _Forward.sync(Runtime.sign_in)
+    sign_out = _Forward.sync(Runtime.sign_out)
+
+
+class BlockingRuntime(_RuntimeMethods):
     """The Trio runtime in its own thread, with blocking methods safe to call from any thread.
 
     Takes the arguments of :func:`recoverable.open_runtime` (``account`` and the
@@ -207,7 +277,7 @@ class BlockingRuntime:
 
     def asyncio(self) -> AsyncioRuntime:
         """An asyncio view of this runtime (it does not close it; this object does)."""
-        return AsyncioRuntime._over(self)
+        return _AsyncioView(self)
 
     def _thread_main(self) -> None:
         try:
@@ -250,7 +320,7 @@ class BlockingRuntime:
 
     def _running_calls(self) -> list[_Call]:
         with self._lock:
-            return [c for c in self._calls if c.suspends]
+            return [call for call in self._calls if call.suspends]
 
     # --- calls (host side) --------------------------------------------------------------
 
@@ -288,9 +358,6 @@ class BlockingRuntime:
             self._token.run_sync_soon(self._stop_call, call)
         except trio.RunFinishedError:  # pragma: no cover - already ended, nothing to stop
             pass
-
-    def _run(self, work: _Work, *, operation_id: str | None = None) -> Any:
-        return self._submit(work, operation_id=operation_id).future.result()
 
     # --- calls (Trio side) --------------------------------------------------------------
 
@@ -336,34 +403,25 @@ class BlockingRuntime:
         else:
             call.fail(errors.RuntimeClosed("the runtime closed", operation_id=call.operation_id))
 
-    # --- the runtime's methods, blocking --------------------------------------------------
+    # --- the runtime's methods, blocking ------------------------------------------------
 
-    def prepare(
-        self,
-        request: StructuredRequest,
-        *,
-        response: Any,
-        maximum_attempts: int,
-        **options: Any,
-    ) -> Handle:
-        """Blocking :meth:`Runtime.prepare` (same keyword options)."""
+    def _forwarded(self, forward: _Forward[_P, _R]) -> Callable[_P, _R]:
+        """``forward``'s runtime method as a blocking call (see ``_RuntimeMethods``)."""
 
-        async def work(rt: Runtime) -> Handle:
-            return await rt.prepare(
-                request, response=response, maximum_attempts=maximum_attempts, **options
-            )
+        def method(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+            result: _R = forward.submit(self, args, kwargs).future.result()
+            return result
 
-        handle: Handle = self._run(work)
-        return handle
+        return forward.named(method)
 
     def send_recovering(
         self,
         handle: Handle,
         *,
-        response: type[T] | JsonSchema,
+        response: type[_T] | JsonSchema,
         authorize: BlockingAuthorize,
         expected_contract_version: str | None = _UNSET,
-    ) -> T:
+    ) -> _T:
         """Blocking :meth:`Runtime.send_recovering`.
 
         ``authorize`` is a plain function ``(Attempt) -> bool``, called in this
@@ -376,14 +434,12 @@ class BlockingRuntime:
                 "for an async def use recoverable.AsyncioRuntime",
                 operation_id=handle.operation_id,
             )
-        inbox: queue.SimpleQueue[tuple[Attempt, concurrent.futures.Future[bool]] | None] = (
-            queue.SimpleQueue()
-        )
+        inbox: queue.SimpleQueue[_Question | None] = queue.SimpleQueue()
 
         def invoke(attempt: Attempt) -> concurrent.futures.Future[bool]:
-            reply: concurrent.futures.Future[bool] = concurrent.futures.Future()
-            inbox.put((attempt, reply))
-            return reply
+            question = _Question(attempt)
+            inbox.put(question)
+            return question.reply
 
         call = self._submit(
             _send_work(handle, response, invoke, expected_contract_version),
@@ -392,27 +448,10 @@ class BlockingRuntime:
         )
         call.future.add_done_callback(lambda _: inbox.put(None))
         try:
-            while True:
-                item = inbox.get()
-                if item is None:
-                    result: T = call.future.result()
-                    return result
-                attempt, reply = item
-                if not reply.set_running_or_notify_cancel():
-                    continue  # the runtime stopped waiting for this answer
-                try:
-                    answer = authorize(attempt)
-                    if inspect.isawaitable(answer):
-                        if inspect.iscoroutine(answer):
-                            answer.close()
-                        raise errors.InvalidRequest(
-                            "authorize returned an awaitable; BlockingRuntime needs a plain "
-                            "def returning bool (use recoverable.AsyncioRuntime for async def)",
-                            operation_id=handle.operation_id,
-                        )
-                    reply.set_result(bool(answer))
-                except Exception as exc:
-                    reply.set_exception(exc)  # escapes send_recovering unchanged
+            while (question := inbox.get()) is not None:
+                question.answer(authorize, handle.operation_id)
+            result: _T = call.future.result()
+            return result
         except BaseException:
             if not call.future.done():
                 # The caller goes away: suspend, and return only once that is saved.
@@ -420,73 +459,36 @@ class BlockingRuntime:
                 concurrent.futures.wait([call.future])
             raise
 
-    def acknowledge(self, handle: Handle) -> None:
-        """Blocking :meth:`Runtime.acknowledge`."""
-        self._run(lambda rt: rt.acknowledge(handle), operation_id=handle.operation_id)
-
-    def abandon(self, handle: Handle) -> None:
-        """Blocking :meth:`Runtime.abandon`."""
-        self._run(lambda rt: rt.abandon(handle), operation_id=handle.operation_id)
-
-    def suspend(self, handle: Handle) -> None:
-        """Blocking :meth:`Runtime.suspend` (also stops a send running in another thread)."""
-        self._run(lambda rt: rt.suspend(handle), operation_id=handle.operation_id)
-
-    def cancel(self, handle: Handle) -> None:
-        """Blocking :meth:`Runtime.cancel`."""
-        self._run(lambda rt: rt.cancel(handle), operation_id=handle.operation_id)
-
-    def retry(
-        self, handle: Handle, *, retry_action_id: str, maximum_attempts: int, **options: Any
-    ) -> Handle:
-        """Blocking :meth:`Runtime.retry` (same keyword options)."""
-
-        async def work(rt: Runtime) -> Handle:
-            return await rt.retry(
-                handle, retry_action_id=retry_action_id, maximum_attempts=maximum_attempts,
-                **options,
-            )
-
-        successor: Handle = self._run(work, operation_id=handle.operation_id)
-        return successor
-
-    def status(self, handle: Handle) -> Status:
-        """Blocking :meth:`Runtime.status`."""
-        status: Status = self._run(lambda rt: rt.status(handle), operation_id=handle.operation_id)
-        return status
-
-    def receipt(self, handle: Handle) -> Receipt:
-        """Blocking :meth:`Runtime.receipt`."""
-        receipt: Receipt = self._run(
-            lambda rt: rt.receipt(handle), operation_id=handle.operation_id
-        )
-        return receipt
-
-    def inventory(self, scope: str | None = None) -> Inventory:
-        """Blocking :meth:`Runtime.inventory`."""
-        inventory: Inventory = self._run(lambda rt: rt.inventory(scope))
-        return inventory
-
-    def sign_in(self, account: AccountBinding) -> None:
-        """:meth:`Runtime.sign_in`, applied in the runtime's thread."""
-
-        async def work(rt: Runtime) -> None:
-            rt.sign_in(account)
-
-        self._run(work)
-
-    def sign_out(self) -> None:
-        """:meth:`Runtime.sign_out`, applied in the runtime's thread."""
-
-        async def work(rt: Runtime) -> None:
-            rt.sign_out()
-
-        self._run(work)
-
-    def call(self, fn: Callable[[Runtime], Awaitable[T]]) -> T:
+    def call(self, fn: Callable[[Runtime], Awaitable[_T]]) -> _T:
         """Run ``await fn(runtime)`` in the runtime's Trio thread (for any other method)."""
-        result: T = self._run(fn)
+        result: _T = self._submit(fn).future.result()
         return result
+
+
+class _Question:
+    """One ``authorize`` question the runtime's thread asks the blocked calling thread."""
+
+    def __init__(self, attempt: Attempt) -> None:
+        self.attempt = attempt
+        self.reply: concurrent.futures.Future[bool] = concurrent.futures.Future()
+
+    def answer(self, authorize: BlockingAuthorize, operation_id: str) -> None:
+        """Ask ``authorize`` in this thread; its exception escapes ``send_recovering``."""
+        if not self.reply.set_running_or_notify_cancel():
+            return  # the runtime stopped waiting for this answer
+        try:
+            answer = authorize(self.attempt)
+            if inspect.isawaitable(answer):
+                if inspect.iscoroutine(answer):
+                    answer.close()
+                raise errors.InvalidRequest(
+                    "authorize returned an awaitable; BlockingRuntime needs a plain "
+                    "def returning bool (use recoverable.AsyncioRuntime for async def)",
+                    operation_id=operation_id,
+                )
+            self.reply.set_result(bool(answer))
+        except Exception as exc:
+            self.reply.set_exception(exc)  # escapes send_recovering unchanged
 
 
 def _send_work(
@@ -513,7 +515,7 @@ async def _ask(authorize: AsyncioAuthorize, attempt: Attempt) -> bool:
     return bool(reply)
 
 
-class AsyncioRuntime:
+class AsyncioRuntime(_RuntimeMethods):
     """The runtime for asyncio hosts: every method is a coroutine that never blocks the loop.
 
     ``AsyncioRuntime(store, backend, account=..., **options)`` owns a
@@ -533,13 +535,6 @@ class AsyncioRuntime:
     ) -> None:
         self._blocking = BlockingRuntime(store, backend, account=account, **options)
         self._owns = True
-
-    @classmethod
-    def _over(cls, blocking: BlockingRuntime) -> AsyncioRuntime:
-        view = cls.__new__(cls)
-        view._blocking = blocking
-        view._owns = False
-        return view
 
     @property
     def blocking(self) -> BlockingRuntime:
@@ -585,33 +580,23 @@ class AsyncioRuntime:
                     waiter.exception()  # retrieved: the task is cancelled anyway
             raise
 
-    async def _run(self, work: _Work, *, operation_id: str | None = None) -> Any:
-        return await self._await(self._blocking._submit(work, operation_id=operation_id))
+    def _forwarded(self, forward: _Forward[_P, _R]) -> Callable[_P, Coroutine[Any, Any, _R]]:
+        """``forward``'s runtime method as a coroutine (see ``_RuntimeMethods``)."""
 
-    async def prepare(
-        self,
-        request: StructuredRequest,
-        *,
-        response: Any,
-        maximum_attempts: int,
-        **options: Any,
-    ) -> Handle:
-        async def work(rt: Runtime) -> Handle:
-            return await rt.prepare(
-                request, response=response, maximum_attempts=maximum_attempts, **options
-            )
+        async def method(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+            result: _R = await self._await(forward.submit(self._blocking, args, kwargs))
+            return result
 
-        handle: Handle = await self._run(work)
-        return handle
+        return forward.named(method)
 
     async def send_recovering(
         self,
         handle: Handle,
         *,
-        response: type[T] | JsonSchema,
+        response: type[_T] | JsonSchema,
         authorize: AsyncioAuthorize,
         expected_contract_version: str | None = _UNSET,
-    ) -> T:
+    ) -> _T:
         """:meth:`Runtime.send_recovering` for asyncio.
 
         ``authorize`` (``async def`` or plain ``def``) runs on this event loop.
@@ -626,62 +611,18 @@ class AsyncioRuntime:
             operation_id=handle.operation_id,
             suspends=True,
         )
-        result: T = await self._await(call)
+        result: _T = await self._await(call)
         return result
 
-    async def acknowledge(self, handle: Handle) -> None:
-        await self._run(lambda rt: rt.acknowledge(handle), operation_id=handle.operation_id)
-
-    async def abandon(self, handle: Handle) -> None:
-        await self._run(lambda rt: rt.abandon(handle), operation_id=handle.operation_id)
-
-    async def suspend(self, handle: Handle) -> None:
-        await self._run(lambda rt: rt.suspend(handle), operation_id=handle.operation_id)
-
-    async def cancel(self, handle: Handle) -> None:
-        await self._run(lambda rt: rt.cancel(handle), operation_id=handle.operation_id)
-
-    async def retry(
-        self, handle: Handle, *, retry_action_id: str, maximum_attempts: int, **options: Any
-    ) -> Handle:
-        async def work(rt: Runtime) -> Handle:
-            return await rt.retry(
-                handle, retry_action_id=retry_action_id, maximum_attempts=maximum_attempts,
-                **options,
-            )
-
-        successor: Handle = await self._run(work, operation_id=handle.operation_id)
-        return successor
-
-    async def status(self, handle: Handle) -> Status:
-        status: Status = await self._run(
-            lambda rt: rt.status(handle), operation_id=handle.operation_id
-        )
-        return status
-
-    async def receipt(self, handle: Handle) -> Receipt:
-        receipt: Receipt = await self._run(
-            lambda rt: rt.receipt(handle), operation_id=handle.operation_id
-        )
-        return receipt
-
-    async def inventory(self, scope: str | None = None) -> Inventory:
-        inventory: Inventory = await self._run(lambda rt: rt.inventory(scope))
-        return inventory
-
-    async def sign_in(self, account: AccountBinding) -> None:
-        async def work(rt: Runtime) -> None:
-            rt.sign_in(account)
-
-        await self._run(work)
-
-    async def sign_out(self) -> None:
-        async def work(rt: Runtime) -> None:
-            rt.sign_out()
-
-        await self._run(work)
-
-    async def call(self, fn: Callable[[Runtime], Awaitable[T]]) -> T:
+    async def call(self, fn: Callable[[Runtime], Awaitable[_T]]) -> _T:
         """Run ``await fn(runtime)`` in the runtime's Trio thread (for any other method)."""
-        result: T = await self._run(fn)
+        result: _T = await self._await(self._blocking._submit(fn))
         return result
+
+
+class _AsyncioView(AsyncioRuntime):
+    """``BlockingRuntime.asyncio()``: an asyncio view of a runtime it does not own."""
+
+    def __init__(self, blocking: BlockingRuntime) -> None:
+        self._blocking = blocking
+        self._owns = False

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import recoverable
-from recoverable.cli.batch import FIXTURE_ACCOUNT
+from recoverable.cli.provider import FIXTURE_ACCOUNT
 
 from .cli_helpers import (
     EXAMPLE,

@@ -12,17 +12,16 @@ from typing import Any
 import pytest
 
 import recoverable
-from recoverable.cli.batch import (
+from recoverable.cli.jobs import (
     BATCH_REVISION_PREFIX,
-    FIXTURE_ACCOUNT,
     JobLineError,
-    ResultLog,
-    ResultLogError,
     batch_revision,
-    fit_width,
     parse_job_line,
     read_jobs,
 )
+from recoverable.cli.progress import fit_width
+from recoverable.cli.provider import FIXTURE_ACCOUNT
+from recoverable.cli.result_log import ResultLog, ResultLogError
 
 from .cli_helpers import SMALL_SCHEMA, assert_exactly_once, job_line, run_cli, write_jobs
 

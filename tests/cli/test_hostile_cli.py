@@ -442,7 +442,7 @@ def test_the_script_entry_point_still_prints_usage_on_bad_arguments() -> None:
 
 
 def test_every_cut_of_a_result_line_is_torn_and_other_lines_are_not() -> None:
-    from recoverable.cli.batch import _is_torn_result_line
+    from recoverable.cli.result_log import _is_torn_result_line
 
     line = json.dumps(
         {"id": 'g"1\\', "revision": "r1", "operation_id": "op_1", "input_sha256": "ab",

@@ -9,14 +9,8 @@ from typing import Any
 import pytest
 import trio
 
-from recoverable.cli.batch import (
-    MAX_LINE_BYTES,
-    JobLineError,
-    ResultLog,
-    ResultLogError,
-    parse_job_line,
-    read_jobs,
-)
+from recoverable.cli.jobs import MAX_LINE_BYTES, JobLineError, parse_job_line, read_jobs
+from recoverable.cli.result_log import ResultLog, ResultLogError
 
 from .cli_helpers import SMALL_SCHEMA, job_line
 

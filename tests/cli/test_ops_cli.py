@@ -12,7 +12,7 @@ import trio
 
 import recoverable
 from recoverable.cli import main
-from recoverable.cli.batch import FIXTURE_ACCOUNT
+from recoverable.cli.provider import FIXTURE_ACCOUNT
 
 from .cli_helpers import job_line, read_results, run_cli, write_jobs
 

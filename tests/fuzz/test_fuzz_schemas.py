@@ -9,7 +9,7 @@ format hash is stable across builds, the fixture's answer stream completes with 
 valid value). Strict-mode schemas are generated (``strict_schemas``) so that the
 acceptance path is reached; each fuzzer counts and asserts how many examples took
 each path (run with ``-s`` to see the counts). Any text given to
-``recoverable.cli.batch.parse_job_line`` must give a ``Job`` or a ``JobLineError``.
+``recoverable.cli.jobs.parse_job_line`` must give a ``Job`` or a ``JobLineError``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from recoverable.transport.fixture_replies import CannotSynthesize
 
 import recoverable
-from recoverable.cli import batch
+from recoverable.cli import jobs as cli_jobs
 from recoverable.contract import OutputInvalid, contract_for
 
 from .strict_schemas import check_accepted, strict_schemas
@@ -335,12 +335,12 @@ def test_any_job_line_gives_a_job_or_a_job_line_error() -> None:
     def run(line: str, lineno: int) -> None:
         stats["examples"] += 1
         try:
-            job = batch.parse_job_line(line, lineno)
-        except batch.JobLineError as exc:
+            job = cli_jobs.parse_job_line(line, lineno)
+        except cli_jobs.JobLineError as exc:
             assert exc.lineno == lineno and exc.reason
             stats["job_line_error"] += 1
             return
-        assert isinstance(job, batch.Job)
+        assert isinstance(job, cli_jobs.Job)
         assert job.lineno == lineno and job.id and job.revision
         assert contract_for(job.response).format_hash
         stats["job"] += 1

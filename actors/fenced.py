@@ -1,0 +1,155 @@
+"""The transactions of one execution: take the lease, write fenced, release.
+
+Named transaction functions run by ``store.write`` for the OperationActor:
+:func:`acquire` takes the operation's lease and persists the opening transition in one
+transaction; :func:`persist` writes a transition fenced by the lease's generation and
+refuses (:class:`CommandArrived`) when a lifecycle command the step did not account
+for has arrived; :func:`release` gives the lease back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+from recoverable.actors.checks import check_disposition
+from recoverable.storage.base import WriteTransaction as WriteTxn
+from recoverable.storage.integrity import verify_body
+from recoverable.storage.leases import acquire_lease, release_lease
+
+from recoverable import machine
+from recoverable.records import CommandKind, LeaseRecord, OperationRecord
+
+OpenStep = Callable[[OperationRecord, CommandKind | None, bool], machine.Transition]
+
+
+class NeedsUpgrade(Exception):
+    """Raised inside the acquisition: the record is an unmigrated version-1 record."""
+
+
+class CommandArrived(Exception):
+    """Raised inside a write transaction: a lifecycle command the step did not account for."""
+
+    def __init__(self, kind: CommandKind, serial: int) -> None:
+        super().__init__(kind)
+        self.kind = kind
+        self.serial = serial
+
+
+def ends(transition: machine.Transition) -> bool:
+    """The transition ends this execution: its write also releases the lease."""
+    return isinstance(transition.action, (machine.Deliver, machine.Stop))
+
+
+def saves(transition: machine.Transition) -> bool:
+    """The transition saves the validated completion (its payload goes in the same write)."""
+    return transition.record.has_completion and transition.record.phase == "completed"
+
+
+@attrs.frozen
+class Opened:
+    """What :func:`acquire` took and decided."""
+
+    lease: LeaseRecord | None  # None: read as it is, without a lease (see acquire)
+    transition: machine.Transition
+    serial: int  # commands up to this serial are accounted for in the record
+    final: bool  # the opening ends the execution: the lease is already released
+    body: bytes | None
+
+
+def acquire(
+    operation_id: str, now: float, open_step: OpenStep, upgrade_tried: bool, txn: WriteTxn
+) -> Opened:
+    """Take the lease and persist the opening transition in ONE transaction.
+
+    A suspend written before this execution is spent (reopening is resuming); a cancel
+    is folded into the record. When the opening already ends the execution (a saved
+    receipt to deliver, a terminal state), the lease is released in the same transaction.
+    """
+    check_disposition(txn, operation_id)
+    stored = txn.get_operation(operation_id)
+    if stored is not None and stored.awaiting_upgrade:
+        if not upgrade_tried:
+            raise NeedsUpgrade
+        # It could not be upgraded here (no backend, or its request cannot be frozen).
+        # Read it as it is: no lease, no write, since rewriting it would drop the
+        # version-1 fields (its request parts, its inline completion). Nothing can
+        # generate for it, so a saved completion is delivered and everything else stops
+        # (a pending cancel still fences delivery).
+        pending = txn.get_command(operation_id)
+        cancel: CommandKind | None = (
+            "cancel" if pending is not None and pending.kind == "cancel" else None
+        )
+        return Opened(None, open_step(stored, cancel, False), 0, True, None)
+    lease = acquire_lease(txn, operation_id, now)
+    record = txn.get_operation(operation_id)
+    assert record is not None
+    body = txn.get_payload(operation_id, "body")
+    if body is not None:  # a tampered body is a corrupt record: never sent
+        verify_body(operation_id, record.body_hash, body)
+    command = txn.get_command(operation_id)
+    serial = 0
+    kind: CommandKind | None = None
+    if command is not None:
+        serial = command.serial
+        if command.kind == "suspend":
+            txn.delete_command(operation_id)  # spent: reopening is resuming
+        else:
+            kind = command.kind
+    opening = open_step(record, kind, body is not None)  # a missing body: before the host
+    if opening.changed:
+        if kind is not None and opening.record.phase == "cancelled":
+            txn.delete_command(operation_id)  # folded into the record's phase
+        txn.put_operation(opening.record, expect_fence=lease.fence)
+    final = ends(opening)
+    if final:
+        release_lease(txn, operation_id, lease.token)
+    return Opened(lease, opening, serial, final, body)
+
+
+@attrs.frozen
+class FencedWrite:
+    """One write of an execution: a transition, fenced by the lease's generation."""
+
+    operation_id: str
+    transition: machine.Transition
+    fence: int
+    known_serial: int  # commands up to this serial are accounted for
+    check_commands: bool  # refuse (CommandArrived) if a newer command arrived
+    completion: bytes | None = None  # the validated completion, saved with the record
+    release_token: str | None = None  # the execution ends: release the lease too
+
+
+def folds(command: CommandKind, record: OperationRecord) -> bool:
+    """The record's phase already says what ``command`` says (the command can go).
+
+    A suspended record stands for a suspend, a cancelled one for a cancel; a command
+    is folded when merging it under what the record stands for changes nothing — so a
+    cancel is folded only into a cancelled record, never lost into a suspension.
+    """
+    if record.phase not in ("suspended", "cancelled"):
+        return False
+    stands: CommandKind = "cancel" if record.phase == "cancelled" else "suspend"
+    return machine.merge_command(command, stands) == stands
+
+
+def persist(write: FencedWrite, txn: WriteTxn) -> None:
+    """Write the transition's record fenced by our lease (see :class:`FencedWrite`)."""
+    op_id = write.operation_id
+    record = write.transition.record
+    command = txn.get_command(op_id)
+    if command is not None:
+        if write.check_commands and command.serial > write.known_serial:
+            raise CommandArrived(command.kind, command.serial)
+        if command.serial <= write.known_serial and folds(command.kind, record):
+            txn.delete_command(op_id)
+    if write.completion is not None:
+        txn.put_payload(op_id, "completion", write.completion)
+    if write.transition.changed or write.completion is not None:
+        txn.put_operation(record, expect_fence=write.fence)
+    if write.release_token is not None:
+        release_lease(txn, op_id, write.release_token)
+
+
+def release(operation_id: str, token: str, txn: WriteTxn) -> None:
+    release_lease(txn, operation_id, token)

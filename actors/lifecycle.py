@@ -1,0 +1,116 @@
+"""The lifecycle transactions of the runtime: suspend/cancel commands and dispositions.
+
+Named transaction functions (run by ``store.write``): :func:`write_command` records a
+``suspend``/``cancel`` for a running operation (any process's monitor delivers it) or
+applies it directly to an idle one; :func:`dispose` acknowledges or abandons an
+operation, removing its content and keeping a small marker, in one transaction.
+"""
+
+from __future__ import annotations
+
+import msgspec
+from recoverable.actors.checks import check_disposition, require_owner
+from recoverable.storage.base import WriteTransaction as WriteTxn
+from recoverable.storage.migration import saved_completion
+from recoverable.storage.retention import remove_content
+
+from recoverable import errors, machine
+from recoverable.records import CommandKind, CommandRecord, Disposition, DispositionRecord
+from recoverable.types import AccountBinding
+
+
+def write_command(
+    operation_id: str,
+    kind: CommandKind,
+    now: float,
+    account: AccountBinding | None,
+    txn: WriteTxn,
+) -> CommandRecord | None:
+    """Record ``kind`` for a live execution (returned: deliver it locally), or apply it."""
+    check_disposition(txn, operation_id)
+    record = txn.get_operation(operation_id)
+    if record is None:
+        raise errors.StateUnavailable("no such operation", operation_id=operation_id)
+    require_owner(account, record.account, operation_id)
+    existing = txn.get_command(operation_id)
+    lease = txn.get_lease(operation_id)
+    if lease is not None and txn.lease_is_live(lease):
+        standing = machine.merge_command(
+            existing.kind if existing is not None else None, kind
+        )
+        if existing is not None and standing != kind:
+            return existing  # what stood already says more (a cancel is never downgraded)
+        return txn.put_command(operation_id, standing, now)
+    # Nobody runs it: apply directly (a dead owner's lease is void).
+    applied = machine.command_on_idle(record, kind)
+    if applied.changed:
+        txn.put_operation(applied.record)
+    if existing is not None and kind == "cancel":
+        txn.delete_command(operation_id)  # folded into the record's phase
+    return None
+
+
+def disposition_marker(marker: DispositionRecord, txn: WriteTxn, operation_id: str) -> None:
+    """Remove the operation's content and save its marker as complete (one transaction)."""
+    remove_content(txn, operation_id)
+    txn.put_disposition(msgspec.structs.replace(marker, removal_complete=True))
+
+
+def dispose(
+    operation_id: str,
+    disposition: Disposition,
+    now: float,
+    account: AccountBinding | None,
+    txn: WriteTxn,
+) -> None:
+    """Acknowledge or abandon: the marker and the removal of the content commit together."""
+    existing = txn.get_disposition(operation_id)
+    if existing is not None:
+        require_owner(account, existing.account, operation_id)
+        if existing.disposition != disposition:
+            raise errors.StateUnavailable(
+                f"operation is {existing.disposition}", operation_id=operation_id
+            )
+        if not existing.removal_complete:
+            disposition_marker(existing, txn, operation_id)  # a repeat completes a removal
+        return
+    record = txn.get_operation(operation_id)
+    if record is None:
+        raise errors.StateUnavailable("no such operation", operation_id=operation_id)
+    require_owner(account, record.account, operation_id)
+    lease = txn.get_lease(operation_id)
+    if lease is not None and txn.lease_is_live(lease):
+        raise errors.OperationBusy(
+            "stop and await the active execution first", operation_id=operation_id
+        )
+    if disposition == "acknowledged":
+        machine.check_acknowledge(record)
+        # Acknowledge what the host could have read: the completion must be
+        # readable (a current payload, or a version-1 record's inline one).
+        # A damaged record fails closed and keeps its state; abandon it instead.
+        if saved_completion(txn, record) is None:
+            raise errors.CompletionUnavailable(
+                "the saved completion is missing from the store: nothing to "
+                "acknowledge (abandon the operation instead)",
+                operation_id=operation_id,
+            )
+    # The marker and the removal of the content commit together: the operation
+    # can never generate again, and nothing sensitive stays behind it.
+    disposition_marker(
+        DispositionRecord(
+            operation_id=operation_id,
+            disposition=disposition,
+            at=now,
+            account=record.account,
+            scope=record.scope,
+            job_id=record.job_id,
+            input_revision=record.input_revision,
+            root_operation_id=record.root_operation_id,
+            previous_operation_id=record.previous_operation_id,
+            attempts_used=record.attempts_used,
+            maximum_attempts=record.maximum_attempts,
+            usage=record.usage,
+        ),
+        txn,
+        operation_id,
+    )

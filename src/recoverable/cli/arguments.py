@@ -1,0 +1,314 @@
+"""The command line's arguments: the parser of every command and its value checks."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Final, NoReturn
+
+from recoverable import errors
+from recoverable.cli.config import DEFAULT_RETRY_PROVIDER_CODES, MINIMUM_RPS
+from recoverable.cli.exits import UsageError
+from recoverable.outcome import bounded_code
+from recoverable.transport.fixture import FaultSpec
+
+__all__ = ["NEEDS_ACCOUNT", "OPS_COMMANDS", "build_parser"]
+
+OPS_COMMANDS: Final = (
+    "status",
+    "inventory",
+    "receipt",
+    "acknowledge",
+    "abandon",
+    "suspend",
+    "cancel",
+    "retry",
+    "purge",
+)
+_OPS_HELP: Final = {
+    "status": "show an operation's status",
+    "inventory": "list the account's operations",
+    "receipt": "show a saved, validated result",
+    "acknowledge": "remove a committed operation's content (keeps a marker)",
+    "abandon": "give up an operation (removes content, keeps a marker)",
+    "suspend": "suspend an operation (also while another process runs it)",
+    "cancel": "permanently cancel an operation (a saved result needs --force)",
+    "retry": "create the one successor of a failed or exhausted operation "
+    "(a new budget linked to the spent one; does not generate)",
+    "purge": "remove every idle record of an account",
+}
+_NEEDS_ID: Final = frozenset(
+    {"status", "receipt", "acknowledge", "abandon", "suspend", "cancel", "retry"}
+)
+# Every command but ``status`` acts on (or reveals) an account's operations: it needs
+# ``--account`` and never falls back to the operation's own account. ``status`` without
+# it shows only the redacted status (that the operation exists).
+NEEDS_ACCOUNT: Final = frozenset(OPS_COMMANDS) - {"status"}
+MAXIMUM_RPS: Final = 100_000.0
+
+
+class _Parser(argparse.ArgumentParser):
+    """Argument errors are raised (and printed by ``main``, as JSON with ``--json``)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message}\n{self.format_usage().strip()}")
+
+
+# -- value checks ---------------------------------------------------------------------------
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
+    return value
+
+
+def _attempts(text: str) -> int:
+    value = _positive_int(text)
+    if value > 1000:
+        raise argparse.ArgumentTypeError("must be in 1..1000")
+    return value
+
+
+def _finite(text: str, *, zero: bool) -> float:
+    """A finite number above zero (or at least zero, with ``zero``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+        what = "a non-negative" if zero else "a positive"
+        raise argparse.ArgumentTypeError(f"must be {what} number: {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    return _finite(text, zero=False)
+
+
+def _non_negative_float(text: str) -> float:
+    return _finite(text, zero=True)
+
+
+def _provider_codes(text: str) -> frozenset[str]:
+    codes = frozenset(part.strip() for part in text.split(",") if part.strip())
+    for code in codes:
+        if bounded_code(code) != code:
+            raise argparse.ArgumentTypeError(f"not a provider code: {code[:80]!r}")
+    return codes
+
+
+def _rps(text: str) -> float:
+    value = _positive_float(text)
+    if not MINIMUM_RPS <= value <= MAXIMUM_RPS:
+        raise argparse.ArgumentTypeError(
+            f"must be in {MINIMUM_RPS:g}..{MAXIMUM_RPS:g} POSTs per second: {text!r}"
+        )
+    return value
+
+
+def _revision(text: str) -> str:
+    if not 1 <= len(text) <= 256 or any(ord(char) < 32 for char in text):
+        raise argparse.ArgumentTypeError("must be 1..256 characters without control characters")
+    return text
+
+
+def _per_minute(text: str) -> float:
+    value = _positive_float(text)
+    if value > 1e12:
+        raise argparse.ArgumentTypeError(f"must be at most 1e12 per minute: {text!r}")
+    return value
+
+
+def _burst_seconds(text: str) -> float:
+    value = _positive_float(text)
+    if value > 3600:
+        raise argparse.ArgumentTypeError(f"must be at most 3600 seconds: {text!r}")
+    return value
+
+
+def _fault_spec(text: str) -> FaultSpec:
+    try:
+        return FaultSpec.parse(text)
+    except errors.InvalidRequest as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+# -- the parser -------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="recoverable",
+        description="Durable, crash-safe structured LLM requests: batch host and store tools.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _add_batch(sub)
+    for name in OPS_COMMANDS:
+        _add_ops_command(sub, name)
+    sub.add_parser(
+        "fixture-provider",
+        help="run the loopback fixture Responses provider",
+        add_help=False,
+    )
+    return parser
+
+
+def _add_batch(sub: argparse._SubParsersAction[_Parser]) -> None:
+    batch = sub.add_parser(
+        "batch",
+        help="run a JSONL file of jobs durably, writing each result once",
+        description=(
+            "Run every job of JOBS.jsonl as one durable operation keyed by (id, revision). "
+            "Each validated result is appended to --out as one fsynced JSON line, then "
+            "acknowledged. Ctrl-C suspends; rerunning resumes without generating again "
+            "for saved results."
+        ),
+    )
+    batch.add_argument("jobs", metavar="JOBS.jsonl")
+    batch.add_argument("--out", required=True, metavar="RESULTS.jsonl")
+    batch.add_argument("--store", metavar="DIR", help="recovery store (default: <out>.store)")
+    batch.add_argument(
+        "--endpoint",
+        default="fixture",
+        metavar="URL|fixture",
+        help="a Responses-compatible base URL, or 'fixture' (embedded provider, the default)",
+    )
+    batch.add_argument(
+        "--api-key-env",
+        default="OPENAI_API_KEY",
+        metavar="VAR",
+        help="environment variable holding the API key (read, never written anywhere)",
+    )
+    batch.add_argument(
+        "--account",
+        metavar="ID",
+        help="account id the operations belong to (default: 'batch' for the fixture, "
+        "else 'default')",
+    )
+    batch.add_argument("--mode", choices=("websocket", "sse"), default="websocket")
+    batch.add_argument("--concurrency", type=_positive_int, default=64, metavar="N")
+    batch.add_argument(
+        "--rps", type=_rps, metavar="R",
+        help=f"max POSTs per second ({MINIMUM_RPS:g}..{MAXIMUM_RPS:g})",
+    )
+    batch.add_argument(
+        "--rpm", type=_per_minute, metavar="N",
+        help="requests per minute, shared by every process on the store (docs/rate-limits.md)",
+    )
+    batch.add_argument(
+        "--tpm", type=_per_minute, metavar="N",
+        help="tokens per minute (estimated from each request, corrected by its usage), "
+        "shared by every process on the store",
+    )
+    batch.add_argument(
+        "--rate-burst-seconds", type=_burst_seconds, default=60.0, metavar="S",
+        help="--rpm/--tpm budget that may be spent at once, in seconds of refill (default 60)",
+    )
+    batch.add_argument(
+        "--faults",
+        type=_fault_spec,
+        metavar="SPEC",
+        help="fixture faults, e.g. disconnect=0.2,rate_limited=0.1,seed=7",
+    )
+    batch.add_argument(
+        "--max-attempts",
+        type=_attempts,
+        default=8,
+        metavar="N",
+        help="total attempt budget per job unless the job sets max_attempts (default 8)",
+    )
+    batch.add_argument(
+        "--backoff",
+        type=_non_negative_float,
+        metavar="SECONDS",
+        help="initial backoff before a replacement attempt (doubles, at most 30 s; "
+        "default 0.5, or 0.05 for the local fixture)",
+    )
+    batch.add_argument(
+        "--retry-provider-codes",
+        type=_provider_codes,
+        metavar="CODES",
+        help="comma-separated response.failed codes the batch lets be replaced within the "
+        "budget (default: " + ",".join(sorted(DEFAULT_RETRY_PROVIDER_CODES)) + "; '' for none)",
+    )
+    batch.add_argument(
+        "--idle-timeout",
+        type=_positive_float,
+        default=120.0,
+        metavar="SECONDS",
+        help="a stream silent this long is interrupted (and replaced)",
+    )
+    batch.add_argument(
+        "--output-format",
+        choices=("recoverable", "openai-batch"),
+        default="recoverable",
+        help="shape of the --out lines: this tool's (default) or the OpenAI Batch API's output "
+        "lines (a rerun must use the same)",
+    )
+    batch.add_argument(
+        "--errors",
+        metavar="FILE",
+        help="write one JSON line per failed job (and skipped line) of this run: its typed "
+        "failure, operation id and what to do (rewritten by every run)",
+    )
+    batch.add_argument(
+        "--retry-failed",
+        action="store_true",
+        help="before running, create one manual-retry successor (a new attempt budget linked "
+        "to the spent one) for each failed job of this file, then run them",
+    )
+    batch.add_argument(
+        "--revision",
+        type=_revision,
+        metavar="R",
+        help="the revision of every OpenAI Batch API line (default: derived from the line's "
+        "body, so it changes when the body does)",
+    )
+    batch.add_argument(
+        "--prices",
+        metavar="FILE",
+        help="JSON price table for the cost estimate: model -> {input, cached_input, output} "
+        "in USD per 1M tokens (default: a small dated built-in estimate)",
+    )
+
+
+def _add_ops_command(sub: argparse._SubParsersAction[_Parser], name: str) -> None:
+    command = sub.add_parser(name, help=_OPS_HELP[name])
+    command.add_argument("--store", required=True, metavar="DIR")
+    command.add_argument(
+        "--account",
+        metavar="ID",
+        required=name in NEEDS_ACCOUNT,
+        help="the account the operations belong to; the command acts only within it"
+        + (" (without it, status is redacted)" if name == "status" else ""),
+    )
+    if name in _NEEDS_ID:
+        command.add_argument("operation_id", metavar="OPERATION_ID")
+    match name:
+        case "inventory" | "purge":
+            command.add_argument("--scope", help="only operations with this host scope")
+        case "cancel":
+            command.add_argument(
+                "--force",
+                action="store_true",
+                help="cancel even though a validated result is saved (it is discarded)",
+            )
+        case "retry":
+            command.add_argument(
+                "--action-id", required=True, metavar="ID",
+                help="names this decision: repeating it returns the same successor",
+            )
+            command.add_argument(
+                "--max-attempts", type=_attempts, metavar="N",
+                help="the successor's total attempt budget (default: the source's)",
+            )
+            command.add_argument(
+                "--selection", choices=("preserve", "reselect"), default="preserve",
+                help="preserve the frozen request (default) or rebuild it from the saved one",
+            )
+    command.add_argument("--json", action="store_true", help="machine output (JSON)")

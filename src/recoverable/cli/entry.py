@@ -1,0 +1,128 @@
+"""The entry point: ``recoverable COMMAND ...`` parsed, dispatched, and its exit code."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import IO
+
+from recoverable import errors
+from recoverable.cli.arguments import build_parser
+from recoverable.cli.batch import run_batch
+from recoverable.cli.config import DEFAULT_RETRY_PROVIDER_CODES, BatchConfig
+from recoverable.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, UsageError
+from recoverable.cli.ops import run_ops
+from recoverable.pricing import load_prices
+from recoverable.transport.backend import check_base_url
+from recoverable.transport.fixture import fixture_main
+
+__all__ = ["main"]
+
+
+def _reserve_standard_descriptors() -> None:
+    """A closed stdout/stderr (``>&-``) must not let a file we open take descriptor 1
+    or 2 (anything printed would land in it): point them at /dev/null."""
+    for fd in (1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            if devnull != fd:
+                os.dup2(devnull, fd)
+                os.close(devnull)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    _reserve_standard_descriptors()
+    if args_list and args_list[0] == "fixture-provider":
+        return fixture_main(args_list[1:])
+    parser = build_parser()
+    as_json = "--json" in args_list
+    command = args_list[0] if args_list and not args_list[0].startswith("-") else None
+    try:
+        args = parser.parse_args(args_list)
+    except SystemExit as exc:  # --help
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    except UsageError as exc:
+        _usage_error(command, exc, as_json)
+        return EXIT_USAGE
+    try:
+        if args.command == "batch":
+            return run_batch(_batch_config(args), out=sys.stdout, err=sys.stderr)
+        out = sys.stdout if sys.stdout is not None else open(os.devnull, "w")
+        return run_ops(args, out, sys.stderr)
+    except UsageError as exc:
+        _usage_error(args.command, exc, getattr(args, "json", False))
+        return EXIT_USAGE
+    except errors.RecoveryError as exc:
+        # Last resort (a damaged store met outside an operation, issue 11.3): the typed
+        # code and message, never a traceback.
+        sys.stderr.write(f"recoverable {args.command}: {exc.code}: {exc}\n")
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        # Before or after the batch's own signal handling (startup, shutdown, ops).
+        sys.stderr.write(f"recoverable {args.command}: interrupted\n")
+        return EXIT_INTERRUPTED
+
+
+def _usage_error(command: str | None, exc: UsageError, as_json: bool) -> None:
+    err: IO[str] | None = sys.stderr
+    if err is None:
+        return
+    if as_json:
+        err.write(json.dumps({"error": exc.code, "message": str(exc),
+                              "operation_id": exc.operation_id}) + "\n")
+    else:
+        err.write(f"recoverable{' ' + command if command else ''}: {exc}\n")
+
+
+def _batch_config(args: argparse.Namespace) -> BatchConfig:
+    """The batch's options, checked (a ``UsageError`` before anything is opened)."""
+    out_path = os.path.abspath(args.out)
+    prices = None
+    if args.prices is not None:
+        try:
+            prices = load_prices(args.prices)
+        except errors.InvalidRequest as exc:
+            raise UsageError(f"--prices: {exc}") from None
+    config = BatchConfig(
+        jobs_path=args.jobs,
+        out_path=out_path,
+        store_path=args.store or out_path + ".store",
+        endpoint=args.endpoint,
+        api_key_env=args.api_key_env,
+        account=args.account,
+        mode=args.mode,
+        concurrency=args.concurrency,
+        rps=args.rps,
+        rpm=args.rpm,
+        tpm=args.tpm,
+        rate_burst_seconds=args.rate_burst_seconds,
+        faults=args.faults,
+        max_attempts=args.max_attempts,
+        initial_backoff=(
+            args.backoff if args.backoff is not None
+            else 0.05 if args.endpoint == "fixture" else 0.5
+        ),
+        idle_timeout=args.idle_timeout,
+        retry_provider_codes=(
+            args.retry_provider_codes if args.retry_provider_codes is not None
+            else DEFAULT_RETRY_PROVIDER_CODES
+        ),
+        prices=prices,
+        output_format=args.output_format,
+        errors_path=None if args.errors is None else os.path.abspath(args.errors),
+        retry_failed=args.retry_failed,
+        revision=args.revision,
+    )
+    if args.faults is not None and args.endpoint != "fixture":
+        raise UsageError("--faults only applies to --endpoint fixture")
+    if args.endpoint != "fixture":
+        try:
+            check_base_url(args.endpoint)  # the backend's own check: no ws(s):// URL
+        except ValueError as exc:  # InvalidRequest, or urllib's own ("Invalid IPv6 URL")
+            raise UsageError(f"--endpoint: not a usable URL: {exc}") from None
+    return config

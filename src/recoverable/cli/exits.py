@@ -1,0 +1,21 @@
+"""How the command line ends: its exit codes, and the usage error behind exit code 2."""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "UsageError"]
+
+EXIT_OK: Final = 0
+EXIT_FAILED: Final = 1  # a job or an operation failed (or was not found)
+EXIT_USAGE: Final = 2  # a usage or input error
+EXIT_INTERRUPTED: Final = 130
+
+
+class UsageError(Exception):
+    """A bad option or argument (exit code 2)."""
+
+    def __init__(self, message: str, *, code: str = "usage", operation_id: str | None = None):
+        super().__init__(message)
+        self.code = code
+        self.operation_id = operation_id

@@ -1,0 +1,430 @@
+"""The batch host: runs the jobs of one batch over one runtime, each result written once.
+
+Every job is one recovery operation keyed by ``(id, revision)`` in scope ``"batch"``. A
+job whose operation a previous run prepared is adopted (never prepared again); a saved
+completion is delivered without generating. A validated result is appended to the result
+log (fsynced), and only then is its operation acknowledged; a committed job whose
+acknowledgement was lost is acknowledged by the next run, its line never rewritten.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Callable
+from typing import Any, Final
+
+import attrs
+import trio
+
+from recoverable import _killpoints, errors
+from recoverable.actors.runtime import Runtime
+from recoverable.cli.config import BatchConfig
+from recoverable.cli.jobs import BATCH_SCOPE, Job
+from recoverable.cli.report import BatchSummary, ErrorLog, JobError, failure_reason
+from recoverable.cli.result_log import ResultLog, encode_batch_output_line, encode_result_line
+from recoverable.records import OperationRecord
+from recoverable.storage.store import RecoveryStore
+from recoverable.types import AccountBinding, Attempt, Handle, RetryPolicy
+
+__all__ = ["BatchHost"]
+
+MESSAGES_PER_REASON: Final = 5  # failure messages shown per reason (all are counted)
+# Failures of the whole store (not of one operation's records): the first is shown, then
+# one line saying the store is unusable; the others are only counted.
+STORE_WIDE_REASONS: Final = frozenset(
+    {errors.StorageUnavailable.code, errors.StoreDamaged.code, errors.StoreLockReplaced.code}
+)
+
+
+class _JobFailed(Exception):
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.detail = detail
+
+
+@attrs.frozen
+class _Sent:
+    """A job whose operation returned its validated result."""
+
+    handle: Handle
+    value: Any
+    record: OperationRecord | None  # read before acknowledge removes it
+
+
+class BatchHost:
+    """Runs the jobs of one batch over one runtime; see the module docstring."""
+
+    def __init__(
+        self,
+        rt: Runtime,
+        store: RecoveryStore,
+        log: ResultLog,
+        jobs: list[Job],
+        config: BatchConfig,
+        summary: BatchSummary,
+        *,
+        say: Callable[[str], None],
+        work: trio.CancelScope | None = None,
+        errors_log: ErrorLog | None = None,
+    ) -> None:
+        self.rt = rt
+        self.errors_log = errors_log
+        self.work = work
+        self.fatal: str | None = None
+        self.store = store
+        self.log = log
+        self.jobs = jobs
+        self.config = config
+        self.summary = summary
+        self.say = say
+        self.running = 0
+        self._shown: Counter[str] = Counter()
+        self.policy = RetryPolicy(
+            initial_backoff=config.initial_backoff,
+            maximum_backoff=config.maximum_backoff,
+            retryable_provider_codes=config.retry_provider_codes,
+            maximum_retry_after=config.maximum_retry_after,
+        )
+
+    async def authorize(self, attempt: Attempt) -> bool:
+        # The batch is the host: it authorizes every attempt (and logs nothing private).
+        # Attempts spent are counted by the runtime when consumed: an approved attempt
+        # whose connection was never established spends nothing.
+        return True
+
+    @property
+    def account(self) -> AccountBinding:
+        assert self.rt.account is not None
+        return self.rt.account
+
+    async def acknowledge_committed(self) -> None:
+        """Acknowledge committed jobs whose acknowledgement was lost (no line is rewritten)."""
+        for (job_id, revision), op_id in self.log.committed.items():
+            try:
+                disposition = self.store.get_disposition(op_id)
+                if disposition is not None and disposition.removal_complete:
+                    continue
+                if disposition is None and self.store.get_operation(op_id) is None:
+                    continue  # not in this store (e.g. another --store): nothing to do
+                await self.rt.acknowledge(Handle(op_id))
+                self.summary.acknowledged_late += 1
+            except Exception as exc:  # one job's failure never ends the batch
+                code = (
+                    exc.code if isinstance(exc, errors.RecoveryError)
+                    else f"internal_error:{type(exc).__name__}"
+                )
+                self.say(
+                    f"warning: committed job {job_id!r} revision {revision!r}: could not "
+                    f"acknowledge {op_id}: {code}"
+                )
+
+    def find_existing(self, job: Job) -> str | None:
+        """The operation a previous run prepared for this job (not disposed), if any."""
+        found = []
+        for op_id in self.store.ids_by_job(self.account, BATCH_SCOPE, job.id):
+            try:
+                if self.store.get_disposition(op_id) is not None:
+                    continue
+                record = self.store.get_operation(op_id)
+            except (errors.CorruptRecord, errors.UnsupportedRecordVersion):
+                continue
+            if record is None or record.input_revision != job.revision:
+                continue
+            found.append(record)
+        if not found:
+            return None
+        # Follow the lineage: a source whose successor (``recoverable retry``) exists is
+        # replaced by that successor, never run again itself.
+        ids = {record.operation_id for record in found}
+        found = [
+            record for record in found
+            if record.retry_reservation is None
+            or not record.retry_reservation.created
+            or record.retry_reservation.successor_id not in ids
+        ] or found
+        # A saved completion first (never generate again), then the oldest.
+        found.sort(
+            key=lambda record: (not record.has_completion, record.created_at, record.operation_id)
+        )
+        chosen = found[0]
+        if chosen.body_hash != job.body_hash:
+            raise _JobFailed(
+                "revision_conflict",
+                "the job's content changed but its revision did not (use a new revision)",
+            )
+        return chosen.operation_id
+
+    async def run_job(self, job: Job) -> None:
+        sent = await self._send(job)
+        if sent is None:
+            return
+        line = await self._output_line(job, sent)
+        if line is not None:
+            await self._commit(job, sent.handle, line)
+
+    async def _handle(self, job: Job) -> Handle:
+        """The job's operation: the one a previous run prepared, or a new one."""
+        op_id = self.find_existing(job)
+        if op_id is not None:
+            self.summary.adopted += 1
+            return Handle(op_id)
+        handle = await self.rt.prepare(
+            job.request,
+            response=job.response,
+            maximum_attempts=job.max_attempts or self.config.max_attempts,
+            retry_policy=self.policy,
+            scope=BATCH_SCOPE,
+            job_id=job.id,
+            input_revision=job.revision,
+        )
+        self.summary.prepared += 1
+        return handle
+
+    async def _send(self, job: Job) -> _Sent | None:
+        """Run the job's operation to its validated result (None: the job is reported)."""
+        try:
+            handle = await self._handle(job)
+            self.running += 1
+            try:
+                value: Any = await self.rt.send_recovering(
+                    handle, response=job.response, authorize=self.authorize
+                )
+            finally:
+                self.running -= 1
+            return _Sent(handle, value, self._count_tokens(handle.operation_id))
+        except _JobFailed as failed:
+            self._failed(job, failed.reason, failed.detail)
+        except errors.OperationSuspended:
+            self.summary.unfinished += 1
+            self.say(f"job {job.id!r} (line {job.lineno}): suspended from outside; rerun to resume")
+        except errors.OperationBusy as exc:
+            self.summary.unfinished += 1
+            self.say(
+                f"job {job.id!r} revision {job.revision!r} (line {job.lineno}): another process "
+                f"is running its operation {exc.operation_id} right now; let it finish (or "
+                "stop it with `recoverable suspend`), then rerun"
+            )
+        except errors.RecoveryError as exc:
+            self._count_tokens(exc.operation_id)
+            message = str(exc) if str(exc) != exc.code else ""
+            detail = message
+            if exc.operation_id is not None:
+                detail = (detail + "; " if detail else "") + self._hint(exc.operation_id)
+            self._failed(
+                job, failure_reason(exc), detail, code=exc.code, message=message,
+                operation_id=exc.operation_id,
+                hint=None if exc.operation_id is None else self._suggestion(exc.operation_id),
+            )
+        except Exception as exc:  # one job's failure never ends the batch
+            self._failed(
+                job,
+                f"internal_error:{type(exc).__name__}",
+                "an unexpected error while running this job (a defect: please report it); "
+                "the other jobs go on",
+            )
+        return None
+
+    async def _output_line(self, job: Job, sent: _Sent) -> bytes | None:
+        """The job's line for the result log (None: the job is reported as failed)."""
+        operation_id = sent.handle.operation_id
+        try:
+            match self.config.output_format:
+                case "openai-batch":
+                    receipt = await self.rt.receipt(sent.handle)
+                    return encode_batch_output_line(job, operation_id, receipt, sent.record)
+                case _:
+                    return encode_result_line(job, operation_id, sent.value)
+        except errors.RecoveryError as exc:
+            self._failed(job, exc.code, "the result cannot be read back for the output line; it "
+                         "stays saved in the store (rerun to write it)", code=exc.code,
+                         operation_id=operation_id)
+        except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+            self._failed(job, f"internal_error:{type(exc).__name__}",
+                         "the result cannot be written as JSON; it stays saved in the store")
+        return None
+
+    async def _commit(self, job: Job, handle: Handle, line: bytes) -> None:
+        """Append the job's line (durable), then acknowledge its operation."""
+        try:
+            await self.log.append(line)
+        except OSError as exc:
+            # The receipt stays saved (unacknowledged); a rerun writes the line.
+            if self.fatal is None:
+                self.fatal = f"writing {self.log.path} failed: {exc}"
+                self.summary.fatal = self.fatal
+                self.say(f"error: {self.fatal}; stopping (a rerun resumes)")
+            if self.work is not None:
+                self.work.cancel()
+            return
+        self.log.committed[job.key] = handle.operation_id
+        self.summary.committed += 1
+        _killpoints.hit("host.committed")
+        try:
+            await self.rt.acknowledge(handle)
+        except errors.RecoveryError as exc:
+            # The line is durable: a rerun acknowledges it without writing again.
+            self.say(f"warning: job {job.id!r}: acknowledge failed ({exc.code}); rerun to finish")
+
+    def _suggestion(self, operation_id: str) -> str | None:
+        """What to do about a failed operation, as one instruction (or None)."""
+        try:
+            suggested = self.rt.status_of(operation_id).suggested_actions
+        except Exception:  # a hint must never fail the job report
+            suggested = ()
+        store = self.config.store_path
+        account = self.account.account_id
+        if "manual_retry" in suggested:
+            return (
+                "to try again with a new budget linked to the spent one: rerun this batch with "
+                f"--retry-failed, or run recoverable retry --store {store} --account {account} "
+                f"{operation_id} --action-id retry-1, then rerun this batch"
+            )
+        if "sign_in" in suggested:
+            return "fix the credentials, then rerun to resume it"
+        return None
+
+    def _hint(self, operation_id: str) -> str:
+        """What the user can do about a failed operation (never "abandon, then rerun",
+        which would reset the job's budget)."""
+        suggestion = self._suggestion(operation_id)
+        if suggestion is None:
+            return f"operation {operation_id}"
+        return f"operation {operation_id} ({suggestion})"
+
+    def _count_tokens(self, operation_id: str | None) -> OperationRecord | None:
+        """Add the operation's per-attempt usage to the summary (before acknowledge
+        removes the record): every attempt's tokens, replaced ones included."""
+        try:
+            record = self.store.get_operation(operation_id) if operation_id else None
+        except errors.RecoveryError:
+            return None
+        if record is not None:
+            self.summary.tokens.add(record)
+        return record
+
+    def _failed(
+        self,
+        job: Job,
+        reason: str,
+        detail: str,
+        *,
+        code: str | None = None,
+        message: str | None = None,
+        operation_id: str | None = None,
+        hint: str | None = None,
+    ) -> None:
+        if self.errors_log is not None:
+            if hint is None and reason == "revision_conflict":
+                hint = "change the revision (or the body back) for new content"
+            self.errors_log.write(JobError(
+                job_id=job.id, revision=job.revision, lineno=job.lineno,
+                code=code or reason.split(":")[0], reason=reason,
+                message=detail if message is None else message,
+                operation_id=operation_id, hint=hint,
+            ))
+        self.summary.failed[reason] += 1
+        shown = self._shown[reason]
+        store_wide = reason.split(":")[0] in STORE_WIDE_REASONS
+        limit = 1 if store_wide else MESSAGES_PER_REASON
+        if shown >= limit:
+            return  # counted in the summary; announced once by report_suppressed
+        self._shown[reason] += 1
+        self.say(f"job {job.id!r} revision {job.revision!r} (line {job.lineno}) failed: {reason}"
+                 + (f" — {detail}" if detail and detail != reason else ""))
+        if store_wide:
+            self.say(f"the store is not usable ({reason}): other jobs failing the same way are "
+                     "only counted in the summary")
+
+    def report_suppressed(self) -> None:
+        for reason, count in sorted(self.summary.failed.items()):
+            hidden = count - self._shown[reason]
+            if hidden > 0:
+                self.say(f"... and {hidden} more job(s) failed with {reason} (not shown)")
+
+    def committed_conflict(self, job: Job) -> str | None:
+        """Why a job already committed in the output conflicts with this line, if it does:
+        its content changed but its revision did not."""
+        committed_hash = self.log.hashes.get(job.key)
+        if committed_hash is None:
+            # A line written before the output carried the hash: the store's record, if
+            # it is still there (committed, acknowledgement pending).
+            op_id = self.log.committed[job.key]
+            try:
+                record = self.store.get_operation(op_id)
+            except errors.RecoveryError:
+                record = None
+            committed_hash = record.body_hash if record is not None else None
+        if committed_hash is None or committed_hash == job.body_hash:
+            return None
+        where = self.log.lines.get(job.key)
+        return (
+            f"committed earlier with other content ({self.log.path}"
+            + (f":{where}" if where is not None else "")
+            + "); change the revision for new content"
+        )
+
+    async def retry_failed(self) -> None:
+        """``--retry-failed``: one manual-retry successor per failed job of this file whose
+        operation suggests ``manual_retry`` (exhausted, failed, expired, blocked). The
+        action id derives from the job and the source, so a rerun returns the same
+        successor (never another budget for the same source); the count is printed."""
+        created = 0
+        for job in self.jobs:
+            if job.key in self.log.committed:
+                continue
+            try:
+                op_id = self.find_existing(job)
+                if op_id is None:
+                    continue
+                status = self.rt.status_of(op_id)
+                if "manual_retry" not in status.suggested_actions:
+                    continue
+                action = "batch-retry-failed-" + hashlib.sha256(
+                    f"{job.id}\0{job.revision}\0{op_id}".encode("utf-8", "surrogatepass")
+                ).hexdigest()[:32]
+                successor = await self.rt.retry(
+                    Handle(op_id), retry_action_id=action,
+                    maximum_attempts=status.maximum_attempts,
+                )
+            except _JobFailed:
+                continue  # the run reports it (revision_conflict)
+            except errors.RecoveryError as exc:
+                self.say(f"job {job.id!r} revision {job.revision!r} (line {job.lineno}): "
+                         f"--retry-failed: no successor created ({exc.code}: {exc})")
+                continue
+            created += 1
+            self.say(f"job {job.id!r} revision {job.revision!r} (line {job.lineno}): "
+                     f"--retry-failed: {successor.operation_id} succeeds {op_id} with a new "
+                     f"budget of {status.maximum_attempts} attempt(s)")
+        self.summary.retried = created
+        self.say(f"--retry-failed: {created} manual retr{'y' if created == 1 else 'ies'} "
+                 "created (each a new attempt budget linked to the spent one); running them")
+
+    async def run(self) -> None:
+        todo = []
+        for job in self.jobs:
+            if job.key not in self.log.committed:
+                todo.append(job)
+                continue
+            conflict = self.committed_conflict(job)
+            if conflict is not None:
+                self._failed(job, "revision_conflict", conflict)
+            else:
+                self.summary.already_committed += 1
+        send, receive = trio.open_memory_channel[Job](0)
+        async with trio.open_nursery() as nursery:
+            for _ in range(min(self.config.concurrency, len(todo))):
+                nursery.start_soon(self._worker, receive)
+            async with send:
+                for job in todo:
+                    await send.send(job)
+
+    async def _worker(self, receive: trio.MemoryReceiveChannel[Job]) -> None:
+        async for job in receive:
+            try:
+                await self.run_job(job)
+            except Exception as exc:  # never end the batch for one job
+                self._failed(job, f"internal_error:{type(exc).__name__}",
+                             "an unexpected error (a defect: please report it)")

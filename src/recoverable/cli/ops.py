@@ -1,0 +1,249 @@
+"""The store commands: ``status|inventory|receipt|acknowledge|abandon|suspend|cancel|
+retry|purge --store DIR``, always within the account given by ``--account``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import IO, Any, Final
+
+import trio
+
+from recoverable import errors
+from recoverable.actors.runtime import Runtime, open_runtime
+from recoverable.cli.arguments import NEEDS_ACCOUNT
+from recoverable.cli.exits import EXIT_FAILED, EXIT_OK, UsageError
+from recoverable.cli.formatting import (
+    encode_json,
+    format_inventory,
+    format_receipt,
+    format_status,
+    receipt_json,
+)
+from recoverable.storage.store import RecoveryStore
+from recoverable.transport.base import StaticCredentials
+from recoverable.types import AccountBinding, Handle, Status
+
+__all__ = ["resolve_account", "run_ops"]
+
+_TARGET_STATE: Final = {
+    "acknowledge": "acknowledged",
+    "abandon": "abandoned",
+    "suspend": "suspended",
+    "cancel": "cancelled",
+}
+
+
+def resolve_account(explicit: str | None) -> AccountBinding | None:
+    """``--account`` only: a command never borrows the operation's own account."""
+    return AccountBinding(explicit, "api-key") if explicit is not None else None
+
+
+def run_ops(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    """Run one store command; return its exit code (a usage error is raised)."""
+    command: str = args.command
+    account = resolve_account(args.account)
+    if account is None and command in NEEDS_ACCOUNT:  # argparse requires it already
+        raise UsageError(f"{command} acts within one account: pass --account ID")
+    store = _open_store(args.store)
+    try:
+        operation_id: str | None = getattr(args, "operation_id", None)
+        if operation_id is not None:
+            _check_exists(store, operation_id)
+        if command == "purge":
+            assert account is not None
+            return _purge(store, account, args, out, err)
+        return trio.run(_StoreCommand(store, account, args, out, err).run)
+    finally:
+        store.close()
+
+
+def _open_store(path: str) -> RecoveryStore:
+    if not os.path.isdir(path) or not os.path.exists(os.path.join(path, "data.mdb")):
+        raise UsageError(f"no recovery store at {path}")
+    try:
+        return RecoveryStore.open(path)
+    except errors.RecoveryError as exc:
+        raise UsageError(f"cannot open the store at {path}: {exc}") from exc
+
+
+def _check_exists(store: RecoveryStore, operation_id: str) -> None:
+    """An id that is not in the store at all is a usage error (exit code 2)."""
+    try:
+        if store.get_operation(operation_id) is not None:
+            return
+        if store.get_disposition(operation_id) is not None:
+            return
+    except (errors.CorruptRecord, errors.UnsupportedRecordVersion):
+        return  # it exists; the command reports what it can
+    except errors.InvalidRequest as exc:
+        raise UsageError(str(exc), operation_id=operation_id) from exc
+    raise UsageError(f"no operation {operation_id} in this store", code="state_unavailable",
+                     operation_id=operation_id)
+
+
+class _NoGeneration:
+    """The backend of ``recoverable retry``: it names the endpoint the successor is
+    bound to (the source's) and can never send anything."""
+
+    def __init__(self, endpoint_id: str, account: AccountBinding) -> None:
+        self.endpoint_id = endpoint_id
+        self.credentials = StaticCredentials("unused-by-the-cli", account=account)
+
+    async def stream(self, body: bytes, **_: Any) -> Any:
+        raise errors.ConfigurationUnavailable("the command line never generates")
+
+
+class _StoreCommand:
+    """One store command (all but ``purge``), run over a runtime on the store."""
+
+    def __init__(
+        self,
+        store: RecoveryStore,
+        account: AccountBinding | None,
+        args: argparse.Namespace,
+        out: IO[str],
+        err: IO[str],
+    ) -> None:
+        self.store = store
+        self.account = account
+        self.args = args
+        self.command: str = args.command
+        self.operation_id: str | None = getattr(args, "operation_id", None)
+        self.as_json: bool = args.json
+        self.out = out
+        self.err = err
+
+    async def run(self) -> int:
+        backend: _NoGeneration | None = None
+        if self.command == "retry":
+            assert self.account is not None and self.operation_id is not None
+            source = self.store.get_operation(self.operation_id)
+            if source is not None:
+                backend = _NoGeneration(source.endpoint_id, self.account)
+        async with open_runtime(self.store, backend, account=self.account) as rt:
+            try:
+                if self.command == "retry" and backend is None:
+                    raise errors.StateUnavailable(
+                        "the operation is already disposed", operation_id=self.operation_id
+                    )
+                return await self._dispatch(rt)
+            except errors.RecoveryError as exc:
+                if self.as_json:
+                    self.err.write(json.dumps({"error": exc.code, "message": str(exc),
+                                               "operation_id": exc.operation_id}) + "\n")
+                else:
+                    self.err.write(f"recoverable {self.command}: {exc.code}: {exc}\n")
+                return EXIT_FAILED
+
+    async def _dispatch(self, rt: Runtime) -> int:
+        if self.command == "inventory":
+            inventory = await rt.inventory(scope=self.args.scope)
+            self.out.write(encode_json(inventory) if self.as_json else format_inventory(inventory))
+            return EXIT_OK
+        operation_id = self.operation_id
+        assert operation_id is not None
+        handle = Handle(operation_id)
+        match self.command:
+            case "retry":
+                return await self._retry(rt, operation_id)
+            case "status":
+                status = await rt.status(handle)
+                self.out.write(encode_json(status) if self.as_json else format_status(status))
+                if status.redacted and not self.as_json and self.account is None:
+                    self.err.write("recoverable status: redacted: pass --account ID (the "
+                                   "operation's account) to see its details\n")
+                return EXIT_OK
+            case "receipt":
+                receipt = await rt.receipt(handle)
+                self.out.write(receipt_json(receipt) if self.as_json else format_receipt(receipt))
+                return EXIT_OK
+            case "acknowledge":
+                await rt.acknowledge(handle)
+            case "abandon":
+                await rt.abandon(handle)
+            case "suspend":
+                await rt.suspend(handle)
+            case "cancel":
+                if not self.args.force:
+                    refusal = _cancel_refusal(rt, operation_id)
+                    if refusal is not None:
+                        raise UsageError(
+                            refusal, code="completion_saved", operation_id=operation_id
+                        )
+                await rt.cancel(handle)
+        status = rt.status_of(operation_id)
+        if self.as_json:
+            self.out.write(encode_json(status))
+        else:
+            self.out.write(_lifecycle_message(self.command, operation_id, status))
+        return EXIT_OK
+
+    async def _retry(self, rt: Runtime, operation_id: str) -> int:
+        source = rt.status_of(operation_id)
+        successor = await rt.retry(
+            Handle(operation_id),
+            retry_action_id=self.args.action_id,
+            maximum_attempts=self.args.max_attempts or source.maximum_attempts,
+            selection=self.args.selection,
+        )
+        status = rt.status_of(successor.operation_id)
+        if self.as_json:
+            self.out.write(encode_json(status))
+        else:
+            self.out.write(
+                f"retry: {successor.operation_id} is the successor of {operation_id} "
+                f"({status.maximum_attempts} attempt(s), selection {self.args.selection}); "
+                "nothing was sent. A rerun of the batch runs the successor for this job.\n"
+            )
+        return EXIT_OK
+
+
+def _lifecycle_message(command: str, operation_id: str, status: Status) -> str:
+    """What happened, truthfully: a command on an operation another process is running
+    is requested (that process applies it at its next check), not done yet."""
+    if status.state == _TARGET_STATE[command]:
+        return f"{command}: {operation_id} is now {status.state}\n"
+    return (
+        f"{command}: requested; {operation_id} is {status.state} in another process, which "
+        f"applies the {command} at its next check (see `recoverable status`)\n"
+    )
+
+
+def _cancel_refusal(rt: Runtime, operation_id: str) -> str | None:
+    """Cancel fences delivery: a saved, validated (paid) result could never be read."""
+    try:
+        status = rt.status_of(operation_id)
+    except errors.RecoveryError:
+        return None  # the cancel itself reports it
+    if not status.has_saved_completion:
+        return None
+    return (
+        f"{operation_id} has a saved, validated result: cancel discards it for good (it can "
+        "never be read or delivered). Read it with `recoverable receipt` (then acknowledge), "
+        "or pass --force to cancel anyway"
+    )
+
+
+def _purge(
+    store: RecoveryStore,
+    account: AccountBinding,
+    args: argparse.Namespace,
+    out: IO[str],
+    err: IO[str],
+) -> int:
+    try:
+        result = store.purge_account(account, scope=args.scope)
+    except errors.RecoveryError as exc:
+        err.write(f"recoverable purge: {exc.code}: {exc}\n")
+        return EXIT_FAILED
+    if args.json:
+        out.write(encode_json(result))
+    else:
+        out.write(f"purged {len(result.removed)} record(s) of account {account.account_id!r}")
+        out.write(f"; skipped {len(result.skipped)} (busy or unreadable)\n"
+                  if result.skipped else "\n")
+        for op_id in result.skipped:
+            out.write(f"  skipped {op_id}\n")
+    return EXIT_OK

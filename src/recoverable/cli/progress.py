@@ -1,0 +1,184 @@
+"""What a running batch shows: the progress line, messages, and a stdout that may break."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import IO, TYPE_CHECKING
+
+import trio
+
+from recoverable.pricing import PriceTable, TokenLedger
+
+if TYPE_CHECKING:
+    from recoverable.cli.host import BatchHost
+
+__all__ = ["Messages", "ProgressDisplay", "Terminal", "estimated_cost", "fit_width"]
+
+
+def estimated_cost(ledger: TokenLedger, prices: PriceTable | None) -> float | None:
+    """USD for the tokens counted so far; None while any counted model has no price."""
+    if prices is None:
+        return None
+    cost = 0.0
+    for model, tokens in ledger.by_model.items():
+        price = prices.for_model(model)
+        if price is None:
+            if tokens.total.total_tokens == 0:
+                continue  # nothing to price (as in the summary's estimate)
+            return None
+        cost += price.cost(tokens.total)
+    return cost
+
+
+def fit_width(text: str, columns: int | None) -> str:
+    """``text`` cut to ``columns - 1`` characters (an ellipsis marks the cut)."""
+    if columns is None or columns < 8 or len(text) < columns:
+        return text
+    return text[: columns - 2] + "…"
+
+
+class Terminal:
+    """The batch's stdout, which may break under it: closed (``>&-``), full
+    (``>/dev/full``: ENOSPC) or a pipe whose reader left (``| head -1``: EPIPE).
+    Then drawing stops, one message goes to stderr, and the batch goes on; the
+    summary is written to stderr instead."""
+
+    def __init__(self, out: IO[str] | None, err: IO[str] | None) -> None:
+        self.out = out
+        self.err = err
+        self.broken: str | None = None if out is not None else "stdout is closed"
+        if out is None:
+            self.error("recoverable batch: stdout is closed: no progress is shown; the summary "
+                       "goes to stderr")
+
+    def isatty(self) -> bool:
+        try:
+            return self.out is not None and self.out.isatty()
+        except (OSError, ValueError):
+            return False
+
+    def columns(self) -> int | None:
+        """The terminal's width, if stdout is a terminal whose size can be read."""
+        try:
+            return os.get_terminal_size(self.out.fileno()).columns if self.out else None
+        except (OSError, ValueError, AttributeError):
+            return None
+
+    def write(self, text: str) -> bool:
+        """Write and flush; False (and stdout given up) when it cannot be written."""
+        if self.broken is not None or self.out is None:
+            return False
+        try:
+            self.out.write(text)
+            self.out.flush()
+            return True
+        except (OSError, ValueError) as exc:
+            reason = (exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc))
+            self.broken = reason
+            self._detach()
+            self.error(f"recoverable batch: stdout failed ({reason}): no more progress is "
+                       "shown; the batch goes on and its summary goes to stderr")
+            return False
+
+    def _detach(self) -> None:
+        # Point the broken descriptor at /dev/null so that what is still buffered does
+        # not fail again at interpreter exit (which would change the exit code).
+        try:
+            assert self.out is not None
+            fd = self.out.fileno()
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, fd)
+            finally:
+                os.close(devnull)
+        except (OSError, ValueError, AssertionError, AttributeError):
+            pass
+
+    def error(self, message: str) -> None:
+        """To stderr; a broken stderr is ignored (nothing else is left to tell)."""
+        if self.err is None:
+            return
+        try:
+            self.err.write(message + "\n")
+            self.err.flush()
+        except (OSError, ValueError):
+            pass
+
+
+class Messages:
+    """Where messages go: stderr, clearing the live progress line first."""
+
+    def __init__(self, out: Terminal, *, live: bool) -> None:
+        self.out = out
+        self.live = live
+
+    def say(self, message: str) -> None:
+        if self.live and self.out.broken is None:
+            self.out.write("\r\x1b[K")
+        self.out.error(message)
+
+
+class ProgressDisplay:
+    """A live status line on a terminal (~5 redraws/s), a plain log line otherwise (1/s):
+    per-state counts (done, running, waiting, failed, unfinished), attempts, tokens, the
+    estimated cost when every model has a price, jobs/s and the ETA.
+
+    Hand-written rather than ``rich``: every write goes through ``Terminal``, which turns
+    a closed, full or broken stdout into one stderr message while the batch goes on, and
+    a non-terminal gets plain ``[elapsed] key value`` lines (parseable, no escapes)."""
+
+    def __init__(self, host: BatchHost, out: Terminal, *, live: bool, started: float) -> None:
+        self.host = host
+        self.out = out
+        self.live = live
+        self.started = started
+        self._last = ""
+
+    def line(self) -> str:
+        summary = self.host.summary
+        done = summary.committed + summary.already_committed
+        failed = summary.failed_total
+        elapsed = time.monotonic() - self.started
+        rate = summary.committed / elapsed if elapsed > 0 else 0.0
+        remaining = summary.jobs - done - failed - summary.unfinished
+        eta = f"{remaining / rate:.0f}s" if rate > 0 and remaining > 0 else "-"
+        scheduler = self.host.rt.scheduler
+        waiting = scheduler.waiting
+        summary.attempts = self.host.rt.attempts_consumed
+        running = max(0, self.host.running - waiting)
+        until = ""
+        wake: float | None = getattr(scheduler, "next_wake_at", None)
+        if waiting and wake is not None and wake - time.time() > 5:
+            until = f" (waiting until {time.strftime('%H:%M:%S', time.localtime(wake))})"
+        tokens = summary.tokens.total
+        cost = estimated_cost(summary.tokens, summary.prices)
+        text = (
+            f"done {done}/{summary.jobs}  running {running}  waiting {waiting}{until}  "
+            f"failed {failed}  unfinished {summary.unfinished}  attempts {summary.attempts}  "
+            f"tokens {tokens.total_tokens} (in {tokens.input_tokens}, out "
+            f"{tokens.output_tokens})  cost {'-' if cost is None else f'${cost:.4f}'}  "
+            f"{rate:.1f} jobs/s  eta {eta}"
+        )
+        down = self.host.rt.endpoint_failure()
+        if down is not None:
+            text += f"  endpoint unavailable ({down})"
+        return text
+
+    def draw(self, final: bool = False) -> None:
+        if self.out.broken is not None:
+            return  # stdout is gone: the batch goes on without drawing
+        text = self.line()
+        if self.live:
+            # One terminal row: a wrapped line could not be redrawn in place by "\r".
+            text = fit_width(text, self.out.columns())
+            self.out.write("\r\x1b[K" + text + ("\n" if final else ""))
+        elif text != self._last or final:
+            self.out.write(f"[{time.monotonic() - self.started:7.1f}s] {text}\n")
+        self._last = text
+
+    async def run(self) -> None:
+        interval = 0.2 if self.live else 1.0
+        while True:
+            await trio.sleep(interval)
+            self.draw()
