@@ -26,21 +26,24 @@ import functools
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Final
+from typing import Final, Protocol
 
 import trio
 from recoverable.storage.base import Store, WriteTransaction
 from recoverable.storage.leases import renew_leases
 
-from recoverable import errors
-from recoverable.records import LeaseRecord
+from recoverable import errors, machine
+from recoverable.outcome import Interruption
+from recoverable.records import LeaseRecord, OperationRecord
 
 __all__ = [
     "LEASE_SECONDS_MAX",
     "LEASE_SECONDS_MIN",
+    "ExecutionLease",
     "HeldLease",
     "LeaseKeeper",
     "check_lease_seconds",
+    "lease_lost_transition",
 ]
 
 LEASE_SECONDS_MIN: Final = 1.0
@@ -211,3 +214,78 @@ def _renew(
     leases: list[LeaseRecord], now: float, lease_seconds: float, txn: WriteTransaction
 ) -> tuple[list[LeaseRecord], list[LeaseRecord]]:
     return renew_leases(txn, leases, now, lease_seconds)
+
+
+class ExecutionLease:
+    """One execution's side of its lease: registered with the runtime's keeper while held,
+    the cancel scope the heartbeat cancels when the lease is lost, and the transport's hard
+    deadline. The actor runs its steps inside :attr:`scope`; once it is cancelled the actor
+    closes an in-flight attempt honestly (:func:`lease_lost_transition`, fenced) and stops
+    with ``LeaseLost``."""
+
+    def __init__(self, keeper: LeaseKeeper) -> None:
+        self.keeper = keeper
+        self.scope = trio.CancelScope()
+        self.held: HeldLease | None = None
+
+    @property
+    def lost(self) -> bool:
+        return self.scope.cancel_called
+
+    def hold(self, lease: LeaseRecord) -> None:
+        self.held = self.keeper.hold(lease, self.scope.cancel)
+
+    def drop(self) -> None:
+        """The lease was released (or the execution ended): the heartbeat forgets it."""
+        if self.held is not None:
+            self.keeper.drop(self.held)
+            self.held = None
+
+    @contextmanager
+    def transport(self) -> Iterator[None]:
+        """Run one attempt's transport under the hard deadline (see the module docstring).
+        Cut by it, the lease is treated as lost: the execution stops at the next
+        checkpoint (:meth:`checkpoint`)."""
+        held = self.held
+        if held is None:
+            yield
+            return
+        with self.keeper.transport_scope(held) as cut:
+            yield
+        if cut.cancelled_caught and not held.lost:
+            self.keeper.lost += 1
+            held.lose()
+
+    async def checkpoint(self) -> None:
+        """Raise the scope's cancellation now if the lease is lost (a transport was cut)."""
+        if self.lost:
+            await trio.lowlevel.checkpoint()
+
+
+class Sent(Protocol):
+    """What the actor saw of the attempt it was sending (its progress reports)."""
+
+    progressed: bool
+    response_id: str | None
+    sequence_number: int | None
+
+
+def lease_lost_transition(
+    record: OperationRecord, ctx: machine.Context, sent: Sent | None = None
+) -> machine.Transition:
+    """How an execution that lost its lease leaves the record: an attempt still in flight
+    ends as an interruption (``transport_code="lease_lost"``: spent, no completion, usage
+    or response id invented), classified like any interruption (replaceable within the
+    budget); anything else stays as it is. Written fenced: refused if a newer owner exists.
+    """
+    last = record.attempts[-1] if record.attempts else None
+    if record.phase != "transmitting" or last is None or last.outcome != "in_flight":
+        return machine.Transition(record, None, False)
+    failure = Interruption(
+        kind="interrupted",
+        transport_code="lease_lost",
+        response_id=sent.response_id if sent is not None else None,
+        sequence_number=sent.sequence_number if sent is not None else None,
+        had_output=sent is not None and sent.progressed,
+    )
+    return machine.attempt_failed(record, last.attempt_id, failure, ctx)

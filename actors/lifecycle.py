@@ -34,7 +34,7 @@ def write_command(
     require_owner(account, record.account, operation_id)
     existing = txn.get_command(operation_id)
     lease = txn.get_lease(operation_id)
-    if lease is not None and txn.lease_is_live(lease):
+    if lease is not None and txn.lease_is_live(lease, now):
         standing = machine.merge_command(
             existing.kind if existing is not None else None, kind
         )
@@ -79,7 +79,7 @@ def dispose(
         raise errors.StateUnavailable("no such operation", operation_id=operation_id)
     require_owner(account, record.account, operation_id)
     lease = txn.get_lease(operation_id)
-    if lease is not None and txn.lease_is_live(lease):
+    if lease is not None and txn.lease_is_live(lease, now):
         raise errors.OperationBusy(
             "stop and await the active execution first", operation_id=operation_id
         )
