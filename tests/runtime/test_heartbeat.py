@@ -140,3 +140,30 @@ def test_lease_seconds_is_bounded(bad: object) -> None:
     with pytest.raises(errors.InvalidRequest):
         check_lease_seconds(bad)  # type: ignore[arg-type]
     assert check_lease_seconds(1) == 1.0 and check_lease_seconds(3600) == 3600.0
+
+
+async def test_a_renewing_owner_is_never_cut_however_long_its_generation_runs(
+    tmp_path: Path,
+) -> None:
+    """Seed 000's "no elapsed-time deadline on a running generation" holds while the
+    owner is alive and renewing: a 1-second lease, a stream silent (keepalives only) for
+    over three leases, completed and delivered; the heartbeat renewed it meanwhile."""
+    import recoverable
+    from recoverable.testing import FixtureProvider, Reply
+
+    from .conftest import ACCOUNT, REQUEST, Answer, Authorizer, generation_requests, make_backend
+
+    async with FixtureProvider.serve() as provider:
+        provider.script([Reply.keepalive(pause=3.5, every=0.25)])
+        with recoverable.RecoveryStore.open(str(tmp_path / "store")) as store:
+            async with make_backend(provider) as backend, recoverable.open_runtime(
+                store, backend, account=ACCOUNT, lease_seconds=1.0
+            ) as rt:
+                handle = await rt.prepare(REQUEST, response=Answer, maximum_attempts=1)
+                value = await rt.send_recovering(handle, response=Answer,
+                                                 authorize=Authorizer())
+                assert isinstance(value, Answer)
+                assert rt.leases.renewal_writes >= 3 and rt.leases.lost == 0
+                record = store.get_operation(handle.operation_id)
+                assert record is not None and record.phase == "completed" and record.fence == 1
+        assert len(generation_requests(provider, handle.operation_id)) == 1
