@@ -178,3 +178,37 @@ async def _reclaim(rt: recoverable.Runtime, handle: recoverable.Handle, clock: C
     status = await rt.status(handle)
     assert status.state == "interrupted" and status.lease_owner is None
     assert await rt.send_recovering(handle, response=Answer, authorize=approve) == Answer(2)
+
+
+@pytest.mark.parametrize("command", ["cancel", "suspend"])
+async def test_a_command_applied_over_an_expired_lease_fences_out_its_stale_owner(
+    tmp_path: Path, command: str
+) -> None:
+    """A lease that expired while its owner lives (hung) is not live, so a command is
+    applied to the record directly; the stale owner may still wake up, so that write
+    raises the fence: the stale owner's next fenced write is refused, never overwriting
+    the command."""
+    from recoverable.storage import acquire_lease
+
+    with recoverable.RecoveryStore.open(str(tmp_path / "store")) as store:
+        async with FixtureProvider.serve() as provider, backend(
+            provider
+        ) as idle, recoverable.open_runtime(store, idle, account=ACCOUNT) as rt:
+            handle = await rt.prepare(
+                recoverable.StructuredRequest(model="gpt-test", instructions="i", input="x"),
+                response=Answer, maximum_attempts=3,
+            )
+            op = handle.operation_id
+            # A hung owner's lease (here, this process's own acquisition), long expired.
+            stale = await store.write(
+                lambda t: acquire_lease(t, op, time.time() - 60.0, lease_seconds=1.0)
+            )
+            await (rt.cancel(handle) if command == "cancel" else rt.suspend(handle))
+            record = store.get_operation(op)
+            assert record is not None
+            assert record.phase == ("cancelled" if command == "cancel" else "suspended")
+            assert record.fence == stale.fence + 1 and store.get_lease(op) is None
+            late = msgspec.structs.replace(record, phase="authorizing", fence=stale.fence)
+            with pytest.raises(recoverable.errors.FenceMismatch):
+                await store.write(lambda t: t.put_operation(late, expect_fence=stale.fence))
+            assert store.get_operation(op) == record
