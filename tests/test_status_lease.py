@@ -46,3 +46,20 @@ def test_a_redacted_status_shows_no_lease() -> None:
     s = m.derive_status(transmitting(1), now=T0, lease_live=True, viewer=BOB_VIEW,
                         lease=lease())
     assert s.redacted and s.lease_owner is None and s.fence == 0
+
+
+def test_the_cli_shows_owner_lease_expiry_and_fence() -> None:
+    from recoverable.cli.formatting import format_inventory, format_status
+    from recoverable.types import Inventory
+
+    s = m.derive_status(transmitting(1, fence=3), now=T0, lease_live=True, viewer=ALICE,
+                        lease=lease())
+    text = format_status(s)
+    assert f"owner             {'a' * 32}" in text
+    expiry = dt.datetime.fromtimestamp(T0 + 30.0, tz=dt.UTC).isoformat()
+    assert f"lease expires at  {expiry}" in text
+    assert "fence             3" in text
+    table = format_inventory(Inventory(operations=(s,), unreadable=()))
+    assert table.splitlines()[0].split()[-1] == "OWNER" and "a" * 12 in table
+    idle = format_status(m.derive_status(record(), now=T0, lease_live=False, viewer=ALICE))
+    assert "owner" not in idle and "fence" not in idle
