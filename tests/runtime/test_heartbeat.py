@@ -167,3 +167,16 @@ async def test_a_renewing_owner_is_never_cut_however_long_its_generation_runs(
                 record = store.get_operation(handle.operation_id)
                 assert record is not None and record.phase == "completed" and record.fence == 1
         assert len(generation_requests(provider, handle.operation_id)) == 1
+
+
+@pytest.mark.parametrize("bad", [0.5, 3601.0, math.nan])
+async def test_open_runtime_refuses_a_lease_seconds_out_of_bounds(
+    store: RecoveryStore, bad: float
+) -> None:
+    import recoverable
+
+    with pytest.raises(errors.InvalidRequest):
+        async with recoverable.open_runtime(store, None, account=None, lease_seconds=bad):
+            raise AssertionError("not reached")  # pragma: no cover
+    async with recoverable.open_runtime(store, None, account=None, lease_seconds=2) as rt:
+        assert rt.leases.lease_seconds == 2.0 and rt.leases.period == pytest.approx(2 / 3)
