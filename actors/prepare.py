@@ -15,7 +15,7 @@ from recoverable.storage.base import WriteTransaction as WriteTxn
 
 from recoverable import errors
 from recoverable.body import body_hash
-from recoverable.records import OperationRecord
+from recoverable.records import OnInterruption, OperationRecord
 from recoverable.types import AccountBinding, RetryPolicy
 
 _ID_PREFIX = secrets.token_bytes(8)  # per process; ids stay unique across processes
@@ -71,6 +71,7 @@ def new_operation_record(
     root_operation_id: str,
     previous_operation_id: str | None,
     maximum_output_tokens_total: int | None,
+    on_interruption: OnInterruption = "replace",
 ) -> OperationRecord:
     """The one constructor of a new (``prepared``) operation record."""
     return OperationRecord(
@@ -94,6 +95,7 @@ def new_operation_record(
         root_operation_id=root_operation_id,
         previous_operation_id=previous_operation_id,
         maximum_output_tokens_total=maximum_output_tokens_total,
+        on_interruption=on_interruption,
     )
 
 

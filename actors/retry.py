@@ -278,6 +278,8 @@ async def retry(
         previous_operation_id=plan.source_id,
         # The same per-operation token budget, counted afresh for the successor.
         maximum_output_tokens_total=source.maximum_output_tokens_total,
+        # The same interruption policy: a manual retry does not loosen it.
+        on_interruption=source.on_interruption,
     )
     await store.write(functools.partial(create_successor, plan, child, request))
     telemetry.emit("operation.manual_retry_created", plan.successor_id,

@@ -34,6 +34,7 @@ from recoverable.actors.prepare import (
 )
 from recoverable.actors.scheduler import Scheduler
 from recoverable.actors.supervisor import Execution, Supervisor
+from recoverable.actors.sweep import sweep_at_open
 from recoverable.storage.base import Store as RecoveryStore
 from recoverable.storage.migration import saved_completion
 from recoverable.transport.connect import ConnectBackoff, EndpointGate
@@ -46,6 +47,7 @@ from recoverable.records import (
     CommandKind,
     Disposition,
     DispositionRecord,
+    OnInterruption,
     OperationRecord,
     StoredRequest,
 )
@@ -157,8 +159,14 @@ class Runtime:
         contract_version: str | None = None,
         previous_operation_id: str | None = None,
         maximum_output_tokens_total: int | None = None,
+        on_interruption: OnInterruption = "replace",
     ) -> Handle:
         """Freeze the request and persist the operation without sending anything.
+
+        ``on_interruption`` is saved with the operation: ``"replace"`` (the default) lets
+        an interrupted attempt (disconnect, idle timeout, crash, lost lease) be replaced
+        within the budget; ``"fail"`` ends the operation ``failed`` with
+        ``failure_reason="interrupted"`` instead, never replaced. See docs/failures.md.
 
         ``maximum_output_tokens_total`` (optional) is a token budget saved with the
         operation like ``maximum_attempts``: once the output tokens the provider reported
@@ -180,6 +188,7 @@ class Runtime:
             input_revision=input_revision,
             contract_version=contract_version,
             maximum_output_tokens_total=maximum_output_tokens_total,
+            on_interruption=on_interruption,
         )
         machine.validate_metadata("previous_operation_id", previous_operation_id)
         if self.backend is None:
@@ -213,6 +222,7 @@ class Runtime:
             root_operation_id=operation_id,
             previous_operation_id=previous_operation_id,
             maximum_output_tokens_total=maximum_output_tokens_total,
+            on_interruption=on_interruption,
         )
         stored = msgspec.json.encode(
             StoredRequest(request=request, format_name=contract.name, schema=contract.schema)
@@ -614,6 +624,8 @@ async def open_runtime(
         nursery.start_soon(leases.run)
         runtime.supervisor.open(nursery)
         try:
+            # Close what dead owners left behind before anything runs (issue 14).
+            await sweep_at_open(store, now=runtime.now(), telemetry=pump)
             yield runtime
         except BaseException as exc:
             # Re-raised below, unchanged: the host's own exception must not come back

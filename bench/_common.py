@@ -13,6 +13,8 @@ import resource
 import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,9 +30,12 @@ PROVIDER_CODE = (
 
 
 @contextmanager
-def provider_process(faults: str | None = None) -> Iterator[dict[str, Any]]:
-    """Start the fixture provider in its own process; yield its URL line (plus ``pid``)."""
-    argv = [sys.executable, "-c", PROVIDER_CODE, "--port", "0"]
+def provider_process(
+    faults: str | None = None, extra: Sequence[str] = ()
+) -> Iterator[dict[str, Any]]:
+    """Start the fixture provider in its own process; yield its URL line (plus ``pid``).
+    ``extra``: more ``fixture-provider`` options (e.g. ``--deltas 200:500``)."""
+    argv = [sys.executable, "-c", PROVIDER_CODE, "--port", "0", *extra]
     if faults:
         argv += ["--faults", faults]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
@@ -94,6 +99,64 @@ def self_cpu_seconds() -> float:
     """User + system CPU seconds of this process (all threads)."""
     u = resource.getrusage(resource.RUSAGE_SELF)
     return u.ru_utime + u.ru_stime
+
+
+def thread_cpu_seconds() -> tuple[float, float]:
+    """(main thread, all other threads) CPU seconds, user + system, of this process so far
+    (``/proc/self/task/*/stat``). In a durable worker the other threads are the store's
+    writer thread (and Trio's short-lived worker threads, e.g. for getaddrinfo)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    main = other = 0.0
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            with open(task / "stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the thread ended meanwhile
+        seconds = (int(fields[11]) + int(fields[12])) / ticks
+        if task.name == str(os.getpid()):
+            main += seconds
+        else:
+            other += seconds
+    return main, other
+
+
+class GcClock:
+    """Time spent in Python's cyclic garbage collector (``gc.callbacks``), per generation.
+
+    A collection runs in the thread whose allocation triggered it, so its duration is
+    taken with that thread's CPU clock (``time.thread_time``)."""
+
+    def __init__(self) -> None:
+        self.seconds = [0.0, 0.0, 0.0]
+        self.collections = [0, 0, 0]
+        self._started: dict[int, float] = {}
+
+    def install(self) -> GcClock:
+        import gc
+
+        gc.callbacks.append(self._callback)
+        return self
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        ident = threading.get_ident()
+        if phase == "start":
+            self._started[ident] = time.thread_time()
+            return
+        started = self._started.pop(ident, None)
+        if started is not None:
+            generation = info["generation"]
+            self.seconds[generation] += time.thread_time() - started
+            self.collections[generation] += 1
+
+    def total(self) -> float:
+        return sum(self.seconds)
+
+
+def context_switches() -> tuple[int, int]:
+    """(voluntary, involuntary) context switches of this process so far (all threads)."""
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return u.ru_nvcsw, u.ru_nivcsw
 
 
 def ms(seconds: float) -> str:

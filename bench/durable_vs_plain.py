@@ -86,10 +86,11 @@ async def durable_phase(args: argparse.Namespace) -> dict[str, Any]:
                 await rt.acknowledge(handle)
 
             await run_pool(args.warmup, args.concurrency, job, offset=args.n)
+            _after_warmup(args)
             before = store.stats()
-            cpu0 = _common.self_cpu_seconds()
+            cpu0, split0, switches0 = _cpu_marks()
             elapsed, latencies = await run_pool(args.n, args.concurrency, job)
-            cpu = _common.self_cpu_seconds() - cpu0
+            cpu, split, switches = _cpu_since(cpu0, split0, switches0)
             after = store.stats()
             pending = store.inventory(account=ACCOUNT)[0]
             assert not pending, f"{len(pending)} operations left unacknowledged"
@@ -102,6 +103,11 @@ async def durable_phase(args: argparse.Namespace) -> dict[str, Any]:
         "writes": after["writes"] - before["writes"],
         "largest_batch": after["largest_batch"],
         "cpu": cpu,
+        "loop_cpu": split[0],
+        "thread_cpu": split[1],
+        "gc_cpu": split[2],
+        "gc_by_generation": [GC.seconds, GC.collections],
+        "switches": switches,
         "rss_mib": _common.peak_rss_mib(),
     }
 
@@ -120,15 +126,105 @@ async def plain_phase(args: argparse.Namespace) -> dict[str, Any]:
             assert isinstance(value, Answer)
 
         await run_pool(args.warmup, args.concurrency, job, offset=args.n)
-        cpu0 = _common.self_cpu_seconds()
+        _after_warmup(args)
+        cpu0, split0, switches0 = _cpu_marks()
         elapsed, latencies = await run_pool(args.n, args.concurrency, job)
-        cpu = _common.self_cpu_seconds() - cpu0
-    return {"elapsed": elapsed, "latencies": latencies, "cpu": cpu,
+        cpu, split, switches = _cpu_since(cpu0, split0, switches0)
+    return {"elapsed": elapsed, "latencies": latencies, "cpu": cpu, "loop_cpu": split[0],
+            "thread_cpu": split[1], "gc_cpu": split[2], "switches": switches,
+            "gc_by_generation": [GC.seconds, GC.collections],
             "rss_mib": _common.peak_rss_mib()}
+
+
+GC = _common.GcClock()
+
+
+def _after_warmup(args: argparse.Namespace) -> None:
+    if "gc-freeze" in (args.experiment or []):
+        import gc
+
+        gc.freeze()
+        gc.set_threshold(10_000, 10, 10)
+
+
+def _cpu_marks() -> tuple[float, tuple[float, float, float], tuple[int, int]]:
+    main, other = _common.thread_cpu_seconds()
+    return _common.self_cpu_seconds(), (main, other, GC.total()), _common.context_switches()
+
+
+def _cpu_since(
+    cpu0: float, split0: tuple[float, float, float], switches0: tuple[int, int]
+) -> tuple[float, tuple[float, float, float], tuple[int, int]]:
+    """CPU seconds (all threads; event-loop thread, other threads, the cyclic garbage
+    collector in any thread) and context switches (voluntary, involuntary) since the marks."""
+    cpu1, split1, switches1 = _cpu_marks()
+    return (
+        cpu1 - cpu0,
+        (split1[0] - split0[0], split1[1] - split0[1], split1[2] - split0[2]),
+        (switches1[0] - switches0[0], switches1[1] - switches0[1]),
+    )
+
+
+EXPERIMENTS = {
+    "governor-no-read": "RateGovernor.admit returns at once when no limit is configured (no store "
+    "read per admission; cross-process pauses unseen: an upper bound of the gain)",
+    "no-nested-txn": "the writer runs each mutation straight in the batch transaction (no "
+    "child transaction; a failing mutation would not be rolled back alone: measurement only)",
+    "switch-interval-1ms": "sys.setswitchinterval(0.001) (the GIL is handed over sooner)",
+    "gc-off": "gc.disable() in the worker (what Python's cyclic garbage collector costs)",
+    "gc-freeze": "gc.freeze() after the warm-up and gc.set_threshold(10_000, 10, 10): what a "
+    "host can do without touching the library",
+}
+
+
+def apply_experiments(names: list[str]) -> None:
+    """Bench-side patches that measure what a change would gain before it is made. They
+    break guarantees (see EXPERIMENTS) and exist only in this worker process."""
+    import outcome
+    from recoverable.actors.governor import RateGovernor
+    from recoverable.storage.writer import Writer
+
+    for name in names:
+        if name == "governor-no-read":
+            async def fast_admit(
+                self: RateGovernor, *a: Any, _admit: Any = RateGovernor.admit, **k: Any
+            ) -> None:
+                if not self.limited:
+                    return
+                await _admit(self, *a, **k)
+
+            RateGovernor.admit = fast_admit  # type: ignore[method-assign]
+        elif name == "no-nested-txn":
+
+            def run_one(self: Writer, parent: Any, job: Any) -> bool:
+                ctx = self._make_context(parent)
+                job.ctx = ctx
+                try:
+                    value = job.fn(ctx)
+                    ctx.finish()
+                except BaseException as exc:
+                    job.result = outcome.Error(exc)
+                    return False
+                job.result = outcome.Value(value)
+                return True
+
+            Writer._run_one = run_one  # type: ignore[method-assign]
+        elif name == "switch-interval-1ms":
+            sys.setswitchinterval(0.001)
+        elif name == "gc-off":
+            import gc
+
+            gc.disable()
+        elif name == "gc-freeze":
+            pass  # applied after the warm-up (_after_warmup)
+        else:
+            raise SystemExit(f"unknown experiment {name!r}: {sorted(EXPERIMENTS)}")
 
 
 def worker_main(args: argparse.Namespace) -> None:
     _common.raise_fd_limit()
+    GC.install()
+    apply_experiments(args.experiment or [])
     phase = durable_phase if args.worker == "durable" else plain_phase
     if args.profile:
         # CPU attribution of the event-loop thread (thread_time: waits are not counted).
@@ -136,12 +232,29 @@ def worker_main(args: argparse.Namespace) -> None:
         import io
         import pstats
 
+        from recoverable.storage.writer import Writer
+
+        # The store's writer thread too, in its own profile (a bench-side wrapper of the
+        # thread's main function; the library is unchanged).
+        writer_profiler = cProfile.Profile(time.thread_time)
+        run_writer = Writer._run
+
+        def profiled_run(self: Writer) -> None:
+            writer_profiler.runcall(run_writer, self)
+
+        Writer._run = profiled_run  # type: ignore[method-assign]
         profiler = cProfile.Profile(time.thread_time)
         result = profiler.runcall(trio.run, phase, args)
         text = io.StringIO()
-        stats = pstats.Stats(profiler, stream=text).strip_dirs()
-        stats.sort_stats("tottime").print_stats(40)
-        stats.sort_stats("cumulative").print_stats(80)
+        for title, prof in (("event-loop thread", profiler), ("writer thread", writer_profiler)):
+            if not prof.getstats():
+                continue
+            text.write(f"===== {title}\n")
+            if args.profile_raw:
+                prof.dump_stats(f"{args.profile}.{title.split()[0]}.prof")
+            stats = pstats.Stats(prof, stream=text).strip_dirs()
+            stats.sort_stats("tottime").print_stats(40)
+            stats.sort_stats("cumulative").print_stats(80)
         Path(args.profile).write_text(text.getvalue())
     else:
         result = trio.run(phase, args)
@@ -150,13 +263,17 @@ def worker_main(args: argparse.Namespace) -> None:
 
 def run_worker(
     phase: str, mode: str, n: int, concurrency: int, warmup: int, base_url: str, workdir: str,
-    profile: str | None,
+    profile: str | None, profile_raw: bool = False, experiments: list[str] | None = None,
 ) -> dict[str, Any]:
     argv = [sys.executable, __file__, "--worker", phase, "--mode", mode, "--n", str(n),
             "--concurrency", str(concurrency), "--warmup", str(warmup), "--base-url", base_url,
             "--dir", workdir]
     if profile:
         argv += ["--profile", profile]
+        if profile_raw:
+            argv.append("--profile-raw")
+    for name in experiments or []:  # the patches of the durable path are inert in plain
+        argv += ["--experiment", name]
     proc = subprocess.run(argv, capture_output=True, text=True, env=_common.child_env(),
                           timeout=900)
     if proc.returncode != 0:
@@ -175,6 +292,12 @@ def main() -> None:
                         help="a few seconds: n=100, concurrency 25, sse only")
     parser.add_argument("--profile", metavar="DIR",
                         help="write cProfile CPU profiles (event-loop thread) of workers to DIR")
+    parser.add_argument("--profile-raw", action="store_true",
+                        help="with --profile: also keep the raw cProfile files (*.prof)")
+    parser.add_argument("--experiment", action="append", choices=sorted(EXPERIMENTS),
+                        help="a bench-side patch in both workers (those of the durable path "
+                        "are inert in plain) that measures a change's gain before it is made "
+                        "(some break guarantees; never for real figures)")
     parser.add_argument("--worker", choices=["durable", "plain"], help=argparse.SUPPRESS)
     parser.add_argument("--base-url", help=argparse.SUPPRESS)
     parser.add_argument("--dir", help=argparse.SUPPRESS)
@@ -204,7 +327,8 @@ def main() -> None:
                         )
                         provider_cpu0 = _common.process_cpu_seconds(info["pid"])
                         results[phase] = run_worker(
-                            phase, mode, n, concurrency, warmup, info["base_url"], workdir, profile
+                            phase, mode, n, concurrency, warmup, info["base_url"], workdir, profile,
+                            args.profile_raw, args.experiment,
                         )
                         results[phase]["provider_cpu"] = (
                             _common.process_cpu_seconds(info["pid"]) - provider_cpu0
@@ -217,7 +341,9 @@ def main() -> None:
         shutil.rmtree(base, ignore_errors=True)
     print(f"durable vs plain, concurrency {concurrency} (provider in a separate process)")
     headers = ["mode", "N", "phase", "jobs/s", "ratio", "fsync/op", "writes/op", "p50 ms",
-               "p99 ms", "client CPU ms/job", "provider CPU ms/job", "peak RSS MiB", "POSTs"]
+               "p99 ms", "client CPU ms/job", "loop ms/job", "threads ms/job", "gc ms/job",
+               "csw/job",
+               "provider CPU ms/job", "peak RSS MiB", "POSTs"]
     out = []
     for mode, n, results in rows:
         plain_rate = n / results["plain"]["elapsed"]
@@ -231,10 +357,21 @@ def main() -> None:
                 f"{r['commits'] / n:.3f}" if "commits" in r else "",
                 f"{r['writes'] / n:.1f}" if "writes" in r else "",
                 _common.ms(_common.percentile(lat, 50)), _common.ms(_common.percentile(lat, 99)),
-                f"{r['cpu'] / n * 1000:.2f}", f"{r['provider_cpu'] / (n + warmup) * 1000:.2f}",
+                f"{r['cpu'] / n * 1000:.2f}", f"{r['loop_cpu'] / n * 1000:.2f}",
+                f"{r['thread_cpu'] / n * 1000:.2f}", f"{r['gc_cpu'] / n * 1000:.2f}",
+                f"{sum(r['switches']) / n:.1f}",
+                f"{r['provider_cpu'] / (n + warmup) * 1000:.2f}",
                 f"{r['rss_mib']:.0f}", r["posts"],
             ])
     print(_common.table(headers, out))
+    for mode, n, results in rows:
+        for phase in ("plain", "durable"):
+            seconds, counts = results[phase]["gc_by_generation"]
+            by_generation = ", ".join(
+                f"gen{g} {counts[g]} collections {seconds[g] * 1000:.0f} ms" for g in range(3)
+            )
+            print(f"cyclic GC over the whole {phase} worker ({mode}, N={n}, warm-up "
+                  f"included): {by_generation}")
 
 
 if __name__ == "__main__":

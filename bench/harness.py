@@ -15,8 +15,10 @@ Run:  python bench/harness.py [--quick] [--n 5000] [--concurrency 1000]
   (d) files    one JSON file per record: temp file + fsync + atomic rename +
                directory fsync at every durable point (``bench/baselines/file_store.py``).
 
-The fixture provider runs in a SEPARATE process, once without faults and once
-with ``--faults`` (default ``disconnect=0.05,rate_limited=0.05,seed=1``). Every
+The fixture provider runs in a SEPARATE process, once without faults, once
+with ``--faults`` (default ``disconnect=0.05,rate_limited=0.05,seed=1``) and once
+for the realistic scenario (``--realistic 200:500``: answers of ~1,400 characters, each
+streamed in 200-500 delta events, no faults; the tiny scenarios stream 4). Every
 (scenario, system) runs in its own fresh worker process (so peak RSS is per
 system) after an untimed warm-up of concurrency/4 jobs. (a), (c) and (d) make
 the same host commit per job: a line in a group-committed, fsynced JSON-lines
@@ -34,7 +36,8 @@ provider process (``/proc/<pid>/stat`` utime + stime read at the edges of the
 window), so a reader can see which side is bound.
 
 ``--quick``: a smoke run of a few seconds through the same path (N=100,
-concurrency 25, the faults scenario only, every system, a 10-job crash soak with 1 kill);
+concurrency 25, the faults and realistic scenarios, every system, a 10-job crash soak
+with 1 kill);
 it writes no results file unless ``--out`` is given. Without the ``bench`` extra
 (DBOS, matplotlib) the DBOS row and the PNG are skipped and the output says so.
 """
@@ -84,6 +87,7 @@ LABELS = {
     "dbos": "(c) DBOS/SQLite",
     "files": "(d) JSON files",
 }
+REALISTIC_ANSWER_CHARS = 1400
 DEFAULT_FAULTS = "disconnect=0.05,rate_limited=0.05,seed=1"
 
 
@@ -213,7 +217,8 @@ def worker_main(args: argparse.Namespace) -> None:
 
 
 def run_worker(system: str, args: argparse.Namespace, info: dict[str, Any],
-               warmup: int, workdir: str, strace_out: str | None = None) -> dict[str, Any]:
+               warmup: int, workdir: str, strace_out: str | None = None,
+               env: dict[str, str] | None = None) -> dict[str, Any]:
     argv = [
         sys.executable, __file__, "--worker", system, "--mode", args.mode, "--n", str(args.n),
         "--concurrency", str(args.concurrency), "--warmup", str(warmup),
@@ -223,8 +228,8 @@ def run_worker(system: str, args: argparse.Namespace, info: dict[str, Any],
     if strace_out:
         argv = ["strace", "-f", "-c", "-o", strace_out, "-e", f"trace={','.join(SYNC_CALLS)}",
                 *argv]
-    proc = subprocess.run(argv, capture_output=True, text=True, env=_common.child_env(),
-                          timeout=1200)
+    proc = subprocess.run(argv, capture_output=True, text=True,
+                          env={**_common.child_env(), **(env or {})}, timeout=1200)
     if proc.returncode != 0:
         raise RuntimeError(f"{system} worker failed:\n{proc.stderr[-4000:]}")
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -372,7 +377,8 @@ def target_lines(results: dict[tuple[str, str], dict[str, Any]]) -> list[str]:
         if "elapsed" not in a:
             continue
         parts = []
-        for other, target in (("plain", 0.8), ("dbos", 20.0)):
+        for other, target in (("plain", 0.95 if scenario == "realistic" else 0.8),
+                              ("dbos", 20.0)):
             r = results.get((scenario, other), {})
             if "elapsed" in r:
                 ratio = r["elapsed"] / a["elapsed"]
@@ -437,6 +443,9 @@ def main() -> None:
                         help="a smoke run of a few seconds through the same path (no file)")
     parser.add_argument("--out", default=None,
                         help="results file (default bench/results/harness.md; quick: none)")
+    parser.add_argument("--realistic", default="200:500", metavar="LOW:HIGH",
+                        help="the realistic scenario: ~1,400-character answers streamed in "
+                        "LOW..HIGH delta events, no faults ('' to skip it; default 200:500)")
     parser.add_argument("--no-png", action="store_true")
     parser.add_argument("--count-fsyncs", action="store_true",
                         help="instead: count sync syscalls per job under strace (runs n and 4n, "
@@ -477,17 +486,27 @@ def main() -> None:
     soak_kills = args.soak_kills if args.soak_kills is not None else (1 if args.quick else 20)
     warmup = args.warmup if args.warmup is not None else max(1, args.concurrency // 4)
     systems = args.system or list(SYSTEMS)
-    scenarios = [("no faults", None)] + ([("faults", args.faults)] if args.faults else [])
+    # (name, provider faults, more provider options, worker environment)
+    scenarios: list[tuple[str, str | None, list[str], dict[str, str]]] = [
+        ("no faults", None, [], {})
+    ]
+    if args.faults:
+        scenarios.append(("faults", args.faults, [], {}))
     if args.quick and len(scenarios) == 2:
         # One provider process and three workers fewer: the faults scenario runs every
         # line the no-faults one does, plus the replacements.
         scenarios = scenarios[1:]
+    if args.realistic:
+        # Answers of ~1,400 characters streamed in 200-500 deltas (what real structured
+        # answers stream), no faults: where the per-event work dilutes the durable cost.
+        scenarios.append(("realistic", None, ["--deltas", args.realistic],
+                          {"RECOVERABLE_BENCH_ANSWER_CHARS": str(REALISTIC_ANSWER_CHARS)}))
     started = time.monotonic()
     results: dict[tuple[str, str], dict[str, Any]] = {}
     base = tempfile.mkdtemp(prefix="harness-")
     try:
-        for scenario, faults in scenarios:
-            with _common.provider_process(faults) as info:
+        for scenario, faults, provider_extra, env in scenarios:
+            with _common.provider_process(faults, provider_extra) as info:
                 for system in systems:
                     if system == "dbos" and importlib.util.find_spec("dbos") is None:
                         # No worker process just to find the import missing.
@@ -495,7 +514,8 @@ def main() -> None:
                         continue
                     workdir = tempfile.mkdtemp(prefix=f"{system}-", dir=base)
                     t0 = time.monotonic()
-                    results[(scenario, system)] = run_worker(system, args, info, warmup, workdir)
+                    results[(scenario, system)] = run_worker(system, args, info, warmup, workdir,
+                                                             env=env)
                     print(f"  {scenario:>9} {system:>8}: {time.monotonic() - t0:.1f} s",
                           file=sys.stderr, flush=True)
                     shutil.rmtree(workdir, ignore_errors=True)

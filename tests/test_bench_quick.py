@@ -58,6 +58,8 @@ def test_every_bench_entry_point_is_covered() -> None:
 def check_harness(out: str) -> None:
     # --quick runs the faults scenario only (it runs every line the other one does).
     assert re.search(r"^faults: \(a\)/\(b\) = \d+\.\d\d", out, re.M), out
+    # The realistic scenario (answers streamed in 200-500 deltas) runs in --quick too.
+    assert re.search(r"^realistic: \(a\)/\(b\) = \d+\.\d\d", out, re.M), out
     assert "worker CPU % core" in out and "provider CPU % core" in out
     assert "(a) recoverable" in out and "(b) plain stream" in out and "(d) JSON files" in out
     assert re.search(r"'violations': \[\]", out), out
@@ -76,6 +78,20 @@ def check_durable_vs_plain(out: str) -> None:
     durable = rows[1]
     assert float(durable[4]) > 0  # the durable/plain ratio
     assert durable[-1] == "100", out  # POSTs: one per job, no retries
+
+
+def check_durable_parts(out: str) -> None:
+    assert "durable path parts, µs per call (200 records)" in out, out
+    for part in ("governor admission read", "codec.decode_operation", "WriteTxn.put_operation",
+                 "nested txn", "await store.write(no-op)"):
+        assert part in out, out
+
+
+def check_memory(out: str) -> None:
+    rows = [line for line in out.splitlines() if "in flight" not in line and (
+        line.strip().startswith(("plain stream", "durable,")))]
+    assert len(rows) == 3, out
+    assert re.search(r"slope after the first quarter [+-]\d+\.\d KiB per 1,000 jobs", out), out
 
 
 def check_cancel_latency(out: str) -> None:
@@ -120,6 +136,8 @@ def check_transport(out: str) -> None:
 ENTRY_POINTS = [
     ("harness.py", check_harness),
     ("durable_vs_plain.py", check_durable_vs_plain),
+    ("durable_parts.py", check_durable_parts),
+    ("memory.py", check_memory),
     ("cancel_latency.py", check_cancel_latency),
     ("scheduler_lateness.py", check_scheduler_lateness),
     ("soak.py", check_soak),

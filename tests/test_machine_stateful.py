@@ -23,6 +23,7 @@ from hypothesis.stateful import (
 
 from recoverable import errors
 from recoverable import machine as m
+from recoverable.failure_policy import TRANSPORT_KINDS
 from recoverable.machine import (
     Action,
     AskHost,
@@ -124,6 +125,7 @@ class OperationMachine(RuleBasedStateMachine):
         self.operations = 0
         self.never_again = False  # a never-replaceable failure was recorded
         self.cooldown_until = -math.inf  # no AskHost before this (backoff / Retry-After)
+        self.on_interruption = "replace"  # drawn at prepare (issue 14)
 
     # --- plumbing -------------------------------------------------------------------
 
@@ -139,6 +141,16 @@ class OperationMachine(RuleBasedStateMachine):
 
     def apply(self, t: Transition, *, c: Context | None = None) -> None:
         old, new, action = self.rec, t.record, t.action
+        if old.on_interruption == "fail" and old.attempts and (
+            old.attempts[-1].outcome == "in_flight"
+        ):
+            # Issue 14: under on_interruption="fail" an interrupted attempt is never
+            # replaced, however it was seen (a failure of a transport kind, a crash seen
+            # at reopening, a suspension, a sign-out mid-stream).
+            ended = new.attempts[len(old.attempts) - 1]
+            kind = ended.failure.kind if ended.failure is not None else None
+            if ended.outcome == "interrupted" or kind in TRANSPORT_KINDS:
+                self.never_again = True
         # The driver may skip the write when told nothing changed: never lie about it.
         if new != old:
             assert t.changed, "record changed but transition says unchanged"
@@ -216,11 +228,16 @@ class OperationMachine(RuleBasedStateMachine):
         maximum=st.integers(1, 5),
         policy=policies,
         expires=st.sampled_from([None, None, None, 30.0, 600.0, 5000.0]),
+        on_interruption=st.sampled_from(["replace", "replace", "fail"]),
     )
-    def prepare(self, maximum: int, policy: RetryPolicy, expires: float | None) -> None:
+    def prepare(
+        self, maximum: int, policy: RetryPolicy, expires: float | None, on_interruption: str
+    ) -> None:
         m.validate_preparation(maximum_attempts=maximum, retry_policy=policy, scope=None,
-                               job_id=None, input_revision=None, contract_version=None)
+                               job_id=None, input_revision=None, contract_version=None,
+                               on_interruption=on_interruption)
         self.expires = expires
+        self.on_interruption = on_interruption
         self._fresh(maximum, policy)
 
     def _fresh(self, maximum: int, policy: RetryPolicy) -> None:
@@ -230,6 +247,7 @@ class OperationMachine(RuleBasedStateMachine):
             maximum_attempts=maximum, retry_policy=policy,
             expires_at=None if self.expires is None else self.now + self.expires,
             model="m", format_name="F", format_hash=FH, body_hash="b", root_operation_id=OP,
+            on_interruption=self.on_interruption,
         )
         self.action = None
         self.live = False
@@ -340,7 +358,7 @@ class OperationMachine(RuleBasedStateMachine):
             self.never_again = True
         elif reason is None and not (
             failure.kind == "http_rejected" and failure.http_status == 401
-        ):
+        ) and not (self.on_interruption == "fail" and failure.kind in TRANSPORT_KINDS):
             delay = m.backoff_delay(policy, self.rec.attempts_used, failure.retry_after)
             self.cooldown_until = max(self.cooldown_until, self.now + delay)
             if command == "suspend" and t.record.attempts_remaining:
@@ -386,6 +404,13 @@ class OperationMachine(RuleBasedStateMachine):
         before = self.rec
         t = m.interrupted_locally(self.rec)
         assert isinstance(t.action, Stop)
+        if t.record.phase == "failed" and before.phase != "failed":
+            # on_interruption="fail" and an attempt was in flight: it ends the operation.
+            assert before.on_interruption == "fail" and before.attempts[-1].outcome == "in_flight"
+            assert t.record.failure_reason == "interrupted"
+            assert isinstance(t.action.error, errors.PermanentlyFailed)
+            self.apply(t)
+            return
         assert isinstance(t.action.error, errors.OperationSuspended)
         assert t.record.attempts_used == before.attempts_used
         assert t.record.next_attempt_at == before.next_attempt_at
@@ -403,8 +428,13 @@ class OperationMachine(RuleBasedStateMachine):
         assert t.record.completed_at == before.completed_at
         if command is None:
             assert isinstance(t.action.error, errors.AccountChanged)
-            assert t.record.next_attempt_at == before.next_attempt_at
-            assert t.record.pending == before.pending
+        ended = t.record.phase == "failed" and before.phase != "failed"  # on_interruption="fail"
+        if command is None:
+            if ended:
+                assert t.record.failure_reason == "interrupted"
+            else:
+                assert t.record.next_attempt_at == before.next_attempt_at
+                assert t.record.pending == before.pending
             assert not t.record.has_completion or before.has_completion
             assert all(a.outcome != "in_flight" for a in t.record.attempts)
             if before.attempts and before.attempts[-1].outcome == "in_flight":

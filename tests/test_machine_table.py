@@ -14,7 +14,7 @@ from recoverable import machine as m
 from recoverable.machine import InvalidTransition, Transition
 from recoverable.records import OperationRecord, Phase
 
-from .test_machine import DISCONNECT, ctx, open_, record, spent
+from .test_machine import DISCONNECT, T0, ctx, open_, record, spent
 
 PHASES: tuple[Phase, ...] = get_args(Phase)
 
@@ -51,6 +51,8 @@ EVENTS: dict[m.Event, Callable[[OperationRecord], Transition]] = {
     "interrupted_locally": m.interrupted_locally,
     "command_observed": lambda rec: m.command_observed(rec, "suspend"),
     "command_on_idle": lambda rec: m.command_on_idle(rec, "suspend"),
+    "owner_lost": lambda rec: m.owner_lost(rec, now=T0),
+    "unclaimed": lambda rec: m.unclaimed(rec, now=T0, unclaimed_after=0.0),
 }
 
 

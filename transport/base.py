@@ -6,17 +6,14 @@ of budgets or policy (that is ``recoverable.actors``).
 
 from __future__ import annotations
 
-import datetime as _dt
-import email.utils
 import hashlib
-import math
-from collections.abc import Iterable, Mapping
 from typing import Protocol, runtime_checkable
 from urllib.parse import urlsplit, urlunsplit
 
 import attrs
 import msgspec
 from recoverable.transport.events import FrameTooLarge, SseDecoder, error_fields
+from recoverable.transport.ratelimit import parse_retry_after
 
 from recoverable.errors import InvalidCredentials, InvalidRequest
 from recoverable.types import AccountBinding
@@ -35,8 +32,6 @@ __all__ = [
 
 # A rejection body is read only this far: enough for {"error": {...}}, never a flood.
 MAX_ERROR_BODY_BYTES = 64 * 1024
-# Longest delay hint we represent (10 years); the retry policy caps it far lower.
-_MAX_RETRY_AFTER = 10 * 365 * 24 * 3600.0
 
 
 @runtime_checkable
@@ -157,54 +152,6 @@ def normalize_base_url(base_url: str) -> str:
     netloc = host if port in (None, default) else f"{host}:{port}"
     path = parts.path.rstrip("/")
     return urlunsplit((scheme, netloc, path, "", ""))
-
-
-def _finite_delay(value: float) -> float | None:
-    if not math.isfinite(value) or value < 0:
-        return None
-    return min(value, _MAX_RETRY_AFTER)
-
-
-def parse_retry_after(
-    headers: Mapping[str, str] | Iterable[tuple[str, str]], *, now: float | None = None
-) -> float | None:
-    """Seconds to wait, from ``retry-after-ms`` then ``retry-after`` (seconds or HTTP date).
-
-    Header names are matched case-insensitively. Negative, non-finite or
-    unparsable values give ``None`` (the policy's own backoff applies);
-    a date in the past gives ``0.0``.
-    """
-    items = headers.items() if isinstance(headers, Mapping) else headers
-    lowered: dict[str, str] = {}
-    for k, v in items:
-        lowered.setdefault(k.lower(), v)
-    raw_ms = lowered.get("retry-after-ms")
-    if raw_ms is not None:
-        try:
-            ms = float(raw_ms.strip())
-        except ValueError:
-            ms = math.nan
-        delay = _finite_delay(ms / 1000.0)
-        if delay is not None:
-            return delay
-    raw = lowered.get("retry-after")
-    if raw is None:
-        return None
-    raw = raw.strip()
-    try:
-        return _finite_delay(float(raw))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(raw)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when is None:
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=_dt.UTC)
-    current = _dt.datetime.now(_dt.UTC).timestamp() if now is None else now
-    return min(max(0.0, when.timestamp() - current), _MAX_RETRY_AFTER)
 
 
 def _error_object(decoded: object) -> tuple[str | None, str | None] | None:

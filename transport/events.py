@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgspec
+from recoverable.transport.ratelimit import parse_rate_limit_headers, parse_retry_after
 
 from recoverable.outcome import (
     Completed,
@@ -388,9 +389,6 @@ class ResponseStream:
         return (oi, ci)
 
     def _error(self, event: Mapping[str, Any]) -> Interruption:
-        from recoverable.transport.base import parse_retry_after
-        from recoverable.transport.ratelimit import parse_rate_limit_headers
-
         nested = event.get("error")
         if isinstance(nested, Mapping):
             ptype, pcode = error_fields(nested)

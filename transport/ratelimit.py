@@ -1,4 +1,4 @@
-"""The provider's rate-limit response headers, and the token estimate of a frozen body.
+"""The provider's rate-limit and Retry-After response headers, and the token estimate of a body.
 
 OpenAI-style servers answer every request (and every 429) with::
 
@@ -15,6 +15,8 @@ header can only make the governor more careful, never stop an operation.
 
 from __future__ import annotations
 
+import datetime as _dt
+import email.utils
 import math
 import re
 from collections.abc import Iterable, Mapping
@@ -31,7 +33,11 @@ __all__ = [
     "format_duration",
     "parse_duration",
     "parse_rate_limit_headers",
+    "parse_retry_after",
 ]
+
+# Longest delay hint we represent (10 years); the retry policy caps it far lower.
+_MAX_RETRY_AFTER = 10 * 365 * 24 * 3600.0
 
 RATE_LIMIT_HEADERS: Final = (
     "x-ratelimit-remaining-requests",
@@ -127,3 +133,51 @@ def estimate_tokens(body: bytes) -> int:
     if isinstance(extra, int) and extra > 0:
         estimate += min(extra, MAX_RATE_LIMIT_COUNT)
     return estimate
+
+
+def _finite_delay(value: float) -> float | None:
+    if not math.isfinite(value) or value < 0:
+        return None
+    return min(value, _MAX_RETRY_AFTER)
+
+
+def parse_retry_after(
+    headers: Mapping[str, str] | Iterable[tuple[str, str]], *, now: float | None = None
+) -> float | None:
+    """Seconds to wait, from ``retry-after-ms`` then ``retry-after`` (seconds or HTTP date).
+
+    Header names are matched case-insensitively. Negative, non-finite or
+    unparsable values give ``None`` (the policy's own backoff applies);
+    a date in the past gives ``0.0``.
+    """
+    items = headers.items() if isinstance(headers, Mapping) else headers
+    lowered: dict[str, str] = {}
+    for k, v in items:
+        lowered.setdefault(k.lower(), v)
+    raw_ms = lowered.get("retry-after-ms")
+    if raw_ms is not None:
+        try:
+            ms = float(raw_ms.strip())
+        except ValueError:
+            ms = math.nan
+        delay = _finite_delay(ms / 1000.0)
+        if delay is not None:
+            return delay
+    raw = lowered.get("retry-after")
+    if raw is None:
+        return None
+    raw = raw.strip()
+    try:
+        return _finite_delay(float(raw))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(raw)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when is None:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=_dt.UTC)
+    current = _dt.datetime.now(_dt.UTC).timestamp() if now is None else now
+    return min(max(0.0, when.timestamp() - current), _MAX_RETRY_AFTER)

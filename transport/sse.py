@@ -17,6 +17,7 @@ from recoverable.transport.base import (
 )
 from recoverable.transport.connect import classify_connect_error
 from recoverable.transport.events import FrameTooLarge, ResponseStream, SseDecoder
+from recoverable.transport.idle import IdleTimer
 from recoverable.transport.ratelimit import parse_rate_limit_headers
 
 from recoverable.outcome import Completed, Interruption, Outcome, Progress, RateLimits
@@ -194,10 +195,11 @@ class SseTransport:
                 )
             decoder = SseDecoder(limits.max_frame_bytes)
             total = 0
+            timer = IdleTimer(idle, limits.idle_timeout)
             async for chunk in chunks:
                 # Any bytes are a sign of life (``: ping`` comments during a long silent
                 # stretch included); the total-bytes bound below still caps the stream.
-                idle.deadline = trio.current_time() + limits.idle_timeout
+                timer.touch()
                 total += len(chunk)
                 if total > limits.max_total_bytes:
                     return state.interrupt("response_too_large", transport_code="stream_too_large")

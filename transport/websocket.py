@@ -28,6 +28,7 @@ from recoverable.transport.base import (
 )
 from recoverable.transport.connect import classify_connect_error
 from recoverable.transport.events import ResponseStream
+from recoverable.transport.idle import IdleTimer
 from recoverable.transport.ratelimit import parse_rate_limit_headers
 from recoverable.transport.sse import add_field
 
@@ -439,6 +440,7 @@ class WebSocketTransport:
         limits = self._limits
         flood = trio.CancelScope()
         received = 0
+        timer = IdleTimer(idle, limits.idle_timeout)
 
         def on_bytes(n: int) -> None:
             nonlocal received
@@ -446,7 +448,7 @@ class WebSocketTransport:
             if received > limits.max_total_bytes:
                 flood.cancel()
             else:
-                idle.deadline = trio.current_time() + limits.idle_timeout
+                timer.touch()
 
         watched = _watch(conn.ws)
         if watched is not None:
@@ -454,7 +456,9 @@ class WebSocketTransport:
         outcome: Outcome | None = None
         try:
             with flood:
-                outcome = await self._messages(conn, state, idle)
+                # With the byte stream watched, every message's bytes already re-armed the
+                # timer as they arrived: the messages need not do it again.
+                outcome = await self._messages(conn, state, timer if watched is None else None)
         finally:
             if watched is not None:
                 watched.on_bytes = None
@@ -463,7 +467,7 @@ class WebSocketTransport:
         return outcome
 
     async def _messages(
-        self, conn: _Connection, state: ResponseStream, idle: trio.CancelScope
+        self, conn: _Connection, state: ResponseStream, timer: IdleTimer | None
     ) -> Outcome:
         limits = self._limits
         total = 0
@@ -480,4 +484,5 @@ class WebSocketTransport:
             outcome = state.feed(msg)
             if outcome is not None:
                 return outcome
-            idle.deadline = trio.current_time() + limits.idle_timeout
+            if timer is not None:
+                timer.touch()

@@ -56,6 +56,27 @@ REASONS: Final[Mapping[str, tuple[str, str]]] = {
         "the provider rejected the credentials (HTTP 401), even after renewing them",
         "sign in to the same account again, then call send_recovering with the same handle",
     ),
+    "interrupted": (
+        "an attempt was interrupted and the operation's policy (on_interruption=\"fail\") "
+        "forbids replacing it",
+        f"if the work is still wanted, create a deliberate manual retry with {_RETRY}",
+    ),
+    "owner_lost": (
+        "the process that owned it was lost and no replacement may follow (its budget is "
+        "spent, or its policy on_interruption=\"fail\" forbids replacing an interrupted "
+        "attempt)",
+        f"if the work is still wanted, create a deliberate manual retry with {_RETRY}",
+    ),
+    "expired": (
+        "the process that owned it was lost after its attempt permission (expires_at) ran out",
+        f"create a manual retry with a later expiry: {_RETRY}",
+    ),
+    "no_worker": (
+        "no worker claimed it within the sweep's unclaimed-after bound (no live worker "
+        "serves its account and endpoint)",
+        "start a worker for its account and endpoint, then create a manual retry with "
+        f"{_RETRY}",
+    ),
 }
 
 
@@ -77,7 +98,7 @@ _KINDS: dict[str, str] = {
     "malformed": "the stream broke the protocol or a bound",
     "refusal": "the model refused",
     "invalid_output": "the output was not valid JSON for the schema",
-    "interrupted": "the attempt was interrupted locally",
+    "interrupted": "the attempt was interrupted",
 }
 
 _TRANSPORT_CODES: dict[str, str] = {
@@ -98,6 +119,8 @@ _TRANSPORT_CODES: dict[str, str] = {
     "signed_out": "signed out",
     "account_changed": "the account changed",
     "owner_lost": "the process that owned it was lost",
+    "suspended": "it was suspended",
+    "cancelled": "it was cancelled",
 }
 
 

@@ -19,7 +19,9 @@ from recoverable.transitions import (
     FINISHED,
     Transition,
     close_in_flight,
+    close_interrupted,
     evolve,
+    interrupted_error,
     moved,
     require_phase,
     stopped,
@@ -27,7 +29,19 @@ from recoverable.transitions import (
 
 
 def suspended_record(rec: OperationRecord) -> OperationRecord:
-    return evolve(close_in_flight(rec, "suspended"), phase="suspended")
+    """Suspension keeps everything; an attempt in flight stays spent and is interrupted.
+    Under ``on_interruption="fail"`` that interruption ends the operation instead
+    (``failed``, ``interrupted``): a suspension never opens a way to replace it."""
+    closed = close_interrupted(rec, "suspended")
+    return closed if closed.phase == "failed" else evolve(closed, phase="suspended")
+
+
+def _suspended(rec: OperationRecord, new: OperationRecord) -> Transition:
+    """Stop after a suspension: ``OperationSuspended``, or the terminal error when the
+    interruption policy ended the operation."""
+    if new.phase == "failed" and rec.phase != "failed":
+        return stopped(rec, new, interrupted_error(new))
+    return stopped(rec, new, errors.OperationSuspended(operation_id=rec.operation_id))
 
 
 def merge_command(existing: CommandKind | None, new: CommandKind) -> CommandKind:
@@ -51,7 +65,7 @@ def apply_command(rec: OperationRecord, kind: CommandKind) -> Transition:
             return stopped(rec, cancelled, errors.OperationCancelled(operation_id=rec.operation_id))
         case _:
             new = rec if rec.phase in FINISHED else suspended_record(rec)
-            return stopped(rec, new, errors.OperationSuspended(operation_id=rec.operation_id))
+            return _suspended(rec, new)
 
 
 def command_on_top(rec: OperationRecord, kind: CommandKind) -> Transition:
@@ -107,11 +121,12 @@ def interrupted_locally(rec: OperationRecord) -> Transition:
     """The owning task was cancelled (Trio cancellation, or a suspend command observed).
 
     Suspension preserves the request, the spent budget, the cooldown and any saved
-    completion. An in-flight attempt stays spent and is marked interrupted.
+    completion. An in-flight attempt stays spent and is marked interrupted (under
+    ``on_interruption="fail"`` it ends the operation: ``failed``, ``interrupted``).
     """
     require_phase("interrupted_locally", rec)
     new = rec if rec.phase in FINISHED else suspended_record(rec)
-    return stopped(rec, new, errors.OperationSuspended(operation_id=rec.operation_id))
+    return _suspended(rec, new)
 
 
 def command_observed(rec: OperationRecord, kind: CommandKind) -> Transition:

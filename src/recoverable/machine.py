@@ -51,7 +51,7 @@ from __future__ import annotations
 import msgspec
 
 from recoverable import errors
-from recoverable.failure_policy import backoff_delay, classify
+from recoverable.failure_policy import TRANSPORT_KINDS, backoff_delay, classify
 from recoverable.lifecycle import (
     apply_command,
     caller_cancelled,
@@ -84,6 +84,7 @@ from recoverable.status import SUGGESTED_ACTIONS, derive_status, redacted_status
 from recoverable.transitions import (
     EVENT_PHASES,
     FINISHED,
+    OWNED,
     Action,
     AskHost,
     Context,
@@ -96,8 +97,10 @@ from recoverable.transitions import (
     WaitUntil,
     attempt_id_for,
     close_in_flight,
+    close_interrupted,
     evolve,
     idle_phase,
+    interrupted_error,
     moved,
     require_in_flight,
     require_pending,
@@ -149,9 +152,11 @@ __all__ = [
     "interrupted_locally",
     "merge_command",
     "open_operation",
+    "owner_lost",
     "progress",
     "redacted_status",
     "suggested_actions",
+    "unclaimed",
     "validate_metadata",
     "validate_preparation",
     "wake",
@@ -200,6 +205,8 @@ def _terminal_error(rec: OperationRecord) -> errors.RecoveryError:
             )
         case "authentication_required":
             return errors.AuthenticationRequired(operation_id=operation_id)
+        case "expired":
+            return errors.StateExpired(operation_id=operation_id)
         case "token_budget_exhausted":
             return errors.TokenBudgetExhausted(
                 f"{rec.usage.output_tokens} output tokens reported, "
@@ -314,8 +321,11 @@ def open_operation(
     if work.phase == "failed":  # authentication_required: a blocker, reopened after sign-in
         work = evolve(work, phase="waiting", failure_reason=None, renew_next=True)
     # The previous execution died (or was cancelled) while an attempt was in flight: it
-    # stays spent; its outcome is unknown, so it reads as an interruption.
-    work = close_in_flight(work, "owner_lost")
+    # stays spent; its outcome is unknown, so it reads as an interruption (which ends
+    # the operation under on_interruption="fail").
+    work = close_interrupted(work, "owner_lost")
+    if work.phase == "failed":
+        return stopped(rec, work, _terminal_error(work))
     if work.phase in ("authorizing", "transmitting", "suspended"):
         work = evolve(work, phase=idle_phase(work))
     step = _next_step(work, ctx)
@@ -432,10 +442,15 @@ def attempt_failed(
     )
     base = with_last_attempt(rec, ended, last_failure=failure)
     reason = classify(failure, rec.retry_policy)
+    if reason is None and failure.kind in TRANSPORT_KINDS and rec.on_interruption == "fail":
+        reason = "interrupted"  # replaceable by kind, but its policy forbids replacing it
     terminal: errors.RecoveryError | None = None
     if reason is not None:
         new = evolve(base, phase="failed", failure_reason=reason)
-        terminal = errors.ProviderError(reason, operation_id=rec.operation_id, interruption=failure)
+        terminal = (
+            interrupted_error(new) if reason == "interrupted"
+            else errors.ProviderError(reason, operation_id=rec.operation_id, interruption=failure)
+        )
     elif failure.kind == "http_rejected" and failure.http_status == 401:
         if last.reason == "authentication_reissue":
             # Renewed credentials were rejected too: renewal cannot fix this.
@@ -512,7 +527,9 @@ def account_stopped(rec: OperationRecord, code: str, ctx: Context) -> Transition
     becomes an interruption (kind ``interrupted``, ``transport_code=code``); nothing is
     refunded and no completion is invented. A pending attempt id and a persisted
     cooldown are kept, and the operation is left idle for the original account to
-    reopen. A lifecycle command observed at the same time is applied instead.
+    reopen. A lifecycle command observed at the same time is applied instead. Under
+    ``on_interruption="fail"`` an attempt in flight ends the operation (``failed``,
+    ``interrupted``); the execution still stops with ``AccountChanged``.
     """
     require_phase("account_stopped", rec)
     if ctx.command is not None:
@@ -521,5 +538,75 @@ def account_stopped(rec: OperationRecord, code: str, ctx: Context) -> Transition
     error = errors.AccountChanged(message, operation_id=rec.operation_id)
     if rec.phase in FINISHED or rec.phase in ("suspended", "prepared"):
         return stopped(rec, rec, error)
-    closed = close_in_flight(rec, code)
+    closed = close_interrupted(rec, code)
+    if closed.phase == "failed":
+        return stopped(rec, closed, error)
     return stopped(rec, evolve(closed, phase=idle_phase(closed)), error)
+
+
+def owner_lost(rec: OperationRecord, *, now: float) -> Transition:
+    """The recovery sweep's step: no live process owns this operation any more (its owner
+    died, or its lease expired) and nobody runs it now.
+
+    Only an owned phase (``authorizing``, ``transmitting``, ``waiting``) changes; any
+    other phase is returned unchanged, so applying this to its own result changes
+    nothing. An attempt in flight stays spent and is closed as an interruption (kind
+    ``interrupted``, ``transport_code="owner_lost"``, the response id and cursor it
+    already had): no completion, usage or response id is invented. Then:
+
+    - ``failed`` with ``failure_reason="owner_lost"`` when no budget is left (attempts
+      or output tokens), or when an attempt was interrupted and the operation's policy
+      is ``on_interruption="fail"``;
+    - ``failed`` with ``failure_reason="expired"`` when ``expires_at`` has passed;
+    - otherwise idle for adoption: ``waiting`` (``prepared`` if nothing was ever spent),
+      a pending attempt id kept, and after an interrupted attempt ``next_attempt_at`` at
+      least ``now`` plus the retry policy's cooldown.
+
+    The action is always ``None``: no execution is attached to act on it.
+    """
+    require_phase("owner_lost", rec)
+    if rec.phase not in OWNED or rec.has_completion:
+        return moved(rec, rec, None)
+    closed = close_in_flight(rec, "owner_lost")
+    interrupted = closed is not rec
+    reason: FailureReason | None = None
+    if _budget_spent(closed) is not None or (interrupted and rec.on_interruption == "fail"):
+        reason = "owner_lost"
+    elif is_expired(closed, now):
+        reason = "expired"
+    if reason is not None:
+        failed = evolve(closed, phase="failed", failure_reason=reason, pending=None,
+                        next_attempt_at=None, renew_next=False)
+        return moved(rec, failed, None)
+    next_at = closed.next_attempt_at
+    if interrupted:
+        cooldown = now + backoff_delay(closed.retry_policy, closed.attempts_used, None)
+        next_at = cooldown if next_at is None else max(next_at, cooldown)
+    phase = closed.phase if closed.phase == "waiting" else idle_phase(closed)
+    return moved(rec, evolve(closed, phase=phase, next_attempt_at=next_at), None)
+
+
+
+def unclaimed(rec: OperationRecord, *, now: float, unclaimed_after: float) -> Transition:
+    """The recovery sweep's bound on waiting for a worker (``--unclaimed-after``): an
+    operation no live process owns, runnable (``prepared``, or ``waiting`` once its
+    cooldown passed) and not run by anyone for ``unclaimed_after`` seconds since it
+    became runnable, ends ``failed`` with ``failure_reason="no_worker"``.
+
+    It became runnable at the latest of its creation, its last consumed attempt and its
+    saved ``next_attempt_at``. Any other phase, or a younger one, is returned unchanged
+    (action ``None``). The caller checks that no live lease exists.
+    """
+    require_phase("unclaimed", rec)
+    if rec.phase not in ("prepared", "waiting") or rec.has_completion:
+        return moved(rec, rec, None)
+    since = max(
+        rec.created_at,
+        rec.attempts[-1].consumed_at if rec.attempts else rec.created_at,
+        rec.next_attempt_at if rec.next_attempt_at is not None else rec.created_at,
+    )
+    if now - since < unclaimed_after:
+        return moved(rec, rec, None)
+    failed = evolve(rec, phase="failed", failure_reason="no_worker", pending=None,
+                    next_attempt_at=None, renew_next=False)
+    return moved(rec, failed, None)

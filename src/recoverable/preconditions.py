@@ -6,17 +6,18 @@ source-condition table of manual retry. Pure functions over records; no I/O.
 from __future__ import annotations
 
 import math
-from typing import Final
+from typing import Final, get_args
 
 from recoverable import errors
 from recoverable.failure_policy import RetryPolicy
 from recoverable.outcome import MAX_USAGE_TOKENS
-from recoverable.records import OperationRecord
+from recoverable.records import OnInterruption, OperationRecord
 
 __all__ = [
     "MAX_ATTEMPTS",
     "MAX_METADATA_CHARS",
     "MAX_OUTPUT_TOKENS_TOTAL",
+    "ON_INTERRUPTION",
     "check_acknowledge",
     "check_retry_source",
     "endpoint_blocked",
@@ -31,6 +32,8 @@ MAX_ATTEMPTS: Final = 1000
 # MAX_USAGE_TOKENS, so a larger budget could never be reached).
 MAX_OUTPUT_TOKENS_TOTAL: Final = MAX_ATTEMPTS * MAX_USAGE_TOKENS
 MAX_METADATA_CHARS: Final = 1024
+# The interruption policies a preparation may save (records.OnInterruption).
+ON_INTERRUPTION: Final[frozenset[str]] = frozenset(get_args(OnInterruption))
 
 
 def _is_integer_in(value: object, low: int, high: int) -> bool:
@@ -46,8 +49,11 @@ def validate_preparation(
     input_revision: str | None,
     contract_version: str | None,
     maximum_output_tokens_total: int | None = None,
+    on_interruption: object = "replace",
 ) -> None:
     """The values a host saves with a new operation, each bounded (``InvalidRequest``)."""
+    if not isinstance(on_interruption, str) or on_interruption not in ON_INTERRUPTION:
+        raise errors.InvalidRequest('on_interruption must be "replace" or "fail"')
     token_budget = maximum_output_tokens_total
     if token_budget is not None and not _is_integer_in(token_budget, 1, MAX_OUTPUT_TOKENS_TOTAL):
         raise errors.InvalidRequest(

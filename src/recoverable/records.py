@@ -42,6 +42,12 @@ PayloadKind = Literal["body", "request", "completion"]
 
 AttemptOutcome = Literal["in_flight", "failed", "completed", "interrupted"]
 
+# What an interrupted attempt (disconnect, idle timeout, malformed stream, a crash or a
+# lost lease while it was in flight) means for the operation: "replace" (seed 000: a
+# replacement is eligible after the cooldown) or "fail" (it ends ``failed`` with
+# ``failure_reason="interrupted"``, never replaced; a new action is needed).
+OnInterruption = Literal["replace", "fail"]
+
 
 class PendingAttempt(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     attempt_id: str
@@ -112,6 +118,9 @@ class OperationRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     # its attempts reach it, no replacement is authorized (added after version 2 was
     # released: optional, so records written before decode unchanged; None = no budget).
     maximum_output_tokens_total: int | None = None
+    # The interruption policy chosen at prepare (added after version 2 was released:
+    # optional, so records written before decode unchanged, as "replace").
+    on_interruption: OnInterruption = "replace"
 
     @property
     def attempts_remaining(self) -> int:

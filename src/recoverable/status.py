@@ -80,8 +80,10 @@ def _failed_availability(rec: OperationRecord) -> Availability:
             return "exhausted"
         case "authentication_required":
             return "authentication_required"
+        case "expired":
+            return "expired"  # the recovery sweep ended it after expires_at
         case _:
-            return "failed"
+            return "failed"  # including interrupted, owner_lost and no_worker
 
 
 def _state_and_availability(
@@ -105,6 +107,9 @@ def _state_and_availability(
     # authorizing / transmitting / waiting with no live owner
     if spent:
         return "interrupted", "exhausted"
+    if rec.on_interruption == "fail" and rec.attempts and rec.attempts[-1].outcome == "in_flight":
+        # Its interrupted attempt may not be replaced: reopening (or the sweep) ends it.
+        return "interrupted", "failed"
     if rec.next_attempt_at is not None and rec.next_attempt_at > now:
         return "interrupted", "waiting"
     return "interrupted", "replacement_eligible" if rec.attempts_used else "ready"

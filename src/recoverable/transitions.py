@@ -39,6 +39,8 @@ Event = Literal[
     "interrupted_locally",  # the owning task was cancelled
     "command_observed",  # a lifecycle command reached the live execution
     "command_on_idle",  # a lifecycle command for a record no execution owns
+    "owner_lost",  # the recovery sweep found no live owner (dead process, expired lease)
+    "unclaimed",  # the recovery sweep found it runnable and unclaimed past its bound
 ]
 
 EVERY_PHASE: Final[frozenset[Phase]] = frozenset(get_args(Phase))
@@ -57,7 +59,14 @@ EVENT_PHASES: Final[Mapping[Event, frozenset[Phase]]] = {
     "interrupted_locally": EVERY_PHASE,
     "command_observed": EVERY_PHASE,
     "command_on_idle": EVERY_PHASE,
+    # Changes only an owned phase (OWNED); in any other phase it is a no-op, so the
+    # sweep may apply it to its own result (idempotent).
+    "owner_lost": EVERY_PHASE,
+    "unclaimed": EVERY_PHASE,  # changes only prepared/waiting; a no-op elsewhere
 }
+
+# The phases a live execution drives: only these can be left behind by a lost owner.
+OWNED: Final[frozenset[Phase]] = frozenset({"authorizing", "transmitting", "waiting"})
 
 # Phases no event leaves (a suspend or an account change leaves them as they are).
 FINISHED: Final[frozenset[Phase]] = frozenset({"completed", "failed", "cancelled"})
@@ -192,3 +201,27 @@ def close_in_flight(rec: OperationRecord, code: str) -> OperationRecord:
     )
     closed = msgspec.structs.replace(last, outcome="interrupted", failure=failure)
     return with_last_attempt(rec, closed, last_failure=failure)
+
+
+def close_interrupted(rec: OperationRecord, code: str) -> OperationRecord:
+    """:func:`close_in_flight`, then the operation's interruption policy: with
+    ``on_interruption="fail"`` an attempt closed here ends the operation ``failed``
+    (``failure_reason="interrupted"``), never replaced. With "replace" (the default), or
+    when nothing was in flight, the record is only closed."""
+    closed = close_in_flight(rec, code)
+    if closed is rec or rec.on_interruption != "fail":
+        return closed
+    return interrupted_failure(closed)
+
+
+def interrupted_failure(rec: OperationRecord) -> OperationRecord:
+    """The terminal record of an interruption under ``on_interruption="fail"``."""
+    return evolve(rec, phase="failed", failure_reason="interrupted", pending=None,
+                  next_attempt_at=None, renew_next=False)
+
+
+def interrupted_error(rec: OperationRecord) -> errors.PermanentlyFailed:
+    """What an execution stopped by :func:`interrupted_failure` raises."""
+    return errors.PermanentlyFailed(
+        "interrupted", operation_id=rec.operation_id, last_failure=rec.last_failure
+    )

@@ -150,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_batch(sub)
     for name in OPS_COMMANDS:
         _add_ops_command(sub, name)
+    _add_sweep(sub)
     sub.add_parser(
         "fixture-provider",
         help="run the loopback fixture Responses provider",
@@ -223,6 +224,13 @@ def _add_batch(sub: argparse._SubParsersAction[_Parser]) -> None:
         help="total attempt budget per job unless the job sets max_attempts (default 8)",
     )
     batch.add_argument(
+        "--on-interruption",
+        choices=("replace", "fail"),
+        default="replace",
+        help="what an interrupted attempt (disconnect, idle timeout, crash) means for a "
+        "job: replace it within the budget (default) or fail the job, never replaced",
+    )
+    batch.add_argument(
         "--backoff",
         type=_non_negative_float,
         metavar="SECONDS",
@@ -275,6 +283,21 @@ def _add_batch(sub: argparse._SubParsersAction[_Parser]) -> None:
         help="JSON price table for the cost estimate: model -> {input, cached_input, output} "
         "in USD per 1M tokens (default: a small dated built-in estimate)",
     )
+
+
+def _add_sweep(sub: argparse._SubParsersAction[_Parser]) -> None:
+    sweep = sub.add_parser(
+        "sweep",
+        help="close every operation whose owner is gone (store-wide): each becomes waiting "
+        "for adoption or honestly failed (owner_lost, expired)",
+    )
+    sweep.add_argument("--store", required=True, metavar="DIR")
+    sweep.add_argument(
+        "--unclaimed-after", type=_non_negative_float, metavar="SECONDS",
+        help="also fail (no_worker) runnable operations no process has run for SECONDS "
+        "since they became runnable",
+    )
+    sweep.add_argument("--json", action="store_true", help="machine output (JSON)")
 
 
 def _add_ops_command(sub: argparse._SubParsersAction[_Parser], name: str) -> None:

@@ -34,6 +34,7 @@ class BatchConfig:
     rate_burst_seconds: float = 60.0
     faults: FaultSpec | None = None
     max_attempts: int = 8
+    on_interruption: Literal["replace", "fail"] = "replace"  # saved with each new operation
     initial_backoff: float = 0.5
     maximum_backoff: float = 30.0
     maximum_retry_after: float = MAXIMUM_RETRY_AFTER

@@ -14,6 +14,7 @@ from recoverable.cli.batch import run_batch
 from recoverable.cli.config import DEFAULT_RETRY_PROVIDER_CODES, BatchConfig
 from recoverable.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, UsageError
 from recoverable.cli.ops import run_ops
+from recoverable.cli.sweep import run_sweep
 from recoverable.pricing import load_prices
 from recoverable.transport.backend import check_base_url
 from recoverable.transport.fixture import fixture_main
@@ -53,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "batch":
             return run_batch(_batch_config(args), out=sys.stdout, err=sys.stderr)
         out = sys.stdout if sys.stdout is not None else open(os.devnull, "w")
+        if args.command == "sweep":
+            return run_sweep(args, out, sys.stderr)
         return run_ops(args, out, sys.stderr)
     except UsageError as exc:
         _usage_error(args.command, exc, getattr(args, "json", False))
@@ -103,6 +106,7 @@ def _batch_config(args: argparse.Namespace) -> BatchConfig:
         rate_burst_seconds=args.rate_burst_seconds,
         faults=args.faults,
         max_attempts=args.max_attempts,
+        on_interruption=args.on_interruption,
         initial_backoff=(
             args.backoff if args.backoff is not None
             else 0.05 if args.endpoint == "fixture" else 0.5

@@ -178,6 +178,7 @@ class BatchHost:
             scope=BATCH_SCOPE,
             job_id=job.id,
             input_revision=job.revision,
+            on_interruption=self.config.on_interruption,
         )
         self.summary.prepared += 1
         return handle

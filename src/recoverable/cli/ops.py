@@ -25,7 +25,7 @@ from recoverable.storage.store import RecoveryStore
 from recoverable.transport.base import StaticCredentials
 from recoverable.types import AccountBinding, Handle, Status
 
-__all__ = ["resolve_account", "run_ops"]
+__all__ = ["open_store", "resolve_account", "run_ops"]
 
 _TARGET_STATE: Final = {
     "acknowledge": "acknowledged",
@@ -46,7 +46,7 @@ def run_ops(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     account = resolve_account(args.account)
     if account is None and command in NEEDS_ACCOUNT:  # argparse requires it already
         raise UsageError(f"{command} acts within one account: pass --account ID")
-    store = _open_store(args.store)
+    store = open_store(args.store)
     try:
         operation_id: str | None = getattr(args, "operation_id", None)
         if operation_id is not None:
@@ -59,7 +59,8 @@ def run_ops(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         store.close()
 
 
-def _open_store(path: str) -> RecoveryStore:
+def open_store(path: str) -> RecoveryStore:
+    """The store at ``path``; a missing or unopenable store is a usage error (exit 2)."""
     if not os.path.isdir(path) or not os.path.exists(os.path.join(path, "data.mdb")):
         raise UsageError(f"no recovery store at {path}")
     try:

@@ -1,0 +1,362 @@
+"""Scripted replies of the fixture provider: ``Reply`` and the seeded ``FaultSpec``.
+
+A ``Reply`` is a frozen value with a ``kind`` and a JSON-able spec
+(``to_spec`` / ``from_spec``), so scripts can live in files. ``FaultSpec``
+draws faults at seeded rates when no script is queued.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from typing import Any, Literal, get_args
+
+import attrs
+import msgspec
+
+from recoverable.errors import InvalidRequest
+
+__all__ = ["HTTP_KINDS", "REPLY_KINDS", "FaultSpec", "Reply", "ReplyKind"]
+
+ReplyKind = Literal[
+    "complete",
+    "synthesize",
+    "disconnect",
+    "stall",
+    "http_error",
+    "rate_limited",
+    "quota_exceeded",
+    "unauthorized",
+    "forbidden",
+    "failed",
+    "incomplete",
+    "invalid_json",
+    "schema_violation",
+    "tool_call",
+    "refusal",
+    "error_event",
+    "keepalive",
+    "lenient",
+]
+REPLY_KINDS: frozenset[str] = frozenset(get_args(ReplyKind))
+# Kinds answered at the HTTP level (status + JSON error body); a refused WS handshake.
+HTTP_KINDS: frozenset[str] = frozenset(
+    {"http_error", "rate_limited", "quota_exceeded", "unauthorized", "forbidden"}
+)
+
+
+@attrs.frozen
+class Reply:
+    """One scripted answer to one generation request. Build with the class methods."""
+
+    kind: ReplyKind
+    payload: Any = None
+    after_events: int | None = None
+    status: int | None = None
+    body: Any = None
+    headers: tuple[tuple[str, str], ...] = ()
+    retry_after: float | None = None
+    code: str | None = None
+    reason: str | None = None
+    text: str | None = None
+    error_type: str | None = None
+    pause: float | None = None
+    every: float | None = None
+    response_id: str | None = None
+    framing: str | None = None
+    usage: Any = None  # replaces the computed ``usage`` object of the terminal event
+
+    # -- constructors ---------------------------------------------------------
+    @classmethod
+    def complete(cls, payload: Any, *, usage: Any = None) -> Reply:
+        """Stream ``payload`` (JSON-encoded) as the output text, then ``response.completed``.
+
+        Its ``usage`` is computed from the request and answer sizes, unless ``usage``
+        gives the JSON value to send instead (to test malformed usage)."""
+        msgspec.json.encode(payload)  # fail early for non-JSON payloads
+        msgspec.json.encode(usage)
+        return cls("complete", payload=payload, usage=usage)
+
+    @classmethod
+    def synthesize(cls) -> Reply:
+        """Stream a deterministic schema-valid value for the request's schema."""
+        return cls("synthesize")
+
+    @classmethod
+    def disconnect(cls, after_events: int = 3) -> Reply:
+        """Send ``after_events`` events of a normal stream, then drop the TCP connection."""
+        return cls("disconnect", after_events=_count(after_events))
+
+    @classmethod
+    def stall(cls, after_events: int = 2) -> Reply:
+        """Send ``after_events`` events, then nothing until the client goes away."""
+        return cls("stall", after_events=_count(after_events))
+
+    @classmethod
+    def http_error(
+        cls,
+        status: int,
+        body: Any = None,
+        headers: Mapping[str, str] | None = None,
+        framing: str | None = None,
+    ) -> Reply:
+        """An HTTP rejection (WS: refused handshake) with ``status``, JSON ``body`` and headers.
+
+        ``framing="sse"`` sends the body as one SSE ``data:`` frame with
+        ``content-type: text/event-stream`` (as some proxies answer a non-2xx).
+        """
+        if not isinstance(status, int) or not 400 <= status <= 599:
+            raise InvalidRequest("http_error status must be an int in 400..599")
+        if framing not in (None, "sse"):
+            raise InvalidRequest("http_error framing must be None or 'sse'")
+        return cls(
+            "http_error", status=status, body=body, headers=_headers(headers), framing=framing
+        )
+
+    @classmethod
+    def rate_limited(cls, retry_after: float = 1.0) -> Reply:
+        """429 ``rate_limit_exceeded`` with ``retry-after`` / ``retry-after-ms`` headers."""
+        if not isinstance(retry_after, int | float) or retry_after < 0:
+            raise InvalidRequest("retry_after must be a non-negative number")
+        return cls("rate_limited", retry_after=float(retry_after))
+
+    @classmethod
+    def quota_exceeded(cls) -> Reply:
+        """429 with error type ``insufficient_quota`` (permanent, not a rate limit)."""
+        return cls("quota_exceeded")
+
+    @classmethod
+    def unauthorized(cls) -> Reply:
+        return cls("unauthorized")
+
+    @classmethod
+    def forbidden(cls) -> Reply:
+        return cls("forbidden")
+
+    @classmethod
+    def failed(cls, code: str = "server_error") -> Reply:
+        """``response.failed`` with ``response.error.code == code``."""
+        return cls("failed", code=_text(code, "code"))
+
+    @classmethod
+    def incomplete(cls, reason: str = "max_output_tokens") -> Reply:
+        """Partial output, then ``response.incomplete`` with ``incomplete_details.reason``."""
+        return cls("incomplete", reason=_text(reason, "reason"))
+
+    @classmethod
+    def invalid_json(cls) -> Reply:
+        """``response.completed`` whose output text is not JSON."""
+        return cls("invalid_json")
+
+    @classmethod
+    def schema_violation(cls) -> Reply:
+        """``response.completed`` with valid JSON that breaks the request's schema."""
+        return cls("schema_violation")
+
+    @classmethod
+    def tool_call(cls) -> Reply:
+        """A ``function_call`` output item (the client must stop, never execute it)."""
+        return cls("tool_call")
+
+    @classmethod
+    def refusal(cls, text: str = "I can't help with that.") -> Reply:
+        """The model refuses: ``response.refusal.*`` events, then ``response.completed``."""
+        return cls("refusal", text=_text(text, "text"))
+
+    @classmethod
+    def error_event(
+        cls,
+        error_type: str | None = None,
+        code: str | None = None,
+        status: int | None = None,
+        after_events: int = 2,
+    ) -> Reply:
+        """``after_events`` events, then an ``error`` event
+        ``{"type": "error", "error": {"type", "code", "message"}}`` (plus ``status`` when
+        given, as the WebSocket mode wraps an HTTP error). No status and no code is how a
+        proxy forwards an upstream 429 or 5xx over WebSocket."""
+        if error_type is not None:
+            _text(error_type, "error_type")
+        if code is not None:
+            _text(code, "code")
+        if status is not None and (not isinstance(status, int) or not 400 <= status <= 599):
+            raise InvalidRequest("error_event status must be an int in 400..599")
+        return cls("error_event", error_type=error_type, code=code, status=status,
+                   after_events=_count(after_events))
+
+    @classmethod
+    def keepalive(cls, pause: float, every: float, after_events: int = 2) -> Reply:
+        """A normal stream that goes silent for ``pause`` seconds after ``after_events``
+        events, sending only keepalives every ``every`` seconds (SSE ``: ping`` comments,
+        WebSocket ping frames), then finishes."""
+        for name, value in (("pause", pause), ("every", every)):
+            if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
+                raise InvalidRequest(f"{name} must be a positive number")
+        return cls("keepalive", pause=float(pause), every=float(every),
+                   after_events=_count(after_events))
+
+    @classmethod
+    def lenient(cls, response_id: str | None = None) -> Reply:
+        """A synthesized completion the way lenient third-party servers send it: unknown
+        top-level fields on every event, SSE ``event:`` lines on some frames only,
+        ``data: [DONE]`` after ``response.completed``, and (optionally) this response id."""
+        if response_id is not None:
+            _text(response_id, "response_id")
+        return cls("lenient", response_id=response_id)
+
+    # -- JSON specs -----------------------------------------------------------
+    def to_spec(self) -> dict[str, Any]:
+        spec: dict[str, Any] = {"kind": self.kind}
+        for field in attrs.fields(Reply):
+            if field.name == "kind":
+                continue
+            value = getattr(self, field.name)
+            if value != field.default:
+                spec[field.name] = dict(value) if field.name == "headers" else value
+        return spec
+
+    @classmethod
+    def from_spec(cls, spec: object) -> Reply:
+        """Build (and validate) a reply from ``{"kind": ..., ...}``. Raises ``InvalidRequest``."""
+        if not isinstance(spec, Mapping) or not isinstance(spec.get("kind"), str):
+            raise InvalidRequest("a reply spec is an object with a string 'kind'")
+        kind = spec["kind"]
+        args = {k: v for k, v in spec.items() if k != "kind"}
+        builders: dict[str, tuple[str, ...]] = {
+            "complete": ("payload",),
+            "synthesize": (),
+            "disconnect": ("after_events",),
+            "stall": ("after_events",),
+            "http_error": ("status", "body", "headers", "framing"),
+            "rate_limited": ("retry_after",),
+            "quota_exceeded": (),
+            "unauthorized": (),
+            "forbidden": (),
+            "failed": ("code",),
+            "incomplete": ("reason",),
+            "invalid_json": (),
+            "schema_violation": (),
+            "tool_call": (),
+            "refusal": ("text",),
+            "error_event": ("error_type", "code", "status", "after_events"),
+            "keepalive": ("pause", "every", "after_events"),
+            "lenient": ("response_id",),
+        }
+        if kind not in builders:
+            raise InvalidRequest(f"unknown reply kind {kind!r}")
+        unknown = set(args) - set(builders[kind])
+        if unknown:
+            raise InvalidRequest(f"reply kind {kind!r} does not take {sorted(unknown)}")
+        if kind == "complete" and "payload" not in args:
+            raise InvalidRequest("reply kind 'complete' needs a 'payload'")
+        if kind == "http_error" and "status" not in args:
+            raise InvalidRequest("reply kind 'http_error' needs a 'status'")
+        try:
+            built: Reply = getattr(cls, kind)(**args)
+        except (TypeError, ValueError, msgspec.EncodeError) as exc:
+            raise InvalidRequest(f"bad reply spec for {kind!r}: {exc}") from None
+        return built
+
+
+def _count(value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InvalidRequest("after_events must be a non-negative integer")
+    return value
+
+
+def _text(value: object, name: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidRequest(f"{name} must be a non-empty string")
+    return value
+
+
+def _headers(headers: Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
+    if headers is None:
+        return ()
+    if not isinstance(headers, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
+    ):
+        raise InvalidRequest("headers must map strings to strings")
+    return tuple(sorted(headers.items()))
+
+
+# -- faults -------------------------------------------------------------------
+_FAULT_DEFAULTS: dict[str, Reply] = {
+    "disconnect": Reply.disconnect(3),
+    "stall": Reply.stall(2),
+    "rate_limited": Reply.rate_limited(0.2),
+    "quota_exceeded": Reply.quota_exceeded(),
+    "unauthorized": Reply.unauthorized(),
+    "forbidden": Reply.forbidden(),
+    "http_error": Reply.http_error(500),
+    "server_error": Reply.http_error(500),
+    "failed": Reply.failed("server_error"),
+    "incomplete": Reply.incomplete("max_output_tokens"),
+    "invalid_json": Reply.invalid_json(),
+    "schema_violation": Reply.schema_violation(),
+    "tool_call": Reply.tool_call(),
+    "refusal": Reply.refusal(),
+}
+
+
+@attrs.frozen
+class FaultSpec:
+    """Random faults at per-kind rates (0..1, summing to at most 1), from a seeded RNG."""
+
+    rates: tuple[tuple[str, float], ...] = ()
+    seed: int = 0
+
+    @classmethod
+    def parse(cls, text: str) -> FaultSpec:
+        """``"disconnect=0.1,rate_limited=0.05,stall=0.01,seed=7"`` → FaultSpec."""
+        if not isinstance(text, str):
+            raise InvalidRequest("a fault spec is a string")
+        rates: dict[str, float] = {}
+        seed = 0
+        for raw in text.split(","):
+            item = raw.strip()
+            if not item:
+                continue
+            name, sep, value = item.partition("=")
+            name = name.strip()
+            if not sep:
+                raise InvalidRequest(f"fault spec item {item!r} is not name=value")
+            if name == "seed":
+                try:
+                    seed = int(value)
+                except ValueError:
+                    raise InvalidRequest(f"fault seed must be an integer: {value!r}") from None
+                continue
+            if name not in _FAULT_DEFAULTS:
+                raise InvalidRequest(
+                    f"unknown fault {name!r}; known: {', '.join(sorted(_FAULT_DEFAULTS))}"
+                )
+            try:
+                rate = float(value)
+            except ValueError:
+                raise InvalidRequest(f"fault rate must be a number: {item!r}") from None
+            if not 0.0 <= rate <= 1.0:
+                raise InvalidRequest(f"fault rate must be within 0..1: {item!r}")
+            rates[name] = rate
+        if sum(rates.values()) > 1.0 + 1e-9:
+            raise InvalidRequest("fault rates sum to more than 1")
+        return cls(tuple(sorted(rates.items())), seed)
+
+    def chooser(self) -> random.Random:
+        return random.Random(self.seed)
+
+    def pick(self, rng: random.Random) -> Reply | None:
+        """The fault to inject for the next request, or None for a normal reply."""
+        draw = rng.random()
+        acc = 0.0
+        for name, rate in self.rates:
+            acc += rate
+            if draw < acc:
+                return _FAULT_DEFAULTS[name]
+        return None
+
+
+# -- schema synthesis -------------------------------------------------------------
+# Bounds of a synthesized value: recursion follows the schema graph's well-founded order
+# (so it always ends), and these keep a finite but huge value (e.g. an object whose two
+# required properties each need the next level, 40 levels deep) from exhausting memory.
