@@ -212,3 +212,31 @@ async def test_a_command_applied_over_an_expired_lease_fences_out_its_stale_owne
             with pytest.raises(recoverable.errors.FenceMismatch):
                 await store.write(lambda t: t.put_operation(late, expect_fence=stale.fence))
             assert store.get_operation(op) == record
+
+
+async def test_the_sweep_judges_a_lease_expiry_at_its_own_now(tmp_path: Path) -> None:
+    """The sweep (w-sweep) reads liveness at the ``now`` it is given: a living owner's
+    lease is untouched before its expiry and swept (fenced out) from it."""
+    from recoverable.actors.sweep import sweep
+    from recoverable.storage import acquire_lease
+
+    from recoverable.records import AttemptRecord, OperationRecord
+
+    with recoverable.RecoveryStore.open(str(tmp_path / "store")) as store:
+        attempt = AttemptRecord(attempt_id="op-e.1", number=1, reason="initial",
+                                consumed_at=10.0)
+        rec = OperationRecord(
+            operation_id="op-e", account=ACCOUNT, endpoint_id="fixture", created_at=1.0,
+            phase="transmitting", maximum_attempts=2, attempts_used=1, attempts=(attempt,),
+            model="gpt-test", format_name="Answer", format_hash="fh", body_hash="bh",
+            root_operation_id="op-e",
+        )
+        await store.write(lambda txn: txn.put_operation(rec))
+        lease = await store.write(lambda t: acquire_lease(t, "op-e", 11.0, lease_seconds=5.0))
+        before = await sweep(store, now=15.999)
+        assert before.live == 1 and before.closed == 0 and before.waiting == 0
+        after = await sweep(store, now=16.0)
+        assert after.waiting_ids == ("op-e",)
+        swept = store.get_operation("op-e")
+        assert swept is not None and swept.fence == lease.fence + 1
+        assert store.get_lease("op-e") is None
