@@ -58,7 +58,13 @@ class Opened:
 
 
 def acquire(
-    operation_id: str, now: float, open_step: OpenStep, upgrade_tried: bool, txn: WriteTxn
+    operation_id: str,
+    now: float,
+    open_step: OpenStep,
+    upgrade_tried: bool,
+    txn: WriteTxn,
+    *,
+    lease_seconds: float | None = None,
 ) -> Opened:
     """Take the lease and persist the opening transition in ONE transaction.
 
@@ -81,7 +87,7 @@ def acquire(
             "cancel" if pending is not None and pending.kind == "cancel" else None
         )
         return Opened(None, open_step(stored, cancel, False), 0, True, None)
-    lease = acquire_lease(txn, operation_id, now)
+    lease = acquire_lease(txn, operation_id, now, lease_seconds=lease_seconds)
     record = txn.get_operation(operation_id)
     assert record is not None
     body = txn.get_payload(operation_id, "body")

@@ -11,13 +11,14 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from recoverable.actors.governor import RateGovernor
+from recoverable.actors.heartbeat import LeaseKeeper
 from recoverable.actors.monitor import LifecycleMonitor
 from recoverable.actors.scheduler import Scheduler
 from recoverable.storage.base import Store as RecoveryStore
 from recoverable.transport.base import Credentials
 from recoverable.transport.connect import EndpointGate
 
-from recoverable.outcome import Outcome, Progress
+from recoverable.outcome import Outcome, Progress, Usage
 from recoverable.telemetry import Telemetry
 from recoverable.types import AccountBinding
 
@@ -53,8 +54,26 @@ class OperationHost(Protocol):
     scheduler: Scheduler
     monitor: LifecycleMonitor
     governor: RateGovernor
+    leases: LeaseKeeper  # the heartbeat that renews this runtime's leases
     telemetry: Telemetry
     attempts_consumed: int
     usage_malformed: int
 
     def endpoint_gate(self, endpoint_id: str) -> EndpointGate: ...
+
+
+def count_usage(
+    host: OperationHost, operation_id: str, usage: Usage | None, malformed: bool
+) -> None:
+    """Telemetry for an attempt's reported usage: token counts only (never text)."""
+    if malformed:
+        host.usage_malformed += 1
+        host.telemetry.emit("attempt.usage_malformed", operation_id)
+    if usage is not None:
+        host.telemetry.emit(
+            "attempt.usage", operation_id,
+            input_tokens=usage.input_tokens,
+            cached_input_tokens=usage.cached_input_tokens,
+            output_tokens=usage.output_tokens,
+            reasoning_tokens=usage.reasoning_tokens,
+        )

@@ -34,16 +34,22 @@ def write_command(
     require_owner(account, record.account, operation_id)
     existing = txn.get_command(operation_id)
     lease = txn.get_lease(operation_id)
-    if lease is not None and txn.lease_is_live(lease):
+    if lease is not None and txn.lease_is_live(lease, now):
         standing = machine.merge_command(
             existing.kind if existing is not None else None, kind
         )
         if existing is not None and standing != kind:
             return existing  # what stood already says more (a cancel is never downgraded)
         return txn.put_command(operation_id, standing, now)
-    # Nobody runs it: apply directly (a dead owner's lease is void).
+    # Nobody runs it: apply directly (a dead owner's lease is void). A lease that only
+    # expired may belong to a hung owner that wakes up later: the write raises the fence
+    # (and drops the stale row), so that owner's next fenced write is refused.
     applied = machine.command_on_idle(record, kind)
-    if applied.changed:
+    if lease is not None:
+        fenced_out = msgspec.structs.replace(applied.record, fence=record.fence + 1)
+        txn.put_operation(fenced_out, expect_fence=record.fence)
+        txn.delete_lease(operation_id)
+    elif applied.changed:
         txn.put_operation(applied.record)
     if existing is not None and kind == "cancel":
         txn.delete_command(operation_id)  # folded into the record's phase
@@ -79,7 +85,7 @@ def dispose(
         raise errors.StateUnavailable("no such operation", operation_id=operation_id)
     require_owner(account, record.account, operation_id)
     lease = txn.get_lease(operation_id)
-    if lease is not None and txn.lease_is_live(lease):
+    if lease is not None and txn.lease_is_live(lease, now):
         raise errors.OperationBusy(
             "stop and await the active execution first", operation_id=operation_id
         )

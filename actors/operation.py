@@ -22,7 +22,8 @@ import attrs
 import msgspec
 import trio
 from recoverable.actors import fenced
-from recoverable.actors.host import OperationHost
+from recoverable.actors.heartbeat import ExecutionLease, lease_lost_transition
+from recoverable.actors.host import OperationHost, count_usage
 from recoverable.actors.monitor import Watch
 from recoverable.actors.supervisor import is_cancellation
 from recoverable.storage.migration import saved_completion, upgrade_operation
@@ -32,7 +33,7 @@ from recoverable.transport.ratelimit import estimate_tokens
 
 from recoverable import _killpoints, errors, machine
 from recoverable.contract import OutputInvalid, ResponseContract
-from recoverable.outcome import Completed, Interruption, Progress, Usage
+from recoverable.outcome import Completed, Interruption, Progress
 from recoverable.records import CommandKind, LeaseRecord, OperationRecord
 from recoverable.types import Attempt
 
@@ -84,6 +85,8 @@ class OperationActor:
         self.known_serial = 0  # commands up to this serial are accounted for in the record
         self._payload: bytes | None = None
         self._body: bytes | None = None  # the frozen body, read with the lease
+        self.guard = ExecutionLease(host.leases)  # heartbeat-kept; its loss stops this actor
+        self._sending: _Try | None = None  # the attempt being sent (for an honest close)
 
     # --- lease ----------------------------------------------------------------------
 
@@ -92,7 +95,8 @@ class OperationActor:
         op_id = self.operation_id
         try:
             opened = await self.host.store.write(
-                functools.partial(fenced.acquire, op_id, self.host.now(), open_step, False)
+                functools.partial(fenced.acquire, op_id, self.host.now(), open_step, False,
+                                  lease_seconds=self.host.leases.lease_seconds)
             )
         except fenced.NeedsUpgrade:
             # A version-1 record: rewrite it as current (lazily, once), then take the lease.
@@ -101,12 +105,15 @@ class OperationActor:
                 await upgrade_operation(self.host.store, op_id, endpoint_id=backend.endpoint_id)
             # If it could not be upgraded: still readable, never sent.
             opened = await self.host.store.write(
-                functools.partial(fenced.acquire, op_id, self.host.now(), open_step, True)
+                functools.partial(fenced.acquire, op_id, self.host.now(), open_step, True,
+                                  lease_seconds=self.host.leases.lease_seconds)
             )
         opening = opened.transition
         self._body = opened.body
         self.fence = opened.lease.fence if opened.lease is not None else 0
         self.lease = None if opened.final else opened.lease
+        if self.lease is not None:
+            self.guard.hold(self.lease)
         self.record = opening.record
         self.known_serial = opened.serial
         self.watch = self.host.monitor.watch(op_id, opened.serial, opening.record.account)
@@ -120,6 +127,7 @@ class OperationActor:
         return opening
 
     async def _release(self) -> None:
+        self.guard.drop()
         if self.watch is not None:
             self.host.monitor.unwatch(self.watch)
         lease = self.lease
@@ -174,12 +182,13 @@ class OperationActor:
         try:
             await self.host.store.write(functools.partial(fenced.persist, write))
         except errors.FenceMismatch as exc:
-            raise errors.OperationBusy(
-                "the operation's lease was taken over", operation_id=self.operation_id
+            raise errors.LeaseLost(
+                "a newer owner took the operation over", operation_id=self.operation_id
             ) from exc
         self.record = transition.record
         if lease is not None:
             self.lease = None
+            self.guard.drop()
 
     async def _advance(
         self,
@@ -227,13 +236,28 @@ class OperationActor:
                 )
             )
             try:
-                return await self._drive(opening)
+                with self.guard.scope:  # cancelled by the heartbeat: the lease is lost
+                    return await self._drive(opening)
+                raise await self._lease_lost()
             except BaseException as exc:
                 if is_cancellation(exc):
                     await self._suspend_on_cancel()
                 raise
         finally:
             await self._release()
+
+    async def _lease_lost(self) -> errors.LeaseLost:
+        """The lease expired or was taken over: close an in-flight attempt honestly and give
+        the lease back, both fenced (refused if a newer owner exists), then stop."""
+        if self.record is not None and self.lease is not None:
+            closing = lease_lost_transition(self.record, self._ctx(), self._sending)
+            with trio.CancelScope(shield=True):
+                try:
+                    await self._persist(closing, check_commands=False, release=True)
+                except errors.RecoveryError:
+                    pass  # a newer owner's fence: nothing of this execution is written
+        self.host.telemetry.emit("operation.lease_lost", self.operation_id)
+        return errors.LeaseLost(operation_id=self.operation_id)
 
     async def _suspend_on_cancel(self) -> None:
         """Trio cancellation of the actor's task suspends the operation (budget kept)."""
@@ -428,7 +452,7 @@ class OperationActor:
         ticket = await self._interruptible(gate.admit())
         if isinstance(ticket, Cut):
             return await self._on_stop(authorized)
-        sending = _Try(ticket)
+        sending = self._sending = _Try(ticket)
 
         def on_progress(report: Progress) -> None:
             # The first report comes with the first event: the server has produced its
@@ -462,10 +486,12 @@ class OperationActor:
                 # The rate governor, before connecting: waiting for budget spends nothing.
                 await host.governor.admit(self.operation_id, backend.endpoint_id,
                                         authorized.account, estimate, self._sleep_until)
-                sending.result = await backend.stream(
-                    body, attempt_id=attempt_id, token=token,
-                    on_progress=on_progress, before_send=before_send,
-                )
+                with self.guard.transport():  # the hard deadline: the lease's safety margin
+                    sending.result = await backend.stream(
+                        body, attempt_id=attempt_id, token=token,
+                        on_progress=on_progress, before_send=before_send,
+                    )
+                await self.guard.checkpoint()  # cut by it: stop here (the lease is lost)
 
         try:
             streamed = await self._interruptible(stream())
@@ -539,7 +565,7 @@ class OperationActor:
                 )
             else:
                 _killpoints.hit("receipt.before_save")
-                self._count_usage(result.usage, result.usage_malformed)
+                count_usage(host, self.operation_id, result.usage, result.usage_malformed)
                 done = current
                 try:
                     saved = await self._advance(
@@ -567,7 +593,7 @@ class OperationActor:
                     host.telemetry.emit("receipt.saved", self.operation_id, bytes=len(payload))
                 return saved
         failure = result
-        self._count_usage(failure.usage, failure.usage_malformed)
+        count_usage(host, self.operation_id, failure.usage, failure.usage_malformed)
         host.telemetry.emit("attempt.failed", self.operation_id, kind=failure.kind,
                           http_status=failure.http_status, code=failure.provider_code)
         failed_from = current
@@ -578,25 +604,8 @@ class OperationActor:
         )
 
     async def _sleep_until(self, at: float) -> None:
-        """The governor's waits (rare, shared): a plain sleep to a wall-clock time. The
-        scheduler's heap stays for the saved cooldowns of the operations themselves. The
-        governor checks again after it (an early wake only waits once more)."""
+        """The governor's waits (rare, shared; it checks again after): a plain sleep."""
         await trio.sleep(max(0.0, at - self.host.now()))
-
-    def _count_usage(self, usage: Usage | None, malformed: bool) -> None:
-        """Telemetry for an attempt's reported usage: token counts only (never text)."""
-        host = self.host
-        if malformed:
-            host.usage_malformed += 1
-            host.telemetry.emit("attempt.usage_malformed", self.operation_id)
-        if usage is not None:
-            host.telemetry.emit(
-                "attempt.usage", self.operation_id,
-                input_tokens=usage.input_tokens,
-                cached_input_tokens=usage.cached_input_tokens,
-                output_tokens=usage.output_tokens,
-                reasoning_tokens=usage.reasoning_tokens,
-            )
 
     async def _deliver(self, current: OperationRecord) -> Any:
         watch = self._watch()

@@ -55,7 +55,7 @@ class SourceView(Protocol):
     def get_operation(self, operation_id: str) -> OperationRecord | None: ...
     def get_disposition(self, operation_id: str) -> DispositionRecord | None: ...
     def get_lease(self, operation_id: str) -> LeaseRecord | None: ...
-    def lease_is_live(self, lease: LeaseRecord) -> bool: ...
+    def lease_is_live(self, lease: LeaseRecord, now: float | None = None) -> bool: ...
 
 
 @attrs.frozen
@@ -156,7 +156,7 @@ def source_conditions(plan: RetryPlan, view: SourceView) -> OperationRecord:
             raise errors.RetryConfigurationMismatch(operation_id=source_id)
         return source
     lease = view.get_lease(source_id)
-    if lease is not None and view.lease_is_live(lease):
+    if lease is not None and view.lease_is_live(lease, plan.now):
         raise errors.OperationBusy(operation_id=source_id)
     machine.check_retry_source(source, now=plan.now, endpoint_id=plan.endpoint_id)
     return source

@@ -22,6 +22,7 @@ from recoverable.actors import queue as submitted
 from recoverable.actors import retry as manual_retry
 from recoverable.actors.checks import require_owner, require_signed_in
 from recoverable.actors.governor import RateGovernor
+from recoverable.actors.heartbeat import LeaseKeeper
 from recoverable.actors.host import Backend
 from recoverable.actors.lifecycle import dispose, write_command
 from recoverable.actors.monitor import LifecycleMonitor
@@ -80,6 +81,7 @@ class Runtime:
         monitor: LifecycleMonitor,
         connect_backoff: ConnectBackoff = ConnectBackoff(),
         governor: RateGovernor | None = None,
+        leases: LeaseKeeper | None = None,
     ) -> None:
         self.store = store
         self.backend = backend
@@ -96,6 +98,8 @@ class Runtime:
         self.attempts_consumed = 0  # attempts this runtime consumed (persisted before sending)
         self.usage_malformed = 0  # attempts whose reported usage was ignored as malformed
         self.supervisor = Supervisor()  # every active operation: a task of open_runtime's nursery
+        # The leases this runtime holds, renewed by the heartbeat task (actors/heartbeat.py).
+        self.leases = leases or LeaseKeeper(store, lease_seconds=30.0, wall_clock=wall_clock)
         self._gates: dict[str, EndpointGate] = {}
 
     def endpoint_gate(self, endpoint_id: str) -> EndpointGate:
@@ -329,18 +333,20 @@ class Runtime:
 
     def _status(self, record: OperationRecord) -> Status:
         lease = self.store.get_lease(record.operation_id)
-        live = lease is not None and self.store.lease_is_live(lease)
+        now = self.now()
+        live = lease is not None and self.store.lease_is_live(lease, now)
         command = self.store.get_command(record.operation_id)
         payloads = self.store.payload_kinds([record.operation_id])[record.operation_id]
         status = self._with_rate_limit(record, machine.derive_status(
             record,
-            now=self.now(),
+            now=now,
             lease_live=live,
             viewer=self.account,
             endpoint_id=self.backend.endpoint_id if self.backend is not None else None,
             command=command.kind if command is not None else None,
             payloads=payloads,
             endpoint_down=self.endpoint_failure(),
+            lease=lease,
         ))
         return submitted.with_queue_state(self.store, record, status)
 
@@ -444,7 +450,7 @@ class Runtime:
             if lease is not None:
                 key = f"{lease.owner_id}\0{lease.token}"
                 if key not in live:
-                    live[key] = self.store.lease_is_live(lease)
+                    live[key] = self.store.lease_is_live(lease, now)
                 is_live = live[key]
             command = commands.get(record.operation_id)
             status = self._with_rate_limit(
@@ -455,6 +461,7 @@ class Runtime:
                     command=command.kind if command is not None else None,
                     payloads=present.get(record.operation_id),
                     endpoint_down=endpoint_down,
+                    lease=lease,
                 ),
                 pauses,
             )
@@ -524,6 +531,7 @@ async def open_runtime(
     wall_clock: Callable[[], float] = time.time,
     monitor_interval: float = 0.002,
     connect_backoff: ConnectBackoff = ConnectBackoff(),
+    lease_seconds: float = 30.0,
 ) -> AsyncIterator[Runtime]:
     """Open the supervisor: scheduler, lifecycle monitor and telemetry pump.
 
@@ -536,6 +544,12 @@ async def open_runtime(
     ``store`` with the same endpoint and account (token buckets holding
     ``rate_burst_seconds`` of budget). A 429 with Retry-After pauses every operation of
     the endpoint and account, in every process, persisted.
+
+    Leases (docs/guarantees.md#time-bounded-leases): each execution's lease expires
+    ``lease_seconds`` (1..3600, ``InvalidRequest`` outside) after its last renewal; this
+    runtime's heartbeat renews all of them every ``lease_seconds / 3``. A hung process is
+    reclaimable by another once its leases expire; a running attempt's transport is cut
+    ``lease_seconds / 6`` before its lease would expire unrenewed (``LeaseLost``).
     """
     try:
         trio.lowlevel.current_trio_token()
@@ -558,6 +572,7 @@ async def open_runtime(
         burst_seconds=rate_burst_seconds,
     )
     monitor = LifecycleMonitor(store, poll_interval=monitor_interval)
+    leases = LeaseKeeper(store, lease_seconds=lease_seconds, wall_clock=wall_clock)
     runtime = Runtime(
         store,
         backend,
@@ -569,12 +584,14 @@ async def open_runtime(
         monitor=monitor,
         connect_backoff=connect_backoff,
         governor=governor,
+        leases=leases,
     )
     body_error: BaseException | None = None
     async with trio.open_nursery() as nursery:
         nursery.start_soon(scheduler.run)
         nursery.start_soon(monitor.run)
         nursery.start_soon(pump.run)
+        nursery.start_soon(leases.run)
         runtime.supervisor.open(nursery)
         try:
             # Close what dead owners left behind before anything runs (issue 14).

@@ -175,7 +175,7 @@ def _sweep_one(
         return "raced"  # claimed (or removed) since the scan: not ours to judge now
     if current.awaiting_upgrade:
         return "untouched"
-    if lease is not None and txn.lease_is_live(lease):
+    if lease is not None and txn.lease_is_live(lease, now):  # expiry judged at the sweep's now
         return "live"
     new = machine.owner_lost(current, now=now).record
     if unclaimed_after is not None:

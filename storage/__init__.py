@@ -12,7 +12,7 @@ from recoverable.storage.codec import (
     register_operation_upgrader,
     unregister_operation_upgrader,
 )
-from recoverable.storage.leases import acquire_lease, release_lease
+from recoverable.storage.leases import acquire_lease, release_lease, renew_leases
 from recoverable.storage.store import FORMAT_VERSION, TABLES, RecoveryStore, Table, WriteTxn
 
 del _migration
@@ -29,5 +29,6 @@ __all__ = [
     "acquire_lease",
     "register_operation_upgrader",
     "release_lease",
+    "renew_leases",
     "unregister_operation_upgrader",
 ]

@@ -69,8 +69,10 @@ class RecordReader(Protocol):
 
     def get_raw(self, table: Table, key: bytes) -> bytes | None: ...
 
-    def lease_is_live(self, lease: LeaseRecord) -> bool:
-        """Held by an active acquisition of this store's owner, or by a living other owner."""
+    def lease_is_live(self, lease: LeaseRecord, now: float | None = None) -> bool:
+        """Not expired at ``now`` (wall-clock seconds; None: ``time.time()``, the clock every
+        process shares — a runtime on an injected clock passes its own ``now``), and held
+        by an active acquisition of this store's owner or by a living other owner."""
         ...
 
 

@@ -14,6 +14,13 @@ so a cleaner that finds one lockable knows its owner is dead and may delete it.
 Every acquisition increments the operation record's ``fence``; writes made on
 behalf of a lease use ``put_operation(..., expect_fence=lease.fence)`` and so fail
 with ``FenceMismatch`` once a newer owner has taken over.
+
+A lease may also carry ``expires_at`` (wall-clock seconds, the clock every process
+shares): it is then live only while its owner lock is held AND ``now < expires_at``,
+so an owner that is alive but hung (SIGSTOP, a stuck host) stops holding it once it
+stops renewing (``renew_leases``). The lock stays the fast path: a dead owner's lease
+is free at once, whatever its expiry. A lease without ``expires_at`` (rows written by
+older code, or an acquisition without ``lease_seconds``) lives as long as its owner.
 """
 
 from __future__ import annotations
@@ -21,19 +28,29 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import math
 import os
 import re
 import secrets
 import threading
+import time
+from collections.abc import Iterable
 from typing import Final
 
 import msgspec
 from recoverable.storage.base import WriteTransaction
 
-from recoverable.errors import OperationBusy, StateUnavailable
+from recoverable.errors import InvalidRequest, OperationBusy, StateUnavailable
 from recoverable.records import LeaseRecord
 
-__all__ = ["LeaseTokens", "OwnerLock", "acquire_lease", "release_lease"]
+__all__ = [
+    "LeaseTokens",
+    "OwnerLock",
+    "acquire_lease",
+    "lease_expired",
+    "release_lease",
+    "renew_leases",
+]
 
 _OWNER_ID: Final = re.compile(r"[0-9a-f]{32}")
 _TMP_PREFIX: Final = ".tmp-"
@@ -139,8 +156,11 @@ class LeaseTokens:
         with self._lock:
             self._active.clear()
 
-    def is_live(self, lease: LeaseRecord) -> bool:
-        """Held by one of this owner's active acquisitions, or by a living other owner."""
+    def is_live(self, lease: LeaseRecord, now: float | None = None) -> bool:
+        """Not expired at ``now`` (None: the wall clock, ``time.time()``), and held by one
+        of this owner's active acquisitions or by a living other owner."""
+        if lease_expired(lease, now):
+            return False
         if lease.owner_id == self._owner.owner_id:
             with self._lock:
                 return lease.token in self._active
@@ -179,18 +199,49 @@ def clean_dead_owners(owners_dir: str, *, keep: str) -> list[str]:
     return removed
 
 
-def acquire_lease(txn: WriteTransaction, operation_id: str, now: float) -> LeaseRecord:
+def lease_expired(lease: LeaseRecord, now: float | None = None) -> bool:
+    """Whether ``lease`` has an expiry and ``now`` (None: ``time.time()``) reached it."""
+    expires_at = lease.expires_at
+    if expires_at is None:
+        return False
+    return (time.time() if now is None else now) >= expires_at
+
+
+def _check_lease_seconds(lease_seconds: float) -> None:
+    if (
+        not isinstance(lease_seconds, int | float)
+        or isinstance(lease_seconds, bool)
+        or not math.isfinite(lease_seconds)
+        or lease_seconds <= 0
+    ):
+        raise InvalidRequest("lease_seconds must be a positive, finite number of seconds")
+
+
+def acquire_lease(
+    txn: WriteTransaction,
+    operation_id: str,
+    now: float,
+    *,
+    lease_seconds: float | None = None,
+) -> LeaseRecord:
     """Take the operation's lease for this store's owner, incrementing its fence.
+
+    With ``lease_seconds`` the lease expires at ``now + lease_seconds`` unless renewed
+    (``renew_leases``); without, it lives as long as this owner. A current lease blocks
+    the acquisition while it is live at ``now`` (its owner alive and, if it has an
+    expiry, ``now`` before it): an expired lease is reclaimed, with a higher fence.
 
     ``StateUnavailable`` if the operation record is missing, ``OperationBusy`` if
     a live lease exists (another task of this process, or a living other process).
     Unreadable records raise their typed error and are left untouched.
     """
+    if lease_seconds is not None:
+        _check_lease_seconds(lease_seconds)
     record = txn.get_operation(operation_id)
     if record is None:
         raise StateUnavailable("no such operation", operation_id=operation_id)
     current = txn.get_lease(operation_id)
-    if current is not None and txn.lease_is_live(current):
+    if current is not None and txn.lease_is_live(current, now):
         raise OperationBusy("the operation's lease is held", operation_id=operation_id)
     fenced = msgspec.structs.replace(record, fence=record.fence + 1)
     txn.put_operation(fenced, expect_fence=record.fence)
@@ -200,10 +251,54 @@ def acquire_lease(txn: WriteTransaction, operation_id: str, now: float) -> Lease
         token=secrets.token_hex(16),
         fence=fenced.fence,
         acquired_at=now,
+        expires_at=None if lease_seconds is None else now + lease_seconds,
     )
     txn.put_lease(lease)
     txn.register_token(lease.token)
     return lease
+
+
+def renew_leases(
+    txn: WriteTransaction,
+    leases: Iterable[LeaseRecord],
+    now: float,
+    lease_seconds: float,
+) -> tuple[list[LeaseRecord], list[LeaseRecord]]:
+    """Renew many of this owner's leases in one transaction: ``(renewed, lost)``.
+
+    Each lease is renewed (its ``expires_at`` moved to ``now + lease_seconds``) only if
+    it is still current: the stored lease row has the same token and fence, the
+    operation record's fence is still that fence, the lease is this owner's, and it has
+    not expired at ``now``. Otherwise it is *lost* (taken over, released, reclaimed,
+    or expired: another owner may already have claimed it) and is returned unchanged in
+    ``lost``; the caller stops the work it fenced. ``renewed`` holds the new rows.
+
+    Unreadable rows raise their typed error (the whole renewal is then discarded).
+    """
+    _check_lease_seconds(lease_seconds)
+    renewed: list[LeaseRecord] = []
+    lost: list[LeaseRecord] = []
+    owner_id = txn.owner_id
+    expires_at = now + lease_seconds
+    for lease in leases:
+        current = txn.get_lease(lease.operation_id)
+        if (
+            current is None
+            or current.token != lease.token
+            or current.fence != lease.fence
+            or current.owner_id != owner_id
+            or not txn.lease_is_live(current, now)
+        ):
+            lost.append(lease)
+            continue
+        record = txn.get_operation(lease.operation_id)
+        if record is None or record.fence != lease.fence:
+            lost.append(lease)
+            continue
+        fresh = msgspec.structs.replace(current, expires_at=expires_at)
+        txn.put_lease(fresh)
+        renewed.append(fresh)
+    return renewed, lost
 
 
 def release_lease(txn: WriteTransaction, operation_id: str, token: str) -> bool:

@@ -368,10 +368,11 @@ class RecoveryStore(RecordGetters):
     def _get(self, table: Table, key: bytes) -> bytes | None:
         return self._read(lambda txn: txn.get(key, db=self._dbs[table]))
 
-    def lease_is_live(self, lease: LeaseRecord) -> bool:
-        """Held by one of this store's active acquisitions, or by a living other owner."""
+    def lease_is_live(self, lease: LeaseRecord, now: float | None = None) -> bool:
+        """Not expired at ``now`` (None: ``time.time()``), and held by one of this store's
+        active acquisitions or by a living other owner."""
         assert self._tokens is not None
-        return self._tokens.is_live(lease)
+        return self._tokens.is_live(lease, now)
 
     def last_command_serial(self) -> int:
         return u64(self._get("meta", META_SERIAL))

@@ -12,6 +12,7 @@ This is the hot path of every durable step: keep it free of work that is not nee
 from __future__ import annotations
 
 import contextlib
+import operator
 from collections.abc import Callable, Iterator
 from typing import Any, Final, TypeVar
 
@@ -35,6 +36,7 @@ from recoverable.storage.rows import RecordGetters, decode_row
 from recoverable.storage.writer import MutationContext
 
 from recoverable.errors import (
+    AdmissionChanged,
     FenceMismatch,
     InvalidRequest,
     StorageLimitExceeded,
@@ -51,11 +53,27 @@ from recoverable.records import (
 )
 from recoverable.types import AccountBinding
 
-__all__ = ["WriteState", "WriteTxn"]
+__all__ = ["ADMISSION_FIELDS", "WriteState", "WriteTxn"]
 
 Result = TypeVar("Result")
 
 _MISSING: Final = object()
+
+# What an operation was admitted with (issue 14): fixed by ``prepare``, never changed by a
+# later write of the same record (``put_operation`` refuses it with ``AdmissionChanged``).
+# A field is listed only once the record has it (``on_interruption`` arrives with the
+# interruption policy).
+ADMISSION_FIELDS: Final[tuple[str, ...]] = tuple(
+    name
+    for name in (
+        "account", "endpoint_id", "model", "reasoning_effort", "body_hash",
+        "maximum_attempts", "maximum_output_tokens_total", "retry_policy", "expires_at",
+        "format_hash", "contract_version", "scope", "job_id", "input_revision",
+        "on_interruption",
+    )
+    if name in OperationRecord.__struct_fields__
+)
+_admission: Final = operator.attrgetter(*ADMISSION_FIELDS)  # one C call: a tuple of values
 
 
 class WriteState:
@@ -163,7 +181,12 @@ class WriteTxn(RecordGetters, MutationContext):
         self._cache[(table, key)] = value
         return value
 
-    def _put(self, table: Table, key: bytes, value: bytes) -> None:
+    def _put(
+        self, table: Table, key: bytes, value: bytes, *, immutable: str | None = None
+    ) -> None:
+        """Put ``value`` at ``key``. With ``immutable`` (the operation id), an existing
+        different value is not replaced: ``AdmissionChanged`` (no extra read: the old
+        value comes back from the same LMDB call)."""
         state = self._state
         if len(value) > state.max_record_bytes:
             raise StorageLimitExceeded(
@@ -179,16 +202,18 @@ class WriteTxn(RecordGetters, MutationContext):
                 old = cached  # type: ignore[assignment]
         except lmdb.Error as exc:
             raise self._lmdb_error(exc) from exc
+        if immutable is not None and old is not None and old != value:
+            if cached is _MISSING:
+                self._undo_replace(db, key, old)
+            raise AdmissionChanged(
+                f"the frozen {table} value differs from the saved one",
+                operation_id=immutable,
+                field="body",
+            )
         delta = len(value) - len(old) if old is not None else len(key) + len(value)
         if delta > 0 and self._bytes_used + delta > state.max_bytes:
             if cached is _MISSING:  # undo the replace: a refused write changes nothing
-                try:
-                    if old is None:
-                        self._txn.delete(key, db=db)
-                    else:
-                        self._txn.put(key, old, db=db)
-                except lmdb.Error as exc:
-                    raise self._lmdb_error(exc) from exc
+                self._undo_replace(db, key, old)
             raise StorageLimitExceeded(
                 f"the store would hold {self._bytes_used + delta} bytes; max_bytes="
                 f"{state.max_bytes}"
@@ -200,6 +225,16 @@ class WriteTxn(RecordGetters, MutationContext):
                 raise self._lmdb_error(exc) from exc
         self._cache[(table, key)] = value
         self._bytes_used += delta
+
+    def _undo_replace(self, db: Any, key: bytes, old: bytes | None) -> None:
+        """Put back what ``txn.replace`` overwrote (a refused write changes nothing)."""
+        try:
+            if old is None:
+                self._txn.delete(key, db=db)
+            else:
+                self._txn.put(key, old, db=db)
+        except lmdb.Error as exc:
+            raise self._lmdb_error(exc) from exc
 
     def _delete(self, table: Table, key: bytes) -> bool:
         cached = self._cache.get((table, key), _MISSING)
@@ -266,6 +301,12 @@ class WriteTxn(RecordGetters, MutationContext):
                     f"{'no record' if old is None else old.fence}",
                     operation_id=record.operation_id,
                 )
+            if (
+                old is not None
+                and _admission(old) != _admission(record)
+                and not old.awaiting_upgrade  # a version-1 record is frozen by its upgrade
+            ):
+                raise _admission_changed(old, record)
             new_hosts = hosts_key(record)
             old_hosts = hosts_key(old) if old is not None else None
             if old_hosts is not None and old_hosts != new_hosts:
@@ -293,9 +334,14 @@ class WriteTxn(RecordGetters, MutationContext):
     # -- payloads --
 
     def put_payload(self, operation_id: str, kind: PayloadKind, data: bytes) -> None:
+        """Write a payload. The frozen body is immutable: putting a different body over an
+        existing one raises ``AdmissionChanged`` (the same bytes again are a no-op)."""
         if not isinstance(data, bytes):
             raise InvalidRequest("payload data must be bytes", operation_id=operation_id)
-        self._put("payloads", payload_key(operation_id, kind), data)
+        if kind == "body":
+            self._put("payloads", payload_key(operation_id, kind), data, immutable=operation_id)
+        else:
+            self._put("payloads", payload_key(operation_id, kind), data)
 
     def delete_payload(self, operation_id: str, kind: PayloadKind) -> bool:
         return self._delete("payloads", payload_key(operation_id, kind))
@@ -341,8 +387,8 @@ class WriteTxn(RecordGetters, MutationContext):
             return False
         return self._delete("leases", operation_key(operation_id))
 
-    def lease_is_live(self, lease: LeaseRecord) -> bool:
-        return self._state.tokens.is_live(lease)
+    def lease_is_live(self, lease: LeaseRecord, now: float | None = None) -> bool:
+        return self._state.tokens.is_live(lease, now)
 
     def register_token(self, token: str) -> None:
         """Mark a lease token of this store as active now; undone if this run is discarded.
@@ -430,3 +476,15 @@ class WriteTxn(RecordGetters, MutationContext):
 
     def unregister_worker(self, owner_id: str, token: str) -> bool:
         return self._delete("queue", queue.worker_key(owner_id, token))
+
+
+def _admission_changed(old: OperationRecord, new: OperationRecord) -> AdmissionChanged:
+    """The error naming the first admission field ``new`` changes (ids and names only)."""
+    field = next(
+        name for name in ADMISSION_FIELDS if getattr(old, name) != getattr(new, name)
+    )
+    return AdmissionChanged(
+        f"{field} is an admission field: it cannot change once the operation is saved",
+        operation_id=old.operation_id,
+        field=field,
+    )

@@ -2,7 +2,9 @@
 
 Set ``RECOVERABLE_KILL_AT=<name>`` (optionally ``<name>@<n>`` for the n-th hit)
 in a test process's environment and the process SIGKILLs itself when the code
-path reaches that point. Nothing else reads this variable.
+path reaches that point. With ``RECOVERABLE_KILL_SIGNAL=STOP`` it SIGSTOPs itself
+there instead (a hung owner: it goes on where it stopped once sent SIGCONT). Nothing
+else reads these variables.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ if _spec:
 else:
     _TARGET = None
 _hits = 0
+_SIGNAL = signal.SIGSTOP if os.environ.get("RECOVERABLE_KILL_SIGNAL") == "STOP" else signal.SIGKILL
 
 # The boundaries of the crash table (specification, "Exactly where durability begins").
 POINTS = (
@@ -37,10 +40,10 @@ POINTS = (
 
 
 def hit(name: str) -> None:
-    """SIGKILL this process if ``name`` is the enabled kill point (and its hit count)."""
+    """SIGKILL (or SIGSTOP) this process if ``name`` is the enabled point (and its hit)."""
     global _hits
     if _TARGET is None or name != _TARGET:
         return
     _hits += 1
-    if _hits >= _NTH:
-        os.kill(os.getpid(), signal.SIGKILL)
+    if _hits == _NTH or (_hits > _NTH and _SIGNAL == signal.SIGKILL):
+        os.kill(os.getpid(), _SIGNAL)

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 __all__ = [
     "AccountChanged",
+    "AdmissionChanged",
     "AttemptNotAuthorized",
     "AttemptsExhausted",
     "AuthenticationRequired",
@@ -29,6 +30,7 @@ __all__ = [
     "InvalidParameter",
     "InvalidRequest",
     "JobConflict",
+    "LeaseLost",
     "OperationBusy",
     "OperationCancelled",
     "OperationSuspended",
@@ -328,6 +330,48 @@ class JobConflict(RecoveryError):
     _action = (
         "wait for the submitted operation, or create new content under a new "
         "input_revision (the submitted operation is unchanged)"
+    )
+
+
+class AdmissionChanged(RecoveryError):
+    """A write tried to change an admission field of a saved operation (or its frozen body).
+
+    The admission fields (account, endpoint, model, reasoning effort, body, budget, retry
+    policy, expiry, format, contract version, scope, job id, input revision, interruption
+    policy) are fixed when the operation is prepared; the store refuses any write that
+    changes them, whoever makes it. ``field`` names the first field found changed
+    (``"body"`` for the frozen body payload). Nothing was written.
+    """
+
+    code = "admission_changed"
+    _summary = "a write tried to change what the operation was admitted with; nothing was written"
+    _action = (
+        "prepare a new operation (or use runtime.retry) to run with other settings; "
+        "a saved operation's request, budget and policy never change"
+    )
+
+    def __init__(
+        self, message: str = "", *, operation_id: str | None = None, field: str | None = None
+    ) -> None:
+        super().__init__(message, operation_id=operation_id)
+        self.field = field
+
+
+class LeaseLost(RecoveryError):
+    """This execution's lease expired or was taken over (a newer owner has a higher fence).
+
+    Raised to the caller of an execution whose lease could not be renewed in time (its
+    process was stopped, or the store was unavailable past the lease's safety margin) or
+    whose token/fence moved. This owner never retries it: whatever it still had in
+    flight is refused by the store (fenced writes), and the new owner, if any, carries
+    the operation on.
+    """
+
+    code = "lease_lost"
+    _summary = "its lease expired or a newer owner took the operation over; this execution stopped"
+    _action = (
+        "read its status (the new owner may be running or have finished it); call "
+        "send_recovering again to reopen it if nobody runs it"
     )
 
 

@@ -174,6 +174,12 @@ class LeaseRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     token: str  # unique per acquisition (two tasks of one process are told apart)
     fence: int
     acquired_at: float
+    # Wall-clock seconds (the clock every process shares) after which the lease is no
+    # longer live, even while its owner's lock is held (a hung owner is reclaimable);
+    # moved forward by each renewal. None (rows written before leases expired): the
+    # lease lives as long as its owner process (added after version 1 was released:
+    # optional, so rows written before decode unchanged).
+    expires_at: float | None = None
 
 
 Disposition = Literal["acknowledged", "abandoned"]

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from recoverable.preconditions import endpoint_blocked, is_expired
-from recoverable.records import AttemptRecord, CommandKind, OperationRecord
+from recoverable.records import AttemptRecord, CommandKind, LeaseRecord, OperationRecord
 from recoverable.types import (
     AccountBinding,
     AttemptSummary,
@@ -140,8 +140,12 @@ def derive_status(
     command: CommandKind | None = None,
     payloads: frozenset[str] | None = None,
     endpoint_down: str | None = None,
+    lease: LeaseRecord | None = None,
 ) -> Status:
     """Every dimension of the operation, derived from the record (no lease, no I/O).
+
+    ``lease`` is the operation's lease row as the viewer read it; while ``lease_live``,
+    its owner and expiry are shown (``lease_owner``, ``lease_expires_at``).
 
     ``payloads`` are the payload kinds present in the store (``None``: not looked
     at). A missing frozen body (while the operation could still generate) or a
@@ -212,4 +216,9 @@ def derive_status(
         endpoint_failure=endpoint_failure,
         usage=rec.usage,
         maximum_output_tokens_total=rec.maximum_output_tokens_total,
+        lease_owner=lease.owner_id if lease is not None and lease_live else None,
+        lease_expires_at=(
+            to_datetime(lease.expires_at) if lease is not None and lease_live else None
+        ),
+        fence=rec.fence,
     )

@@ -212,6 +212,12 @@ class Status(msgspec.Struct, frozen=True, kw_only=True):
     # and endpoint), "resuming" (suspended by a stopping worker; the next one resumes it)
     # or "waiting_for_worker" (no live worker serves its account and endpoint).
     queue: Literal["queued", "resuming", "waiting_for_worker"] | None = None
+    # Who runs it now (issue 14): the owner id (an opaque store-opener id, not an account)
+    # of the live lease and when that lease expires unless renewed (None: no live lease,
+    # or a lease without expiry), and the generation fence (incremented by every claim).
+    lease_owner: str | None = None
+    lease_expires_at: _dt.datetime | None = None
+    fence: int = 0
 
 
 class Receipt(msgspec.Struct, frozen=True, kw_only=True):

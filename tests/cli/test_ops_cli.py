@@ -68,7 +68,7 @@ def test_ops_commands_on_a_store_made_by_a_batch(tmp_path: Path) -> None:
     listing = run_cli("inventory", "--store", s, *ACCOUNT)
     assert listing.returncode == 0, listing.stderr
     assert listing.stdout.splitlines()[0].split() == [
-        "OPERATION", "STATE", "AVAILABILITY", "ATTEMPTS", "JOB", "REVISION"]
+        "OPERATION", "STATE", "AVAILABILITY", "ATTEMPTS", "JOB", "REVISION", "OWNER"]
     assert "5 operation(s)" in listing.stdout
     inventory = msgspec.json.decode(
         run_cli("inventory", "--store", s, *ACCOUNT, "--json").stdout, type=recoverable.Inventory

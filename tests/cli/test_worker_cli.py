@@ -261,3 +261,14 @@ def test_sigterm_right_after_ready_is_a_clean_stop(tmp_path: Path) -> None:
         "worker": "stopped", "claimed": 0, "completed": 0, "failed": 0, "busy": 0,
         "stopped": 0, "removed": 0, "resumable": 0,
     }
+
+
+def test_lease_seconds_out_of_bounds_is_a_usage_error(tmp_path: Path) -> None:
+    for value in ("0.5", "7200", "nan"):
+        done = subprocess.run(
+            cli_command("worker", "--store", str(tmp_path / "s"), "--lease-seconds", value),
+            capture_output=True, text=True, timeout=60, cwd=REPO, env=child_env(),
+        )
+        assert done.returncode == 2, (value, done.stderr)
+        assert "--lease-seconds" in done.stderr
+    assert not (tmp_path / "s").exists()  # refused before the store was created

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+from recoverable.storage import codec
+from recoverable.storage.keys import operation_key
 from recoverable.storage.store import WriteTxn
 from recoverable.transport.backend import check_base_url, endpoint_identity
 
@@ -92,7 +94,10 @@ async def test_a_bare_label_saved_before_host_binding_still_matches_its_label(
     def legacy(txn: WriteTxn) -> None:
         record = txn.get_operation(handle.operation_id)
         assert record is not None and record.endpoint_id == "svc@127.0.0.1"
-        txn.put_operation(msgspec.structs.replace(record, endpoint_id="svc"))
+        # Forged as older code wrote it: raw bytes (put_operation refuses to change an
+        # admission field, issue 14.2; the endpoint is not in the hosts index).
+        old = msgspec.structs.replace(record, endpoint_id="svc")
+        txn.put_raw("operations", operation_key(old.operation_id), codec.encode(old))
 
     store.write_sync(legacy)
     async with recoverable.open_runtime(

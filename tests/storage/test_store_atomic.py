@@ -36,12 +36,18 @@ async def test_reads_within_a_mutation_see_its_own_writes(store: RecoveryStore) 
     def write_then_read(txn: WriteTxn) -> tuple[int, bytes | None, bool]:
         txn.put_operation(make_op("op-b"))
         txn.put_operation(make_op("op-b", attempts_used=2))
-        txn.put_payload("op-b", "body", b"one")
-        txn.put_payload("op-b", "body", b"two")
+        # (Not the body: a frozen body is immutable, issue 14.2.)
+        txn.put_payload("op-b", "request", b"one")
+        txn.put_payload("op-b", "request", b"two")
+        assert txn.get_payload("op-b", "request") == b"two"
         record = txn.get_operation("op-b")
         assert record is not None
-        txn.delete_payload("op-b", "body")
-        return record.attempts_used, txn.get_payload("op-b", "body"), txn.delete_operation("op-b")
+        txn.delete_payload("op-b", "request")
+        return (
+            record.attempts_used,
+            txn.get_payload("op-b", "request"),
+            txn.delete_operation("op-b"),
+        )
 
     assert await store.write(write_then_read) == (2, None, True)
     assert store.get_operation("op-b") is None

@@ -10,9 +10,9 @@ PER_PROCESS = 150
 
 
 def increment(txn: WriteTxn) -> int:
-    raw = txn.get_payload("counter", "body")
+    raw = txn.get_payload("counter", "request")
     value = (int.from_bytes(raw, "big") if raw else 0) + 1
-    txn.put_payload("counter", "body", value.to_bytes(8, "big"))
+    txn.put_payload("counter", "request", value.to_bytes(8, "big"))
     return value
 
 
@@ -48,6 +48,6 @@ async def test_concurrent_processes_lose_no_write(store_path: str) -> None:
         ids = {r.operation_id for r in store.inventory()[0]}
         expected = {f"{prefix}-{i}" for prefix in "abp" for i in range(PER_PROCESS)}
         assert ids == expected
-        counter = store.get_payload("counter", "body")
+        counter = store.get_payload("counter", "request")
         assert counter is not None and int.from_bytes(counter, "big") == 3 * PER_PROCESS
         assert store.check_integrity() == []

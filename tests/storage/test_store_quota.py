@@ -53,7 +53,9 @@ async def test_total_quota_refuses_without_evicting_and_frees_on_delete(
     written = []
     with pytest.raises(StorageLimitExceeded):
         for i in range(100):
-            await small.write(lambda t, i=i: t.put_payload(f"p{i}", "body", bytes([i]) * CHUNK))
+            await small.write(
+                lambda t, i=i: t.put_payload(f"p{i}", "completion", bytes([i]) * CHUNK)
+            )
             written.append(i)
     assert 5 <= len(written) < 12
     used = small.stats()["bytes_used"]
@@ -61,18 +63,19 @@ async def test_total_quota_refuses_without_evicting_and_frees_on_delete(
     before = state(small)
     # a composite write (operation + indexes + command counter) fails as a whole
     with pytest.raises(StorageLimitExceeded):
-        await small.write(lambda t: t.put_payload("again", "body", b"z" * CHUNK))
+        await small.write(lambda t: t.put_payload("again", "completion", b"z" * CHUNK))
     big_op = make_op("big", model="m" * 9_900, phase="waiting", next_attempt_at=5.0)
     with pytest.raises(StorageLimitExceeded):
         await small.write(lambda t: t.put_operation(big_op))
     assert state(small) == before
     assert small.get_operation("big") is None and small.inventory() == ([], [])
     for i in written:  # nothing was evicted
-        assert small.get_payload(f"p{i}", "body") == bytes([i]) * CHUNK
-    # deleting is always allowed and frees room; overwriting smaller is allowed
-    assert await small.write(lambda t: t.delete_payload("p0", "body"))
-    await small.write(lambda t: t.put_payload("p1", "body", b"s"))
-    await small.write(lambda t: t.put_payload("again", "body", b"z" * CHUNK))
+        assert small.get_payload(f"p{i}", "completion") == bytes([i]) * CHUNK
+    # deleting is always allowed and frees room; overwriting smaller is allowed (not a
+    # frozen body: that one is immutable, issue 14.2, so these payloads are completions)
+    assert await small.write(lambda t: t.delete_payload("p0", "completion"))
+    await small.write(lambda t: t.put_payload("p1", "completion", b"s"))
+    await small.write(lambda t: t.put_payload("again", "completion", b"z" * CHUNK))
     assert small.check_integrity() == []
 
 
@@ -97,11 +100,11 @@ async def test_command_counter_is_unchanged_when_the_command_is_refused(
 async def test_counter_matches_stored_bytes_after_mixed_writes(store: RecoveryStore) -> None:
     def mixed(txn: WriteTxn) -> None:
         txn.put_operation(make_op("m1", phase="waiting", next_attempt_at=3.0))
-        txn.put_payload("m1", "body", b"b" * 1000)
-        txn.put_payload("m1", "body", b"b" * 10)  # overwrite smaller
+        txn.put_payload("m1", "completion", b"b" * 1000)
+        txn.put_payload("m1", "completion", b"b" * 10)  # overwrite smaller
         txn.put_command("m1", "suspend", 1.0)
         txn.put_operation(make_op("m1", phase="completed"))
-        txn.delete_payload("m1", "body")
+        txn.delete_payload("m1", "completion")
 
     await store.write(mixed)
     assert store.check_integrity() == []  # includes bytes_used == sum of stored key+value sizes

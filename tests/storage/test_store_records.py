@@ -15,7 +15,12 @@ from recoverable.storage import (
 )
 from storage_helpers import ACCOUNT, OTHER, make_op, spawn_child
 
-from recoverable.errors import CorruptRecord, InvalidRequest, UnsupportedRecordVersion
+from recoverable.errors import (
+    AdmissionChanged,
+    CorruptRecord,
+    InvalidRequest,
+    UnsupportedRecordVersion,
+)
 from recoverable.outcome import Interruption
 from recoverable.records import (
     AttemptRecord,
@@ -166,8 +171,15 @@ async def test_hosts_index_tells_none_from_empty_and_follows_changes(store: Reco
     assert store.ids_by_job(ACCOUNT, "", "") == ["e1"]
     assert sorted(store.ids_by_job(ACCOUNT, "s", "job")) == ["j1", "j2"]
     assert store.ids_by_job(OTHER, "s", "job") == ["o1"]
+    # The job id is an admission field (issue 14.2): a rewrite cannot move it ...
+    with pytest.raises(AdmissionChanged):
+        await store.write(lambda t: t.put_operation(make_op("j2", scope="s", job_id="other")))
+    assert sorted(store.ids_by_job(ACCOUNT, "s", "job")) == ["j1", "j2"]
+    # ... a deletion and a new record under the same id can (the index follows both).
+    await store.write(lambda t: t.delete_operation("j2"))
     await store.write(lambda t: t.put_operation(make_op("j2", scope="s", job_id="other")))
     assert store.ids_by_job(ACCOUNT, "s", "job") == ["j1"]
+    assert store.ids_by_job(ACCOUNT, "s", "other") == ["j2"]
     readable, unreadable = store.inventory(account=ACCOUNT, scope="s")
     assert sorted(r.operation_id for r in readable) == ["j1", "j2"] and unreadable == []
     assert len(store.inventory()[0]) == 5

@@ -367,6 +367,11 @@ def _add_worker(sub: argparse._SubParsersAction[_Parser]) -> None:
         "--idle-timeout", type=_positive_float, default=120.0, metavar="SECONDS",
         help="a stream silent this long is interrupted (and replaced)",
     )
+    worker.add_argument(
+        "--lease-seconds", type=_positive_float, default=30.0, metavar="SECONDS",
+        help="how long a claim lives unless the worker's heartbeat renews it (1..3600; a "
+        "hung worker's operations are reclaimed by another worker after it)",
+    )
 
 
 def _add_ops_command(sub: argparse._SubParsersAction[_Parser], name: str) -> None:

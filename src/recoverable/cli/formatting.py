@@ -111,6 +111,11 @@ def format_status(status: Status) -> str:
         )),
         ("output token budget", status.maximum_output_tokens_total),
         ("response id", status.response_id),
+        ("owner", status.lease_owner),  # the store opener holding its live lease
+        ("lease expires at", (
+            status.lease_expires_at.isoformat() if status.lease_expires_at else None
+        )),
+        ("fence", status.fence or None),  # claims so far (0: never run)
         ("suggested", ", ".join(status.suggested_actions)),
         ("redacted", "yes (another account)" if status.redacted else None),
     ]
@@ -118,7 +123,7 @@ def format_status(status: Status) -> str:
 
 
 def format_inventory(inventory: Inventory) -> str:
-    header = ("OPERATION", "STATE", "AVAILABILITY", "ATTEMPTS", "JOB", "REVISION")
+    header = ("OPERATION", "STATE", "AVAILABILITY", "ATTEMPTS", "JOB", "REVISION", "OWNER")
     rows = [
         (
             status.operation_id,
@@ -127,6 +132,7 @@ def format_inventory(inventory: Inventory) -> str:
             f"{status.attempts_used}/{status.maximum_attempts}",
             status.job_id or "-",
             status.input_revision or "-",
+            (status.lease_owner or "-")[:12],  # the live lease's owner id, shortened
         )
         for status in inventory.operations
     ]

@@ -61,6 +61,7 @@ class WorkerConfig:
     concurrency: int = 64
     authorizer: str | None = None
     idle_timeout: float = 120.0
+    lease_seconds: float = 30.0
 
 
 def worker_account(config: WorkerConfig) -> AccountBinding:
@@ -167,7 +168,9 @@ async def _serve(
     stop = trio.Event()
     async with (
         open_worker_backend(config, account) as backend,
-        open_runtime(store, backend, account=account) as rt,
+        open_runtime(
+            store, backend, account=account, lease_seconds=config.lease_seconds
+        ) as rt,
         trio.open_nursery() as nursery,
     ):
         await nursery.start(_watch_signals, stop)  # installed before "ready" is said
@@ -226,6 +229,8 @@ def worker_config(args: argparse.Namespace) -> WorkerConfig:
     """The parsed ``recoverable worker`` arguments (``cli/arguments.py``)."""
     if args.fixture_url is not None and args.endpoint != "fixture":
         raise UsageError("--fixture-url and --endpoint URL exclude each other")
+    if not 1.0 <= args.lease_seconds <= 3600.0:
+        raise UsageError("--lease-seconds must be between 1 and 3600")
     return WorkerConfig(
         store_path=args.store,
         endpoint=args.endpoint,
@@ -236,6 +241,7 @@ def worker_config(args: argparse.Namespace) -> WorkerConfig:
         concurrency=args.concurrency,
         authorizer=args.authorizer,
         idle_timeout=args.idle_timeout,
+        lease_seconds=args.lease_seconds,
     )
 
 

@@ -1,0 +1,291 @@
+"""The runtime's heartbeat: it keeps the leases its executions hold alive, and stops an
+execution the moment its lease is lost.
+
+Every lease this runtime holds is registered here (:meth:`LeaseKeeper.hold`) by the
+execution that took it, with the way to stop that execution. One task per runtime
+(:meth:`LeaseKeeper.run`, in the runtime's supervisor nursery) renews, every
+``lease_seconds / 3``, ALL of them in ONE store write (``storage.leases.renew_leases``: the
+group commit), each conditional on its token and fence still being current. A lease found
+lost (taken over, expired) stops its execution at once, with ``LeaseLost``. A renewal that
+cannot be written (the store is unavailable) is retried sooner, until a lease's safety
+margin is reached: then its execution stops too.
+
+The *safety margin* is ``lease_seconds / 6`` before ``expires_at``. An attempt's transport
+runs in a cancel scope (:meth:`LeaseKeeper.transport_scope`) whose deadline is the lease's
+``expires_at - margin``, moved forward by each renewal: a running generation is cut only
+when its lease could no longer be held (seed 000's "no elapsed-time deadline on a running
+generation" holds while the owner is alive and renewing).
+
+Expiry is wall-clock time (``wall_clock``, the clock every process shares); the heartbeat's
+sleeps and the transport deadlines are Trio time, converted at each renewal.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Final, Protocol
+
+import trio
+from recoverable.storage.base import Store, WriteTransaction
+from recoverable.storage.leases import renew_leases
+
+from recoverable import errors, machine
+from recoverable.outcome import Interruption
+from recoverable.records import LeaseRecord, OperationRecord
+
+__all__ = [
+    "LEASE_SECONDS_MAX",
+    "LEASE_SECONDS_MIN",
+    "ExecutionLease",
+    "HeldLease",
+    "LeaseKeeper",
+    "check_lease_seconds",
+    "lease_lost_transition",
+]
+
+LEASE_SECONDS_MIN: Final = 1.0
+LEASE_SECONDS_MAX: Final = 3600.0
+
+
+def check_lease_seconds(value: float) -> float:
+    """``value`` as a float, or ``InvalidRequest`` outside ``1..3600`` seconds."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not LEASE_SECONDS_MIN <= value <= LEASE_SECONDS_MAX
+    ):
+        raise errors.InvalidRequest(
+            f"lease_seconds must be a number of seconds in {LEASE_SECONDS_MIN:g}.."
+            f"{LEASE_SECONDS_MAX:g}"
+        )
+    return float(value)
+
+
+class HeldLease:
+    """One lease an execution of this runtime holds, as the heartbeat keeps it."""
+
+    def __init__(self, lease: LeaseRecord, on_lost: Callable[[], None]) -> None:
+        self.lease = lease
+        self.lost = False
+        self._on_lost = on_lost
+        self.transports: list[trio.CancelScope] = []
+
+    def lose(self) -> None:
+        """The lease is lost: stop the execution (once), and cut its transport now."""
+        if self.lost:
+            return
+        self.lost = True
+        for scope in self.transports:
+            scope.cancel()
+        self._on_lost()
+
+
+class LeaseKeeper:
+    """The leases of one runtime, and the heartbeat task that renews them."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        lease_seconds: float,
+        wall_clock: Callable[[], float],
+    ) -> None:
+        self.store = store
+        self.lease_seconds = check_lease_seconds(lease_seconds)
+        self.wall_clock = wall_clock
+        self.held: dict[str, HeldLease] = {}
+        self.renewal_writes = 0  # store writes made by the heartbeat (one per beat)
+        self.renewal_failures = 0  # beats whose write failed (store unavailable)
+        self.lost = 0  # leases found lost (or past their margin) by the heartbeat
+        self._beat = trio.Event()  # set to make the heartbeat beat now (tests, shutdown)
+        self._renewed = trio.Event()  # set (and replaced) after each renewal write
+
+    @property
+    def period(self) -> float:
+        return self.lease_seconds / 3
+
+    @property
+    def margin(self) -> float:
+        return self.lease_seconds / 6
+
+    # --- registration (by the execution that took the lease) ------------------------
+
+    def hold(self, lease: LeaseRecord, on_lost: Callable[[], None]) -> HeldLease:
+        held = HeldLease(lease, on_lost)
+        self.held[lease.operation_id] = held
+        return held
+
+    def drop(self, held: HeldLease) -> None:
+        if self.held.get(held.lease.operation_id) is held:
+            del self.held[held.lease.operation_id]
+
+    # --- the transport's hard deadline ----------------------------------------------
+
+    def deadline(self, held: HeldLease) -> float:
+        """The Trio deadline of the held lease's safety margin (``inf``: no expiry)."""
+        expires_at = held.lease.expires_at
+        if expires_at is None:
+            return math.inf
+        return trio.current_time() + (expires_at - self.margin - self.wall_clock())
+
+    @contextmanager
+    def transport_scope(self, held: HeldLease) -> Iterator[trio.CancelScope]:
+        """A cancel scope for one attempt's transport, cut at the lease's safety margin
+        (moved by every renewal) or at once when the lease is lost."""
+        scope = trio.CancelScope(deadline=self.deadline(held))
+        if held.lost:
+            scope.cancel()
+        held.transports.append(scope)
+        try:
+            with scope:
+                yield scope
+        finally:
+            held.transports.remove(scope)
+
+    # --- the heartbeat --------------------------------------------------------------
+
+    def beat_now(self) -> None:
+        """Wake the heartbeat for an immediate renewal."""
+        self._beat.set()
+
+    async def next_renewal(self) -> None:
+        """Wait until the next renewal write has committed (a barrier for tests and
+        status readers; nothing waits on it to be correct)."""
+        await self._renewed.wait()
+
+    async def run(self) -> None:
+        """Renew every ``period``; after a failed write, retry sooner (``period / 4``)."""
+        delay = self.period
+        while True:
+            with trio.move_on_after(delay):
+                await self._beat.wait()
+            self._beat = trio.Event()
+            delay = self.period if await self.renew() else self.period / 4
+
+    async def renew(self) -> bool:
+        """One beat: renew all held leases in one write; stop the lost ones.
+
+        Returns False when the write failed (nothing renewed; leases past their safety
+        margin were stopped).
+        """
+        beating = [held for held in self.held.values() if not held.lost]
+        if not beating:
+            return True
+        now = self.wall_clock()
+        try:
+            renewed, lost = await self.store.write(
+                functools.partial(
+                    _renew, [held.lease for held in beating], now, self.lease_seconds
+                )
+            )
+        except errors.RecoveryError:
+            self.renewal_failures += 1
+            for held in beating:
+                expires_at = held.lease.expires_at
+                if expires_at is not None and self.wall_clock() >= expires_at - self.margin:
+                    self.lost += 1
+                    held.lose()
+            return False
+        self.renewal_writes += 1
+        self._renewed.set()
+        self._renewed = trio.Event()
+        fresh = {lease.token: lease for lease in renewed}
+        for held in beating:
+            lease = fresh.get(held.lease.token)
+            if lease is None:
+                continue
+            held.lease = lease
+            deadline = self.deadline(held)
+            for scope in held.transports:
+                scope.deadline = deadline
+        for lease in lost:
+            lost_held = self.held.get(lease.operation_id)
+            if lost_held is not None and lost_held.lease.token == lease.token:
+                self.lost += 1
+                lost_held.lose()
+        return True
+
+
+def _renew(
+    leases: list[LeaseRecord], now: float, lease_seconds: float, txn: WriteTransaction
+) -> tuple[list[LeaseRecord], list[LeaseRecord]]:
+    return renew_leases(txn, leases, now, lease_seconds)
+
+
+class ExecutionLease:
+    """One execution's side of its lease: registered with the runtime's keeper while held,
+    the cancel scope the heartbeat cancels when the lease is lost, and the transport's hard
+    deadline. The actor runs its steps inside :attr:`scope`; once it is cancelled the actor
+    closes an in-flight attempt honestly (:func:`lease_lost_transition`, fenced) and stops
+    with ``LeaseLost``."""
+
+    def __init__(self, keeper: LeaseKeeper) -> None:
+        self.keeper = keeper
+        self.scope = trio.CancelScope()
+        self.held: HeldLease | None = None
+
+    @property
+    def lost(self) -> bool:
+        return self.scope.cancel_called
+
+    def hold(self, lease: LeaseRecord) -> None:
+        self.held = self.keeper.hold(lease, self.scope.cancel)
+
+    def drop(self) -> None:
+        """The lease was released (or the execution ended): the heartbeat forgets it."""
+        if self.held is not None:
+            self.keeper.drop(self.held)
+            self.held = None
+
+    @contextmanager
+    def transport(self) -> Iterator[None]:
+        """Run one attempt's transport under the hard deadline (see the module docstring).
+        Cut by it, the lease is treated as lost: the execution stops at the next
+        checkpoint (:meth:`checkpoint`)."""
+        held = self.held
+        if held is None:
+            yield
+            return
+        with self.keeper.transport_scope(held) as cut:
+            yield
+        if cut.cancelled_caught and not held.lost:
+            self.keeper.lost += 1
+            held.lose()
+
+    async def checkpoint(self) -> None:
+        """Raise the scope's cancellation now if the lease is lost (a transport was cut)."""
+        if self.lost:
+            await trio.lowlevel.checkpoint()
+
+
+class Sent(Protocol):
+    """What the actor saw of the attempt it was sending (its progress reports)."""
+
+    progressed: bool
+    response_id: str | None
+    sequence_number: int | None
+
+
+def lease_lost_transition(
+    record: OperationRecord, ctx: machine.Context, sent: Sent | None = None
+) -> machine.Transition:
+    """How an execution that lost its lease leaves the record: an attempt still in flight
+    ends as an interruption (``transport_code="lease_lost"``: spent, no completion, usage
+    or response id invented), classified like any interruption (replaceable within the
+    budget); anything else stays as it is. Written fenced: refused if a newer owner exists.
+    """
+    last = record.attempts[-1] if record.attempts else None
+    if record.phase != "transmitting" or last is None or last.outcome != "in_flight":
+        return machine.Transition(record, None, False)
+    failure = Interruption(
+        kind="interrupted",
+        transport_code="lease_lost",
+        response_id=sent.response_id if sent is not None else None,
+        sequence_number=sent.sequence_number if sent is not None else None,
+        had_output=sent is not None and sent.progressed,
+    )
+    return machine.attempt_failed(record, last.attempt_id, failure, ctx)
