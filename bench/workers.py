@@ -11,8 +11,8 @@ workers' start-up included), the batch's own elapsed time and jobs/s, the ratio 
 K worker processes during each ``--workers N > 0`` run (at seeded moments of progress) to
 show the cost of adoption; POSTs then exceed the jobs by the attempts interrupted.
 
-The cost of leases/heartbeats (issue 14, w-lease) shows in these same rows once they are
-merged: the ``--workers 0`` row runs the same lease path in one process.
+Leases and their heartbeat run on every path (``--workers 0`` included): one renewal
+write per runtime every ``lease_seconds/3``.
 """
 
 from __future__ import annotations
