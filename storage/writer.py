@@ -173,6 +173,8 @@ class Writer(Generic[Ctx]):
         self._cond = threading.Condition()
         self._queue: collections.deque[_Job] = collections.deque()
         self._stopping = False
+        self._idle = False  # the writer thread is (about to be) waiting on _cond
+        self._exited = False  # the writer thread ended (stop() and nothing queued)
         self.commits = 0  # durable batch commits by this process
         self.writes = 0  # mutations resolved by those commits (succeeded or rolled back alone)
         self.largest_batch = 0
@@ -207,11 +209,23 @@ class Writer(Generic[Ctx]):
         return future.result()
 
     def _enqueue(self, job: _Job) -> None:
-        with self._cond:
-            if self._stopping:
-                raise StorageUnavailable("the store is closed")
-            self._queue.append(job)
-            self._cond.notify()
+        # Lock-free while the writer is busy (a commit is syncing): ``deque.append`` is
+        # atomic, and the writer takes the queue again before it sleeps. Only a writer
+        # that is asleep (or about to be: ``_idle`` is set under the lock *before* it
+        # checks the queue a last time) is notified, once: the first caller clears
+        # ``_idle``. So at most one Condition round trip per batch, not one per write.
+        if self._stopping:
+            raise StorageUnavailable("the store is closed")
+        self._queue.append(job)
+        if self._idle or self._stopping:
+            with self._cond:
+                if self._exited and job in self._queue:
+                    # stop() won the race: the writer drained the queue and ended before
+                    # this job was appended. Nothing ran; take it back and refuse.
+                    self._queue.remove(job)
+                    raise StorageUnavailable("the store is closed")
+                self._idle = False
+                self._cond.notify()
 
     def stop(self) -> None:
         """Finish every queued mutation, then end the thread."""
@@ -231,9 +245,12 @@ class Writer(Generic[Ctx]):
     def _run(self) -> None:
         while True:
             with self._cond:
+                self._idle = True  # before the last look at the queue (see _enqueue)
                 while not self._queue and not self._stopping:
                     self._cond.wait()
+                self._idle = False
                 if not self._queue:
+                    self._exited = True
                     return
                 take = min(len(self._queue), self._batch_limit)
                 batch = [self._queue.popleft() for _ in range(take)]
