@@ -42,6 +42,8 @@ async def test_a_thousand_concurrent_writers_share_few_commits_and_all_survive_r
         assert writes == 1000
         assert commits <= writes / 5, (commits, writes)
         assert after["largest_batch"] > 1
+        # No mutation raised: every batch ran once, without a child transaction per write.
+        assert after["isolated_reruns"] == before["isolated_reruns"]
         assert results == {i: f"ok-{i}" for i in range(1000)}
     with RecoveryStore.open(store_path) as store:
         readable, unreadable = store.inventory()
@@ -78,6 +80,7 @@ async def test_a_failing_mutation_is_rolled_back_alone_within_its_batch(
         nursery.start_soon(store.write, blocker)
         await trio.to_thread.run_sync(entered.wait, 30)
         commits_before = store.stats()["commits"]
+        reruns_before = store.stats()["isolated_reruns"]
         for i in range(12):
             nursery.start_soon(one, i)
         await trio.testing.wait_all_tasks_blocked()  # all twelve are queued behind the blocker
@@ -85,6 +88,9 @@ async def test_a_failing_mutation_is_rolled_back_alone_within_its_batch(
         release.set()
     assert store.stats()["commits"] - commits_before == 2  # the blocker's batch, then one batch
     assert store.stats()["largest_batch"] == 12
+    # The batch first ran without child transactions; the first failure discarded that run
+    # and the batch ran once more, each mutation in its own child transaction.
+    assert store.stats()["isolated_reruns"] - reruns_before == 1
     for i in range(12):
         if i % 3 == 0:
             assert isinstance(outcomes[i], ValueError)
