@@ -14,8 +14,12 @@ CPU µs of the calling thread (``time.thread_time``), except the one-at-a-time h
   (its fence check, encoding and index upkeep), both per record over distinct records;
 - the nested LMDB transaction each write runs in (``begin(parent=)`` + one put + child
   commit) against the same put straight in the batch's transaction (raw ``lmdb``);
+- a full ``gc.collect()`` with every record decoded and alive (and how many objects the
+  collector tracks then): what each full collection costs a runtime with that many
+  operations in flight;
 - the hand-off: ``await store.write(no-op)`` one at a time (a round trip through the writer
-  thread) and 1,000 at once (batched), as process CPU per write.
+  thread) and 1,000 at once (batched), as process CPU per write; and one real write per record
+  at once (read + ``put_operation``), as process CPU per write.
 
 ``--quick``: 200 records, 200 repeats (a few seconds). The figures of a quick run mean
 nothing; it proves the script still works.
