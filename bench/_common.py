@@ -34,8 +34,13 @@ def provider_process(
     faults: str | None = None, extra: Sequence[str] = ()
 ) -> Iterator[dict[str, Any]]:
     """Start the fixture provider in its own process; yield its URL line (plus ``pid``).
-    ``extra``: more ``fixture-provider`` options (e.g. ``--deltas 200:500``)."""
-    argv = [sys.executable, "-c", PROVIDER_CODE, "--port", "0", *extra]
+    ``extra``: more ``fixture-provider`` options (e.g. ``--deltas 200:500``).
+
+    ``BENCH_PROVIDER_PYTHON`` (environment): the interpreter of the provider process
+    (default: this one). It lets an older checkout's client be measured against this
+    checkout's provider (same provider on both sides of a before/after table)."""
+    python = os.environ.get("BENCH_PROVIDER_PYTHON") or sys.executable
+    argv = [python, "-c", PROVIDER_CODE, "--port", "0", *extra]
     if faults:
         argv += ["--faults", faults]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)

@@ -14,8 +14,12 @@ CPU µs of the calling thread (``time.thread_time``), except the one-at-a-time h
   (its fence check, encoding and index upkeep), both per record over distinct records;
 - the nested LMDB transaction each write runs in (``begin(parent=)`` + one put + child
   commit) against the same put straight in the batch's transaction (raw ``lmdb``);
+- a full ``gc.collect()`` with every record decoded and alive (and how many objects the
+  collector tracks then): what each full collection costs a runtime with that many
+  operations in flight;
 - the hand-off: ``await store.write(no-op)`` one at a time (a round trip through the writer
-  thread) and 1,000 at once (batched), as process CPU per write.
+  thread) and 1,000 at once (batched), as process CPU per write; and one real write per record
+  at once (read + ``put_operation``), as process CPU per write.
 
 ``--quick``: 200 records, 200 repeats (a few seconds). The figures of a quick run mean
 nothing; it proves the script still works.
@@ -24,6 +28,7 @@ nothing; it proves the script still works.
 from __future__ import annotations
 
 import argparse
+import gc
 import shutil
 import sys
 import tempfile
@@ -127,6 +132,41 @@ async def handoff_us(store: recoverable.RecoveryStore, n: int) -> tuple[float, f
     return serial, batched
 
 
+async def handoff_put_us(store: recoverable.RecoveryStore, ids: list[str]) -> float:
+    """Process CPU µs per write with one write per record in flight at once, each a real
+    mutation (read the record, ``put_operation`` of a changed copy): the writer's per-write
+    machinery (child transaction or not) plus the closure's own work."""
+
+    async def bump(op_id: str) -> None:
+        def mutation(txn: Any) -> None:
+            record = txn.get_operation(op_id)
+            txn.put_operation(msgspec.structs.replace(record, attempts_used=record.attempts_used),
+                              expect_fence=record.fence)
+
+        await store.write(mutation)
+
+    cpu0 = _common.self_cpu_seconds()
+    async with trio.open_nursery() as nursery:
+        for op_id in ids:
+            nursery.start_soon(bump, op_id)
+    return (_common.self_cpu_seconds() - cpu0) / len(ids) * 1e6
+
+
+def full_collection(store: recoverable.RecoveryStore, ids: list[str]) -> tuple[float, int]:
+    """(CPU µs of one full ``gc.collect()``, objects the collector tracks) with every record
+    of ``ids`` decoded and alive, as in a runtime with that many operations in flight."""
+    records = [store.get_operation(op_id) for op_id in ids]
+    gc.collect()
+    tracked = len(gc.get_objects())
+    rounds = []
+    for _ in range(5):
+        t0 = time.thread_time()
+        gc.collect()
+        rounds.append((time.thread_time() - t0) * 1e6)
+    del records
+    return sorted(rounds)[2], tracked
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=2000)
@@ -162,6 +202,11 @@ def main() -> None:
             child_us, direct_us = nested_txn_us(str(Path(base) / "raw"), args.records)
             row("raw LMDB put in a nested txn + child commit", child_us, "writer")
             row("raw LMDB put straight in the batch txn", direct_us, "writer")
+            gc_us, tracked = full_collection(store, ids)
+            row(f"full gc.collect() with {args.records} decoded records alive "
+                f"({tracked} tracked objects)", gc_us, "any")
+            row(f"await store.write(read + put_operation), {args.records} at once "
+                "(process CPU)", trio.run(handoff_put_us, store, ids), "both")
             serial, batched = trio.run(handoff_us, store, args.records)
             row("await store.write(no-op), one at a time (wall)", serial, "both")
             row(f"await store.write(no-op), {args.records} at once (process CPU)", batched,

@@ -484,6 +484,8 @@ class RecoveryStore(RecordGetters):
             "map_size": map_size,
             "map_growths": writer.map_growths,
             "map_adoptions": writer.map_adoptions,
+            # Batches run again with a child transaction per mutation because one raised.
+            "isolated_reruns": writer.isolated_reruns,
         }
 
     def check_integrity(self) -> list[str]:

@@ -2,8 +2,9 @@
 
 Every mutation is a callable ``fn(txn) -> T``. The writer thread takes every
 mutation queued while its previous commit was syncing (up to ``batch_limit``),
-runs each one in a *nested* child transaction of one batch transaction (so a
-mutation that raises is rolled back alone), then commits the batch once
+runs them in one batch transaction — straight in it while none raises; if one does,
+the run is discarded and the batch run again with each mutation in a *nested* child
+transaction (so a mutation that raises is rolled back alone) —, then commits the batch once
 (``sync=True``: one fsync serves the whole batch). Each caller is released only
 after that commit is durable.
 
@@ -142,6 +143,12 @@ class _SplitBatch(Exception):
     """Internal: the batch dirtied more pages than one LMDB transaction may hold."""
 
 
+class _Isolate(Exception):
+    """Internal: a mutation raised while the batch ran without child transactions; its
+    writes (if any) are in the batch transaction. Run the batch again, each mutation in
+    its own child transaction."""
+
+
 def _refuse_cancel(_: Any) -> trio.lowlevel.Abort:
     return trio.lowlevel.Abort.FAILED
 
@@ -173,11 +180,14 @@ class Writer(Generic[Ctx]):
         self._cond = threading.Condition()
         self._queue: collections.deque[_Job] = collections.deque()
         self._stopping = False
+        self._idle = False  # the writer thread is (about to be) waiting on _cond
+        self._exited = False  # the writer thread ended (stop() and nothing queued)
         self.commits = 0  # durable batch commits by this process
         self.writes = 0  # mutations resolved by those commits (succeeded or rolled back alone)
         self.largest_batch = 0
         self.map_growths = 0
         self.map_adoptions = 0  # MapResizedError: another process grew the map
+        self.isolated_reruns = 0  # batches run again with a child transaction per mutation
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -207,11 +217,23 @@ class Writer(Generic[Ctx]):
         return future.result()
 
     def _enqueue(self, job: _Job) -> None:
-        with self._cond:
-            if self._stopping:
-                raise StorageUnavailable("the store is closed")
-            self._queue.append(job)
-            self._cond.notify()
+        # Lock-free while the writer is busy (a commit is syncing): ``deque.append`` is
+        # atomic, and the writer takes the queue again before it sleeps. Only a writer
+        # that is asleep (or about to be: ``_idle`` is set under the lock *before* it
+        # checks the queue a last time) is notified, once: the first caller clears
+        # ``_idle``. So at most one Condition round trip per batch, not one per write.
+        if self._stopping:
+            raise StorageUnavailable("the store is closed")
+        self._queue.append(job)
+        if self._idle or self._stopping:
+            with self._cond:
+                if self._exited and job in self._queue:
+                    # stop() won the race: the writer drained the queue and ended before
+                    # this job was appended. Nothing ran; take it back and refuse.
+                    self._queue.remove(job)
+                    raise StorageUnavailable("the store is closed")
+                self._idle = False
+                self._cond.notify()
 
     def stop(self) -> None:
         """Finish every queued mutation, then end the thread."""
@@ -231,9 +253,12 @@ class Writer(Generic[Ctx]):
     def _run(self) -> None:
         while True:
             with self._cond:
+                self._idle = True  # before the last look at the queue (see _enqueue)
                 while not self._queue and not self._stopping:
                     self._cond.wait()
+                self._idle = False
                 if not self._queue:
+                    self._exited = True
                     return
                 take = min(len(self._queue), self._batch_limit)
                 batch = [self._queue.popleft() for _ in range(take)]
@@ -262,10 +287,15 @@ class Writer(Generic[Ctx]):
                 token.run_sync_soon(_reschedule_all, pairs)
 
     def _commit_batch(self, batch: list[_Job]) -> None:
+        isolated = False
         while True:
             try:
-                self._try_batch(batch)
+                self._try_batch(batch, isolated)
                 return
+            except _Isolate:
+                self._discard_runs(batch)
+                isolated = True
+                self.isolated_reruns += 1
             except _GrowMap:
                 self._discard_runs(batch)
                 if not self._grow():
@@ -309,7 +339,17 @@ class Writer(Generic[Ctx]):
                     job.result = outcome.Error(exc)
                 return
 
-    def _try_batch(self, batch: list[_Job]) -> None:
+    def _try_batch(self, batch: list[_Job], isolated: bool) -> None:
+        """Run ``batch`` in one write transaction and commit it.
+
+        First every mutation runs straight in the batch transaction (no child transaction:
+        a begin and a commit, each releasing and re-taking the GIL, saved per write). If one
+        raises, whatever it wrote is in the batch transaction, so the whole run is thrown
+        away (``_Isolate``: nothing committed, abort hooks run) and the batch is run again
+        ``isolated``: each mutation in its own child transaction, so the failing one is
+        rolled back alone. A failing mutation is rare (a refused precondition), and every
+        mutation may already run more than once (a map resize reruns its batch).
+        """
         with self._guard.shared():
             parent = self._env.begin(write=True)
             committed_any = False
@@ -318,7 +358,11 @@ class Writer(Generic[Ctx]):
                     self._begin_batch()
                 for job in batch:
                     job.result = None
-                    committed_any |= self._run_one(parent, job)
+                    if isolated:
+                        committed_any |= self._run_one(parent, job)
+                    else:
+                        self._run_direct(parent, job)
+                        committed_any = True
                 if committed_any:
                     if self._end_batch is not None:
                         self._end_batch(parent)
@@ -369,6 +413,28 @@ class Writer(Generic[Ctx]):
             return False
         job.result = outcome.Value(value)
         return True
+
+    def _run_direct(self, parent: lmdb.Transaction[bytes], job: _Job) -> None:
+        ctx = self._make_context(parent)
+        job.ctx = ctx
+        try:
+            value = job.fn(ctx)
+            ctx.finish()
+        except lmdb.MapFullError as exc:
+            raise _GrowMap from exc
+        except lmdb.TxnFullError as exc:
+            raise _SplitBatch from exc
+        except BaseException as exc:
+            if ctx.map_full:
+                raise _GrowMap from exc
+            if ctx.txn_full:
+                raise _SplitBatch from exc
+            raise _Isolate from exc
+        if ctx.map_full:
+            raise _GrowMap
+        if ctx.txn_full:
+            raise _SplitBatch
+        job.result = outcome.Value(value)
 
     def _discard_runs(self, batch: list[_Job]) -> None:
         for job in batch:

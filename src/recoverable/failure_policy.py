@@ -80,7 +80,7 @@ TRANSPORT_KINDS: Final = frozenset(
 )
 
 
-class RetryPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class RetryPolicy(msgspec.Struct, frozen=True, gc=False, kw_only=True, forbid_unknown_fields=True):
     """Saved with the operation: which failures may be replaced, and the backoff.
 
     Transport interruptions (disconnect, timeout, premature EOF, malformed

@@ -85,8 +85,12 @@ def bounded_response_id(value: object) -> str | None:
 MAX_USAGE_TOKENS: Final = 10**9
 _Count = Annotated[int, msgspec.Meta(ge=0)]  # a decoded record never holds a negative count
 
+# The structs of this module are ``gc=False`` (untracked by the cyclic collector): frozen,
+# of scalars, strings and other such frozen structs, so no reference cycle can pass
+# through them (see ``recoverable.records``). One ``Progress`` is built per stream event.
 
-class Usage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+
+class Usage(msgspec.Struct, frozen=True, gc=False, kw_only=True, forbid_unknown_fields=True):
     """The tokens one attempt consumed, as the provider reported them (counts only).
 
     ``input_tokens`` includes ``cached_input_tokens`` and ``output_tokens`` includes
@@ -165,7 +169,7 @@ MAX_RATE_LIMIT_COUNT: Final = 10**12
 MAX_RATE_LIMIT_RESET: Final = 24 * 3600.0  # seconds; a longer reset is read as this
 
 
-class RateLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class RateLimits(msgspec.Struct, frozen=True, gc=False, kw_only=True, forbid_unknown_fields=True):
     """The provider's ``x-ratelimit-remaining-*`` / ``x-ratelimit-reset-*`` response headers
     (counts and seconds only, each bounded; ``None`` when absent or unparsable). Built by
     :func:`recoverable.transport.ratelimit.parse_rate_limit_headers`; never persisted."""
@@ -176,7 +180,7 @@ class RateLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     reset_tokens: Annotated[float, msgspec.Meta(ge=0)] | None = None  # seconds
 
 
-class Interruption(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class Interruption(msgspec.Struct, frozen=True, gc=False, kw_only=True, forbid_unknown_fields=True):
     """Why an attempt did not produce a completed response.
 
     Every string field is bounded when the value is built (or decoded): provider codes
@@ -244,7 +248,7 @@ class Interruption(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         return failure_policy.is_rate_limit(self)
 
 
-class Completed(msgspec.Struct, frozen=True, kw_only=True):
+class Completed(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     """The stream reached ``response.completed``; ``text`` is the final output text."""
 
     text: str
@@ -269,7 +273,7 @@ def _bound_id(value: Completed | Progress) -> None:
 Outcome = Completed | Interruption
 
 
-class Progress(msgspec.Struct, frozen=True, kw_only=True):
+class Progress(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     """Reported to the caller as the stream advances (response id, cursor)."""
 
     response_id: str | None

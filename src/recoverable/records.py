@@ -48,14 +48,23 @@ AttemptOutcome = Literal["in_flight", "failed", "completed", "interrupted"]
 # ``failure_reason="interrupted"``, never replaced; a new action is needed).
 OnInterruption = Literal["replace", "fail"]
 
+# ``gc=False`` on every record below (and on the values they hold: ``outcome.Usage``,
+# ``outcome.Interruption``, ``types.AccountBinding``, ``failure_policy.RetryPolicy``):
+# the cyclic garbage collector never tracks them. Safe because no reference cycle can
+# pass through them: they are frozen, and their fields hold only scalars, strings and
+# tuples/frozensets of such frozen values, all of which exist before the record that
+# refers to them — nothing can point back. Reference counting frees them. It matters
+# for throughput: thousands of decoded records are alive at once in a busy runtime and
+# every collection used to walk them (issue 20, bench/results/profile-2026-11-30.md).
 
-class PendingAttempt(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+
+class PendingAttempt(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=True):
     attempt_id: str
     number: int
     reason: AttemptReason
 
 
-class AttemptRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class AttemptRecord(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=True):
     attempt_id: str
     number: int
     reason: AttemptReason
@@ -69,7 +78,7 @@ class AttemptRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     usage: Usage | None = None
 
 
-class RetryReservation(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class RetryReservation(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=True):
     """Saved on the source before the successor exists (crash-safe manual retry)."""
 
     retry_action_id: str
@@ -78,7 +87,9 @@ class RetryReservation(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     created: bool = False
 
 
-class OperationRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class OperationRecord(
+    msgspec.Struct, frozen=True, gc=False, kw_only=True, forbid_unknown_fields=True
+):
     version: int = OPERATION_VERSION
     operation_id: str
     account: AccountBinding
@@ -155,7 +166,9 @@ class OperationRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
 CommandKind = Literal["suspend", "cancel"]
 
 
-class CommandRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class CommandRecord(
+    msgspec.Struct, frozen=True, gc=False, kw_only=True, forbid_unknown_fields=True
+):
     """A lifecycle command written by any runtime; the owner's monitor reacts to it."""
 
     version: int = COMMAND_VERSION
@@ -165,7 +178,7 @@ class CommandRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     serial: int  # increases with every command written to the store
 
 
-class LeaseRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class LeaseRecord(msgspec.Struct, frozen=True, gc=False, kw_only=True, forbid_unknown_fields=True):
     """Names the owner (a store opener holding an flock) and the acquisition's fence."""
 
     version: int = LEASE_VERSION
@@ -185,7 +198,9 @@ class LeaseRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
 Disposition = Literal["acknowledged", "abandoned"]
 
 
-class DispositionRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class DispositionRecord(
+    msgspec.Struct, frozen=True, gc=False, kw_only=True, forbid_unknown_fields=True
+):
     """The small marker left after acknowledge/abandon (content removed)."""
 
     version: int = DISPOSITION_VERSION

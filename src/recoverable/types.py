@@ -68,7 +68,7 @@ SuggestedAction = Literal[
 ]
 
 
-class AccountBinding(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class AccountBinding(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=True):
     """The account (and credential source) an operation belongs to. Compared by value."""
 
     account_id: str
@@ -145,7 +145,7 @@ class Handle(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     previous_operation_id: str | None = None
 
 
-class Attempt(msgspec.Struct, frozen=True, kw_only=True):
+class Attempt(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     """Passed to the host's ``authorize`` callback; ``attempt_id`` is stable across replays."""
 
     operation_id: str

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import threading
 
@@ -41,6 +42,8 @@ async def test_a_thousand_concurrent_writers_share_few_commits_and_all_survive_r
         assert writes == 1000
         assert commits <= writes / 5, (commits, writes)
         assert after["largest_batch"] > 1
+        # No mutation raised: every batch ran once, without a child transaction per write.
+        assert after["isolated_reruns"] == before["isolated_reruns"]
         assert results == {i: f"ok-{i}" for i in range(1000)}
     with RecoveryStore.open(store_path) as store:
         readable, unreadable = store.inventory()
@@ -77,6 +80,7 @@ async def test_a_failing_mutation_is_rolled_back_alone_within_its_batch(
         nursery.start_soon(store.write, blocker)
         await trio.to_thread.run_sync(entered.wait, 30)
         commits_before = store.stats()["commits"]
+        reruns_before = store.stats()["isolated_reruns"]
         for i in range(12):
             nursery.start_soon(one, i)
         await trio.testing.wait_all_tasks_blocked()  # all twelve are queued behind the blocker
@@ -84,6 +88,9 @@ async def test_a_failing_mutation_is_rolled_back_alone_within_its_batch(
         release.set()
     assert store.stats()["commits"] - commits_before == 2  # the blocker's batch, then one batch
     assert store.stats()["largest_batch"] == 12
+    # The batch first ran without child transactions; the first failure discarded that run
+    # and the batch ran once more, each mutation in its own child transaction.
+    assert store.stats()["isolated_reruns"] - reruns_before == 1
     for i in range(12):
         if i % 3 == 0:
             assert isinstance(outcomes[i], ValueError)
@@ -133,3 +140,77 @@ def test_last_txnid_moves_with_every_commit(store: RecoveryStore) -> None:
     first = store.last_txnid()
     store.write_sync(lambda t: t.put_payload("t", "body", b"1"))
     assert store.last_txnid() == first + 1
+
+
+def test_writers_racing_a_close_each_get_an_outcome_and_successes_are_durable(
+    store_path: str,
+) -> None:
+    """The hand-off takes no lock while the writer is busy; a write queued while the store
+    closes is either committed (and its caller told so) or refused with the typed error —
+    never left waiting for a writer thread that already ended."""
+    store = RecoveryStore.open(store_path)
+    done: dict[int, list[int]] = {t: [] for t in range(8)}
+    refused: dict[int, BaseException] = {}
+    going = threading.Barrier(9)
+
+    def writer(t: int) -> None:
+        going.wait(30)
+        i = 0
+        while True:
+            try:
+                store.write_sync(lambda txn, t=t, i=i: txn.put_payload(f"w{t}-{i}", "body", b"x"))
+            except StorageUnavailable as exc:
+                refused[t] = exc
+                return
+            done[t].append(i)
+            i += 1
+
+    threads = [threading.Thread(target=writer, args=(t,)) for t in range(8)]
+    for thread in threads:
+        thread.start()
+    going.wait(30)
+    while min(len(v) for v in done.values()) < 5:
+        threading.Event().wait(0.001)  # polling the writers' progress, not a correctness bound
+    store.close()
+    for thread in threads:
+        thread.join(60)  # generous: a hung caller is the failure this test looks for
+        assert not thread.is_alive()
+    assert sorted(refused) == list(range(8))
+    with RecoveryStore.open(store_path) as reopened:
+        for t, indexes in done.items():
+            assert all(reopened.get_payload(f"w{t}-{i}", "body") == b"x" for i in indexes)
+
+
+def test_a_write_appended_after_the_writer_ended_is_refused_not_stranded(
+    store_path: str,
+) -> None:
+    """The exact race of the lock-free hand-off: the caller passed the "closed?" check,
+    then the store stopped and its writer thread drained the queue and ended, then the
+    caller appended. It must get ``StorageUnavailable`` (nothing ran), not wait forever."""
+    store = RecoveryStore.open(store_path)
+    writer = store._writer
+    assert writer is not None
+
+    class StopFirst(collections.deque):  # type: ignore[type-arg]
+        def append(self, job: object) -> None:
+            writer.stop()  # joins the writer thread: it ends with the queue empty
+            super().append(job)
+
+    writer._queue = StopFirst(writer._queue)
+    outcome: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            writer.write_sync(lambda txn: txn.put_payload("late", "body", b"x"))
+        except StorageUnavailable as exc:
+            outcome.append(exc)
+
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    caller.join(60)  # generous: a stranded caller is the failure this test looks for
+    assert not caller.is_alive()
+    assert len(outcome) == 1 and "closed" in str(outcome[0])
+    assert not writer._queue
+    store.close()
+    with RecoveryStore.open(store_path) as reopened:
+        assert reopened.get_payload("late", "body") is None
