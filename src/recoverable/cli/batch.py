@@ -25,6 +25,7 @@ from recoverable.actors.runtime import Runtime, open_runtime
 from recoverable.cli.batch_workers import WorkersHost
 from recoverable.cli.config import BatchConfig
 from recoverable.cli.exits import EXIT_INTERRUPTED, EXIT_USAGE
+from recoverable.cli.gc_tuning import tuned_collector
 from recoverable.cli.host import BatchHost
 from recoverable.cli.jobs import Job, JobsFile, read_jobs
 from recoverable.cli.progress import Messages, ProgressDisplay, Terminal
@@ -86,7 +87,8 @@ class _BatchRun:
                 # raised in the middle of a state change.
                 top.start_soon(self._watch_interrupts)
                 try:
-                    await self._run_host()
+                    with tuned_collector():  # the collector's setting for a run (gc_tuning)
+                        await self._run_host()
                 finally:
                     top.cancel_scope.cancel()
         finally:

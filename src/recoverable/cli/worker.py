@@ -35,6 +35,7 @@ from recoverable.actors.operation import Authorize
 from recoverable.actors.runtime import open_runtime
 from recoverable.actors.worker import WorkerReport, run_worker
 from recoverable.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, UsageError
+from recoverable.cli.gc_tuning import tuned_collector
 from recoverable.cli.provider import FIXTURE_ACCOUNT, FIXTURE_KEY
 from recoverable.storage.store import RecoveryStore
 from recoverable.transport.backend import ResponsesBackend, check_base_url
@@ -175,8 +176,9 @@ async def _serve(
     ):
         await nursery.start(_watch_signals, stop)  # installed before "ready" is said
         _say(out, {"worker": "ready", "pid": os.getpid(), "concurrency": config.concurrency})
-        report = await run_worker(rt, concurrency=config.concurrency, authorize=authorize,
-                                  stop=stop)
+        with tuned_collector():  # the collector's setting for a run (gc_tuning)
+            report = await run_worker(rt, concurrency=config.concurrency, authorize=authorize,
+                                      stop=stop)
         nursery.cancel_scope.cancel()
     return report
 
