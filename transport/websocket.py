@@ -453,6 +453,10 @@ class WebSocketTransport:
         watched = _watch(conn.ws)
         if watched is not None:
             watched.on_bytes = on_bytes
+        # Bytes that arrived before the hook was set (read by trio-websocket's reader while
+        # the request was being sent) re-armed nothing: the idle bound starts now, not at
+        # the connect deadline (``connect_timeout`` + ``idle_timeout``).
+        timer.touch()
         outcome: Outcome | None = None
         try:
             with flood:

@@ -140,8 +140,12 @@ async def test_keepalives_during_a_pause_longer_than_the_idle_bound_keep_the_att
 async def test_silence_without_keepalives_still_times_out(
     provider: FixtureProvider, mode: str
 ) -> None:
-    out = await stream_once(provider, mode, Reply.stall(after_events=2),
-                            StreamLimits(idle_timeout=0.3))
+    # The bound is the idle timeout (0.3 s), not the connect deadline: events that arrived
+    # before the stream's byte hook was set once left the WebSocket waiting for
+    # connect_timeout + idle_timeout (15.3 s). 5 s is far above 0.3 s and far below that.
+    with trio.fail_after(5):
+        out = await stream_once(provider, mode, Reply.stall(after_events=2),
+                                StreamLimits(idle_timeout=0.3))
     assert isinstance(out, Interruption)
     assert (out.kind, out.transport_code) == ("timeout", "idle_timeout")
 
