@@ -215,7 +215,11 @@ class _Worker:
             return 0
         now, clock = self.rt.now(), trio.current_time()
         if len(self.skip) > MAX_SKIPPED:  # bounded: forget the entries that have lapsed
-            self.skip = {k: until for k, until in self.skip.items() if until > clock}
+            self.skip = {
+                operation_id: until
+                for operation_id, until in self.skip.items()
+                if until > clock
+            }
         done: list[str] = []
         claims: list[tuple[OperationRecord, QueueEntry]] = []
         after = 0

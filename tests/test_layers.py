@@ -241,3 +241,47 @@ def test_no_library_module_is_over_the_size_bound() -> None:
 def test_the_facade_still_gathers_the_public_names() -> None:
     for name in ("RecoveryStore", "open_runtime", "ResponsesBackend", "Interruption", "Handle"):
         assert hasattr(recoverable, name)
+
+
+# One-letter names that are part of a public signature (a user may pass them as a keyword):
+# renaming them would break callers, so they stay. (module, function, parameter)
+PUBLIC_ONE_LETTER = frozenset({("recoverable.transport.fixture_state", "wait_for_requests", "n")})
+
+
+def _one_letter_bindings(module: str) -> Iterator[tuple[int, str, str]]:
+    """(line, enclosing function, name) for every one-letter name the module binds: an
+    assignment, loop, ``with``/``except`` or comprehension target, a parameter, a function
+    or class name, an import alias. ``_`` is allowed."""
+    tree = ast.parse(MODULES[module].read_text(), filename=str(MODULES[module]))
+    owners: dict[ast.AST, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            owner = getattr(node, "name", "<lambda>")
+            for arg in ast.walk(node.args):
+                owners[arg] = owner
+    for node in ast.walk(tree):
+        name: str | None = None
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store | ast.Del):
+            name = node.id
+        elif isinstance(node, ast.arg):
+            name = node.arg
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            name = node.name
+        elif isinstance(node, ast.ExceptHandler):
+            name = node.name
+        elif isinstance(node, ast.alias):
+            name = node.asname
+        elif isinstance(node, ast.MatchAs | ast.MatchStar):
+            name = node.name
+        if name is not None and len(name) == 1 and name != "_":
+            yield node.lineno, owners.get(node, ""), name
+
+
+def test_no_one_letter_names_in_the_library() -> None:
+    offenders = sorted(
+        f"{module}:{line} {name}"
+        for module in MODULES
+        for line, owner, name in _one_letter_bindings(module)
+        if (module, owner, name) not in PUBLIC_ONE_LETTER
+    )
+    assert offenders == []

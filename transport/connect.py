@@ -83,13 +83,13 @@ def classify_connect_error(exc: BaseException, *, default: ConnectKind = "connec
     is reported as such even when a timeout ended the wait.
     """
     chain = _walk(exc)
-    if any(isinstance(e, socket.gaierror) for e in chain):
+    if any(isinstance(error, socket.gaierror) for error in chain):
         return "dns_failure"
-    if any(isinstance(e, ssl.SSLError | ssl.CertificateError) for e in chain):
+    if any(isinstance(error, ssl.SSLError | ssl.CertificateError) for error in chain):
         return "tls_failure"
-    if any(isinstance(e, ConnectionRefusedError) for e in chain):
+    if any(isinstance(error, ConnectionRefusedError) for error in chain):
         return "connect_refused"
-    if any(isinstance(e, TimeoutError | trio.TooSlowError) for e in chain):
+    if any(isinstance(error, TimeoutError | trio.TooSlowError) for error in chain):
         return "connect_timeout"
     return default
 

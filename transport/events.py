@@ -109,15 +109,15 @@ class SseDecoder:
         pos = 0
         buf = self._buf
         while True:
-            m = _NEWLINE.search(buf, max(pos, self._scan_from))
-            if m is None:
+            newline = _NEWLINE.search(buf, max(pos, self._scan_from))
+            if newline is None:
                 break
-            if m.group() == b"\r" and m.end() == len(buf):
+            if newline.group() == b"\r" and newline.end() == len(buf):
                 # A CR ends its line now (waiting for a possible LF would stall a stream
                 # whose last line ends with CR); a LF arriving next is skipped.
                 self._skip_lf = True
-            line = bytes(buf[pos : m.start()])
-            pos = m.end()
+            line = bytes(buf[pos : newline.start()])
+            pos = newline.end()
             self._scan_from = pos
             frame = self._line(line)
             if frame is not None:
@@ -401,7 +401,7 @@ class ResponseStream:
             retry_after = None
             rate_limits = None
             if isinstance(headers, Mapping):
-                lowered = {str(k).lower(): str(v) for k, v in headers.items()}
+                lowered = {str(name).lower(): str(value) for name, value in headers.items()}
                 retry_after = parse_retry_after(lowered)
                 rate_limits = parse_rate_limit_headers(lowered)
             return self.interrupt(
@@ -451,8 +451,8 @@ class ResponseStream:
         else:
             keys = sorted(set(self._texts) | set(self._done_texts))
             final = "".join(
-                self._done_texts[k] if k in self._done_texts else "".join(self._texts[k])
-                for k in keys
+                self._done_texts[part] if part in self._done_texts else "".join(self._texts[part])
+                for part in keys
             )
         return Completed(
             text=final,

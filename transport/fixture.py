@@ -170,7 +170,7 @@ class FixtureProvider(ProviderState):
                 raise _PeerGone
 
     async def _send(self, conn: h11.Connection, stream: trio.SocketStream, *events: Any) -> None:
-        data = b"".join(conn.send(e) or b"" for e in events)
+        data = b"".join(conn.send(event) or b"" for event in events)
         await stream.send_all(data)
 
     async def _simple(
@@ -193,7 +193,7 @@ class FixtureProvider(ProviderState):
     ) -> bool:
         target = request.target.split(b"?", 1)[0]
         method = request.method
-        headers = {k.lower(): v for k, v in request.headers}
+        headers = {name.lower(): value for name, value in request.headers}
         if target == b"/v1/responses" and method == b"GET" and (
             headers.get(b"upgrade", b"").lower() == b"websocket"
         ):
@@ -209,7 +209,7 @@ class FixtureProvider(ProviderState):
             where[1] += 1
             return await self._sse(conn, stream, request, body, (where[0], where[1]))
         if target == b"/_fixture/requests" and method == b"GET":
-            listing = [r.to_json() for r in self.requests]
+            listing = [recorded.to_json() for recorded in self.requests]
             await self._simple(conn, stream, 200, json.dumps(listing).encode())
             return True
         if target == b"/_fixture/script" and method == b"POST":
@@ -217,7 +217,7 @@ class FixtureProvider(ProviderState):
                 specs = msgspec.json.decode(body)
                 if not isinstance(specs, list):
                     raise InvalidRequest("the script is a JSON list of reply specs")
-                self.script([Reply.from_spec(s) for s in specs])
+                self.script([Reply.from_spec(spec) for spec in specs])
             except (msgspec.DecodeError, InvalidRequest) as exc:
                 err = {"error": {"message": str(exc), "type": "invalid_request_error",
                                  "param": None, "code": "invalid_script"}}
@@ -282,8 +282,8 @@ class FixtureProvider(ProviderState):
         # One write for the whole (prefix of the) stream: the bytes are exactly the
         # real API's frames; only their pacing is compressed.
         frames = b"".join(
-            _sse_frame(event, with_event_line=reply.kind != "lenient" or i % 2 == 0)
-            for i, event in enumerate(events[:limit])
+            _sse_frame(event, with_event_line=reply.kind != "lenient" or index % 2 == 0)
+            for index, event in enumerate(events[:limit])
         )
         if reply.kind == "lenient":
             frames += b"data: [DONE]\n\n"
@@ -377,7 +377,7 @@ def fixture_main(argv: list[str]) -> int:
                 specs = msgspec.json.decode(fh.read())
             if not isinstance(specs, list):
                 raise InvalidRequest("the script file holds a JSON list of reply specs")
-            script = [Reply.from_spec(s) for s in specs]
+            script = [Reply.from_spec(spec) for spec in specs]
     except (OSError, msgspec.DecodeError, InvalidRequest) as exc:
         print(f"fixture-provider: {exc}", file=sys.stderr)
         return 2

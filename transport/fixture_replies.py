@@ -88,7 +88,7 @@ def http_rejection(reply: Reply) -> HttpRejection:
             if reply.body is not None
             else _error_body("server_error", "server_error", "The server had an error.")
         )
-        headers += [(k.lower(), v) for k, v in reply.headers]
+        headers += [(name.lower(), value) for name, value in reply.headers]
         if reply.framing == "sse":
             headers[0] = ("content-type", "text/event-stream")
             return HttpRejection(
@@ -170,21 +170,21 @@ def _usage(text: str, request: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _chunks(text: str, n: int = 4) -> list[str]:
+def _chunks(text: str, pieces: int = 4) -> list[str]:
     if not text:
         return [""]
-    size = max(1, -(-len(text) // n))
-    return [text[i : i + size] for i in range(0, len(text), size)]
+    size = max(1, -(-len(text) // pieces))
+    return [text[start : start + size] for start in range(0, len(text), size)]
 
 
-def _split(text: str, n: int) -> list[str]:
-    """``text`` in ``min(n, len(text))`` pieces of near-equal length (one empty piece for
+def _split(text: str, pieces: int) -> list[str]:
+    """``text`` in ``min(pieces, len(text))`` pieces of near-equal length (one empty piece for
     an empty text)."""
-    n = min(max(1, n), len(text))
-    if n == 0:
+    pieces = min(max(1, pieces), len(text))
+    if pieces == 0:
         return [""]
     size = len(text)
-    return [text[i * size // n : (i + 1) * size // n] for i in range(n)]
+    return [text[start * size // pieces : (start + 1) * size // pieces] for start in range(pieces)]
 
 
 def request_schema(request: Mapping[str, Any]) -> Any:

@@ -221,7 +221,7 @@ class Reply:
         if not isinstance(spec, Mapping) or not isinstance(spec.get("kind"), str):
             raise InvalidRequest("a reply spec is an object with a string 'kind'")
         kind = spec["kind"]
-        args = {k: v for k, v in spec.items() if k != "kind"}
+        args = {key: value for key, value in spec.items() if key != "kind"}
         builders: dict[str, tuple[str, ...]] = {
             "complete": ("payload",),
             "synthesize": (),
@@ -274,7 +274,7 @@ def _headers(headers: Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
     if headers is None:
         return ()
     if not isinstance(headers, Mapping) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
+        isinstance(name, str) and isinstance(value, str) for name, value in headers.items()
     ):
         raise InvalidRequest("headers must map strings to strings")
     return tuple(sorted(headers.items()))

@@ -71,9 +71,9 @@ class RecordedRequest:
 
 def redacted_headers(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
     headers: dict[str, str] = {}
-    for k, v in raw:
-        name = bytes(k).decode("latin-1").lower()
-        value = bytes(v).decode("latin-1")
+    for raw_name, raw_value in raw:
+        name = bytes(raw_name).decode("latin-1").lower()
+        value = bytes(raw_value).decode("latin-1")
         if name == "authorization":
             scheme, _, token = value.partition(" ")
             value = f"{scheme} {token_fingerprint(token or scheme)}"
@@ -124,7 +124,7 @@ class ProviderState:
             raise InvalidRequest("rate_burst_seconds must be in (0, 3600]")
         if deltas is not None and not (
             len(deltas) == 2
-            and all(isinstance(d, int) and not isinstance(d, bool) for d in deltas)
+            and all(isinstance(delta, int) and not isinstance(delta, bool) for delta in deltas)
             and 1 <= deltas[0] <= deltas[1] <= MAX_DELTAS
         ):
             raise InvalidRequest(

@@ -181,7 +181,7 @@ class _Synthesizer:
             kinds = ("object", *kinds) if "properties" in schema else (
                 ("array", *kinds) if "items" in schema else ("string",))
         # Non-null types first (a nullable field gets a real value when one ends).
-        for kind in sorted(kinds, key=lambda k: k == "null"):
+        for kind in sorted(kinds, key=lambda name: name == "null"):
             if kind == "object" and self._object_ends(schema, bound):
                 return self._object(schema, bound, depth)
             if kind == "array" and self._array_ends(schema, bound):
@@ -222,13 +222,14 @@ class _Synthesizer:
         items = schema.get("items", {})
         if isinstance(items, list):  # an older draft's tuple form
             prefix, items = items, {}
-        return [prefix[i] if i < len(prefix) else items for i in range(count)]
+        return [prefix[index] if index < len(prefix) else items for index in range(count)]
 
     def _array_count(self, schema: Mapping[str, Any], bound: int | None) -> int:
         count = min_items(schema)
         if count == 0 and "minItems" not in schema:
             # One example item when an item is known to end (recursion stops at []).
-            count = 1 if all(self._safe(s, bound) for s in self._item_schemas(schema, 1)) else 0
+            one_item = self._item_schemas(schema, 1)
+            count = 1 if all(self._safe(item_schema, bound) for item_schema in one_item) else 0
         max_items = schema.get("maxItems")
         if isinstance(max_items, int) and not isinstance(max_items, bool) and max_items >= 0:
             count = min(count, max_items)
@@ -236,11 +237,13 @@ class _Synthesizer:
 
     def _array_ends(self, schema: Mapping[str, Any], bound: int | None) -> bool:
         count = self._array_count(schema, bound)
-        return all(self._safe(s, bound) for s in self._item_schemas(schema, count))
+        item_schemas = self._item_schemas(schema, count)
+        return all(self._safe(item_schema, bound) for item_schema in item_schemas)
 
     def _array(self, schema: Mapping[str, Any], bound: int | None, depth: int) -> Any:
         count = self._array_count(schema, bound)
-        return [self._child(s, depth + 1) for s in self._item_schemas(schema, count)]
+        item_schemas = self._item_schemas(schema, count)
+        return [self._child(item_schema, depth + 1) for item_schema in item_schemas]
 
 
 def _copy(value: Any) -> Any:
@@ -288,21 +291,21 @@ def _number(schema: Mapping[str, Any], *, integer: bool) -> int | float:
     low, xlow = _bound(schema, "minimum"), _bound(schema, "exclusiveMinimum")
     high, xhigh = _bound(schema, "maximum"), _bound(schema, "exclusiveMaximum")
 
-    def fits(v: float) -> bool:
-        return ((low is None or v >= low) and (xlow is None or v > xlow)
-                and (high is None or v <= high) and (xhigh is None or v < xhigh))
+    def fits(candidate: float) -> bool:
+        return ((low is None or candidate >= low) and (xlow is None or candidate > xlow)
+                and (high is None or candidate <= high) and (xhigh is None or candidate < xhigh))
 
-    floor = max((b for b in (low, xlow) if b is not None), default=None)
-    ceiling = min((b for b in (high, xhigh) if b is not None), default=None)
+    floor = max((limit for limit in (low, xlow) if limit is not None), default=None)
+    ceiling = min((limit for limit in (high, xhigh) if limit is not None), default=None)
     start = floor if floor is not None else (1 if integer else 1.5)
     multiple = _bound(schema, "multipleOf")
     candidates: list[float] = []
     if multiple is not None and multiple > 0:
         first = math.ceil(start / multiple)
-        candidates = [k * multiple for k in range(first, first + 3)]
+        candidates = [step * multiple for step in range(first, first + 3)]
         if ceiling is not None:
             last = math.floor(ceiling / multiple)
-            candidates += [k * multiple for k in range(last, last - 3, -1)]
+            candidates += [step * multiple for step in range(last, last - 3, -1)]
     else:
         candidates = [1 if integer else 1.5, start, start + 1]
         if not integer:

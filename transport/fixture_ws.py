@@ -47,12 +47,12 @@ def text_frame(payload: bytes) -> bytes:
     the bytes ``wsproto`` makes for ``TextMessage`` on a connection without extensions,
     built here directly (the fixture frames thousands of events a second; ``payload`` is
     UTF-8 JSON from msgspec)."""
-    n = len(payload)
-    if n < 126:
-        return bytes((0x81, n)) + payload
-    if n < 65536:
-        return b"\x81\x7e" + n.to_bytes(2, "big") + payload
-    return b"\x81\x7f" + n.to_bytes(8, "big") + payload
+    length = len(payload)
+    if length < 126:
+        return bytes((0x81, length)) + payload
+    if length < 65536:
+        return b"\x81\x7e" + length.to_bytes(2, "big") + payload
+    return b"\x81\x7f" + length.to_bytes(8, "big") + payload
 
 async def serve_websocket(
     state: ProviderState, conn: h11.Connection, stream: trio.SocketStream, request: h11.Request,
@@ -78,7 +78,7 @@ async def serve_websocket(
                     state._record("websocket", headers, b"", reply.kind, attempt_id,
                                  (where[0], where[1]))
                     rejection = http_rejection(reply)
-                    hdrs = [(k.encode(), v.encode()) for k, v in rejection.headers]
+                    hdrs = [(name.encode(), value.encode()) for name, value in rejection.headers]
                     hdrs.append((b"content-length", str(len(rejection.body)).encode()))
                     data = ws.send(wse.RejectConnection(
                         status_code=rejection.status, headers=hdrs, has_body=True))
@@ -89,7 +89,8 @@ async def serve_websocket(
                 accepted = True
                 await stream.send_all(ws.send(wse.AcceptConnection(
                     extra_headers=[ACCEPTS_ID_FIELD_HEADER, *(
-                        (k.encode(), v.encode()) for k, v in state.rate_limit_headers()
+                        (name.encode(), value.encode())
+                        for name, value in state.rate_limit_headers()
                     )])))
             elif isinstance(event, wse.Ping):
                 await stream.send_all(ws.send(event.response()))
@@ -179,8 +180,11 @@ async def _ws_reply(
             "type": "error",
             "status": rejection.status,
             "error": msgspec.json.decode(rejection.body).get("error"),
-            "headers": {k: v for k, v in [*rejection.headers, *state.rate_limit_headers()]
-                        if k != "content-type"},
+            "headers": {
+                name: value
+                for name, value in [*rejection.headers, *state.rate_limit_headers()]
+                if name != "content-type"
+            },
         })
         return True
     try:

@@ -66,7 +66,11 @@ def parse_duration(text: str) -> float | None:
         match = _DURATION.fullmatch(text)
         if match is None or not any(match.groups()):
             return None
-        value = sum(float(g) * unit for g, unit in zip(match.groups(), _UNITS, strict=True) if g)
+        value = sum(
+            float(amount) * unit
+            for amount, unit in zip(match.groups(), _UNITS, strict=True)
+            if amount
+        )
     if not math.isfinite(value) or value < 0:
         return None
     return min(value, MAX_RATE_LIMIT_RESET)
@@ -97,10 +101,10 @@ def parse_rate_limit_headers(
     present and well formed. Names match case-insensitively; the first value wins."""
     items = headers.items() if isinstance(headers, Mapping) else headers
     found: dict[str, str] = {}
-    for k, v in items:
-        name = str(k).lower()
+    for raw_name, raw_value in items:
+        name = str(raw_name).lower()
         if name in RATE_LIMIT_HEADERS and name not in found:
-            found[name] = str(v)
+            found[name] = str(raw_value)
     if not found:
         return None
     limits = RateLimits(
@@ -152,8 +156,8 @@ def parse_retry_after(
     """
     items = headers.items() if isinstance(headers, Mapping) else headers
     lowered: dict[str, str] = {}
-    for k, v in items:
-        lowered.setdefault(k.lower(), v)
+    for name, value in items:
+        lowered.setdefault(name.lower(), value)
     raw_ms = lowered.get("retry-after-ms")
     if raw_ms is not None:
         try:

@@ -275,7 +275,8 @@ class WebSocketTransport:
     @staticmethod
     def _rejection(exc: trio_websocket.ConnectionRejected, state: ResponseStream) -> Interruption:
         headers = [
-            (bytes(k).decode("latin-1"), bytes(v).decode("latin-1")) for k, v in exc.headers or ()
+            (bytes(name).decode("latin-1"), bytes(value).decode("latin-1"))
+            for name, value in exc.headers or ()
         ]
         body = bytes(exc.body or b"")[:MAX_ERROR_BODY_BYTES]
         ptype, pcode = parse_error_body(body)
@@ -405,8 +406,8 @@ class WebSocketTransport:
                 # The x-ratelimit-* headers of this connection's own opening handshake (a
                 # reused connection's handshake speaks of an earlier request: not used).
                 seen = parse_rate_limit_headers(
-                    (bytes(k).decode("latin-1"), bytes(v).decode("latin-1"))
-                    for k, v in fresh.ws.handshake_headers
+                    (bytes(name).decode("latin-1"), bytes(value).decode("latin-1"))
+                    for name, value in fresh.ws.handshake_headers
                 )
                 if seen is not None:
                     outcome = msgspec.structs.replace(outcome, rate_limits=seen)
@@ -442,9 +443,9 @@ class WebSocketTransport:
         received = 0
         timer = IdleTimer(idle, limits.idle_timeout)
 
-        def on_bytes(n: int) -> None:
+        def on_bytes(count: int) -> None:
             nonlocal received
-            received += n
+            received += count
             if received > limits.max_total_bytes:
                 flood.cancel()
             else:

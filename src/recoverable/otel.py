@@ -360,7 +360,11 @@ def _text(value: object) -> str | None:
 
 
 def _clean(values: Mapping[str, object]) -> Attrs:
-    return {k: v for k, v in values.items() if isinstance(v, str | int | float | bool)}
+    return {
+        key: value
+        for key, value in values.items()
+        if isinstance(value, str | int | float | bool)
+    }
 
 
 def _version() -> str:

@@ -53,7 +53,7 @@ class LoggingSink:
                 "%s op=%s %s",
                 event.name,
                 event.operation_id,
-                " ".join(f"{k}={v}" for k, v in sorted(event.fields.items())),
+                " ".join(f"{name}={value}" for name, value in sorted(event.fields.items())),
                 extra={"recovery_event": msgspec.to_builtins(event)},
             )
 
