@@ -22,7 +22,7 @@ process (``bench/_common.py``), on a real LMDB store in a temporary directory:
   16,384 hashed key parts, about 0.4 KiB per operation) fill during the first 16,384 jobs;
   a run longer than that shows what grows after them.
 
-``--quick``: concurrency 50, 2,000 records, 1,000 jobs, a 1 s hold (a few seconds). The
+``--quick``: concurrency 50, 500 records, 300 jobs, a 0.3 s hold (a few seconds). The
 figures of a quick run mean nothing; it proves the script still works.
 """
 
@@ -207,11 +207,11 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--hold", type=float, default=None,
                         help="seconds the provider holds each reply in the in-flight runs "
-                        "(default 8; quick 1)")
+                        "(default 8; quick 0.3)")
     parser.add_argument("--part", action="append", choices=["inflight", "slope"],
                         help="run only this part (repeatable; default both)")
     parser.add_argument("--quick", action="store_true",
-                        help="concurrency 50, 2,000 records, 1,000 jobs, 1 s hold")
+                        help="concurrency 50, 500 records, 300 jobs, 0.3 s hold")
     parser.add_argument("--worker-kind", choices=["durable", "plain", "slope", "fill"],
                         help=argparse.SUPPRESS)
     parser.add_argument("--base-url", help=argparse.SUPPRESS)
@@ -221,8 +221,8 @@ def main() -> None:
         worker_main(args)
         return
     if args.quick:
-        args.concurrency, args.records, args.jobs = 50, 2000, 1000
-    hold = args.hold if args.hold is not None else (1.0 if args.quick else 8.0)
+        args.concurrency, args.records, args.jobs = 50, 500, 300
+    hold = args.hold if args.hold is not None else (0.3 if args.quick else 8.0)
     base = tempfile.mkdtemp(prefix="memory-")
     rows: list[list[str]] = []
     parts = args.part or ["inflight", "slope"]

@@ -4,6 +4,7 @@ so the traceability table cannot silently point at a renamed or deleted test."""
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -11,6 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "requirements.md"
 
 
+@functools.cache
 def _tests_in(path: Path) -> set[str]:
     tree = ast.parse(path.read_text(encoding="utf-8"))
     return {
