@@ -18,6 +18,7 @@ import attrs
 import trio
 
 from recoverable import _killpoints, errors
+from recoverable.actors.queue import choose_job_operation
 from recoverable.actors.runtime import Runtime
 from recoverable.cli.config import BatchConfig
 from recoverable.cli.jobs import BATCH_SCOPE, Job
@@ -133,22 +134,11 @@ class BatchHost:
             if record is None or record.input_revision != job.revision:
                 continue
             found.append(record)
-        if not found:
+        # The lineage is followed (a source whose retry successor exists yields to it),
+        # then a saved completion first (never generate again), then the oldest.
+        chosen = choose_job_operation(found)
+        if chosen is None:
             return None
-        # Follow the lineage: a source whose successor (``recoverable retry``) exists is
-        # replaced by that successor, never run again itself.
-        ids = {record.operation_id for record in found}
-        found = [
-            record for record in found
-            if record.retry_reservation is None
-            or not record.retry_reservation.created
-            or record.retry_reservation.successor_id not in ids
-        ] or found
-        # A saved completion first (never generate again), then the oldest.
-        found.sort(
-            key=lambda record: (not record.has_completion, record.created_at, record.operation_id)
-        )
-        chosen = found[0]
         if chosen.body_hash != job.body_hash:
             raise _JobFailed(
                 "revision_conflict",
