@@ -301,19 +301,20 @@ class WriteTxn(RecordGetters, MutationContext):
                     f"{'no record' if old is None else old.fence}",
                     operation_id=record.operation_id,
                 )
-            if (
-                old is not None
-                and _admission(old) != _admission(record)
-                and not old.awaiting_upgrade  # a version-1 record is frozen by its upgrade
-            ):
+            if old is None:
+                self._put("operations", key, data)
+                self._put("hosts", hosts_key(record), b"")
+                return
+            if old.awaiting_upgrade:  # a version-1 record is frozen by its upgrade
+                new_hosts, old_hosts = hosts_key(record), hosts_key(old)
+                if old_hosts != new_hosts:
+                    self._delete("hosts", old_hosts)
+                    self._put("hosts", new_hosts, b"")
+            elif _admission(old) != _admission(record):
                 raise _admission_changed(old, record)
-            new_hosts = hosts_key(record)
-            old_hosts = hosts_key(old) if old is not None else None
-            if old_hosts is not None and old_hosts != new_hosts:
-                self._delete("hosts", old_hosts)
+            # Otherwise account, scope and job id are admission fields, unchanged: so is
+            # the record's hosts index entry (no key to build or write).
             self._put("operations", key, data)
-            if new_hosts != old_hosts:
-                self._put("hosts", new_hosts, b"")
 
     def delete_operation(self, operation_id: str, *, expect_fence: int | None = None) -> bool:
         """Delete the record and its index entry (not its payloads, lease, command)."""
