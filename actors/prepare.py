@@ -130,22 +130,22 @@ def new_admission(
     *,
     response: type[Any] | JsonSchema,
     maximum_attempts: int,
-    retry_policy: RetryPolicy | None,
-    expires_at: Any,
-    scope: str | None,
-    job_id: str | None,
-    input_revision: str | None,
-    contract_version: str | None,
-    previous_operation_id: str | None,
-    maximum_output_tokens_total: int | None,
-    on_interruption: OnInterruption = "replace",
     account: AccountBinding | None,
     backend: Backend | None,
     selector: Callable[[StructuredRequest], StructuredRequest] | None,
     now: float,
+    retry_policy: RetryPolicy | None = None,
+    expires_at: Any = None,
+    scope: str | None = None,
+    job_id: str | None = None,
+    input_revision: str | None = None,
+    contract_version: str | None = None,
+    previous_operation_id: str | None = None,
+    maximum_output_tokens_total: int | None = None,
+    on_interruption: OnInterruption = "replace",
 ) -> tuple[OperationRecord, bytes, bytes]:
     """What ``prepare`` and ``submit`` save: the checked new record, its frozen body and
-    its saved request (nothing is written here)."""
+    its saved request (nothing is written here). The options default as ``prepare``'s."""
     account = require_signed_in(account, "cannot prepare")
     policy = retry_policy or RetryPolicy()
     machine.validate_preparation(

@@ -128,15 +128,10 @@ async def submit(
     """
     if not isinstance(job_id, str):
         raise errors.InvalidRequest("submit needs a job_id (the key of its idempotency)")
-    fields: dict[str, Any] = {
-        "retry_policy": None, "expires_at": None, "scope": None, "contract_version": None,
-        "previous_operation_id": None, "maximum_output_tokens_total": None,
-    }
-    fields.update(options)
     record, body, stored = new_admission(
         request, response=response, maximum_attempts=maximum_attempts, job_id=job_id,
         input_revision=input_revision, account=rt.account, backend=rt.backend,
-        selector=rt.selector, now=rt.now(), **fields,
+        selector=rt.selector, now=rt.now(), **options,
     )
     _killpoints.hit("submit.before_save")
     chosen = await rt.store.write(functools.partial(submit_operation, record, body, stored))
