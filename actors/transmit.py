@@ -1,0 +1,256 @@
+"""Sending one approved attempt: connect, consume it durably, stream, settle.
+
+``Transmitter`` adds to the actor's core (``actors/operation_core.py``) the path from an
+approved attempt to its outcome: connect to the endpoint (a connection never established
+spends nothing), consume the attempt in ``before_send`` (persisted before the first byte
+of the request), stream under the rate governor and the lease's transport deadline, then
+validate and save a completion or record the failure.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import trio
+from recoverable.actors.host import count_usage
+from recoverable.actors.operation_core import Cut, OperationCore, Sending
+from recoverable.transport.connect import CONNECT_CODES, ConnectKind, EndpointGate
+from recoverable.transport.ratelimit import estimate_tokens
+
+from recoverable import _killpoints, errors, machine
+from recoverable.contract import OutputInvalid
+from recoverable.outcome import Completed, Interruption, Progress
+from recoverable.records import CommandKind, OperationRecord
+
+
+class _NotTransmitted(Exception):
+    """Raised from ``before_send``: the recheck at consumption stopped the attempt."""
+
+
+class Transmitter(OperationCore):
+    """The actor's core plus the path of one approved attempt to its outcome."""
+
+    async def _transmit(
+        self, current: OperationRecord, attempt_id: str, token: str
+    ) -> machine.Transition:
+        """Connect, THEN consume the approved attempt, then send the frozen body.
+
+        The attempt is consumed (persisted) in ``before_send``: once a connection to the
+        endpoint is established and before the first byte of the request is written. A
+        connection that was never established spends nothing: the pending attempt stays
+        (same id), the runtime's shared connect backoff for the endpoint is waited (a
+        lifecycle command or the caller's cancellation cuts it), and connecting is tried
+        again.
+        """
+        host = self.host
+        backend = host.backend
+        assert backend is not None
+        body = self._body
+        if body is None:
+            raise errors.CorruptRecord("the frozen body is missing", operation_id=self.operation_id)
+        gate = host.endpoint_gate(backend.endpoint_id)
+        authorized = current
+        while True:
+            known = gate.failure
+            if known is not None and authorized.endpoint_failure != known:
+                # About to wait behind the shared backoff: record why (status, other processes).
+                noted = await self._advance(functools.partial(
+                    _unreachable, authorized, attempt_id, known
+                ))
+                authorized = noted.record
+            result = await self._connect_and_send(authorized, attempt_id, token, body, gate)
+            if isinstance(result, machine.Transition):
+                return result
+            kind, authorized = result
+            if authorized.endpoint_failure != kind:
+                noted = await self._advance(functools.partial(
+                    _unreachable, authorized, attempt_id, kind
+                ))
+                authorized = noted.record
+            host.telemetry.emit("endpoint.unavailable", self.operation_id, kind=kind,
+                              failures=gate.failures)
+            # Before the next try: still allowed (account, expiry, budget, commands)?
+            recheck = self._approved(authorized, attempt_id, self._watch().command)
+            if not isinstance(recheck.action, machine.Transmit):
+                return await self._advance(
+                    functools.partial(self._approved, authorized, attempt_id)
+                )
+
+    async def _connect_and_send(
+        self,
+        authorized: OperationRecord,
+        attempt_id: str,
+        token: str,
+        body: bytes,
+        gate: EndpointGate,
+    ) -> machine.Transition | tuple[ConnectKind, OperationRecord]:
+        """One try: the transition after the attempt, or the connect failure (nothing spent)."""
+        host = self.host
+        backend = host.backend
+        assert backend is not None
+        ticket = await self._interruptible(gate.admit())
+        if isinstance(ticket, Cut):
+            return await self._on_stop(authorized)
+        sending = self._sending = Sending(ticket)
+
+        def on_progress(report: Progress) -> None:
+            # The first report comes with the first event: the server has produced its
+            # response (the fixture writes it whole), the client has not read its end.
+            # Once per attempt, so ``@N`` names the N-th attempt that streamed.
+            if not sending.progressed:
+                _killpoints.hit("stream.completed_unreceived")
+            sending.progressed = True
+            sending.response_id = report.response_id
+            sending.sequence_number = report.sequence_number
+
+        async def before_send() -> None:
+            gate.succeeded(ticket)
+            sending.reported = True
+            with trio.CancelScope(shield=True):  # the consumption write always completes
+                consumed = await self._advance(
+                    functools.partial(self._approved, authorized, attempt_id)
+                )
+            sending.consumed = consumed
+            if not isinstance(consumed.action, machine.Transmit):
+                raise _NotTransmitted
+            host.attempts_consumed += 1
+            _killpoints.hit("attempt.consumed_saved")
+            host.telemetry.emit("attempt.transmission_authorized", self.operation_id,
+                              attempt=consumed.record.attempts_used)
+
+        estimate = estimate_tokens(body)
+
+        async def stream() -> None:
+            async with host.scheduler.transmission_slot():
+                # The rate governor, before connecting: waiting for budget spends nothing.
+                await host.governor.admit(self.operation_id, backend.endpoint_id,
+                                        authorized.account, estimate, self._sleep_until)
+                with self.guard.transport():  # the hard deadline: the lease's safety margin
+                    sending.result = await backend.stream(
+                        body, attempt_id=attempt_id, token=token,
+                        on_progress=on_progress, before_send=before_send,
+                    )
+                await self.guard.checkpoint()  # cut by it: stop here (the lease is lost)
+
+        try:
+            streamed = await self._interruptible(stream())
+        except _NotTransmitted:
+            # Persisted; its Stop says why (command, account, expiry, ...).
+            assert sending.consumed is not None
+            return sending.consumed
+        finally:
+            if not sending.reported:
+                # Give up a probe held without a result (cut, cancelled, raised). The ticket
+                # stays valid: a connect failure is still reported with it just below.
+                gate.abandon(ticket)
+        result = sending.result
+        if sending.consumed is None:
+            # Never connected: nothing was sent and nothing is spent.
+            if isinstance(streamed, Cut) or result is None:
+                return await self._on_stop(authorized)
+            if isinstance(result, Completed):
+                raise errors.ConfigurationUnavailable(
+                    "the backend sent a request without reporting the connection first",
+                    operation_id=self.operation_id,
+                )
+            code = result.transport_code
+            kind: ConnectKind = (
+                code if code in CONNECT_CODES else "connect_failed"  # type: ignore[assignment]
+            )
+            gate.failed(ticket, kind)
+            return kind, authorized
+        current = sending.consumed.record
+        if sending.progressed:
+            current = machine.progress(
+                current, attempt_id, sending.response_id, sending.sequence_number
+            ).record
+            self.record = current
+        if result is None:
+            assert isinstance(streamed, Cut)
+            return await self._on_stop(current)
+        # The stream ended before a stop could cut it: its outcome is used as received
+        # (a completion is validated and saved; the step applies the stop on top).
+        try:
+            return await self._attempt_ended(current, attempt_id, result)
+        finally:
+            # After the attempt's own record is saved: the shared pause (429), the
+            # x-ratelimit-* headers and the usage correction, for every operation.
+            with trio.CancelScope(shield=True):
+                await host.governor.settle(
+                    self.operation_id, backend.endpoint_id, authorized.account,
+                    estimate=estimate, outcome=result,
+                    maximum_pause=current.retry_policy.maximum_retry_after,
+                )
+
+    async def _attempt_ended(
+        self, current: OperationRecord, attempt_id: str, result: Completed | Interruption
+    ) -> machine.Transition:
+        """Validate and save a completion, or record the failure (the attempt is spent)."""
+        host = self.host
+        if isinstance(result, Completed):
+            try:
+                payload = self.contract.validate(result.text)
+            except OutputInvalid as invalid:
+                result = Interruption(
+                    kind="invalid_output",
+                    provider_code=invalid.kind,
+                    output_path=invalid.location,
+                    response_id=result.response_id,
+                    sequence_number=result.sequence_number,
+                    had_output=True,
+                    usage=result.usage,
+                    usage_malformed=result.usage_malformed,
+                    rate_limits=result.rate_limits,
+                )
+            else:
+                _killpoints.hit("receipt.before_save")
+                count_usage(host, self.operation_id, result.usage, result.usage_malformed)
+                done = current
+                try:
+                    saved = await self._advance(
+                        lambda command: machine.completion_validated(
+                            done, attempt_id, self._ctx(command),
+                            response_id=result.response_id,
+                            sequence_number=result.sequence_number,
+                            usage=result.usage,
+                        ),
+                        completion=payload,
+                    )
+                except errors.StorageLimitExceeded as exc:
+                    raise errors.CompletionUnavailable(
+                        "the validated completion could not be saved (store full)",
+                        operation_id=self.operation_id, unsaved=True,
+                    ) from exc
+                except errors.StorageUnavailable as exc:
+                    raise errors.CompletionUnavailable(
+                        "the validated completion could not be saved",
+                        operation_id=self.operation_id, unsaved=True,
+                    ) from exc
+                if saved.record.has_completion:
+                    self._payload = payload
+                    _killpoints.hit("receipt.saved")
+                    host.telemetry.emit("receipt.saved", self.operation_id, bytes=len(payload))
+                return saved
+        failure = result
+        count_usage(host, self.operation_id, failure.usage, failure.usage_malformed)
+        host.telemetry.emit("attempt.failed", self.operation_id, kind=failure.kind,
+                          http_status=failure.http_status, code=failure.provider_code)
+        failed_from = current
+        return await self._advance(
+            lambda command: machine.attempt_failed(
+                failed_from, attempt_id, failure, self._ctx(command)
+            )
+        )
+
+    async def _sleep_until(self, at: float) -> None:
+        """The governor's waits (rare, shared; it checks again after): a plain sleep."""
+        await trio.sleep(max(0.0, at - self.host.now()))
+
+
+def _unreachable(
+    record: OperationRecord, attempt_id: str, kind: str, command: CommandKind | None
+) -> machine.Transition:
+    del command  # recorded whatever arrives; the next interruptible step observes a command
+    return machine.endpoint_unreachable(record, attempt_id, kind)
+
+
