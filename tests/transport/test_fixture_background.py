@@ -1,0 +1,265 @@
+"""The fixture provider's background responses (issue 15, the server side of reattachment):
+stored responses generated whether or not a client reads them, resumed by sequence number,
+retrieved, cancelled, expired, and faulted on each of those paths. Real sockets throughout."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import msgspec
+import pytest
+import trio
+import trio.testing
+from transport_helpers import make_body
+
+from recoverable.errors import InvalidRequest
+from recoverable.testing import FaultSpec, FixtureProvider, Reply, ResumeFault
+
+BACKGROUND = {"background": True, "store": True, "stream": True}
+
+
+def background_body(**extra: Any) -> bytes:
+    body = msgspec.json.decode(make_body())
+    body.update(BACKGROUND, **extra)
+    return msgspec.json.encode(body)
+
+
+async def read_events(response: httpx.Response) -> tuple[list[dict[str, Any]], bool]:
+    """The events of an SSE answer, and whether it ended cleanly (False: cut)."""
+    events: list[dict[str, Any]] = []
+    try:
+        async for line in response.aiter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                events.append(json.loads(line[len("data: "):]))
+    except (httpx.RemoteProtocolError, httpx.ReadError):
+        return events, False
+    return events, True
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(timeout=None, headers={"authorization": "Bearer k"}) as c:
+        yield c
+
+
+async def post(
+    client: httpx.AsyncClient, provider: FixtureProvider, body: bytes,
+) -> tuple[int, list[dict[str, Any]], bool]:
+    async with client.stream("POST", provider.http_url + "/responses", content=body,
+                             headers={"content-type": "application/json"}) as response:
+        if response.status_code != 200:
+            await response.aread()
+            return response.status_code, [response.json()], True
+        events, clean = await read_events(response)
+        return 200, events, clean
+
+
+async def resume(
+    client: httpx.AsyncClient, provider: FixtureProvider, rid: str, after: int | None,
+) -> tuple[int, list[dict[str, Any]], bool]:
+    params: dict[str, Any] = {"stream": "true"}
+    if after is not None:
+        params["starting_after"] = after
+    async with client.stream("GET", f"{provider.http_url}/responses/{rid}",
+                             params=params) as response:
+        if response.status_code != 200:
+            await response.aread()
+            return response.status_code, [response.json()], True
+        events, clean = await read_events(response)
+        return 200, events, clean
+
+
+async def retrieve(
+    client: httpx.AsyncClient, provider: FixtureProvider, rid: str,
+) -> tuple[int, dict[str, Any]]:
+    answer = await client.get(f"{provider.http_url}/responses/{rid}")
+    return answer.status_code, answer.json()
+
+
+async def cancel(
+    client: httpx.AsyncClient, provider: FixtureProvider, rid: str,
+) -> tuple[int, dict[str, Any]]:
+    answer = await client.post(f"{provider.http_url}/responses/{rid}/cancel")
+    return answer.status_code, answer.json()
+
+
+async def step_until(clock: trio.testing.MockClock, done: Any) -> None:
+    """Advance the mock clock one event delay at a time until ``done()`` (each step lets
+    every task, the generation and the readers, run before the next)."""
+    await trio.testing.wait_all_tasks_blocked()
+    while not done():
+        clock.jump(1.0)
+        await trio.testing.wait_all_tasks_blocked()
+
+
+# -- item 1: background responses ---------------------------------------------------------
+async def test_background_needs_store(client: httpx.AsyncClient) -> None:
+    async with FixtureProvider.serve() as provider:
+        provider.script([Reply.complete({"answer": 1})])
+        status, [error], _ = await post(client, provider, background_body(store=False))
+        assert status == 400
+        assert error["error"]["type"] == "invalid_request_error"
+        assert error["error"]["param"] == "store"
+        assert [r.reply_kind for r in provider.requests] == ["bad_request"]
+        assert len(provider.pending_script) == 1  # no reply used up, nothing stored
+        assert provider.retrievals == []
+
+
+async def test_background_post_streams_stores_and_resumes(client: httpx.AsyncClient) -> None:
+    async with FixtureProvider.serve() as provider:
+        status, events, clean = await post(client, provider, background_body())
+        assert status == 200 and clean
+        assert [e["sequence_number"] for e in events] == list(range(len(events)))
+        assert events[-1]["type"] == "response.completed"
+        assert all(e["response"]["background"] is True for e in events if "response" in e)
+        rid = events[0]["response"]["id"]
+        # the final state, one GET
+        status, obj = await retrieve(client, provider, rid)
+        assert status == 200 and obj["status"] == "completed" and obj["id"] == rid
+        assert obj["output"] == events[-1]["response"]["output"]
+        assert obj["usage"] == events[-1]["response"]["usage"]
+        # resumed after any sequence number: exactly the later events, the same bytes
+        for after in (-1, 0, 4, len(events) - 2, len(events) - 1):
+            status, rest, clean = await resume(client, provider, rid, after)
+            assert status == 200 and clean
+            assert rest == events[after + 1:]
+        status, whole, _ = await resume(client, provider, rid, None)
+        assert whole == events
+        # one generation request; every GET recorded apart from it
+        assert len(provider.requests) == 1 and provider.requests[0].reply_kind == "synthesize"
+        log = provider.retrievals
+        assert [(r.kind, r.starting_after, r.answer) for r in log] == [
+            ("retrieve", None, "object"), ("resume", -1, "stream"), ("resume", 0, "stream"),
+            ("resume", 4, "stream"), ("resume", len(events) - 2, "stream"),
+            ("resume", len(events) - 1, "stream"), ("resume", None, "stream")]
+        assert [r.events_sent for r in log[1:]] == [len(events), len(events) - 1,
+                                                   len(events) - 5, 1, 0, len(events)]
+        assert all(r.finished_at is not None and r.response_id == rid for r in log)
+        assert log[0].headers["authorization"] != "Bearer k"  # a fingerprint, not the key
+
+
+async def test_plain_post_is_not_stored(client: httpx.AsyncClient) -> None:
+    async with FixtureProvider.serve() as provider:
+        status, events, _ = await post(client, provider, make_body(store=True))
+        assert status == 200
+        rid = events[0]["response"]["id"]
+        assert events[0]["response"]["background"] is False
+        status, obj = await retrieve(client, provider, rid)
+        assert status == 404 and obj["error"]["type"] == "invalid_request_error"
+        assert obj["error"]["code"] is None and rid in obj["error"]["message"]
+
+
+async def test_disconnect_leaves_the_response_generating(
+    client: httpx.AsyncClient, mock_clock: trio.testing.MockClock,
+) -> None:
+    async with FixtureProvider.serve(event_delay=1.0, deltas=(20, 20)) as provider:
+        provider.script([Reply.disconnect(after_events=3)])
+        cut = trio.Event()
+        posted: list[Any] = []
+
+        async def do_post() -> None:
+            posted.append(await post(client, provider, background_body()))
+            cut.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(do_post)
+            await step_until(mock_clock, cut.is_set)
+        status, events, clean = posted[0]
+        assert status == 200 and not clean
+        assert [e["sequence_number"] for e in events] == [0, 1, 2]
+        rid = events[0]["response"]["id"]
+        stored = provider.stored_response(rid)
+        assert stored is not None and stored.status == "in_progress"
+        assert 3 <= stored.produced < len(stored.events)
+        status, obj = await retrieve(client, provider, rid)
+        assert status == 200 and obj["status"] == "in_progress" and obj["output"] == []
+        # a resume while it still generates: the rest, live, to the terminal event
+        resumed: list[Any] = []
+
+        async def do_resume() -> None:
+            resumed.append(await resume(client, provider, rid, 2))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(do_resume)
+            await step_until(mock_clock, lambda: bool(resumed))
+        status, rest, clean = resumed[0]
+        assert status == 200 and clean
+        assert [e["sequence_number"] for e in events + rest] == list(range(len(stored.events)))
+        assert rest[-1]["type"] == "response.completed" and events + rest == stored.events
+        assert len(provider.requests) == 1  # no second generation
+
+
+async def test_cancel_stops_the_generation(
+    client: httpx.AsyncClient, mock_clock: trio.testing.MockClock,
+) -> None:
+    async with FixtureProvider.serve(event_delay=1.0, deltas=(20, 20)) as provider:
+        provider.script([Reply.disconnect(after_events=2), Reply.synthesize()])
+        done: list[Any] = []
+
+        async def do_post() -> None:
+            done.append(await post(client, provider, background_body()))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(do_post)
+            await step_until(mock_clock, lambda: bool(done))
+        rid = done[0][1][0]["response"]["id"]
+        stored = provider.stored_response(rid)
+        assert stored is not None and not stored.finished
+        status, obj = await cancel(client, provider, rid)
+        assert status == 200 and obj["status"] == "cancelled" and obj["id"] == rid
+        produced = stored.produced
+        mock_clock.jump(100.0)
+        await trio.testing.wait_all_tasks_blocked()
+        assert stored.produced == produced  # the generation stopped
+        # idempotent; the resume ends after what was generated, no terminal event
+        assert (await cancel(client, provider, rid))[1]["status"] == "cancelled"
+        status, rest, clean = await resume(client, provider, rid, 1)
+        assert status == 200 and clean and rest == stored.events[2:produced]
+        assert (await retrieve(client, provider, rid))[1]["status"] == "cancelled"
+        # a finished response stays as it is; an unknown one is a 404
+        provider.event_delay = 0.0  # generated at once from now on
+        finished = await post(client, provider, background_body())
+        other = finished[1][0]["response"]["id"]
+        await provider.wait_generated(other)
+        assert (await cancel(client, provider, other))[1]["status"] == "completed"
+        status, error = await cancel(client, provider, "resp_unknown")
+        assert status == 404 and error["error"]["type"] == "invalid_request_error"
+        assert [(r.kind, r.answer) for r in provider.retrievals if r.kind == "cancel"] == [
+            ("cancel", "object"), ("cancel", "object"), ("cancel", "object"),
+            ("cancel", "not_found")]
+
+
+async def test_expiry_after_the_ttl_and_at_once(
+    client: httpx.AsyncClient, mock_clock: trio.testing.MockClock,
+) -> None:
+    async with FixtureProvider.serve(background_ttl=10.0) as provider:
+        first = (await post(client, provider, background_body()))[1][0]["response"]["id"]
+        assert (await retrieve(client, provider, first))[0] == 200
+        mock_clock.jump(10.0)
+        status, error = await retrieve(client, provider, first)
+        assert status == 404 and first in error["error"]["message"]
+        assert (await resume(client, provider, first, 0))[0] == 404
+        second = (await post(client, provider, background_body()))[1][0]["response"]["id"]
+        assert provider.expire(second) == 1 and provider.expire(second) == 0
+        assert (await resume(client, provider, second, 0))[0] == 404
+        assert [r.answer for r in provider.retrievals] == [
+            "object", "not_found", "not_found", "not_found"]
+
+
+def test_background_knobs_are_checked() -> None:
+    for bad in ({"event_delay": -1.0}, {"event_delay": 61.0}, {"background_ttl": 0.0}):
+        with pytest.raises(InvalidRequest):
+            FixtureProvider(**bad)
+    with pytest.raises(InvalidRequest):
+        FixtureProvider().script_resumes([Reply.synthesize()])  # type: ignore[list-item]
+    assert FaultSpec.parse("retrieve_404=0.5,expired=0.5").rates  # sums apart from POSTs
+    with pytest.raises(InvalidRequest, match="retrieval faults"):
+        FaultSpec.parse("retrieve_404=0.6,resume_disconnect=0.6")
+    with pytest.raises(InvalidRequest):
+        ResumeFault.from_spec({"kind": "not_found", "after_events": 2})
+    with pytest.raises(InvalidRequest):
+        ResumeFault.from_spec({"kind": "gone"})
+    assert ResumeFault.from_spec(ResumeFault.disconnect(4).to_spec()) == ResumeFault.disconnect(4)
