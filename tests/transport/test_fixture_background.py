@@ -5,6 +5,9 @@ retrieved, cancelled, expired, and faulted on each of those paths. Real sockets 
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -263,3 +266,184 @@ def test_background_knobs_are_checked() -> None:
     with pytest.raises(InvalidRequest):
         ResumeFault.from_spec({"kind": "gone"})
     assert ResumeFault.from_spec(ResumeFault.disconnect(4).to_spec()) == ResumeFault.disconnect(4)
+
+
+# -- item 3: faults -------------------------------------------------------------------------
+async def test_scripted_resume_faults(client: httpx.AsyncClient) -> None:
+    async with FixtureProvider.serve(deltas=(12, 12)) as provider:
+        events = (await post(client, provider, background_body()))[1]
+        rid = events[0]["response"]["id"]
+        provider.script_resumes([
+            ResumeFault.not_found(), ResumeFault.disconnect(after_events=2),
+            ResumeFault.disconnect(after_events=50), ResumeFault.disconnect(),
+            ResumeFault.expired(),
+        ])
+        # a 404 for this GET only: the response is still there for the next one
+        status, [error], _ = await resume(client, provider, rid, 3)
+        assert status == 404 and error["error"]["type"] == "invalid_request_error"
+        # a resume cut after two events; a cut never lets the terminal event through
+        status, cut, clean = await resume(client, provider, rid, 3)
+        assert status == 200 and not clean and cut == events[4:6]
+        status, cut, clean = await resume(client, provider, rid, 3)
+        assert not clean and cut == events[4:-1]
+        # a plain retrieve dropped before its answer
+        with pytest.raises(httpx.RemoteProtocolError):
+            await retrieve(client, provider, rid)
+        # expired now: this GET and every later one
+        assert (await resume(client, provider, rid, 3))[0] == 404
+        assert (await retrieve(client, provider, rid))[0] == 404
+        assert provider.stored_response(rid) is None
+        assert [(r.kind, r.answer, r.events_sent) for r in provider.retrievals] == [
+            ("resume", "not_found", 0), ("resume", "disconnect", 2),
+            ("resume", "disconnect", len(events) - 5), ("retrieve", "disconnect", 0),
+            ("resume", "expired", 0), ("retrieve", "not_found", 0)]
+
+
+async def test_resume_stall_goes_silent(
+    client: httpx.AsyncClient, autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with FixtureProvider.serve() as provider:
+        events = (await post(client, provider, background_body()))[1]
+        rid = events[0]["response"]["id"]
+        provider.script_resumes([ResumeFault.stall(after_events=1)])
+        got: list[dict[str, Any]] = []
+        url = f"{provider.http_url}/responses/{rid}"
+        async with client.stream("GET", url, params={"stream": "true",
+                                                     "starting_after": 0}) as response:
+            with trio.move_on_after(3600.0) as waited:  # mock time: silence, not a sleep
+                async for line in response.aiter_lines():
+                    if line.startswith("data: "):
+                        got.append(json.loads(line[6:]))
+        assert waited.cancelled_caught and got == events[1:2]
+        assert provider.retrievals[0].answer == "stall"
+
+
+async def test_drawn_resume_faults_and_unchanged_generation_draws(
+    client: httpx.AsyncClient,
+) -> None:
+    plain, both = FaultSpec.parse("disconnect=0.3,seed=5"), FaultSpec.parse(
+        "disconnect=0.3,retrieve_404=0.5,resume_disconnect=0.5,seed=5")
+    rng_plain, rng_both = plain.chooser(), both.chooser()
+    assert [plain.pick(rng_plain) for _ in range(50)] == [both.pick(rng_both) for _ in range(50)]
+    assert plain.pick_resume(plain.resume_chooser()) is None
+    async with FixtureProvider.serve(faults=FaultSpec.parse("retrieve_404=1.0")) as provider:
+        rid = (await post(client, provider, background_body()))[1][0]["response"]["id"]
+        assert provider.requests[0].reply_kind == "synthesize"  # POSTs draw no GET fault
+        assert (await retrieve(client, provider, rid))[0] == 404
+        assert (await resume(client, provider, rid, 0))[0] == 404
+        assert [r.answer for r in provider.retrievals] == ["not_found", "not_found"]
+    spec = FaultSpec.parse("resume_disconnect=1.0,seed=1")
+    async with FixtureProvider.serve(faults=spec) as provider:
+        events = (await post(client, provider, background_body()))[1]
+        status, cut, clean = await resume(client, provider, events[0]["response"]["id"], 0)
+        assert status == 200 and not clean and cut == events[1:3]
+
+
+async def test_disconnect_fault_on_a_background_post_keeps_generating(
+    client: httpx.AsyncClient,
+) -> None:
+    async with FixtureProvider.serve(faults=FaultSpec.parse("disconnect=1.0")) as provider:
+        status, events, clean = await post(client, provider, background_body())
+        assert status == 200 and not clean and len(events) == 3
+        rid = events[0]["response"]["id"]
+        assert provider.requests[0].reply_kind == "disconnect"
+        status, rest, clean = await resume(client, provider, rid, 2)
+        assert clean and rest[-1]["type"] == "response.completed"
+        assert [e["sequence_number"] for e in events + rest] == list(range(len(events + rest)))
+        assert (await retrieve(client, provider, rid))[1]["status"] == "completed"
+
+
+@pytest.mark.parametrize("how", ["script", "faults"])
+async def test_a_response_that_fails_on_the_server(client: httpx.AsyncClient, how: str) -> None:
+    faults = FaultSpec.parse("failed_in_background=1.0") if how == "faults" else None
+    async with FixtureProvider.serve(faults=faults) as provider:
+        if how == "script":
+            provider.script([Reply.failed("server_error", after_events=6, disconnect_after=3)])
+        status, events, clean = await post(client, provider, background_body())
+        assert status == 200 and not clean and len(events) == 3
+        rid = events[0]["response"]["id"]
+        status, rest, clean = await resume(client, provider, rid, 2)
+        assert clean and [e["sequence_number"] for e in rest] == [3, 4, 5, 6]
+        assert any(e["type"] == "response.output_text.delta" for e in rest)
+        failed = rest[-1]
+        assert failed["type"] == "response.failed"
+        assert failed["response"]["error"]["code"] == "server_error"
+        status, obj = await retrieve(client, provider, rid)
+        assert obj["status"] == "failed" and obj["error"]["code"] == "server_error"
+        assert obj["output"] == []  # nothing made up from the partial text
+        # the same reply on a plain stream is cut where it says
+        status, plain, clean = await post(client, provider, make_body())
+        if how == "script":
+            assert plain[-1]["type"] == "response.completed"  # the script is used up
+        else:
+            assert not clean and len(plain) == 3
+
+
+async def test_error_event_ends_a_background_response_failed(client: httpx.AsyncClient) -> None:
+    async with FixtureProvider.serve() as provider:
+        provider.script([Reply.error_event("server_error", "server_error", after_events=2)])
+        events = (await post(client, provider, background_body()))[1]
+        assert events[-1]["type"] == "error"
+        obj = (await retrieve(client, provider, events[0]["response"]["id"]))[1]
+        assert obj["status"] == "failed" and obj["error"]["code"] == "server_error"
+
+
+async def test_bad_starting_after_is_a_400(client: httpx.AsyncClient) -> None:
+    async with FixtureProvider.serve() as provider:
+        rid = (await post(client, provider, background_body()))[1][0]["response"]["id"]
+        for bad in ("x", "-2"):
+            answer = await client.get(f"{provider.http_url}/responses/{rid}",
+                                      params={"stream": "true", "starting_after": bad})
+            assert answer.status_code == 400
+            assert answer.json()["error"]["param"] == "starting_after"
+        assert [r.answer for r in provider.retrievals] == ["bad_request", "bad_request"]
+        # a GET on a path that is no response, and a cancel by GET, are plain 404s
+        assert (await client.get(f"{provider.http_url}/responses/{rid}/x")).status_code == 404
+        assert (await client.get(f"{provider.http_url}/responses/{rid}/cancel")).status_code == 404
+
+
+# -- the provider as its own process: the knobs and the control endpoints ------------------
+PROVIDER = [sys.executable, "-c", "import sys; from recoverable.transport.fixture import "
+            "fixture_main; sys.exit(fixture_main(sys.argv[1:]))"]
+
+
+async def test_process_knobs_and_control_endpoints(client: httpx.AsyncClient) -> None:
+    process = await trio.lowlevel.open_process(
+        [*PROVIDER, "--port", "0", "--event-delay", "0", "--background-ttl", "600",
+         "--faults", "retrieve_404=0.0,seed=3"], stdout=subprocess.PIPE)
+    try:
+        with trio.fail_after(60):  # generous: a loaded two-core machine starts it slowly
+            assert process.stdout is not None
+            line = b""
+            while not line.endswith(b"\n"):
+                line += await process.stdout.receive_some(4096)
+            info = json.loads(line)
+            base = info["http_url"]
+            answer = await client.post(base + "/responses", content=background_body())
+            rid = json.loads(answer.text.split("data: ", 2)[1].split("\n")[0])["response"]["id"]
+            script = await client.post(info["retrievals_url"].replace(
+                "retrievals", "resume-script"), json=[{"kind": "not_found"}])
+            assert script.status_code == 200
+            assert (await client.get(f"{base}/responses/{rid}")).status_code == 404
+            assert (await client.get(f"{base}/responses/{rid}")).json()["status"] == "completed"
+            expire = info["retrievals_url"].replace("retrievals", "expire")
+            assert (await client.post(expire, json={"response_id": rid})).json() == {"expired": 1}
+            assert (await client.get(f"{base}/responses/{rid}")).status_code == 404
+            bad = await client.post(expire, json=[1])
+            assert bad.status_code == 400
+            log = (await client.get(info["retrievals_url"])).json()
+            assert [(r["kind"], r["answer"]) for r in log] == [
+                ("retrieve", "not_found"), ("retrieve", "object"), ("retrieve", "not_found")]
+            assert len((await client.get(info["requests_url"])).json()) == 1  # POSTs only
+    finally:
+        process.send_signal(signal.SIGTERM)
+        with trio.fail_after(60):
+            await process.wait()
+
+
+@pytest.mark.parametrize("argument", [["--event-delay", "-1"], ["--event-delay", "x"],
+                                      ["--background-ttl", "0"], ["--faults", "resume_x=1"]])
+def test_process_refuses_bad_knobs(argument: list[str]) -> None:
+    result = subprocess.run([*PROVIDER, "--port", "0", *argument], capture_output=True,
+                            timeout=60, check=False)
+    assert result.returncode == 2
