@@ -9,14 +9,16 @@ import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
+import jsonschema_rs
 import msgspec
 import pytest
 import trio
 import trio.testing
-from transport_helpers import make_body
+from transport_helpers import SCHEMA, make_body
 
 from recoverable.errors import InvalidRequest
 from recoverable.testing import FaultSpec, FixtureProvider, Reply, ResumeFault
@@ -447,3 +449,75 @@ def test_process_refuses_bad_knobs(argument: list[str]) -> None:
     result = subprocess.run([*PROVIDER, "--port", "0", *argument], capture_output=True,
                             timeout=60, check=False)
     assert result.returncode == 2
+
+
+# -- item 4: the official openai SDK parses all of it ----------------------------------------
+SDK_CLIENT = Path(__file__).with_name("openai_sdk_background.py")
+
+
+async def run_sdk(provider: FixtureProvider, mode: str) -> dict[str, Any]:
+    result = await trio.run_process(
+        [sys.executable, str(SDK_CLIENT), provider.http_url, mode, json.dumps(SCHEMA)],
+        capture_stdout=True, capture_stderr=True, check=False,
+    )
+    assert result.returncode == 0, result.stderr.decode()
+    report: dict[str, Any] = json.loads(result.stdout.decode().strip().splitlines()[-1])
+    assert report["strict_errors"] == []
+    assert report["unknown"] == [404, "dict"]
+    return report
+
+
+async def test_openai_sdk_resumes_retrieves_and_cancels() -> None:
+    async with FixtureProvider.serve() as provider:
+        report = await run_sdk(provider, "resume")
+        assert report["first"] == ["ResponseCreatedEvent", "ResponseInProgressEvent",
+                                   "ResponseOutputItemAddedEvent"]
+        assert report["rest"][0] == "ResponseContentPartAddedEvent"
+        assert report["rest"][-1] == "ResponseCompletedEvent"
+        assert "ResponseTextDeltaEvent" in report["rest"]
+        assert report["rest_sequence"] == list(range(3, 3 + len(report["rest"])))
+        value = json.loads(report["final_text"])
+        assert jsonschema_rs.validator_for(SCHEMA).is_valid(value)
+        assert report["retrieved"] == ["completed", report["final_text"], True]
+        assert report["cancel_finished"] == "completed"
+        assert len(provider.requests) == 1
+        body = json.loads(provider.requests[0].body)
+        assert body["background"] is True and body["store"] is True
+        assert [(r.kind, r.starting_after) for r in provider.retrievals] == [
+            ("resume", 2), ("retrieve", None), ("cancel", None), ("retrieve", None)]
+
+
+async def test_openai_sdk_cancels_a_live_response() -> None:
+    # Slow enough that the SDK's cancel comes long before the end (400 events, 0.2 s
+    # apart: 80 s; the client needs well under a second even on a loaded machine).
+    async with FixtureProvider.serve(event_delay=0.2, deltas=(400, 400)) as provider:
+        report = await run_sdk(provider, "cancel")
+        assert report["cancel"] == ["in_progress", "cancelled", "cancelled"]
+        (stored,) = [provider.stored_response(r.response_id) for r in provider.retrievals[:1]]
+        assert stored is not None and stored.status == "cancelled"
+        assert stored.produced < len(stored.events)
+
+
+def test_events_of_background_kinds_match_the_sdk_models_strictly() -> None:
+    import pydantic
+    from openai.types.responses import Response, ResponseStreamEvent
+    from recoverable.transport.fixture_background import StoredResponse
+    from recoverable.transport.fixture_replies import events_for
+
+    events_adapter: pydantic.TypeAdapter[object] = pydantic.TypeAdapter(ResponseStreamEvent)
+    response_adapter: pydantic.TypeAdapter[object] = pydantic.TypeAdapter(Response)
+    request = json.loads(background_body())
+    for reply in (Reply.failed("server_error", after_events=6, disconnect_after=3),
+                  Reply.failed("server_error", after_events=100), Reply.synthesize(),
+                  Reply.incomplete()):
+        events = events_for(reply, request, serial=1, created_at=1700000000, deltas=8)
+        assert [e["sequence_number"] for e in events] == list(range(len(events)))
+        for event in events:
+            events_adapter.validate_python(event)
+        stored = StoredResponse("resp_x", events, expires_at=float("inf"))
+        for produced in (1, len(events)):
+            stored.advance(produced)
+            response_adapter.validate_python(stored.snapshot())
+        stored.advance(1)
+        stored.cancel()
+        response_adapter.validate_python(stored.snapshot())
