@@ -123,7 +123,9 @@ async def serve_websocket(
         state, ws, stream, headers, attempt_id, text, reply_used, where
                 )
                 attempt_id = None  # later requests on this connection carry no header
-                if not keep:
+                if keep is None:  # refused before any reply: the next create gets it
+                    pending = reply_used
+                elif not keep:
                     return
         if not accepted and ws.state is not wsproto.connection.ConnectionState.CONNECTING:
             return
@@ -146,7 +148,9 @@ async def _ws_create(
     text: str,
     reply: Reply | None,
     where: list[int],
-) -> bool:
+) -> bool | None:
+    """Answer one create: whether the connection goes on (None: it does, and ``reply``
+    was not used)."""
     try:
         decoded = msgspec.json.decode(text)
         if not isinstance(decoded, dict) or decoded.get("type") != "response.create":
@@ -167,7 +171,7 @@ async def _ws_create(
         state._record("websocket", headers, canonical, "bad_request", attempt_id,
                       (where[0], where[1]))
         await _ws_send(ws, stream, BACKGROUND_REFUSED)
-        return True
+        return None
     limited = state._admit_tokens(canonical)
     if limited is not None:
         reply = limited

@@ -521,3 +521,30 @@ def test_events_of_background_kinds_match_the_sdk_models_strictly() -> None:
         stored.advance(1)
         stored.cancel()
         response_adapter.validate_python(stored.snapshot())
+
+
+# -- item 5: no background mode over WebSocket ---------------------------------------------
+async def test_websocket_refuses_background_and_stays_usable() -> None:
+    from trio_websocket import open_websocket_url
+
+    async with FixtureProvider.serve() as provider:
+        provider.script([Reply.complete({"answer": 1})])
+        async with open_websocket_url(provider.websocket_url,
+                                      extra_headers=[("authorization", "Bearer k")]) as ws:
+            create = msgspec.json.decode(background_body())
+            create.pop("stream")
+            await ws.send_message(json.dumps({"type": "response.create", **create}))
+            refused = json.loads(await ws.get_message())
+            assert refused["type"] == "error" and refused["status"] == 400
+            assert refused["error"]["type"] == "invalid_request_error"
+            assert refused["error"]["code"] == "unsupported_parameter"
+            assert refused["error"]["param"] == "background"
+            # the same connection still answers a create without background
+            create["background"] = False
+            await ws.send_message(json.dumps({"type": "response.create", **create}))
+            got: list[dict[str, Any]] = []
+            while not got or got[-1]["type"] != "response.completed":
+                got.append(json.loads(await ws.get_message()))
+        assert [r.reply_kind for r in provider.requests] == ["bad_request", "complete"]
+        assert provider.retrievals == [] and provider.stored_response(
+            got[0]["response"]["id"]) is None
