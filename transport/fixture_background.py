@@ -99,6 +99,7 @@ class StoredResponse:
         self.events = events
         self.produced = 0
         self.cancelled = False
+        self.expired = False  # dropped from the store (``expire``): followers are cut
         self.expires_at = expires_at
         self.scope = trio.CancelScope()
         self._changed = trio.Event()
@@ -201,6 +202,8 @@ class BackgroundProvider(ProviderState):
             stored = self._stored.pop(rid, None)
             if stored is not None:
                 stored.scope.cancel()
+                stored.expired = True
+                stored.advance(stored.produced)  # wakes its followers: they are cut
                 dropped += 1
         return dropped
 
@@ -331,6 +334,8 @@ class BackgroundProvider(ProviderState):
                 return False, index - start
             if stored.finished:
                 break
+            if stored.expired:  # gone while it generated: the stream is cut
+                return False, index - start
             await stored.changed()
         tail = b"data: [DONE]\n\n" if lenient_frames else b""
         await self._send(conn, stream, h11.Data(data=tail), h11.EndOfMessage())

@@ -548,3 +548,60 @@ async def test_websocket_refuses_background_and_stays_usable() -> None:
         assert [r.reply_kind for r in provider.requests] == ["bad_request", "complete"]
         assert provider.retrievals == [] and provider.stored_response(
             got[0]["response"]["id"]) is None
+
+
+async def test_expiry_cuts_a_live_resume(
+    client: httpx.AsyncClient, mock_clock: trio.testing.MockClock,
+) -> None:
+    async with FixtureProvider.serve(event_delay=1.0, deltas=(20, 20)) as provider:
+        provider.script([Reply.disconnect(after_events=1)])
+        posted: list[Any] = []
+
+        async def do_post() -> None:
+            posted.append(await post(client, provider, background_body()))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(do_post)
+            await step_until(mock_clock, lambda: bool(posted))
+        rid = posted[0][1][0]["response"]["id"]
+        resumed: list[Any] = []
+
+        async def do_resume() -> None:
+            resumed.append(await resume(client, provider, rid, 0))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(do_resume)
+            await provider.wait_for_retrievals(1)
+            await trio.testing.wait_all_tasks_blocked()
+            assert provider.expire() == 1
+        status, _rest, clean = resumed[0]
+        assert status == 200 and not clean
+        assert provider.retrievals[0].finished_at is not None
+
+
+@pytest.mark.parametrize("reply", [Reply.stall(after_events=2), Reply.lenient(),
+                                   Reply.keepalive(pause=5.0, every=1.0, after_events=2)])
+async def test_other_connection_faults_on_a_background_post(
+    client: httpx.AsyncClient, autojump_clock: trio.testing.MockClock, reply: Reply,
+) -> None:
+    async with FixtureProvider.serve() as provider:
+        provider.script([reply])
+        url = provider.http_url + "/responses"
+        got: list[dict[str, Any]] = []
+        lines: list[str] = []
+        async with client.stream("POST", url, content=background_body()) as response:
+            with trio.move_on_after(600.0):  # mock time (under the TTL): a stall is silence
+                async for line in response.aiter_lines():
+                    lines.append(line)
+                    if line.startswith("data: {"):
+                        got.append(json.loads(line[6:]))
+        stored = provider.stored_response(got[0]["response"]["id"])
+        assert stored is not None and stored.status == "completed"  # generated regardless
+        if reply.kind == "stall":
+            assert len(got) == 2
+        else:
+            assert [e["sequence_number"] for e in got] == list(range(len(stored.events)))
+        if reply.kind == "lenient":
+            assert lines[-2:] == ["data: [DONE]", ""] and "x_trace" in got[0]
+        if reply.kind == "keepalive":
+            assert lines.count(": ping") >= 4
