@@ -144,6 +144,9 @@ async def test_background_post_streams_stores_and_resumes(client: httpx.AsyncCli
                                                    len(events) - 5, 1, 0, len(events)]
         assert all(r.finished_at is not None and r.response_id == rid for r in log)
         assert log[0].headers["authorization"] != "Bearer k"  # a fingerprint, not the key
+        await client.get(f"{provider.http_url}/responses/{rid}",
+                         headers={"x-client-request-id": "op.1"})
+        assert provider.retrievals[-1].attempt_id == "op.1" and log[0].attempt_id is None
 
 
 async def test_plain_post_is_not_stored(client: httpx.AsyncClient) -> None:
@@ -280,6 +283,9 @@ async def test_scripted_resume_faults(client: httpx.AsyncClient) -> None:
             ResumeFault.disconnect(after_events=50), ResumeFault.disconnect(),
             ResumeFault.expired(),
         ])
+        # a GET of an unknown id is a 404 and uses no scripted fault
+        assert (await resume(client, provider, "resp_unknown", 0))[0] == 404
+        assert provider.retrievals.pop().answer == "not_found"
         # a 404 for this GET only: the response is still there for the next one
         status, [error], _ = await resume(client, provider, rid, 3)
         assert status == 404 and error["error"]["type"] == "invalid_request_error"
