@@ -611,3 +611,39 @@ async def test_other_connection_faults_on_a_background_post(
             assert lines[-2:] == ["data: [DONE]", ""] and "x_trace" in got[0]
         if reply.kind == "keepalive":
             assert lines.count(": ping") >= 4
+
+
+# -- the library's present transports against it ---------------------------------------------
+@pytest.mark.parametrize("reply", [Reply.synthesize(), Reply.disconnect(after_events=3)])
+async def test_library_sse_backend_streams_a_background_post(reply: Reply) -> None:
+    from recoverable.transport import Completed, Interruption, ResponsesBackend, StaticCredentials
+
+    body = msgspec.json.encode(msgspec.json.decode(background_body()), order="sorted")
+    async with FixtureProvider.serve() as provider:
+        provider.script([reply])
+        backend = ResponsesBackend(provider.http_url, credentials=StaticCredentials("k"),
+                                   mode="sse")
+        async with backend:
+            outcome = await backend.stream(body, attempt_id="op.1", token="k")
+        stored = provider.stored_response(f"resp_fixture{1:012d}")
+        assert stored is not None and stored.status == "completed"
+        if reply.kind == "synthesize":
+            assert isinstance(outcome, Completed) and outcome.response_id == stored.id
+        else:  # the client learns the id and the last sequence number: what it resumes from
+            assert isinstance(outcome, Interruption) and outcome.kind == "disconnected"
+            assert outcome.response_id == stored.id and outcome.sequence_number == 2
+
+
+async def test_library_websocket_backend_gets_the_refusal_typed() -> None:
+    from recoverable.transport import Interruption, ResponsesBackend, StaticCredentials
+
+    body = msgspec.json.encode(msgspec.json.decode(background_body()), order="sorted")
+    async with FixtureProvider.serve() as provider:
+        backend = ResponsesBackend(provider.http_url, credentials=StaticCredentials("k"),
+                                   mode="websocket")
+        async with backend:
+            outcome = await backend.stream(body, attempt_id="op.1", token="k")
+        assert isinstance(outcome, Interruption), outcome
+        assert outcome.kind == "http_rejected" and outcome.http_status == 400
+        assert outcome.provider_code == "unsupported_parameter"
+        assert [r.reply_kind for r in provider.requests] == ["bad_request"]
