@@ -218,9 +218,9 @@ class BackgroundProvider(ProviderState):
             raise InvalidRequest("script_resumes() takes ResumeFault values")
         self._resume_script = deque(faults)
 
-    async def wait_for_retrievals(self, n: int) -> list[RecordedRetrieval]:
-        """Return once at least ``n`` requests about stored responses have arrived."""
-        while len(self.retrievals) < n:
+    async def wait_for_retrievals(self, count: int) -> list[RecordedRetrieval]:
+        """Return once at least ``count`` requests about stored responses have arrived."""
+        while len(self.retrievals) < count:
             await self._retrievals_changed.wait()
         return list(self.retrievals)
 
