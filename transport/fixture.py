@@ -286,7 +286,7 @@ class FixtureProvider(BackgroundProvider):
                              "type": "invalid_request_error", "param": None, "code": None}}
             await self._simple(conn, stream, 400, msgspec.json.encode(err))
             return True
-        if obj.get("background") is True and obj.get("store") is not True:
+        if obj.get("background") is True and obj.get("store", True) is not True:
             self._record("sse", headers, canonical, "bad_request", attempt_id, where)
             await self._simple(conn, stream, 400, BACKGROUND_NEEDS_STORE)
             return True

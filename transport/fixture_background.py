@@ -268,6 +268,7 @@ class BackgroundProvider(ProviderState):
             response = event.get("response")
             if isinstance(response, dict):
                 response["background"] = True
+                response["store"] = True  # also when the request left it to its default
         rid = str(events[0]["response"]["id"])
         now = trio.current_time()
         if len(self._stored) >= MAX_STORED_RESPONSES:

@@ -113,6 +113,15 @@ async def test_background_needs_store(client: httpx.AsyncClient) -> None:
         assert provider.retrievals == []
 
 
+async def test_store_left_out_defaults_to_true(client: httpx.AsyncClient) -> None:
+    body = msgspec.json.decode(background_body())
+    del body["store"]  # the API's default for store is true
+    async with FixtureProvider.serve() as provider:
+        status, events, _ = await post(client, provider, msgspec.json.encode(body))
+        assert status == 200 and events[-1]["response"]["store"] is True
+        assert (await retrieve(client, provider, events[0]["response"]["id"]))[0] == 200
+
+
 async def test_background_post_streams_stores_and_resumes(client: httpx.AsyncClient) -> None:
     async with FixtureProvider.serve() as provider:
         status, events, clean = await post(client, provider, background_body())
