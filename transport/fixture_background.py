@@ -196,6 +196,19 @@ class BackgroundProvider(ProviderState):
             return None
         return stored
 
+    def stored_listing(self) -> list[dict[str, Any]]:
+        """Every stored response now, for tests in another process (``GET
+        /_fixture/stored``; not recorded): ``id``, ``status``, ``produced`` and ``events``
+        (generated so far, in all), and ``usage`` (the final one, once it ended)."""
+        listing = []
+        for rid in list(self._stored):
+            stored = self.stored_response(rid)
+            if stored is not None:
+                listing.append({"id": rid, "status": stored.status,
+                                "produced": stored.produced, "events": len(stored.events),
+                                "usage": stored.snapshot().get("usage")})
+        return listing
+
     def expire(self, response_id: str | None = None) -> int:
         """Expire one stored response now (every one: ``None``); how many were dropped.
         Its generation stops; every later request about it is a 404."""

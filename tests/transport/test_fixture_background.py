@@ -446,12 +446,18 @@ async def test_process_knobs_and_control_endpoints(client: httpx.AsyncClient) ->
             expire = info["retrievals_url"].replace("retrievals", "expire")
             assert (await client.post(expire, json={"response_id": rid})).json() == {"expired": 1}
             assert (await client.get(f"{base}/responses/{rid}")).status_code == 404
+            stored = (await client.get(expire.replace("expire", "stored"))).json()
+            assert stored == []  # expired; the listing itself is not recorded
+            await client.post(base + "/responses", content=background_body())
+            (listed,) = (await client.get(expire.replace("expire", "stored"))).json()
+            assert listed["status"] == "completed" and listed["produced"] == listed["events"]
+            assert listed["usage"]["output_tokens"] > 0
             bad = await client.post(expire, json=[1])
             assert bad.status_code == 400
             log = (await client.get(info["retrievals_url"])).json()
             assert [(r["kind"], r["answer"]) for r in log] == [
                 ("retrieve", "not_found"), ("retrieve", "object"), ("retrieve", "not_found")]
-            assert len((await client.get(info["requests_url"])).json()) == 1  # POSTs only
+            assert len((await client.get(info["requests_url"])).json()) == 2  # POSTs only
     finally:
         process.send_signal(signal.SIGTERM)
         with trio.fail_after(60):
