@@ -285,8 +285,9 @@ class BackgroundProvider(ProviderState):
         rid = str(events[0]["response"]["id"])
         now = trio.current_time()
         if len(self._stored) >= MAX_STORED_RESPONSES:
-            for old in [rid for rid, stored in self._stored.items() if now >= stored.expires_at]:
-                self.expire(old)
+            for old_id in [old_id for old_id, old in self._stored.items()
+                           if now >= old.expires_at]:
+                self.expire(old_id)
             while len(self._stored) >= MAX_STORED_RESPONSES:
                 self.expire(next(iter(self._stored)))
         self.expire(rid)  # a scripted id used again replaces the older response
