@@ -404,3 +404,16 @@ async def test_other_connection_faults_on_a_background_post(
         if reply.kind == "keepalive":
             assert lines.count(": ping") >= 4
 
+
+
+async def test_at_most_so_many_stored_the_oldest_forgotten(
+    client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from recoverable.transport import fixture_background
+
+    monkeypatch.setattr(fixture_background, "MAX_STORED_RESPONSES", 2)
+    async with FixtureProvider.serve() as provider:
+        ids = [(await post(client, provider, background_body()))[1][0]["response"]["id"]
+               for _ in range(3)]
+        assert [provider.stored_response(rid) is not None for rid in ids] == [False, True, True]
+        assert (await retrieve(client, provider, ids[0]))[0] == 404
