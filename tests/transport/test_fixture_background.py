@@ -71,7 +71,9 @@ async def test_background_post_streams_stores_and_resumes(client: httpx.AsyncCli
             assert rest == events[after + 1:]
         status, whole, _ = await resume(client, provider, rid, None)
         assert whole == events
-        # one generation request; every GET recorded apart from it
+        # one generation request; every GET recorded apart from it (its end is noted just
+        # after its last byte: let the provider's handler get there)
+        await trio.testing.wait_all_tasks_blocked()
         assert len(provider.requests) == 1 and provider.requests[0].reply_kind == "synthesize"
         log = provider.retrievals
         assert [(r.kind, r.starting_after, r.answer) for r in log] == [
