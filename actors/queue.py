@@ -33,6 +33,7 @@ from recoverable import _killpoints, errors, machine
 from recoverable.contract import ResponseContract, contract_for
 from recoverable.preconditions import is_expired
 from recoverable.records import OperationRecord
+from recoverable.sources_rules import superseded_error
 from recoverable.telemetry import Telemetry
 from recoverable.transitions import FINISHED
 from recoverable.types import AccountBinding, Handle, JsonSchema, Status, StructuredRequest
@@ -159,6 +160,8 @@ def settled(rt: Runtime, operation_id: str, contract: ResponseContract) -> Any:
             )
         raise errors.StateUnavailable("no such operation", operation_id=operation_id)
     require_owner(rt.account, record.account, operation_id)
+    if record.phase == "superseded":  # issue 16: no result of it may count
+        raise superseded_error(record)
     command = store.get_command(operation_id)
     if record.phase == "cancelled" or (command is not None and command.kind == "cancel"):
         raise errors.OperationCancelled(operation_id=operation_id)
@@ -231,7 +234,7 @@ async def wait(
 
 Served = set[tuple[str, str, str]]  # (account id, credential source, endpoint id)
 _SETTLED_STATES: Final = frozenset({"completed", "failed", "cancelled", "acknowledged",
-                                    "abandoned"})
+                                    "abandoned", "superseded"})
 
 
 def served_now(store: RecoveryStore) -> Served:

@@ -45,6 +45,7 @@ from recoverable.records import (
     OnInterruption,
     OperationRecord,
 )
+from recoverable.sources_rules import superseded_error
 from recoverable.telemetry import Telemetry, TelemetrySink
 from recoverable.types import (
     AccountBinding,
@@ -358,7 +359,7 @@ class Runtime:
     ) -> Status:
         """Mark an operation that waits for the rate governor: in this runtime (why, and
         until when), or behind a shared pause of its endpoint+account (any process)."""
-        if status.state in ("completed", "failed", "cancelled") or status.redacted:
+        if status.state in ("completed", "failed", "cancelled", "superseded") or status.redacted:
             return status
         waiting = self.governor.waiting.get(record.operation_id)
         if waiting is not None:
@@ -401,6 +402,8 @@ class Runtime:
         """The saved, validated completion (works without backend or unexpired permission)."""
         record = self._read(handle.operation_id)
         require_owner(self.account, record.account, record.operation_id)
+        if record.phase == "superseded":  # issue 16: no result of it may count
+            raise superseded_error(record)
         command = self.store.get_command(record.operation_id)
         if record.phase == "cancelled" or (command is not None and command.kind == "cancel"):
             raise errors.OperationCancelled(operation_id=record.operation_id)
