@@ -22,6 +22,7 @@ from typing import Any, Final, Protocol, TypeVar
 import msgspec
 import trio
 from recoverable.actors.checks import require_owner
+from recoverable.actors.heartbeat import LeaseKeeper
 from recoverable.actors.host import Backend
 from recoverable.actors.prepare import new_admission, put_new_operation
 from recoverable.storage.base import Store as RecoveryStore
@@ -48,6 +49,7 @@ class Runtime(Protocol):
     selector: Callable[[StructuredRequest], StructuredRequest] | None
     now: Callable[[], float]
     telemetry: Telemetry
+    leases: LeaseKeeper  # its lease_seconds bounds a hard attempt_timeout (issue 16)
 
 __all__ = [
     "choose_job_operation", "served_now", "settled", "submit", "wait", "with_queue_state",
@@ -132,7 +134,7 @@ async def submit(
     record, body, stored = new_admission(
         request, response=response, maximum_attempts=maximum_attempts, job_id=job_id,
         input_revision=input_revision, account=rt.account, backend=rt.backend,
-        selector=rt.selector, now=rt.now(), **options,
+        selector=rt.selector, now=rt.now(), lease_seconds=rt.leases.lease_seconds, **options,
     )
     _killpoints.hit("submit.before_save")
     chosen = await rt.store.write(functools.partial(submit_operation, record, body, stored))

@@ -55,6 +55,7 @@ from recoverable.types import (
     Receipt,
     RetryPolicy,
     Selection,
+    SourceRef,
     Status,
     StructuredRequest,
     to_datetime,
@@ -154,8 +155,17 @@ class Runtime:
         previous_operation_id: str | None = None,
         maximum_output_tokens_total: int | None = None,
         on_interruption: OnInterruption = "replace",
+        source: SourceRef | None = None,
+        attempt_timeout: float | None = None,
     ) -> Handle:
         """Freeze the request and persist the operation without sending anything.
+
+        ``source=SourceRef(key, digest)`` binds the result to a source at a digest (issue
+        16, docs/sources.md): the manifest must hold that digest (``store.set_source``);
+        its receipt is saved only while it still does, and a manifest change supersedes
+        it. Each of its attempts then has a hard ``attempt_timeout`` (seconds; default two
+        thirds of the lease), which must be shorter than this runtime's lease
+        (``InvalidParameter``). ``attempt_timeout`` may also be given without a source.
 
         ``on_interruption`` is saved with the operation: ``"replace"`` (the default) lets
         an interrupted attempt (disconnect, idle timeout, crash, lost lease) be replaced
@@ -185,6 +195,9 @@ class Runtime:
             previous_operation_id=previous_operation_id,
             maximum_output_tokens_total=maximum_output_tokens_total,
             on_interruption=on_interruption,
+            source=source,
+            attempt_timeout=attempt_timeout,
+            lease_seconds=self.leases.lease_seconds,
             account=self.account,
             backend=self.backend,
             selector=self.selector,
