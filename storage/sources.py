@@ -32,9 +32,15 @@ from recoverable.sources_rules import (
     needs_superseding,
     supersede,
 )
-from recoverable.types import SupersededReason
+from recoverable.types import AccountBinding, SupersededReason
 
-__all__ = ["SourceChange", "change_source", "check_source_entry", "supersede_in"]
+__all__ = [
+    "SourceChange",
+    "change_source",
+    "check_source_entry",
+    "supersede_in",
+    "supersede_revisions",
+]
 
 
 @attrs.frozen
@@ -104,6 +110,37 @@ def change_source(
         supersede_in(txn, record, reason, now)
         superseded.append(operation_id)
     return SourceChange(key, previous, digest, tuple(superseded), tuple(unreadable))
+
+
+def supersede_revisions(
+    account: AccountBinding,
+    scope: str | None,
+    job_id: str,
+    revision: str | None,
+    candidates: frozenset[str],
+    now: float,
+    txn: WriteTransaction,
+) -> list[str]:
+    """Supersede (reason ``newer_revision``) the operations among ``candidates`` that
+    belong to this job with another revision and could still produce a result or hold an
+    unacknowledged receipt, re-read in this transaction. Returns their ids."""
+    superseded: list[str] = []
+    for operation_id in sorted(candidates):
+        try:
+            record = txn.get_operation(operation_id)
+        except (CorruptRecord, UnsupportedRecordVersion):
+            continue
+        if (
+            record is None
+            or (record.account, record.scope, record.job_id) != (account, scope, job_id)
+            or record.input_revision == revision
+            or txn.get_disposition(operation_id) is not None
+            or not needs_superseding(record)
+        ):
+            continue
+        supersede_in(txn, record, "newer_revision", now)
+        superseded.append(operation_id)
+    return superseded
 
 
 def check_source_entry(key: bytes, raw: bytes) -> str | None:
