@@ -49,14 +49,24 @@ _DIGEST = re.compile(rf"[\x21-\x7e]{{1,{MAX_SOURCE_DIGEST_CHARS}}}")
 
 
 def check_source_key(key: object) -> str:
-    """A source key: 1..256 characters, no control characters (``InvalidParameter``)."""
-    if not isinstance(key, str) or not _KEY.fullmatch(key):
+    """A source key: 1..256 characters and at most 256 UTF-8 bytes (it is part of a store
+    key), no control characters (``InvalidParameter``)."""
+    if not isinstance(key, str) or not _KEY.fullmatch(key) or _utf8_size(key) is None:
         raise errors.InvalidParameter(
-            f"a source key must be 1..{MAX_SOURCE_KEY_CHARS} characters without control "
-            "characters",
+            f"a source key must be 1..{MAX_SOURCE_KEY_CHARS} characters (at most "
+            f"{MAX_SOURCE_KEY_CHARS} UTF-8 bytes) without control characters",
             parameter="source.key",
         )
     return key
+
+
+def _utf8_size(key: str) -> int | None:
+    """The UTF-8 size of ``key`` if it is at most the bound (None: too long or not text)."""
+    try:
+        size = len(key.encode("utf-8"))
+    except UnicodeEncodeError:
+        return None
+    return size if size <= MAX_SOURCE_KEY_CHARS else None
 
 
 def check_digest(digest: object) -> str:
