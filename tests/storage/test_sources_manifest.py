@@ -32,7 +32,7 @@ def test_the_manifest_holds_one_digest_per_key(store: RecoveryStore) -> None:
     assert store.check_integrity() == []
 
 
-@pytest.mark.parametrize("key", ["", "a\0b", "line\nbreak", "x" * 257, "é" * 150, 7])
+@pytest.mark.parametrize("key", ["", "a\0b", "line\nbreak", "x" * 257, "€" * 200, 7])
 def test_a_bad_source_key_is_refused_before_anything_is_written(
     store: RecoveryStore, key: object
 ) -> None:
