@@ -32,6 +32,7 @@ from recoverable.actors.scheduler import Scheduler
 from recoverable.actors.supervisor import Execution, Supervisor
 from recoverable.actors.sweep import sweep_at_open
 from recoverable.storage.base import Store as RecoveryStore
+from recoverable.storage.leases import lease_blocks, unexpired_derivative
 from recoverable.storage.migration import saved_completion
 from recoverable.transport.connect import ConnectBackoff, EndpointGate
 
@@ -348,7 +349,8 @@ class Runtime:
     def _status(self, record: OperationRecord) -> Status:
         lease = self.store.get_lease(record.operation_id)
         now = self.now()
-        live = lease is not None and self.store.lease_is_live(lease, now)
+        # A derivative's lease holds until it expires, even after its owner died (issue 16).
+        live = lease is not None and lease_blocks(self.store, lease, record, now)
         command = self.store.get_command(record.operation_id)
         payloads = self.store.payload_kinds([record.operation_id])[record.operation_id]
         status = self._with_rate_limit(record, machine.derive_status(
@@ -467,7 +469,7 @@ class Runtime:
                 key = f"{lease.owner_id}\0{lease.token}"
                 if key not in live:
                     live[key] = self.store.lease_is_live(lease, now)
-                is_live = live[key]
+                is_live = live[key] or unexpired_derivative(lease, record, now)
             command = commands.get(record.operation_id)
             status = self._with_rate_limit(
                 record,

@@ -38,7 +38,7 @@ from collections.abc import Iterable
 from typing import Final
 
 import msgspec
-from recoverable.storage.base import WriteTransaction
+from recoverable.storage.base import RecordReader, WriteTransaction
 
 from recoverable.errors import InvalidRequest, OperationBusy, StateUnavailable
 from recoverable.records import LeaseRecord, OperationRecord
@@ -51,6 +51,7 @@ __all__ = [
     "lease_expired",
     "release_lease",
     "renew_leases",
+    "unexpired_derivative",
 ]
 
 _OWNER_ID: Final = re.compile(r"[0-9a-f]{32}")
@@ -209,15 +210,18 @@ def lease_expired(lease: LeaseRecord, now: float | None = None) -> bool:
 
 
 def lease_blocks(
-    txn: WriteTransaction, lease: LeaseRecord, record: OperationRecord, now: float
+    txn: RecordReader, lease: LeaseRecord, record: OperationRecord, now: float
 ) -> bool:
     """The lease still keeps the operation from a new claim at ``now``: it is live, or
     (issue 16) the operation is source-bound and the lease has not expired yet — a
     derivative's lease is reclaimed only once expired, even when its owner died, so no
     earlier claim's provider call (bounded by a hard timeout shorter than the lease) can
     still be running when the next one starts."""
-    if txn.lease_is_live(lease, now):
-        return True
+    return txn.lease_is_live(lease, now) or unexpired_derivative(lease, record, now)
+
+
+def unexpired_derivative(lease: LeaseRecord, record: OperationRecord, now: float) -> bool:
+    """``record`` is source-bound and ``lease`` has not reached its expiry at ``now``."""
     return record.source is not None and lease.expires_at is not None and not lease_expired(
         lease, now
     )

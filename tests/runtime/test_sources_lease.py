@@ -111,6 +111,12 @@ async def test_a_dead_workers_derivative_lease_is_reclaimed_only_after_expiry(
                 if bound:
                     with pytest.raises(recoverable.OperationBusy):
                         await rt.send_recovering(handle, response=Answer, authorize=approve)
+                    status = await rt.status(handle)  # still held: shown as running
+                    assert status.state == "running" and status.lease_owner == theirs.owner_id
+                    await rt.suspend(handle)  # waits in its row; it voids nothing early
+                    assert store.get_lease(op) == theirs
+                    command = store.get_command(op)
+                    assert command is not None and command.kind == "suspend"
                     report = await sweep(store, now=clock.now)
                     assert report.waiting == 0
                     record = store.get_operation(op)
