@@ -329,3 +329,28 @@ def test_the_source_shows_in_the_cli_status(tmp_path: Path) -> None:
     )
     text = format_status(status)
     assert "doc-1 @ sha256:v1" in text and "source_changed" in text
+
+
+async def test_a_retry_successor_inherits_the_binding_and_only_while_current(
+    store: recoverable.RecoveryStore, provider: FixtureProvider
+) -> None:
+    """A failed derivative is not superseded (no result to protect); its manual retry
+    inherits the source binding, and is refused while the digest is not current."""
+    provider.script([Reply.quota_exceeded(), Reply.complete(ANSWER)])
+    await store.set_source("doc-1", "sha256:v1")
+    async with make_backend(provider) as backend, recoverable.open_runtime(
+        store, backend, account=ACCOUNT
+    ) as rt:
+        handle = await _prepare(rt)
+        with pytest.raises(errors.ProviderError):
+            await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
+        await store.set_source("doc-1", "sha256:v2")
+        with pytest.raises(errors.InvalidParameter) as stale:
+            await rt.retry(handle, retry_action_id="again", maximum_attempts=2)
+        assert stale.value.reason == "not_current"
+        await store.set_source("doc-1", "sha256:v1")  # the source went back
+        successor = await rt.retry(handle, retry_action_id="again", maximum_attempts=2)
+        record = store.get_operation(successor.operation_id)
+        assert record is not None and record.source == DOC and record.attempt_timeout == 20.0
+        value = await rt.send_recovering(successor, response=Answer, authorize=Authorizer())
+        assert value == Answer(**ANSWER)
