@@ -19,6 +19,8 @@ from recoverable.storage.leases import acquire_lease, release_lease
 
 from recoverable import machine
 from recoverable.records import CommandKind, LeaseRecord, OperationRecord
+from recoverable.sources_rules import receipt_refusal, supersede, superseded_error
+from recoverable.types import SupersededReason
 
 OpenStep = Callable[[OperationRecord, CommandKind | None, bool], machine.Transition]
 
@@ -104,7 +106,7 @@ def acquire(
             kind = command.kind
     opening = open_step(record, kind, body is not None)  # a missing body: before the host
     if opening.changed:
-        if kind is not None and opening.record.phase == "cancelled":
+        if kind is not None and opening.record.phase in ("cancelled", "superseded"):
             txn.delete_command(operation_id)  # folded into the record's phase
         txn.put_operation(opening.record, expect_fence=lease.fence)
     final = ends(opening)
@@ -139,10 +141,29 @@ def folds(command: CommandKind, record: OperationRecord) -> bool:
     return machine.merge_command(command, stands) == stands
 
 
-def persist(write: FencedWrite, txn: WriteTxn) -> None:
-    """Write the transition's record fenced by our lease (see :class:`FencedWrite`)."""
+def persist(write: FencedWrite, txn: WriteTxn) -> machine.Transition:
+    """Write the transition's record fenced by our lease (see :class:`FencedWrite`).
+
+    Returns the transition written: ``write.transition``, or for a source-bound operation
+    whose completion may not be saved (the manifest no longer holds its digest) the
+    ``superseded`` one that was written instead (:func:`_refuse_receipt`).
+    """
     op_id = write.operation_id
     record = write.transition.record
+    if record.source is not None:  # issue 16: a source-bound operation (admission field)
+        stored = txn.get_operation(op_id)
+        if stored is not None and stored.phase == "superseded":
+            # A manifest change superseded it meanwhile (and told us with a cancel
+            # command): nothing of this execution is written; the command goes, and the
+            # execution stops with the typed error.
+            txn.delete_command(op_id)
+            if write.release_token is not None:
+                release_lease(txn, op_id, write.release_token)
+            return machine.Transition(stored, machine.Stop(superseded_error(stored)), False)
+        if write.completion is not None:
+            refusal = receipt_refusal(record, txn.get_source(record.source.key))
+            if refusal is not None:
+                return _refuse_receipt(write, refusal, txn)
     command = txn.get_command(op_id)
     if command is not None:
         if write.check_commands and command.serial > write.known_serial:
@@ -155,6 +176,26 @@ def persist(write: FencedWrite, txn: WriteTxn) -> None:
         txn.put_operation(record, expect_fence=write.fence)
     if write.release_token is not None:
         release_lease(txn, op_id, write.release_token)
+    return write.transition
+
+
+def _refuse_receipt(
+    write: FencedWrite, reason: SupersededReason, txn: WriteTxn
+) -> machine.Transition:
+    """The manifest no longer holds the bound digest: in the same transaction that would
+    have saved the completion, the operation becomes ``superseded`` instead and the
+    completion is discarded (never written)."""
+    op_id = write.operation_id
+    superseded = supersede(write.transition.record, reason)
+    txn.put_operation(superseded, expect_fence=write.fence)
+    txn.delete_command(op_id)  # nothing left for a command to say
+    txn.dequeue(op_id)
+    source = superseded.source
+    assert source is not None
+    txn.unbind_source(source.key, op_id)
+    if write.release_token is not None:
+        release_lease(txn, op_id, write.release_token)
+    return machine.Transition(superseded, machine.Stop(superseded_error(superseded)), True)
 
 
 def release(operation_id: str, token: str, txn: WriteTxn) -> None:

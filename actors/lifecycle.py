@@ -11,6 +11,7 @@ from __future__ import annotations
 import msgspec
 from recoverable.actors.checks import check_disposition, require_owner
 from recoverable.storage.base import WriteTransaction as WriteTxn
+from recoverable.storage.leases import lease_blocks
 from recoverable.storage.migration import saved_completion
 from recoverable.storage.retention import remove_content
 
@@ -34,7 +35,9 @@ def write_command(
     require_owner(account, record.account, operation_id)
     existing = txn.get_command(operation_id)
     lease = txn.get_lease(operation_id)
-    if lease is not None and txn.lease_is_live(lease, now):
+    # A derivative's unexpired lease holds even after its owner died (issue 16): the
+    # command waits in its row for the claim after the expiry, which applies it.
+    if lease is not None and lease_blocks(txn, lease, record, now):
         standing = machine.merge_command(
             existing.kind if existing is not None else None, kind
         )

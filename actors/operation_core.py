@@ -148,14 +148,16 @@ class OperationCore:
         completion: bytes | None = None,
         check_commands: bool = True,
         release: bool = False,
-    ) -> None:
+    ) -> machine.Transition:
         """Write the transition fenced by our lease; refuse if an unseen command arrived.
 
         With ``release`` the lease goes in the same transaction (the execution ends).
+        Returns the transition written (a source-bound completion refused by the
+        manifest comes back as the ``superseded`` transition written instead).
         """
         lease = self.lease if release else None
         if not transition.changed and completion is None and lease is None:
-            return
+            return transition
         write = fenced.FencedWrite(
             operation_id=self.operation_id,
             transition=transition,
@@ -166,15 +168,16 @@ class OperationCore:
             release_token=lease.token if lease is not None else None,
         )
         try:
-            await self.host.store.write(functools.partial(fenced.persist, write))
+            written = await self.host.store.write(functools.partial(fenced.persist, write))
         except errors.FenceMismatch as exc:
             raise errors.LeaseLost(
                 "a newer owner took the operation over", operation_id=self.operation_id
             ) from exc
-        self.record = transition.record
+        self.record = written.record
         if lease is not None:
             self.lease = None
             self.guard.drop()
+        return written
 
     async def _advance(
         self,
@@ -187,7 +190,7 @@ class OperationCore:
         assert self.watch is not None
         transition = step(self.watch.command)
         try:
-            await self._persist(
+            transition = await self._persist(
                 transition,
                 completion=completion if fenced.saves(transition) else None,
                 release=fenced.ends(transition),
@@ -196,7 +199,7 @@ class OperationCore:
             self.known_serial = arrived.serial
             self.watch.observe(arrived.kind, arrived.serial)
             transition = step(self.watch.command)
-            await self._persist(
+            transition = await self._persist(
                 transition,
                 completion=completion if fenced.saves(transition) else None,
                 check_commands=False,

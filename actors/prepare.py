@@ -22,10 +22,12 @@ from recoverable import errors, machine
 from recoverable.body import body_hash, freeze_body
 from recoverable.contract import contract_for
 from recoverable.records import OnInterruption, OperationRecord, StoredRequest
+from recoverable.sources_rules import check_attempt_timeout, check_source
 from recoverable.types import (
     AccountBinding,
     JsonSchema,
     RetryPolicy,
+    SourceRef,
     StructuredRequest,
     to_timestamp,
 )
@@ -53,6 +55,9 @@ class Identity:
     scope: str | None = None
     job_id: str | None = None
     input_revision: str | None = None
+    # issue 16: the source it derives from, and its attempts' hard timeout (seconds)
+    source: SourceRef | None = None
+    attempt_timeout: float | None = None
 
 
 def identity_of(record: OperationRecord) -> Identity:
@@ -64,6 +69,8 @@ def identity_of(record: OperationRecord) -> Identity:
         scope=record.scope,
         job_id=record.job_id,
         input_revision=record.input_revision,
+        source=record.source,
+        attempt_timeout=record.attempt_timeout,
     )
 
 
@@ -108,11 +115,26 @@ def new_operation_record(
         previous_operation_id=previous_operation_id,
         maximum_output_tokens_total=maximum_output_tokens_total,
         on_interruption=on_interruption,
+        source=identity.source,
+        attempt_timeout=identity.attempt_timeout,
     )
 
 
 def put_new_operation(txn: WriteTxn, record: OperationRecord, body: bytes, stored: bytes) -> None:
-    """Write a new operation with its frozen body and saved request (inside a transaction)."""
+    """Write a new operation with its frozen body and saved request (inside a transaction).
+
+    A source-bound operation (issue 16) is written only while the source manifest holds
+    its digest (``InvalidParameter``, ``parameter="source"``, ``reason="not_current"``):
+    work bound to a digest that is already stale would be superseded at birth.
+    """
+    source = record.source
+    if source is not None and txn.get_source(source.key) != source.digest:
+        raise errors.InvalidParameter(
+            "the source manifest does not hold this digest of the source: set it first "
+            "(store.set_source) or bind the current digest",
+            parameter="source",
+            reason="not_current",
+        )
     txn.put_payload(record.operation_id, "body", body)
     txn.put_payload(record.operation_id, "request", stored)
     txn.put_operation(record)
@@ -143,10 +165,19 @@ def new_admission(
     previous_operation_id: str | None = None,
     maximum_output_tokens_total: int | None = None,
     on_interruption: OnInterruption = "replace",
+    source: SourceRef | None = None,
+    attempt_timeout: float | None = None,
+    lease_seconds: float = 30.0,
 ) -> tuple[OperationRecord, bytes, bytes]:
     """What ``prepare`` and ``submit`` save: the checked new record, its frozen body and
-    its saved request (nothing is written here). The options default as ``prepare``'s."""
+    its saved request (nothing is written here). The options default as ``prepare``'s.
+    ``lease_seconds`` is the preparing runtime's lease: a hard ``attempt_timeout`` must
+    be shorter (issue 16, ``sources_rules.check_attempt_timeout``)."""
     account = require_signed_in(account, "cannot prepare")
+    bound = check_source(source)
+    hard_timeout = check_attempt_timeout(
+        attempt_timeout, lease_seconds=lease_seconds, source=bound
+    )
     policy = retry_policy or RetryPolicy()
     machine.validate_preparation(
         maximum_attempts=maximum_attempts,
@@ -177,6 +208,8 @@ def new_admission(
             scope=scope,
             job_id=job_id,
             input_revision=input_revision,
+            source=bound,
+            attempt_timeout=hard_timeout,
         ),
         account=account,
         endpoint_id=backend.endpoint_id,

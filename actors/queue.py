@@ -22,6 +22,7 @@ from typing import Any, Final, Protocol, TypeVar
 import msgspec
 import trio
 from recoverable.actors.checks import require_owner
+from recoverable.actors.heartbeat import LeaseKeeper
 from recoverable.actors.host import Backend
 from recoverable.actors.prepare import new_admission, put_new_operation
 from recoverable.storage.base import Store as RecoveryStore
@@ -33,6 +34,7 @@ from recoverable import _killpoints, errors, machine
 from recoverable.contract import ResponseContract, contract_for
 from recoverable.preconditions import is_expired
 from recoverable.records import OperationRecord
+from recoverable.sources_rules import superseded_error
 from recoverable.telemetry import Telemetry
 from recoverable.transitions import FINISHED
 from recoverable.types import AccountBinding, Handle, JsonSchema, Status, StructuredRequest
@@ -47,6 +49,7 @@ class Runtime(Protocol):
     selector: Callable[[StructuredRequest], StructuredRequest] | None
     now: Callable[[], float]
     telemetry: Telemetry
+    leases: LeaseKeeper  # its lease_seconds bounds a hard attempt_timeout (issue 16)
 
 __all__ = [
     "choose_job_operation", "served_now", "settled", "submit", "wait", "with_queue_state",
@@ -131,7 +134,7 @@ async def submit(
     record, body, stored = new_admission(
         request, response=response, maximum_attempts=maximum_attempts, job_id=job_id,
         input_revision=input_revision, account=rt.account, backend=rt.backend,
-        selector=rt.selector, now=rt.now(), **options,
+        selector=rt.selector, now=rt.now(), lease_seconds=rt.leases.lease_seconds, **options,
     )
     _killpoints.hit("submit.before_save")
     chosen = await rt.store.write(functools.partial(submit_operation, record, body, stored))
@@ -159,6 +162,8 @@ def settled(rt: Runtime, operation_id: str, contract: ResponseContract) -> Any:
             )
         raise errors.StateUnavailable("no such operation", operation_id=operation_id)
     require_owner(rt.account, record.account, operation_id)
+    if record.phase == "superseded":  # issue 16: no result of it may count
+        raise superseded_error(record)
     command = store.get_command(operation_id)
     if record.phase == "cancelled" or (command is not None and command.kind == "cancel"):
         raise errors.OperationCancelled(operation_id=operation_id)
@@ -231,7 +236,7 @@ async def wait(
 
 Served = set[tuple[str, str, str]]  # (account id, credential source, endpoint id)
 _SETTLED_STATES: Final = frozenset({"completed", "failed", "cancelled", "acknowledged",
-                                    "abandoned"})
+                                    "abandoned", "superseded"})
 
 
 def served_now(store: RecoveryStore) -> Served:

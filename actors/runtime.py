@@ -32,6 +32,7 @@ from recoverable.actors.scheduler import Scheduler
 from recoverable.actors.supervisor import Execution, Supervisor
 from recoverable.actors.sweep import sweep_at_open
 from recoverable.storage.base import Store as RecoveryStore
+from recoverable.storage.leases import lease_blocks, unexpired_derivative
 from recoverable.storage.migration import saved_completion
 from recoverable.transport.connect import ConnectBackoff, EndpointGate
 
@@ -45,6 +46,7 @@ from recoverable.records import (
     OnInterruption,
     OperationRecord,
 )
+from recoverable.sources_rules import superseded_error
 from recoverable.telemetry import Telemetry, TelemetrySink
 from recoverable.types import (
     AccountBinding,
@@ -54,6 +56,7 @@ from recoverable.types import (
     Receipt,
     RetryPolicy,
     Selection,
+    SourceRef,
     Status,
     StructuredRequest,
     to_datetime,
@@ -153,8 +156,17 @@ class Runtime:
         previous_operation_id: str | None = None,
         maximum_output_tokens_total: int | None = None,
         on_interruption: OnInterruption = "replace",
+        source: SourceRef | None = None,
+        attempt_timeout: float | None = None,
     ) -> Handle:
         """Freeze the request and persist the operation without sending anything.
+
+        ``source=SourceRef(key, digest)`` binds the result to a source at a digest (issue
+        16, docs/sources.md): the manifest must hold that digest (``store.set_source``);
+        its receipt is saved only while it still does, and a manifest change supersedes
+        it. Each of its attempts then has a hard ``attempt_timeout`` (seconds; default two
+        thirds of the lease), which must be shorter than this runtime's lease
+        (``InvalidParameter``). ``attempt_timeout`` may also be given without a source.
 
         ``on_interruption`` is saved with the operation: ``"replace"`` (the default) lets
         an interrupted attempt (disconnect, idle timeout, crash, lost lease) be replaced
@@ -184,6 +196,9 @@ class Runtime:
             previous_operation_id=previous_operation_id,
             maximum_output_tokens_total=maximum_output_tokens_total,
             on_interruption=on_interruption,
+            source=source,
+            attempt_timeout=attempt_timeout,
+            lease_seconds=self.leases.lease_seconds,
             account=self.account,
             backend=self.backend,
             selector=self.selector,
@@ -334,7 +349,8 @@ class Runtime:
     def _status(self, record: OperationRecord) -> Status:
         lease = self.store.get_lease(record.operation_id)
         now = self.now()
-        live = lease is not None and self.store.lease_is_live(lease, now)
+        # A derivative's lease holds until it expires, even after its owner died (issue 16).
+        live = lease is not None and lease_blocks(self.store, lease, record, now)
         command = self.store.get_command(record.operation_id)
         payloads = self.store.payload_kinds([record.operation_id])[record.operation_id]
         status = self._with_rate_limit(record, machine.derive_status(
@@ -358,7 +374,7 @@ class Runtime:
     ) -> Status:
         """Mark an operation that waits for the rate governor: in this runtime (why, and
         until when), or behind a shared pause of its endpoint+account (any process)."""
-        if status.state in ("completed", "failed", "cancelled") or status.redacted:
+        if status.state in ("completed", "failed", "cancelled", "superseded") or status.redacted:
             return status
         waiting = self.governor.waiting.get(record.operation_id)
         if waiting is not None:
@@ -401,6 +417,8 @@ class Runtime:
         """The saved, validated completion (works without backend or unexpired permission)."""
         record = self._read(handle.operation_id)
         require_owner(self.account, record.account, record.operation_id)
+        if record.phase == "superseded":  # issue 16: no result of it may count
+            raise superseded_error(record)
         command = self.store.get_command(record.operation_id)
         if record.phase == "cancelled" or (command is not None and command.kind == "cancel"):
             raise errors.OperationCancelled(operation_id=record.operation_id)
@@ -451,7 +469,7 @@ class Runtime:
                 key = f"{lease.owner_id}\0{lease.token}"
                 if key not in live:
                     live[key] = self.store.lease_is_live(lease, now)
-                is_live = live[key]
+                is_live = live[key] or unexpired_derivative(lease, record, now)
             command = commands.get(record.operation_id)
             status = self._with_rate_limit(
                 record,

@@ -42,6 +42,7 @@ from typing import Final, Literal
 import msgspec
 from recoverable.storage.base import Store as RecoveryStore
 from recoverable.storage.base import WriteTransaction as WriteTxn
+from recoverable.storage.leases import lease_blocks
 
 from recoverable import errors, machine
 from recoverable.records import OperationRecord
@@ -175,7 +176,8 @@ def _sweep_one(
         return "raced"  # claimed (or removed) since the scan: not ours to judge now
     if current.awaiting_upgrade:
         return "untouched"
-    if lease is not None and txn.lease_is_live(lease, now):  # expiry judged at the sweep's now
+    # Expiry judged at the sweep's now; a source-bound operation's lease only by expiry.
+    if lease is not None and lease_blocks(txn, lease, current, now):
         return "live"
     new = machine.owner_lost(current, now=now).record
     if unclaimed_after is not None:

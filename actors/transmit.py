@@ -10,6 +10,7 @@ validate and save a completion or record the failure.
 from __future__ import annotations
 
 import functools
+from collections.abc import Awaitable
 
 import trio
 from recoverable.actors.host import count_usage
@@ -126,10 +127,15 @@ class Transmitter(OperationCore):
                 await host.governor.admit(self.operation_id, backend.endpoint_id,
                                         authorized.account, estimate, self._sleep_until)
                 with self.guard.transport():  # the hard deadline: the lease's safety margin
-                    sending.result = await backend.stream(
+                    call = backend.stream(
                         body, attempt_id=attempt_id, token=token,
                         on_progress=on_progress, before_send=before_send,
                     )
+                    hard = authorized.attempt_timeout
+                    if hard is None:
+                        sending.result = await call
+                    else:  # issue 16: a hard timeout shorter than the lease
+                        sending.result = await self._within(hard, call, sending)
                 await self.guard.checkpoint()  # cut by it: stop here (the lease is lost)
 
         try:
@@ -240,6 +246,31 @@ class Transmitter(OperationCore):
             lambda command: machine.attempt_failed(
                 failed_from, attempt_id, failure, self._ctx(command)
             )
+        )
+
+    async def _within(
+        self, seconds: float, call: Awaitable[Completed | Interruption], sending: Sending
+    ) -> Completed | Interruption:
+        """Run one attempt's transport under its hard timeout (issue 16): never longer
+        than ``seconds``, nor than the executing runtime's lease less its safety margin
+        (a worker with a shorter lease than the preparer's still ends the call before its
+        claim could expire). Cut, the attempt ends as a ``timeout`` interruption
+        (``transport_code="hard_timeout"``: spent once sent, classified like any timeout;
+        before the send, nothing was spent: a connect timeout)."""
+        keeper = self.guard.keeper
+        limit = min(seconds, keeper.lease_seconds - keeper.margin)
+        with trio.move_on_after(limit) as cut:
+            return await call
+        assert cut.cancelled_caught
+        self.host.telemetry.emit("attempt.hard_timeout", self.operation_id)
+        if sending.consumed is None:
+            return Interruption(kind="timeout", transport_code="connect_timeout")
+        return Interruption(
+            kind="timeout",
+            transport_code="hard_timeout",
+            response_id=sending.response_id,
+            sequence_number=sending.sequence_number,
+            had_output=sending.progressed,
         )
 
     async def _sleep_until(self, at: float) -> None:

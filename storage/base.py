@@ -49,7 +49,7 @@ Result = TypeVar("Result")
 # retired (nothing writes it since issue 13; an older store's rows are dropped at open).
 Table = Literal[
     "operations", "payloads", "commands", "leases", "schedule", "hosts", "dispositions",
-    "governor", "meta", "queue",
+    "governor", "meta", "queue", "sources",
 ]
 TABLES: Final[tuple[Table, ...]] = get_args(Table)
 
@@ -68,6 +68,10 @@ class RecordReader(Protocol):
     def get_disposition(self, operation_id: str) -> DispositionRecord | None: ...
 
     def get_raw(self, table: Table, key: bytes) -> bytes | None: ...
+
+    def get_source(self, key: str) -> str | None:
+        """The source manifest's current digest of ``key`` (issue 16); None: no such source."""
+        ...
 
     def lease_is_live(self, lease: LeaseRecord, now: float | None = None) -> bool:
         """Not expired at ``now`` (wall-clock seconds; None: ``time.time()``, the clock every
@@ -114,6 +118,27 @@ class WriteTransaction(RecordReader, Protocol):
     def put_disposition(self, record: DispositionRecord) -> None: ...
 
     def put_raw(self, table: Table, key: bytes, value: bytes) -> None: ...
+
+    # -- the source manifest (issue 16, storage/sources.py) --
+    # ``put_operation`` of a NEW record with ``source`` also indexes it under its source
+    # key, and ``delete_operation`` removes that index entry; the rules that run on a
+    # manifest change are ``storage.sources.change_source`` (over these four methods).
+
+    def put_source(self, key: str, digest: str) -> None:
+        """Set the manifest's current digest of ``key``."""
+        ...
+
+    def delete_source(self, key: str) -> bool:
+        """Remove ``key`` from the manifest (False: it was not there)."""
+        ...
+
+    def source_bound(self, key: str) -> list[str]:
+        """The ids of operations indexed under source ``key`` (this transaction's view)."""
+        ...
+
+    def unbind_source(self, key: str, operation_id: str) -> bool:
+        """Drop one index entry (a superseded operation leaves the index)."""
+        ...
 
     def operation_ids_by_job(
         self, account: AccountBinding, scope: str | None, job_id: str | None

@@ -47,6 +47,7 @@ from recoverable.storage.keys import (
     u64,
 )
 from recoverable.storage.rows import decode_row
+from recoverable.storage.sources import check_source_entry
 
 from recoverable.errors import (
     CorruptRecord,
@@ -536,6 +537,8 @@ def _check_entry(
             return None  # hosts and queue: checked afterwards
         case "governor":
             return check_governor_entry(key, raw)
+        case "sources":
+            return check_source_entry(key, raw)
         case "payloads":
             operation_raw, separator, kind = key.rpartition(b"\0")
             if (

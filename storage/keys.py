@@ -6,6 +6,8 @@
 - ``governor``: h("governor", endpoint, account) (no account identifier in a key)
 - ``schedule``: retired (an older store's ``sortable(next_attempt_at) + operation id``
   rows are dropped when the store is opened; see ``RecoveryStore``)
+- ``sources`` (issue 16): ``b"m" + key`` → the manifest's current digest of a source key;
+  ``b"b" + h(key) + operation id`` → ``b""`` (the operations bound to a source key)
 - ``meta``: ``format_version``, ``bytes_used``, ``command_serial`` (8-byte big-endian)
 
 ``h`` is a fixed-size digest of tagged, length-prefixed parts (``None`` differs from ``""``).
@@ -36,6 +38,8 @@ __all__ = [
     "key_str",
     "operation_key",
     "payload_key",
+    "source_bound_prefix",
+    "source_key",
     "u64",
 ]
 
@@ -108,6 +112,16 @@ def hosts_key(record: OperationRecord) -> bytes:
     return hosts_prefix(
         record.account, record.scope, record.job_id, with_job=True
     ) + operation_key(record.operation_id)
+
+
+def source_key(key: str) -> bytes:
+    """The manifest row of a source key (its UTF-8 bytes are bounded at the API)."""
+    return b"m" + key.encode("utf-8")
+
+
+def source_bound_prefix(key: str) -> bytes:
+    """The prefix of the index entries of the operations bound to a source key."""
+    return b"b" + _digest("source", key)
 
 
 def governor_key(endpoint_id: str, account: AccountBinding) -> bytes:

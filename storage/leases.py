@@ -38,18 +38,20 @@ from collections.abc import Iterable
 from typing import Final
 
 import msgspec
-from recoverable.storage.base import WriteTransaction
+from recoverable.storage.base import RecordReader, WriteTransaction
 
 from recoverable.errors import InvalidRequest, OperationBusy, StateUnavailable
-from recoverable.records import LeaseRecord
+from recoverable.records import LeaseRecord, OperationRecord
 
 __all__ = [
     "LeaseTokens",
     "OwnerLock",
     "acquire_lease",
+    "lease_blocks",
     "lease_expired",
     "release_lease",
     "renew_leases",
+    "unexpired_derivative",
 ]
 
 _OWNER_ID: Final = re.compile(r"[0-9a-f]{32}")
@@ -207,6 +209,24 @@ def lease_expired(lease: LeaseRecord, now: float | None = None) -> bool:
     return (time.time() if now is None else now) >= expires_at
 
 
+def lease_blocks(
+    txn: RecordReader, lease: LeaseRecord, record: OperationRecord, now: float
+) -> bool:
+    """The lease still keeps the operation from a new claim at ``now``: it is live, or
+    (issue 16) the operation is source-bound and the lease has not expired yet — a
+    derivative's lease is reclaimed only once expired, even when its owner died, so no
+    earlier claim's provider call (bounded by a hard timeout shorter than the lease) can
+    still be running when the next one starts."""
+    return txn.lease_is_live(lease, now) or unexpired_derivative(lease, record, now)
+
+
+def unexpired_derivative(lease: LeaseRecord, record: OperationRecord, now: float) -> bool:
+    """``record`` is source-bound and ``lease`` has not reached its expiry at ``now``."""
+    return record.source is not None and lease.expires_at is not None and not lease_expired(
+        lease, now
+    )
+
+
 def _check_lease_seconds(lease_seconds: float) -> None:
     if (
         not isinstance(lease_seconds, int | float)
@@ -241,7 +261,7 @@ def acquire_lease(
     if record is None:
         raise StateUnavailable("no such operation", operation_id=operation_id)
     current = txn.get_lease(operation_id)
-    if current is not None and txn.lease_is_live(current, now):
+    if current is not None and lease_blocks(txn, current, record, now):
         raise OperationBusy("the operation's lease is held", operation_id=operation_id)
     fenced = msgspec.structs.replace(record, fence=record.fence + 1)
     txn.put_operation(fenced, expect_fence=record.fence)

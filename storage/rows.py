@@ -13,7 +13,7 @@ from typing import Any
 
 from recoverable.storage import codec
 from recoverable.storage.base import Table
-from recoverable.storage.keys import operation_key, payload_key
+from recoverable.storage.keys import operation_key, payload_key, source_key
 
 from recoverable.records import (
     CommandRecord,
@@ -53,6 +53,11 @@ class RecordGetters:
     def get_raw(self, table: Table, key: bytes) -> bytes | None:
         """The stored bytes of any key (version-1 records, governor rows, diagnostics)."""
         return self._get(table, key)
+
+    def get_source(self, key: str) -> str | None:
+        """The source manifest's current digest of ``key`` (issue 16)."""
+        raw = self._get("sources", source_key(key))
+        return None if raw is None else raw.decode("ascii", "replace")
 
     def get_operation(self, operation_id: str) -> OperationRecord | None:
         """The record, ``None`` if missing; unreadable records raise their typed error."""

@@ -22,13 +22,15 @@ each; writes go through the process's single group-committing writer (storage/wr
 
 from __future__ import annotations
 
+import functools
 import os
+import time
 from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import lmdb
-from recoverable.storage import integrity, queries, queue, retention
+from recoverable.storage import integrity, queries, queue, retention, sources
 from recoverable.storage.base import TABLES, Table
 from recoverable.storage.keys import (
     META_BYTES,
@@ -497,6 +499,31 @@ class RecoveryStore(RecordGetters):
         return self._read(lambda txn: integrity.check_records(txn, self._dbs))
 
     # -- retention (explicit maintenance; see storage/retention.py) --
+
+    # -- the source manifest (issue 16, storage/sources.py, docs/sources.md) --
+
+    async def set_source(
+        self, key: str, digest: str, *, now: float | None = None
+    ) -> sources.SourceChange:
+        """Make ``digest`` the current digest of source ``key``. In the same transaction,
+        every operation bound to another digest of ``key`` that could still produce a
+        result, or holds an unacknowledged receipt, becomes ``superseded``."""
+        when = time.time() if now is None else now
+        return await self.write(functools.partial(sources.change_source, key, digest, when))
+
+    async def delete_source(self, key: str, *, now: float | None = None) -> sources.SourceChange:
+        """Remove source ``key`` from the manifest; everything bound to it is superseded
+        (reason ``source_deleted``) in the same transaction."""
+        when = time.time() if now is None else now
+        return await self.write(functools.partial(sources.change_source, key, None, when))
+
+    def set_source_sync(
+        self, key: str, digest: str | None, *, now: float | None = None
+    ) -> sources.SourceChange:
+        """Blocking :meth:`set_source` (``digest=None``: :meth:`delete_source`) for code not
+        running under Trio (the CLI)."""
+        when = time.time() if now is None else now
+        return self.write_sync(functools.partial(sources.change_source, key, digest, when))
 
     def purge_account(
         self, account: AccountBinding, scope: str | None = None

@@ -29,6 +29,8 @@ from recoverable.storage.keys import (
     key_str,
     operation_key,
     payload_key,
+    source_bound_prefix,
+    source_key,
     u64,
 )
 from recoverable.storage.leases import LeaseTokens
@@ -69,7 +71,7 @@ ADMISSION_FIELDS: Final[tuple[str, ...]] = tuple(
         "account", "endpoint_id", "model", "reasoning_effort", "body_hash",
         "maximum_attempts", "maximum_output_tokens_total", "retry_policy", "expires_at",
         "format_hash", "contract_version", "scope", "job_id", "input_revision",
-        "on_interruption",
+        "on_interruption", "source", "attempt_timeout",
     )
     if name in OperationRecord.__struct_fields__
 )
@@ -304,6 +306,8 @@ class WriteTxn(RecordGetters, MutationContext):
             if old is None:
                 self._put("operations", key, data)
                 self._put("hosts", hosts_key(record), b"")
+                if record.source is not None:  # issue 16: the source's bound operations
+                    self._put("sources", source_bound_prefix(record.source.key) + key, b"")
                 return
             if old.awaiting_upgrade:  # a version-1 record is frozen by its upgrade
                 new_hosts, old_hosts = hosts_key(record), hosts_key(old)
@@ -329,6 +333,10 @@ class WriteTxn(RecordGetters, MutationContext):
             if old is None:
                 return False
             self._delete("hosts", hosts_key(old))
+            if old.source is not None:
+                self._delete(
+                    "sources", source_bound_prefix(old.source.key) + operation_key(operation_id)
+                )
             self._delete("operations", operation_key(operation_id))
             return True
 
@@ -417,19 +425,27 @@ class WriteTxn(RecordGetters, MutationContext):
             return False
         return self._delete("dispositions", operation_key(operation_id))
 
-    # -- the queue (storage/queue.py) and the job index --
+    # -- the source manifest and its index (issue 16, storage/sources.py) --
 
-    def operation_ids_by_job(
-        self, account: AccountBinding, scope: str | None, job_id: str | None
-    ) -> list[str]:
-        """Operation ids with exactly this account, scope and job id, through the hosts
-        index (this transaction's own writes included)."""
-        prefix = hosts_prefix(account, scope, job_id, with_job=True)
+    def put_source(self, key: str, digest: str) -> None:
+        self._put("sources", source_key(key), digest.encode("ascii"))
+
+    def delete_source(self, key: str) -> bool:
+        return self._delete("sources", source_key(key))
+
+    def source_bound(self, key: str) -> list[str]:
+        return self._scan("sources", source_bound_prefix(key))
+
+    def unbind_source(self, key: str, operation_id: str) -> bool:
+        return self._delete("sources", source_bound_prefix(key) + operation_key(operation_id))
+
+    def _scan(self, table: Table, prefix: bytes) -> list[str]:
+        """The key suffixes (operation ids) after ``prefix`` in ``table``."""
         skip = len(prefix)
         found: list[str] = []
 
         def scan() -> None:
-            cursor = self._txn.cursor(db=self._dbs["hosts"])
+            cursor = self._txn.cursor(db=self._dbs[table])
             if not cursor.set_range(prefix):
                 return
             for key in cursor.iternext(values=False):
@@ -439,6 +455,15 @@ class WriteTxn(RecordGetters, MutationContext):
 
         self._lmdb(scan)
         return found
+
+    # -- the queue (storage/queue.py) and the job index --
+
+    def operation_ids_by_job(
+        self, account: AccountBinding, scope: str | None, job_id: str | None
+    ) -> list[str]:
+        """Operation ids with exactly this account, scope and job id, through the hosts
+        index (this transaction's own writes included)."""
+        return self._scan("hosts", hosts_prefix(account, scope, job_id, with_job=True))
 
     def enqueue(self, operation_id: str, *, resume: bool = False) -> int:
         member = queue.member_key(operation_id)

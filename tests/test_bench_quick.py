@@ -142,6 +142,15 @@ def check_workers(out: str) -> None:
     assert re.search(r"^ratio --workers 2 / --workers 0 = \d+\.\d\d$", out, re.M), out
 
 
+def check_sources(out: str) -> None:
+    """bench/sources.py (issue 16): the manifest check on the receipt path, as ratios."""
+    assert re.search(r"^manifest check: bound/plain in-txn = \d+\.\d\d, durable = \d+\.\d\d$",
+                     out, re.M), out
+    assert [row[0] for row in table_rows(out, "plain") + table_rows(out, "bound")] == [
+        "plain", "bound"
+    ], out
+
+
 ENTRY_POINTS = [
     ("harness.py", check_harness),
     ("durable_vs_plain.py", check_durable_vs_plain),
@@ -150,6 +159,7 @@ ENTRY_POINTS = [
     ("cancel_latency.py", check_cancel_latency),
     ("scheduler_lateness.py", check_scheduler_lateness),
     ("soak.py", check_soak),
+    ("sources.py", check_sources),
     ("store_commit.py", check_store_commit),
     ("store_scale.py", check_store_scale),
     ("transport.py", check_transport),

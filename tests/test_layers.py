@@ -53,6 +53,7 @@ TOP_LEVEL = {
     "pricing": CORE,
     "records": CORE,
     "schema_graph": CORE,
+    "sources_rules": CORE,
     "status": CORE,
     "strict_mode": CORE,
     "transitions": CORE,

@@ -34,6 +34,7 @@ from recoverable.types import (
     JsonSchema,
     Receipt,
     RetryPolicy,
+    SourceRef,
     Status,
     StructuredRequest,
 )
@@ -59,6 +60,7 @@ __all__ = [
     "ResponsesBackend",
     "RetryPolicy",
     "Runtime",
+    "SourceRef",
     "StaticCredentials",
     "Status",
     "StreamLimits",

@@ -33,6 +33,7 @@ __all__ = [
     "LeaseLost",
     "OperationBusy",
     "OperationCancelled",
+    "OperationSuperseded",
     "OperationSuspended",
     "PermanentlyFailed",
     "ProviderError",
@@ -204,6 +205,20 @@ class OperationSuspended(RecoveryError):
     code = "operation_suspended"
     _summary = "it was suspended; its budget, cooldown and any saved receipt are kept"
     _action = "call send_recovering with the same handle to resume it"
+
+
+class OperationSuperseded(RecoveryError):
+    """Its source changed or was deleted, or a newer revision of its job arrived (issue 16):
+    no result of it may count. ``reason``: source_changed | source_deleted | newer_revision."""
+
+    code = "operation_superseded"
+    _summary = "it was superseded: its source changed, so no result of it may count"
+    _action = "prepare a new operation bound to the current source digest (docs/sources.md)"
+
+    def __init__(self, message: str = "", *, operation_id: str | None = None,
+                 reason: str | None = None) -> None:
+        super().__init__(message or (reason or ""), operation_id=operation_id)
+        self.reason = reason
 
 
 class FormatMismatch(RecoveryError):

@@ -15,6 +15,7 @@ import attrs
 
 from recoverable import errors
 from recoverable.records import CommandKind, OperationRecord
+from recoverable.sources_rules import superseded_error
 from recoverable.transitions import (
     FINISHED,
     Transition,
@@ -56,7 +57,10 @@ def merge_command(existing: CommandKind | None, new: CommandKind) -> CommandKind
 
 
 def apply_command(rec: OperationRecord, kind: CommandKind) -> Transition:
-    """A lifecycle command observed at a checkpoint: suspend keeps everything, cancel fences."""
+    """A lifecycle command observed at a checkpoint: suspend keeps everything, cancel fences.
+    A superseded record (issue 16) stays as it is: it already fences everything."""
+    if rec.phase == "superseded":
+        return stopped(rec, rec, superseded_error(rec))
     match kind:
         case "cancel":
             cancelled = evolve(
@@ -106,9 +110,9 @@ def command_folded(rec: OperationRecord, kind: CommandKind) -> bool:
     suspension)."""
     match kind:
         case "cancel":
-            return rec.phase == "cancelled"
+            return rec.phase in ("cancelled", "superseded")
         case _:
-            return rec.phase in ("suspended", "cancelled")
+            return rec.phase in ("suspended", "cancelled", "superseded")
 
 
 def cancel_fences(rec: OperationRecord, command: CommandKind | None) -> bool:

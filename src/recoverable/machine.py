@@ -80,6 +80,7 @@ from recoverable.preconditions import (
     validate_preparation,
 )
 from recoverable.records import AttemptRecord, FailureReason, OperationRecord, PendingAttempt
+from recoverable.sources_rules import superseded_error
 from recoverable.status import SUGGESTED_ACTIONS, derive_status, redacted_status, suggested_actions
 from recoverable.transitions import (
     EVENT_PHASES,
@@ -299,6 +300,8 @@ def open_operation(
     account_error = _account_error(rec, ctx)
     if account_error is not None:
         return stopped(rec, rec, account_error)  # nothing about it, not even a cancel
+    if rec.phase == "superseded":  # terminal (issue 16): nothing runs or is delivered
+        return stopped(rec, rec, superseded_error(rec))
     if rec.phase == "cancelled" or ctx.command == "cancel":
         return apply_command(rec, "cancel")
     if format_hash != rec.format_hash:

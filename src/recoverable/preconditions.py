@@ -123,6 +123,11 @@ def check_retry_source(rec: OperationRecord, *, now: float, endpoint_id: str | N
     operation_id = rec.operation_id
     if rec.phase == "cancelled":
         raise errors.RetryNotAllowed("permanently cancelled: terminal", operation_id=operation_id)
+    if rec.phase == "superseded":
+        raise errors.RetryNotAllowed(
+            "superseded: its source changed; prepare a new operation with the current digest",
+            operation_id=operation_id,
+        )
     if rec.has_completion:
         raise errors.RetryNotAllowed(
             "a completion is saved: read and commit the receipt", operation_id=operation_id
@@ -155,6 +160,10 @@ def check_acknowledge(rec: OperationRecord) -> None:
     """Acknowledge only a saved completion (after the host's own commit)."""
     if rec.phase == "cancelled":
         raise errors.OperationCancelled(operation_id=rec.operation_id)
+    if rec.phase == "superseded":
+        raise errors.OperationSuperseded(
+            operation_id=rec.operation_id, reason=rec.superseded_reason
+        )
     if not rec.has_completion:
         raise errors.CompletionUnavailable(
             "nothing to acknowledge: no saved completion", operation_id=rec.operation_id

@@ -18,7 +18,13 @@ import msgspec
 from recoverable.failure_policy import FailureReason as FailureReason
 from recoverable.failure_policy import RetryPolicy
 from recoverable.outcome import Interruption, Usage
-from recoverable.types import AccountBinding, AttemptReason, StructuredRequest
+from recoverable.types import (
+    AccountBinding,
+    AttemptReason,
+    SourceRef,
+    StructuredRequest,
+    SupersededReason,
+)
 
 OPERATION_VERSION = 2
 COMMAND_VERSION = 1
@@ -36,6 +42,9 @@ Phase = Literal[
     "failed",  # terminal failure (see failure_reason)
     "suspended",  # suspended by the owner task's cancellation or by a suspend command
     "cancelled",  # permanently cancelled
+    # Terminal (issue 16): its source changed or was deleted, or a newer revision of its
+    # job arrived; any completion was discarded (never saved, or removed unread).
+    "superseded",
 ]
 
 PayloadKind = Literal["body", "request", "completion"]
@@ -132,6 +141,13 @@ class OperationRecord(
     # The interruption policy chosen at prepare (added after version 2 was released:
     # optional, so records written before decode unchanged, as "replace").
     on_interruption: OnInterruption = "replace"
+    # (issue 16) The source this operation's result is derived from, at a digest (an
+    # admission field; None: not source-bound), the hard timeout of each of its attempts
+    # in seconds (shorter than the lease; None: none), and why it was superseded.
+    # Optional: records written before decode unchanged.
+    source: SourceRef | None = None
+    attempt_timeout: float | None = None
+    superseded_reason: SupersededReason | None = None
 
     @property
     def attempts_remaining(self) -> int:

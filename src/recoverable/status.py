@@ -41,6 +41,7 @@ SUGGESTED_ACTIONS: Final[Mapping[Availability, tuple[SuggestedAction, ...]]] = {
     "acknowledged": (),
     "abandoned": (),
     "blocked": ("manual_retry", "abandon"),
+    "superseded": ("abandon",),  # prepare a new operation bound to the current digest
     "endpoint_unavailable": ("wait", "resume", "abandon"),
 }
 
@@ -91,6 +92,8 @@ def _state_and_availability(
 ) -> tuple[State, Availability]:
     """The operation's state and, before blockers, its availability."""
     spent = rec.attempts_remaining == 0 or rec.token_budget_spent
+    if phase == "superseded":  # terminal (issue 16); its completion, if any, is gone
+        return "superseded", "superseded"
     if phase == "completed" or (rec.has_completion and phase != "cancelled"):
         return "completed", "completion_saved"
     match phase:
@@ -157,14 +160,16 @@ def derive_status(
     if viewer is None or viewer != rec.account:
         return redacted_status(rec.operation_id)
     phase = rec.phase
-    if command == "cancel" and not lease_live:
+    if command == "cancel" and not lease_live and phase != "superseded":
         phase = "cancelled"  # a pending cancel nobody has applied yet: already permanent
     blockers: set[Blocker] = set()
     if endpoint_blocked(rec, endpoint_id):
         blockers.add("configuration_unavailable")
     if rec.failure_reason == "authentication_required":
         blockers.add("authentication_required")
-    if payloads is not None and not rec.awaiting_upgrade and phase != "cancelled":
+    if payloads is not None and not rec.awaiting_upgrade and phase not in (
+        "cancelled", "superseded"
+    ):
         needed = "completion" if rec.has_completion else "body"
         if needed not in payloads:
             blockers.add("storage_unavailable")
@@ -221,4 +226,6 @@ def derive_status(
             to_datetime(lease.expires_at) if lease is not None and lease_live else None
         ),
         fence=rec.fence,
+        source=rec.source,
+        superseded_reason=rec.superseded_reason,
     )

@@ -69,7 +69,9 @@ EVENT_PHASES: Final[Mapping[Event, frozenset[Phase]]] = {
 OWNED: Final[frozenset[Phase]] = frozenset({"authorizing", "transmitting", "waiting"})
 
 # Phases no event leaves (a suspend or an account change leaves them as they are).
-FINISHED: Final[frozenset[Phase]] = frozenset({"completed", "failed", "cancelled"})
+FINISHED: Final[frozenset[Phase]] = frozenset(
+    {"completed", "failed", "cancelled", "superseded"}
+)
 
 
 def require_phase(event: Event, rec: OperationRecord) -> None:

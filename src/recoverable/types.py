@@ -30,6 +30,7 @@ State = Literal[
     "suspended",
     "acknowledged",
     "abandoned",
+    "superseded",  # its source changed or was deleted: no result of it may count (issue 16)
 ]
 Availability = Literal[
     "ready",
@@ -47,6 +48,7 @@ Availability = Literal[
     "abandoned",
     "blocked",
     "endpoint_unavailable",  # the endpoint could not be connected to; nothing was spent
+    "superseded",  # its source changed or was deleted (issue 16): prepare a new operation
 ]
 Blocker = Literal[
     "endpoint_unavailable",
@@ -137,6 +139,25 @@ class StructuredRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
         return cls(**parameters_from_wire(params))
 
 
+# Why an operation is ``superseded`` (issue 16, docs/sources.md): its source's digest
+# changed, its source was deleted, or a newer revision of its batch job arrived.
+SupersededReason = Literal["source_changed", "source_deleted", "newer_revision"]
+
+
+class SourceRef(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=True):
+    """The source an operation's result is derived from, at a digest (issue 16).
+
+    ``key`` names the source in the host's terms (a document id, a record id); ``digest``
+    is the host's digest of the source's current content. Both are bounded text, checked
+    at prepare (``InvalidParameter``, ``parameter="source"``): see
+    ``recoverable.sources_rules``. The store's source manifest (``store.set_source``)
+    says which digest is current; a result is saved only while its digest is.
+    """
+
+    key: str
+    digest: str
+
+
 class Handle(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """What the host persists to reopen an operation. Encode with ``msgspec.json``."""
 
@@ -218,6 +239,10 @@ class Status(msgspec.Struct, frozen=True, kw_only=True):
     lease_owner: str | None = None
     lease_expires_at: _dt.datetime | None = None
     fence: int = 0
+    # The source it is bound to (issue 16; None: not source-bound), and why it was
+    # superseded while its state is "superseded".
+    source: SourceRef | None = None
+    superseded_reason: SupersededReason | None = None
 
 
 class Receipt(msgspec.Struct, frozen=True, kw_only=True):

@@ -191,7 +191,7 @@ def test_bad_lines_are_reported_with_line_numbers_and_skipped(tmp_path: Path) ->
         "",
         loose,
         job_line(1),  # duplicate (id, revision) of line 1: run once
-        job_line(1, revision="r2"),  # a new revision is a new job
+        job_line(1, revision="r2"),  # a newer revision: supersedes line 1 (issue 16)
         {**job_line(8), "max_attempts": 0},
         "x" * (2**20 + 10),
     ]
@@ -204,7 +204,10 @@ def test_bad_lines_are_reported_with_line_numbers_and_skipped(tmp_path: Path) ->
     assert "jobs.jsonl:6: duplicate of line 1" in proc.stderr
     assert "jobs.jsonl:4" not in proc.stderr  # a blank line is not an error
     assert "additionalProperties" in proc.stderr
-    assert_exactly_once(read_results(out), {("gen-0001", "r1"), ("gen-0001", "r2")})
+    # Issue 16 changed this on purpose: a newer revision of an id supersedes the older
+    # line instead of running both.
+    assert "jobs.jsonl:1: superseded by line 7" in proc.stderr
+    assert_exactly_once(read_results(out), {("gen-0001", "r2")})
     assert _stat(proc.stdout, "skipped lines") == "5"
 
 

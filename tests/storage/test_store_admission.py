@@ -18,7 +18,7 @@ from storage_helpers import OTHER, make_op
 
 from recoverable.errors import AdmissionChanged
 from recoverable.records import AttemptRecord, PendingAttempt
-from recoverable.types import RetryPolicy
+from recoverable.types import RetryPolicy, SourceRef
 
 # A different value for every admission field (a field the record gains later must be
 # added here: the test below fails until it is).
@@ -38,6 +38,9 @@ CHANGED: dict[str, Any] = {
     "job_id": "another-job",
     "input_revision": "r2",
     "on_interruption": "fail",
+    # issue 16: the source it derives from and its attempts' hard timeout
+    "source": SourceRef("doc-1", "sha256:aaa"),
+    "attempt_timeout": 10.0,
 }
 
 

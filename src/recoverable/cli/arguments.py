@@ -169,6 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name in OPS_COMMANDS:
         _add_ops_command(sub, name)
     _add_sweep(sub)
+    _add_source(sub)
     sub.add_parser(
         "fixture-provider",
         help="run the loopback fixture Responses provider",
@@ -326,6 +327,24 @@ def _add_sweep(sub: argparse._SubParsersAction[_Parser]) -> None:
         "since they became runnable",
     )
     sweep.add_argument("--json", action="store_true", help="machine output (JSON)")
+
+
+def _add_source(sub: argparse._SubParsersAction[_Parser]) -> None:
+    """``recoverable source set KEY DIGEST | delete KEY`` (issue 16, cli/source.py)."""
+    source = sub.add_parser(
+        "source",
+        help="update the source manifest: a new digest (or deletion) supersedes the "
+        "operations bound to the old one",
+    )
+    actions = source.add_subparsers(dest="source_action", metavar="ACTION", required=True)
+    set_parser = actions.add_parser("set", help="make DIGEST the current digest of KEY")
+    set_parser.add_argument("key", metavar="KEY")
+    set_parser.add_argument("digest", metavar="DIGEST")
+    delete_parser = actions.add_parser("delete", help="remove KEY from the manifest")
+    delete_parser.add_argument("key", metavar="KEY")
+    for parser in (set_parser, delete_parser):
+        parser.add_argument("--store", required=True, metavar="DIR")
+        parser.add_argument("--json", action="store_true", help="machine output (JSON)")
 
 
 def _add_worker(sub: argparse._SubParsersAction[_Parser]) -> None:

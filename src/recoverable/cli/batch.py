@@ -164,6 +164,9 @@ def _report_jobs_file(
     for duplicate in jobs_file.duplicates:
         say(f"{config.jobs_path}:{duplicate.line}: duplicate of line {duplicate.first} (same "
             "id and revision); run once")
+    for superseded in jobs_file.superseded:
+        say(f"{config.jobs_path}:{superseded.line}: superseded by line {superseded.first} "
+            "(a newer revision of the same id); not run")
     for conflict in jobs_file.conflicts:
         summary.failed["revision_conflict"] += 1
         say(f"{config.jobs_path}:{conflict.line}: revision_conflict: same id and revision as "
@@ -280,6 +283,7 @@ def run_batch(config: BatchConfig, *, out: IO[str] | None, err: IO[str] | None) 
         jobs=len(jobs_file.jobs),
         skipped_lines=len(jobs_file.bad_lines),
         duplicates=len(jobs_file.duplicates),
+        superseded=len(jobs_file.superseded),
         retry_provider_codes=tuple(sorted(config.retry_provider_codes)),
         prices=config.prices or builtin_prices(),
     )

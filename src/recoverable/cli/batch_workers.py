@@ -145,6 +145,7 @@ class WorkersHost(BatchHost):
 
     async def _handle(self, job: Job) -> Handle:
         adopted = self.find_existing(job) is not None  # raises revision_conflict
+        await self.supersede_older(job)  # issue 16: older revisions of the job
         try:
             handle = await self.rt.submit(
                 job.request,

@@ -96,6 +96,10 @@ def format_status(status: Status) -> str:
         ("job", status.job_id),
         ("revision", status.input_revision),
         ("scope", status.scope),
+        ("source", (  # issue 16: the source it derives from, at its digest
+            f"{status.source.key} @ {status.source.digest}" if status.source else None
+        )),
+        ("superseded", status.superseded_reason),  # why (issue 16)
         ("model", status.model),
         ("next attempt at", status.next_attempt_at.isoformat() if status.next_attempt_at else None),
         ("expires at", status.expires_at.isoformat() if status.expires_at else None),

@@ -9,7 +9,9 @@ acknowledgement was lost is acknowledged by the next run, its line never rewritt
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any, Final
@@ -25,7 +27,9 @@ from recoverable.cli.jobs import BATCH_SCOPE, Job
 from recoverable.cli.report import BatchSummary, ErrorLog, JobError, failure_reason
 from recoverable.cli.result_log import ResultLog, encode_batch_output_line, encode_result_line
 from recoverable.records import OperationRecord
+from recoverable.storage.sources import supersede_revisions
 from recoverable.storage.store import RecoveryStore
+from recoverable.transitions import FINISHED
 from recoverable.types import AccountBinding, Attempt, Handle, RetryPolicy
 
 __all__ = ["BatchHost"]
@@ -81,6 +85,8 @@ class BatchHost:
         self.summary = summary
         self.say = say
         self.running = 0
+        # (issue 16) per job: older revisions of its id to supersede (find_existing)
+        self.older: dict[tuple[str, str], frozenset[str]] = {}
         self._shown: Counter[str] = Counter()
         self.policy = RetryPolicy(
             initial_backoff=config.initial_backoff,
@@ -122,8 +128,14 @@ class BatchHost:
                 )
 
     def find_existing(self, job: Job) -> str | None:
-        """The operation a previous run prepared for this job (not disposed), if any."""
+        """The operation a previous run prepared for this job (not disposed), if any.
+
+        Operations of the same job id with another revision that could still produce a
+        result (or hold an unacknowledged receipt) are remembered for
+        :meth:`supersede_older` (issue 16: the revision being run is the newer one)."""
         found = []
+        older: set[str] = set()
+        committed = self.log.committed
         for op_id in self.store.ids_by_job(self.account, BATCH_SCOPE, job.id):
             try:
                 if self.store.get_disposition(op_id) is not None:
@@ -131,9 +143,17 @@ class BatchHost:
                 record = self.store.get_operation(op_id)
             except (errors.CorruptRecord, errors.UnsupportedRecordVersion):
                 continue
-            if record is None or record.input_revision != job.revision:
+            if record is None:
+                continue
+            revision = record.input_revision
+            if revision != job.revision:
+                written = revision is not None and committed.get((job.id, revision)) == op_id
+                if (record.phase not in FINISHED or record.has_completion) and not written:
+                    older.add(op_id)  # pending or unacknowledged, never written out
                 continue
             found.append(record)
+        if older:
+            self.older[job.key] = frozenset(older)
         # The lineage is followed (a source whose retry successor exists yields to it),
         # then a saved completion first (never generate again), then the oldest.
         chosen = choose_job_operation(found)
@@ -154,9 +174,25 @@ class BatchHost:
         if line is not None:
             await self._commit(job, sent.handle, line)
 
+    async def supersede_older(self, job: Job) -> None:
+        """Supersede what :meth:`find_existing` found of the job's older revisions (one
+        transaction); each is reported, and counted as neither done nor failed."""
+        candidates = self.older.pop(job.key, None)
+        if not candidates:
+            return
+        superseded = await self.store.write(functools.partial(
+            supersede_revisions, self.account, BATCH_SCOPE, job.id, job.revision,
+            candidates, time.time(),
+        ))
+        for op_id in superseded:
+            self.summary.superseded += 1
+            self.say(f"job {job.id!r} (line {job.lineno}): operation {op_id} of an older "
+                     f"revision superseded by revision {job.revision!r}")
+
     async def _handle(self, job: Job) -> Handle:
         """The job's operation: the one a previous run prepared, or a new one."""
         op_id = self.find_existing(job)
+        await self.supersede_older(job)
         if op_id is not None:
             self.summary.adopted += 1
             return Handle(op_id)

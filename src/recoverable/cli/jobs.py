@@ -339,6 +339,9 @@ class JobsFile:
     duplicates: list[LinePair]  # same id, revision and content as an earlier line
     # same id and revision as an earlier line, different content
     conflicts: list[LinePair] = attrs.field(factory=list)
+    # (issue 16) an earlier line of an id that a later line names with another revision:
+    # ``line`` is the superseded earlier line, ``first`` the newer line; not run
+    superseded: list[LinePair] = attrs.field(factory=list)
     # "recoverable" or "openai-batch": the format of the file's first valid job (None: none)
     format: str | None = None
 
@@ -376,13 +379,16 @@ class _JobsReader:
         self.bad: list[JobLineError] = []
         self.duplicates: list[LinePair] = []
         self.conflicts: list[LinePair] = []
+        self.superseded: list[LinePair] = []
+        self.latest: dict[str, Job] = {}  # the job each id runs (its latest revision)
         self.first: dict[tuple[str, str], Job] = {}
         self.by_custom_id: dict[str, Job] = {}
         self.file_format: _FileFormat | None = None
 
     def result(self) -> JobsFile:
         return JobsFile(
-            self.jobs, self.bad, self.duplicates, self.conflicts,
+            [job for job in self.jobs if self.latest.get(job.id) is job],
+            self.bad, self.duplicates, self.conflicts, self.superseded,
             format=None if self.file_format is None else self.file_format.name,
         )
 
@@ -450,6 +456,10 @@ class _JobsReader:
         if earlier is None:
             self.first[job.key] = job
             self.jobs.append(job)
+            older = self.latest.get(job.id)
+            if older is not None:  # a newer revision of the same id supersedes the older
+                self.superseded.append(LinePair(older.lineno, lineno))
+            self.latest[job.id] = job
         elif earlier.body_hash == job.body_hash:
             self.duplicates.append(LinePair(lineno, earlier.lineno))
         else:

@@ -36,6 +36,9 @@ class BatchSummary:
     unfinished: int = 0
     skipped_lines: int = 0
     duplicates: int = 0
+    # (issue 16) older revisions superseded by a newer revision of the same job id: job
+    # lines of this file not run, and operations of earlier runs; neither done nor failed
+    superseded: int = 0
     prepared: int = 0
     adopted: int = 0
     attempts: int = 0
@@ -79,6 +82,7 @@ class BatchSummary:
             ("unfinished", str(self.unfinished)),
             ("skipped lines", str(self.skipped_lines)),
             ("duplicate lines", str(self.duplicates)),
+            ("superseded (newer revision)", str(self.superseded)),
             ("operations prepared", str(self.prepared)),
             ("operations resumed", str(self.adopted)),
             ("POSTs (attempts spent)", str(self.attempts)),
