@@ -27,7 +27,12 @@ from recoverable.actors.host import Backend
 from recoverable.actors.lifecycle import dispose, write_command
 from recoverable.actors.monitor import LifecycleMonitor
 from recoverable.actors.operation import Authorize, OperationActor
-from recoverable.actors.prepare import create_operation, new_admission, new_operation_id
+from recoverable.actors.prepare import (
+    POLICY_UNSET,
+    create_operation,
+    new_admission,
+    new_operation_id,
+)
 from recoverable.actors.scheduler import Scheduler
 from recoverable.actors.supervisor import Execution, Supervisor
 from recoverable.actors.sweep import sweep_at_open
@@ -152,9 +157,14 @@ class Runtime:
         contract_version: str | None = None,
         previous_operation_id: str | None = None,
         maximum_output_tokens_total: int | None = None,
-        on_interruption: OnInterruption = "replace",
+        on_interruption: OnInterruption = POLICY_UNSET,
+        live: bool = False,
     ) -> Handle:
         """Freeze the request and persist the operation without sending anything.
+
+        ``live=True`` (issue 16) makes a live operation, run with :meth:`live` to show
+        partial views while it streams; its policy is fixed: ``on_interruption="fail"``
+        (an explicit ``"replace"`` is ``InvalidRequest``). See docs/live.md.
 
         ``on_interruption`` is saved with the operation: ``"replace"`` (the default) lets
         an interrupted attempt (disconnect, idle timeout, crash, lost lease) be replaced
@@ -184,6 +194,7 @@ class Runtime:
             previous_operation_id=previous_operation_id,
             maximum_output_tokens_total=maximum_output_tokens_total,
             on_interruption=on_interruption,
+            live=live,
             account=self.account,
             backend=self.backend,
             selector=self.selector,
