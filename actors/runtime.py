@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import msgspec
 import trio
+from recoverable.actors import live as live_operations
 from recoverable.actors import queue as submitted
 from recoverable.actors import retry as manual_retry
 from recoverable.actors.checks import require_owner, require_signed_in
@@ -25,6 +26,7 @@ from recoverable.actors.governor import RateGovernor
 from recoverable.actors.heartbeat import LeaseKeeper
 from recoverable.actors.host import Backend
 from recoverable.actors.lifecycle import dispose, write_command
+from recoverable.actors.live import LiveSlot
 from recoverable.actors.monitor import LifecycleMonitor
 from recoverable.actors.operation import Authorize, OperationActor
 from recoverable.actors.prepare import (
@@ -215,6 +217,7 @@ class Runtime:
 
     submit = submitted.submit
     wait = submitted.wait
+    live = live_operations.live  # a live operation's partial views (issue 16, docs/live.md)
 
     # --- send -----------------------------------------------------------------------
 
@@ -251,6 +254,7 @@ class Runtime:
         authorize: Authorize,
         expected_contract_version: str | None = _UNSET,
         attached: bool = False,
+        live: LiveSlot | None = None,
     ) -> Execution:
         """Internal: start the operation's actor in the supervisor nursery, not awaiting it.
 
@@ -261,13 +265,16 @@ class Runtime:
         """
         contract: ResponseContract = contract_for(response)
         actor = OperationActor(self, handle.operation_id, contract, authorize)
-        run = functools.partial(
+        run: Callable[[], Awaitable[Any]] = functools.partial(
             actor.run,
             expected_contract_version=(
                 None if expected_contract_version is _UNSET else expected_contract_version
             ),
             check_contract_version=expected_contract_version is not _UNSET,
         )
+        if live is not None:  # a live operation's views (issue 16)
+            actor.live_slot = live
+            run = live.closing(run)
         return self.supervisor.start(handle.operation_id, run, attached=attached)
 
     # --- manual retry ---------------------------------------------------------------

@@ -194,6 +194,7 @@ class ResponseStream:
         max_events: int,
         on_progress: Callable[[Progress], None] | None = None,
         progress_interval: int = 32,
+        on_delta: Callable[[str], None] | None = None,
     ) -> None:
         self.response_id: str | None = None
         self.sequence_number: int | None = None
@@ -203,6 +204,9 @@ class ResponseStream:
         self._max_events = max_events
         self._on_progress = on_progress
         self._progress_interval = progress_interval
+        # Each output text delta, as it arrives (a live operation's views, issue 16; None
+        # on every other stream). Synchronous: it must never wait.
+        self._on_delta = on_delta
         self._reported_seq: int | None = None
         self._texts: dict[tuple[int, int], list[str]] = {}
         self._done_texts: dict[tuple[int, int], str] = {}
@@ -338,6 +342,8 @@ class ResponseStream:
                 self._refusal = True
             else:
                 self._texts.setdefault(self._key(event), []).append(delta)
+                if self._on_delta is not None:
+                    self._on_delta(delta)
             return None
         if etype == "response.output_text.done":
             text = event.get("text")
