@@ -32,6 +32,7 @@ def assert_views_never_stored(
             start = data.find(needle)
             while start != -1:
                 assert receipt is not None and data.startswith(receipt, start), (
-                    f"a partial view is stored in {name} at {start}"
+                    f"a partial view ({text!r}) is stored in {name} at {start}: "
+                    f"{data[max(0, start - 40) : start + len(needle) + 40]!r}"
                 )
                 start = data.find(needle, start + 1)
