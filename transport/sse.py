@@ -16,7 +16,12 @@ from recoverable.transport.base import (
     parse_retry_after,
 )
 from recoverable.transport.connect import classify_connect_error
-from recoverable.transport.events import FrameTooLarge, ResponseStream, SseDecoder
+from recoverable.transport.events import (
+    FrameTooLarge,
+    ResponseStream,
+    SseDecoder,
+    response_stream,
+)
 from recoverable.transport.idle import IdleTimer
 from recoverable.transport.ratelimit import parse_rate_limit_headers
 
@@ -98,7 +103,7 @@ class SseTransport:
         the connection cannot be established it is never called and the interruption's
         ``transport_code`` is a connect code (``transport.connect.CONNECT_CODES``)."""
         limits = self._limits
-        state = ResponseStream(
+        state = response_stream(
             max_events=limits.max_events, on_progress=on_progress, on_delta=on_delta
         )
         content = add_field(body, b'"stream":true')

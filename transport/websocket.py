@@ -27,7 +27,7 @@ from recoverable.transport.base import (
     token_fingerprint,
 )
 from recoverable.transport.connect import classify_connect_error
-from recoverable.transport.events import ResponseStream
+from recoverable.transport.events import ResponseStream, response_stream
 from recoverable.transport.idle import IdleTimer
 from recoverable.transport.ratelimit import parse_rate_limit_headers
 from recoverable.transport.sse import add_field
@@ -360,7 +360,7 @@ class WebSocketTransport:
         on_delta: Callable[[str], None] | None = None,
     ) -> Outcome:
         limits = self._limits
-        state = ResponseStream(
+        state = response_stream(
             max_events=limits.max_events, on_progress=on_progress, on_delta=on_delta
         )
         hooked = False

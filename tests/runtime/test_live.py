@@ -216,11 +216,12 @@ async def test_only_a_live_operation_runs_live_and_a_receipt_is_delivered_as_is(
 def test_the_parser_hands_text_deltas_only_to_a_stream_that_asked() -> None:
     """``on_delta`` gets each output text delta (never a refusal's); without it nothing
     changes (the default path)."""
-    from recoverable.transport.events import ResponseStream
+    from recoverable.transport.events import DeltaResponseStream, ResponseStream, response_stream
 
     got: list[str] = []
-    stream = ResponseStream(max_events=100, on_delta=got.append)
-    plain = ResponseStream(max_events=100)
+    stream = response_stream(max_events=100, on_progress=None, on_delta=got.append)
+    plain = response_stream(max_events=100, on_progress=None, on_delta=None)
+    assert type(plain) is ResponseStream and isinstance(stream, DeltaResponseStream)
     events = [
         {"type": "response.output_text.delta", "delta": '{"a":', "output_index": 0},
         {"type": "response.refusal.delta", "delta": "no", "output_index": 1},
