@@ -10,6 +10,7 @@ first), durable state and Trio events. No fixed sleep decides anything."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import msgspec
@@ -233,3 +234,97 @@ def test_the_parser_hands_text_deltas_only_to_a_stream_that_asked() -> None:
         plain.feed(msgspec.json.encode(event))
     assert got == ['{"a":', "1}"]
     assert stream.outcome == plain.outcome  # the outcome does not depend on it
+
+
+class ErrorAfterOutput:
+    """A real SSE server on a loopback socket (the fixture provider sends an error event
+    only before any output): two text deltas, then an ``error`` event with status 500 —
+    a 5xx that the failure table replaces for any other operation."""
+
+    EVENTS = [
+        {"type": "response.created", "response": {"id": "resp_live1", "status": "in_progress"}},
+        {"type": "response.output_item.added", "output_index": 0,
+         "item": {"id": "msg_1", "type": "message", "role": "assistant", "content": []}},
+        {"type": "response.output_text.delta", "output_index": 0, "content_index": 0,
+         "delta": '{"closing_paragraph":"The light'},
+        {"type": "response.output_text.delta", "output_index": 0, "content_index": 0,
+         "delta": 'house stood","headline":"Ke'},
+        {"type": "error", "status": 500,
+         "error": {"type": "server_error", "code": "server_error", "message": "upstream"}},
+    ]
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.port = 0
+
+    async def handle(self, stream: trio.SocketStream) -> None:
+        received = b""
+        while b"\r\n\r\n" not in received:
+            received += await stream.receive_some(65536)
+        head, _, body = received.partition(b"\r\n\r\n")
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:"))
+        while len(body) < length:
+            body += await stream.receive_some(65536)
+        self.requests += 1
+        frames = b"".join(b"data: " + msgspec.json.encode(event) + b"\n\n"
+                          for event in self.EVENTS)
+        await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                              b"connection: close\r\n\r\n" + frames)
+        await stream.aclose()
+
+
+async def test_a_provider_error_after_shown_output_is_not_replaced_either(
+    tmp_path: Path,
+) -> None:
+    """A 5xx error event mid-stream is replaceable for any other operation; after output
+    a person may have seen, a live operation fails instead (one POST)."""
+    server = ErrorAfterOutput()
+    async with trio.open_nursery() as nursery:
+        [listener] = await nursery.start(
+            functools.partial(trio.serve_tcp, server.handle, 0, host="127.0.0.1")
+        )
+        port = listener.socket.getsockname()[1]
+        sse = recoverable.ResponsesBackend(
+            f"http://127.0.0.1:{port}/v1", mode="sse", endpoint_id="fixture",
+            credentials=recoverable.StaticCredentials("sk-live-test", account=ACCOUNT),
+        )
+        with recoverable.RecoveryStore.open(str(tmp_path / "store")) as store:
+            async with sse, recoverable.open_runtime(store, sse, account=ACCOUNT) as rt:
+                handle = await rt.prepare(REQUEST, response=Story, maximum_attempts=3,
+                                          retry_policy=FAST, live=True)
+                seen: list[str] = []
+                with pytest.raises(errors.PermanentlyFailed) as raised:
+                    async with rt.live(handle, response=Story, authorize=Authorizer()) as live:
+                        async for view in live:
+                            seen.append(view.text)
+                failure = raised.value.last_failure
+                assert failure is not None and failure.kind == "http_rejected"
+                assert failure.http_status == 500 and failure.had_output
+                record = store.get_operation(handle.operation_id)
+                assert record is not None and record.failure_reason == "interrupted"
+        nursery.cancel_scope.cancel()
+    assert seen[-1] == '{"closing_paragraph":"The lighthouse stood","headline":"Ke'
+    assert server.requests == 1  # not replaced
+
+
+async def test_a_rejection_before_any_output_is_replaced_and_views_restart(
+    tmp_path: Path,
+) -> None:
+    """Nothing was shown: a live operation's 500 before output is replaced as usual, and
+    the views of the next attempt start from empty text."""
+    async with FixtureProvider.serve() as provider:
+        provider.script([Reply.http_error(500), Reply.synthesize()])
+        with recoverable.RecoveryStore.open(str(tmp_path / "store")) as store:
+            async with backend(provider, "sse") as b, recoverable.open_runtime(
+                store, b, account=ACCOUNT
+            ) as rt:
+                handle = await rt.prepare(REQUEST, response=Story, maximum_attempts=3,
+                                          retry_policy=FAST, live=True)
+                async with rt.live(handle, response=Story, authorize=Authorizer()) as live:
+                    views = [view async for view in live]
+                receipt = await rt.receipt(handle)
+        assert live.value == msgspec.json.decode(receipt.payload, type=Story)
+        assert views[-1].attempt == 2 and views[-1].text.encode() == receipt.payload
+        assert all(view.text == "" for view in views if view.attempt == 1)
+        assert len(generation_requests(provider, handle.operation_id)) == 2
