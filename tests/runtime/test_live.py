@@ -166,8 +166,9 @@ async def test_an_interruption_is_raised_from_the_loop_and_never_replaced(
     assert_views_never_stored(path, seen, control=REQUEST.input, receipt=receipt.payload)
 
 
+@pytest.mark.parametrize("leave", ["break", "cancel"])
 async def test_leaving_the_block_early_stops_a_live_operation_as_failed(
-    tmp_path: Path,
+    tmp_path: Path, leave: str
 ) -> None:
     async with FixtureProvider.serve() as provider:
         provider.script([Reply.stall(after_events=6)])
@@ -176,10 +177,15 @@ async def test_leaving_the_block_early_stops_a_live_operation_as_failed(
                 store, b, account=ACCOUNT
             ) as rt:
                 handle = await rt.prepare(REQUEST, response=Story, maximum_attempts=3, live=True)
-                async with rt.live(handle, response=Story, authorize=Authorizer()) as live:
-                    async for view in live:
-                        if view.text:
-                            break  # the person closed the view
+                with trio.CancelScope() as app:
+                    async with rt.live(handle, response=Story, authorize=Authorizer()) as live:
+                        async for view in live:
+                            if not view.text:
+                                continue
+                            if leave == "break":
+                                break  # the person closed the view
+                            app.cancel()  # the app's task is cancelled (its window closed)
+                assert app.cancelled_caught == (leave == "cancel")
                 # Returned once the actor unwound: durably failed, lease released.
                 record = store.get_operation(handle.operation_id)
                 assert record is not None and record.phase == "failed"
