@@ -40,6 +40,7 @@ class Backend(Protocol):
         token: str,
         on_progress: Callable[[Progress], None] | None = None,
         before_send: Callable[[], Awaitable[None]] | None = None,
+        on_delta: Callable[[str], None] | None = None,  # each output text delta (issue 16)
     ) -> Outcome: ...
 
 

@@ -32,6 +32,8 @@ from recoverable.types import (
     to_timestamp,
 )
 
+# ``on_interruption`` not given at prepare: "replace", or "fail" for a live operation.
+POLICY_UNSET: Any = object()
 _ID_PREFIX = secrets.token_bytes(8)  # per process; ids stay unique across processes
 _ID_COUNTER = itertools.count(int.from_bytes(secrets.token_bytes(4), "big"))
 
@@ -91,6 +93,7 @@ def new_operation_record(
     previous_operation_id: str | None,
     maximum_output_tokens_total: int | None,
     on_interruption: OnInterruption = "replace",
+    live: bool = False,
 ) -> OperationRecord:
     """The one constructor of a new (``prepared``) operation record."""
     return OperationRecord(
@@ -117,7 +120,28 @@ def new_operation_record(
         on_interruption=on_interruption,
         source=identity.source,
         attempt_timeout=identity.attempt_timeout,
+        live=live,
     )
+
+
+def interruption_policy(live: object, on_interruption: object) -> OnInterruption:
+    """The interruption policy saved with a new operation (issue 16).
+
+    ``live=True`` fixes it to ``"fail"``: a person may have seen the partial output of
+    an attempt, so an interruption is never silently replaced. Asking for ``"replace"``
+    explicitly with ``live=True`` is an ``InvalidRequest``; without ``live`` the default
+    is ``"replace"``.
+    """
+    if not isinstance(live, bool):
+        raise errors.InvalidRequest("live must be True or False")
+    if on_interruption is POLICY_UNSET:
+        return "fail" if live else "replace"
+    if live and on_interruption != "fail":
+        raise errors.InvalidRequest(
+            'live=True fixes on_interruption="fail": an interrupted attempt whose partial '
+            "output may have been shown is never replaced (docs/live.md)"
+        )
+    return on_interruption  # type: ignore[return-value]  # checked by validate_preparation
 
 
 def put_new_operation(txn: WriteTxn, record: OperationRecord, body: bytes, stored: bytes) -> None:
@@ -164,10 +188,11 @@ def new_admission(
     contract_version: str | None = None,
     previous_operation_id: str | None = None,
     maximum_output_tokens_total: int | None = None,
-    on_interruption: OnInterruption = "replace",
+    on_interruption: OnInterruption = POLICY_UNSET,
     source: SourceRef | None = None,
     attempt_timeout: float | None = None,
     lease_seconds: float = 30.0,
+    live: bool = False,
 ) -> tuple[OperationRecord, bytes, bytes]:
     """What ``prepare`` and ``submit`` save: the checked new record, its frozen body and
     its saved request (nothing is written here). The options default as ``prepare``'s.
@@ -179,6 +204,7 @@ def new_admission(
         attempt_timeout, lease_seconds=lease_seconds, source=bound
     )
     policy = retry_policy or RetryPolicy()
+    on_interruption = interruption_policy(live, on_interruption)
     machine.validate_preparation(
         maximum_attempts=maximum_attempts,
         retry_policy=policy,
@@ -224,6 +250,7 @@ def new_admission(
         previous_operation_id=previous_operation_id,
         maximum_output_tokens_total=maximum_output_tokens_total,
         on_interruption=on_interruption,
+        live=live,
     )
     stored = msgspec.json.encode(
         StoredRequest(request=request, format_name=contract.name, schema=contract.schema)

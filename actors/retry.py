@@ -280,6 +280,7 @@ async def retry(
         maximum_output_tokens_total=source.maximum_output_tokens_total,
         # The same interruption policy: a manual retry does not loosen it.
         on_interruption=source.on_interruption,
+        live=source.live,  # issue 16: a live operation's successor is live too
     )
     await store.write(functools.partial(create_successor, plan, child, request))
     telemetry.emit("operation.manual_retry_created", plan.successor_id,

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import msgspec
 import trio
+from recoverable.actors import live as live_operations
 from recoverable.actors import queue as submitted
 from recoverable.actors import retry as manual_retry
 from recoverable.actors.checks import require_owner, require_signed_in
@@ -25,9 +26,15 @@ from recoverable.actors.governor import RateGovernor
 from recoverable.actors.heartbeat import LeaseKeeper
 from recoverable.actors.host import Backend
 from recoverable.actors.lifecycle import dispose, write_command
+from recoverable.actors.live import LiveSlot
 from recoverable.actors.monitor import LifecycleMonitor
 from recoverable.actors.operation import Authorize, OperationActor
-from recoverable.actors.prepare import create_operation, new_admission, new_operation_id
+from recoverable.actors.prepare import (
+    POLICY_UNSET,
+    create_operation,
+    new_admission,
+    new_operation_id,
+)
 from recoverable.actors.scheduler import Scheduler
 from recoverable.actors.supervisor import Execution, Supervisor
 from recoverable.actors.sweep import sweep_at_open
@@ -155,9 +162,10 @@ class Runtime:
         contract_version: str | None = None,
         previous_operation_id: str | None = None,
         maximum_output_tokens_total: int | None = None,
-        on_interruption: OnInterruption = "replace",
+        on_interruption: OnInterruption = POLICY_UNSET,
         source: SourceRef | None = None,
         attempt_timeout: float | None = None,
+        live: bool = False,
     ) -> Handle:
         """Freeze the request and persist the operation without sending anything.
 
@@ -167,6 +175,10 @@ class Runtime:
         it. Each of its attempts then has a hard ``attempt_timeout`` (seconds; default two
         thirds of the lease), which must be shorter than this runtime's lease
         (``InvalidParameter``). ``attempt_timeout`` may also be given without a source.
+
+        ``live=True`` (issue 16) makes a live operation, run with :meth:`live` to show
+        partial views while it streams; its policy is fixed: ``on_interruption="fail"``
+        (an explicit ``"replace"`` is ``InvalidRequest``). See docs/live.md.
 
         ``on_interruption`` is saved with the operation: ``"replace"`` (the default) lets
         an interrupted attempt (disconnect, idle timeout, crash, lost lease) be replaced
@@ -199,6 +211,7 @@ class Runtime:
             source=source,
             attempt_timeout=attempt_timeout,
             lease_seconds=self.leases.lease_seconds,
+            live=live,
             account=self.account,
             backend=self.backend,
             selector=self.selector,
@@ -219,6 +232,7 @@ class Runtime:
 
     submit = submitted.submit
     wait = submitted.wait
+    live = live_operations.live  # a live operation's partial views (issue 16, docs/live.md)
 
     # --- send -----------------------------------------------------------------------
 
@@ -255,6 +269,7 @@ class Runtime:
         authorize: Authorize,
         expected_contract_version: str | None = _UNSET,
         attached: bool = False,
+        live: LiveSlot | None = None,
     ) -> Execution:
         """Internal: start the operation's actor in the supervisor nursery, not awaiting it.
 
@@ -265,13 +280,16 @@ class Runtime:
         """
         contract: ResponseContract = contract_for(response)
         actor = OperationActor(self, handle.operation_id, contract, authorize)
-        run = functools.partial(
+        run: Callable[[], Awaitable[Any]] = functools.partial(
             actor.run,
             expected_contract_version=(
                 None if expected_contract_version is _UNSET else expected_contract_version
             ),
             check_contract_version=expected_contract_version is not _UNSET,
         )
+        if live is not None:  # a live operation's views (issue 16)
+            actor.live_slot = live
+            run = live.closing(run)
         return self.supervisor.start(handle.operation_id, run, attached=attached)
 
     # --- manual retry ---------------------------------------------------------------

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable
+from typing import Any
 
 import trio
 from recoverable.actors.host import count_usage
+from recoverable.actors.live import LiveSlot
 from recoverable.actors.operation_core import Cut, OperationCore, Sending
 from recoverable.transport.connect import CONNECT_CODES, ConnectKind, EndpointGate
 from recoverable.transport.ratelimit import estimate_tokens
@@ -30,6 +32,10 @@ class _NotTransmitted(Exception):
 
 class Transmitter(OperationCore):
     """The actor's core plus the path of one approved attempt to its outcome."""
+
+    # A live operation's consumer (issue 16; None for every other execution): the text
+    # deltas of each consumed attempt go to it, never to the store.
+    live_slot: LiveSlot | None = None
 
     async def _transmit(
         self, current: OperationRecord, attempt_id: str, token: str
@@ -115,11 +121,16 @@ class Transmitter(OperationCore):
             if not isinstance(consumed.action, machine.Transmit):
                 raise _NotTransmitted
             host.attempts_consumed += 1
+            if live is not None:
+                live.begin(consumed.record.attempts_used)
             _killpoints.hit("attempt.consumed_saved")
             host.telemetry.emit("attempt.transmission_authorized", self.operation_id,
                               attempt=consumed.record.attempts_used)
 
         estimate = estimate_tokens(body)
+        live = self.live_slot
+        # Only a live operation asks the transport for its deltas: no other stream pays.
+        deltas: dict[str, Any] = {} if live is None else {"on_delta": live.push}
 
         async def stream() -> None:
             async with host.scheduler.transmission_slot():
@@ -129,7 +140,7 @@ class Transmitter(OperationCore):
                 with self.guard.transport():  # the hard deadline: the lease's safety margin
                     call = backend.stream(
                         body, attempt_id=attempt_id, token=token,
-                        on_progress=on_progress, before_send=before_send,
+                        on_progress=on_progress, before_send=before_send, **deltas,
                     )
                     hard = authorized.attempt_timeout
                     if hard is None:

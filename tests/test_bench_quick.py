@@ -149,10 +149,18 @@ def check_sources(out: str) -> None:
     assert [row[0] for row in table_rows(out, "plain") + table_rows(out, "bound")] == [
         "plain", "bound"
     ], out
+def check_live(out: str) -> None:
+    rows = table_rows(out, "sse")
+    assert len(rows) == 1, out
+    row = rows[0]
+    assert row[1] == "40" and float(row[4]) > 0 and float(row[7]) > 0, out  # both ratios
+    assert row[-1] == "90", out  # POSTs: one per job (2 x 40, and 2 x 5 warm-up)
+    assert re.search(r"^parser: \d+\.\d\d µs per delta event without on_delta", out, re.M), out
 
 
 ENTRY_POINTS = [
     ("harness.py", check_harness),
+    ("live.py", check_live),
     ("durable_vs_plain.py", check_durable_vs_plain),
     ("durable_parts.py", check_durable_parts),
     ("memory.py", check_memory),

@@ -48,6 +48,7 @@ TOP_LEVEL = {
     "lifecycle": CORE,
     "machine": CORE,
     "outcome": CORE,
+    "partial": CORE,
     "output_types": CORE,
     "preconditions": CORE,
     "pricing": CORE,

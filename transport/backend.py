@@ -139,6 +139,7 @@ class ResponsesBackend:
         token: str,
         on_progress: Callable[[Progress], None] | None = None,
         before_send: Callable[[], Awaitable[None]] | None = None,
+        on_delta: Callable[[str], None] | None = None,
     ) -> Outcome:
         if not isinstance(body, bytes) or not body.startswith(b"{") or not body.endswith(b"}"):
             raise InvalidRequest("body must be the canonical JSON object bytes")
@@ -149,7 +150,7 @@ class ResponsesBackend:
         async with self._slots:
             return await self._transport.stream(
                 body, attempt_id=attempt_id, token=token, on_progress=on_progress,
-                before_send=before_send,
+                before_send=before_send, on_delta=on_delta,
             )
 
     async def __aenter__(self) -> ResponsesBackend:

@@ -30,12 +30,14 @@ from recoverable.outcome import (
 )
 
 __all__ = [
+    "DeltaResponseStream",
     "FrameTooLarge",
     "ResponseStream",
     "SseDecoder",
     "SseFrame",
     "error_fields",
     "is_tool_item_type",
+    "response_stream",
 ]
 
 # Output item types that are not tool activity; every other ``*_call`` type is.
@@ -461,3 +463,37 @@ class ResponseStream:
             usage=self.usage,
             usage_malformed=self.usage_malformed,
         )
+
+
+class DeltaResponseStream(ResponseStream):
+    """A :class:`ResponseStream` that also hands each output text delta to ``on_delta``
+    as it arrives (a live operation's views, issue 16). ``on_delta`` is synchronous and
+    must never wait. Only a stream that asked is of this class: no other stream pays."""
+
+    def __init__(
+        self,
+        *,
+        max_events: int,
+        on_delta: Callable[[str], None],
+        on_progress: Callable[[Progress], None] | None = None,
+    ) -> None:
+        super().__init__(max_events=max_events, on_progress=on_progress)
+        self._on_delta = on_delta
+
+    def _dispatch(self, etype: str, event: dict[str, Any]) -> Outcome | None:
+        outcome = super()._dispatch(etype, event)
+        if etype == "response.output_text.delta":
+            self._on_delta(event["delta"])  # a string: checked by the parser above
+        return outcome
+
+
+def response_stream(
+    *,
+    max_events: int,
+    on_progress: Callable[[Progress], None] | None,
+    on_delta: Callable[[str], None] | None,
+) -> ResponseStream:
+    """The parser state of one stream: with ``on_delta`` only when one was asked for."""
+    if on_delta is None:
+        return ResponseStream(max_events=max_events, on_progress=on_progress)
+    return DeltaResponseStream(max_events=max_events, on_progress=on_progress, on_delta=on_delta)

@@ -16,7 +16,12 @@ from recoverable.transport.base import (
     parse_retry_after,
 )
 from recoverable.transport.connect import classify_connect_error
-from recoverable.transport.events import FrameTooLarge, ResponseStream, SseDecoder
+from recoverable.transport.events import (
+    FrameTooLarge,
+    ResponseStream,
+    SseDecoder,
+    response_stream,
+)
 from recoverable.transport.idle import IdleTimer
 from recoverable.transport.ratelimit import parse_rate_limit_headers
 
@@ -91,13 +96,16 @@ class SseTransport:
         token: str,
         on_progress: Callable[[Progress], None] | None,
         before_send: Callable[[], Awaitable[None]] | None = None,
+        on_delta: Callable[[str], None] | None = None,
     ) -> Outcome:
         """Stream one generation. ``before_send`` runs once a connection is established
         (new or from the pool) and before the first byte of the request is written; if
         the connection cannot be established it is never called and the interruption's
         ``transport_code`` is a connect code (``transport.connect.CONNECT_CODES``)."""
         limits = self._limits
-        state = ResponseStream(max_events=limits.max_events, on_progress=on_progress)
+        state = response_stream(
+            max_events=limits.max_events, on_progress=on_progress, on_delta=on_delta
+        )
         content = add_field(body, b'"stream":true')
         headers = {
             "authorization": f"Bearer {token}",

@@ -27,7 +27,7 @@ from recoverable.transport.base import (
     token_fingerprint,
 )
 from recoverable.transport.connect import classify_connect_error
-from recoverable.transport.events import ResponseStream
+from recoverable.transport.events import ResponseStream, response_stream
 from recoverable.transport.idle import IdleTimer
 from recoverable.transport.ratelimit import parse_rate_limit_headers
 from recoverable.transport.sse import add_field
@@ -318,6 +318,7 @@ class WebSocketTransport:
         token: str,
         on_progress: Callable[[Progress], None] | None,
         before_send: Callable[[], Awaitable[None]] | None = None,
+        on_delta: Callable[[str], None] | None = None,
     ) -> Outcome:
         """Stream one generation. ``before_send`` runs once a connection is open (TCP, TLS,
         WebSocket handshake; or a pooled one) and before ``response.create`` is sent. A
@@ -327,12 +328,12 @@ class WebSocketTransport:
         message = add_field(body, b'"type":"response.create"').decode("utf-8")
         if self._nursery is not None:
             return await self._stream_in(
-                self._nursery, message, attempt_id, token, on_progress, before_send
+                self._nursery, message, attempt_id, token, on_progress, before_send, on_delta
             )
         try:
             async with trio.open_nursery() as nursery:
                 result = await self._stream_in(
-                    nursery, message, attempt_id, token, on_progress, before_send
+                    nursery, message, attempt_id, token, on_progress, before_send, on_delta
                 )
                 # Unpooled: the connection's closing handshake gets a bounded grace, then it
                 # is dropped — a peer that never answers the close must not hold the caller.
@@ -356,9 +357,12 @@ class WebSocketTransport:
         token: str,
         on_progress: Callable[[Progress], None] | None,
         before_send: Callable[[], Awaitable[None]] | None,
+        on_delta: Callable[[str], None] | None = None,
     ) -> Outcome:
         limits = self._limits
-        state = ResponseStream(max_events=limits.max_events, on_progress=on_progress)
+        state = response_stream(
+            max_events=limits.max_events, on_progress=on_progress, on_delta=on_delta
+        )
         hooked = False
 
         async def established() -> None:

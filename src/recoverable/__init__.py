@@ -19,6 +19,7 @@ from recoverable.blocking import AsyncioRuntime, BlockingRuntime
 from recoverable.errors import *  # noqa: F403
 from recoverable.errors import __all__ as _errors_all
 from recoverable.outcome import Completed, Interruption, Usage
+from recoverable.partial import PartialView
 from recoverable.storage.store import RecoveryStore
 from recoverable.telemetry import LoggingSink, TelemetryEvent, TelemetrySink
 from recoverable.transport.backend import ResponsesBackend
@@ -55,6 +56,7 @@ __all__ = [
     "Inventory",
     "JsonSchema",
     "LoggingSink",
+    "PartialView",
     "Receipt",
     "RecoveryStore",
     "ResponsesBackend",

@@ -451,8 +451,12 @@ def attempt_failed(
     )
     base = with_last_attempt(rec, ended, last_failure=failure)
     reason = classify(failure, rec.retry_policy)
-    if reason is None and failure.kind in TRANSPORT_KINDS and rec.on_interruption == "fail":
-        reason = "interrupted"  # replaceable by kind, but its policy forbids replacing it
+    if reason is None and rec.on_interruption == "fail" and (
+        failure.kind in TRANSPORT_KINDS or (rec.live and failure.had_output)  # issue 16
+    ):
+        # Replaceable by kind, but its policy forbids replacing it: an interruption, or a
+        # live operation's attempt whose output a person may have seen (docs/live.md).
+        reason = "interrupted"
     terminal: errors.RecoveryError | None = None
     if reason is not None:
         new = evolve(base, phase="failed", failure_reason=reason)

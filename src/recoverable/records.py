@@ -141,6 +141,10 @@ class OperationRecord(
     # The interruption policy chosen at prepare (added after version 2 was released:
     # optional, so records written before decode unchanged, as "replace").
     on_interruption: OnInterruption = "replace"
+    # A live operation (issue 16): partial views may be shown while it streams, so its
+    # interruptions are never replaced (on_interruption is "fail"). Optional: records
+    # written before decode unchanged, as not live.
+    live: bool = False
     # (issue 16) The source this operation's result is derived from, at a digest (an
     # admission field; None: not source-bound), the hard timeout of each of its attempts
     # in seconds (shorter than the lease; None: none), and why it was superseded.
