@@ -232,7 +232,8 @@ def successor_request(
     if contract.format_hash != source.format_hash:
         raise errors.FormatMismatch("the saved contract changed", operation_id=op_id)
     return SuccessorRequest(
-        freeze_body(effective, contract), stored_raw, effective.model, effective.reasoning_effort
+        freeze_body(effective, contract, reattach=source.reattach), stored_raw,
+        effective.model, effective.reasoning_effort,
     )
 
 
@@ -280,6 +281,8 @@ async def retry(
         maximum_output_tokens_total=source.maximum_output_tokens_total,
         # The same interruption policy: a manual retry does not loosen it.
         on_interruption=source.on_interruption,
+        # Issue 15: the same reattachment choice (its body was frozen with it).
+        reattach=source.reattach,
     )
     await store.write(functools.partial(create_successor, plan, child, request))
     telemetry.emit("operation.manual_retry_created", plan.successor_id,

@@ -153,6 +153,7 @@ class Runtime:
         previous_operation_id: str | None = None,
         maximum_output_tokens_total: int | None = None,
         on_interruption: OnInterruption = "replace",
+        reattach: bool = False,
     ) -> Handle:
         """Freeze the request and persist the operation without sending anything.
 
@@ -170,6 +171,12 @@ class Runtime:
         diagnostics only (shown in status, receipts and markers): the new operation
         has its own budget and its own root; nothing about the prior one is checked,
         reserved or changed (it may even be gone). Use ``retry`` for a linked successor.
+
+        ``reattach=True`` (issue 15) freezes the body with ``background: true, store:
+        true``: an attempt interrupted by a disconnect, an idle timeout, a crash or a lost
+        lease is first resumed by its saved response id (a GET: no new POST, no budget)
+        before seed 000 replaces it. The provider keeps the response for a limited time
+        (a privacy trade-off): see docs/reattach.md.
         """
         record, body, stored = new_admission(
             request,
@@ -184,6 +191,7 @@ class Runtime:
             previous_operation_id=previous_operation_id,
             maximum_output_tokens_total=maximum_output_tokens_total,
             on_interruption=on_interruption,
+            reattach=reattach,
             account=self.account,
             backend=self.backend,
             selector=self.selector,

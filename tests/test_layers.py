@@ -51,6 +51,7 @@ TOP_LEVEL = {
     "output_types": CORE,
     "preconditions": CORE,
     "pricing": CORE,
+    "reattachment": CORE,
     "records": CORE,
     "schema_graph": CORE,
     "status": CORE,

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import msgspec
 
-from recoverable import errors
+from recoverable import errors, reattachment
 from recoverable.failure_policy import TRANSPORT_KINDS, backoff_delay, classify
 from recoverable.lifecycle import (
     apply_command,
@@ -91,6 +91,7 @@ from recoverable.transitions import (
     Deliver,
     Event,
     InvalidTransition,
+    Reattach,
     Stop,
     Transition,
     Transmit,
@@ -122,6 +123,7 @@ __all__ = [
     "Deliver",
     "Event",
     "InvalidTransition",
+    "Reattach",
     "Stop",
     "Transition",
     "Transmit",
@@ -323,6 +325,9 @@ def open_operation(
     if not ctx.body_available:
         # Found before the host is asked and before an attempt is spent (fail closed).
         return stopped(rec, rec, _body_error(rec, ctx))
+    resumed = reattachment.at_open(rec, ctx)  # issue 15: resume before replacing
+    if resumed is not None:
+        return resumed
     work = rec
     if work.phase == "failed":  # authentication_required: a blocker, reopened after sign-in
         work = evolve(work, phase="waiting", failure_reason=None, renew_next=True)
@@ -433,6 +438,9 @@ def attempt_failed(
     so a suspend never turns a terminal failure into a replaceable one and never
     drops a persisted cooldown or a pending 401 reissue.
     """
+    resumed = reattachment.after_failure(rec, attempt_id, failure, ctx)  # issue 15
+    if resumed is not None:
+        return resumed
     last = require_in_flight("attempt_failed", rec, attempt_id)
     usage = failure.usage
     failure = _stored_failure(failure)
@@ -576,7 +584,9 @@ def owner_lost(rec: OperationRecord, *, now: float) -> Transition:
     closed = close_in_flight(rec, "owner_lost")
     interrupted = closed is not rec
     reason: FailureReason | None = None
-    if _budget_spent(closed) is not None or (interrupted and rec.on_interruption == "fail"):
+    if reattachment.keeps_through_owner_loss(closed) and not is_expired(closed, now):
+        pass  # issue 15: the next owner resumes it first (no budget, no replacement)
+    elif _budget_spent(closed) is not None or (interrupted and rec.on_interruption == "fail"):
         reason = "owner_lost"
     elif is_expired(closed, now):
         reason = "expired"
