@@ -94,6 +94,7 @@ class OperationHost(Protocol):
     telemetry: Telemetry
     attempts_consumed: int
     usage_malformed: int
+    reattachments: int  # issue 15: resume GETs this runtime finished (an outcome read)
 
     def endpoint_gate(self, endpoint_id: str) -> EndpointGate: ...
 

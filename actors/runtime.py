@@ -28,6 +28,7 @@ from recoverable.actors.lifecycle import dispose, write_command
 from recoverable.actors.monitor import LifecycleMonitor
 from recoverable.actors.operation import Authorize, OperationActor
 from recoverable.actors.prepare import create_operation, new_admission, new_operation_id
+from recoverable.actors.reattach import cancel_on_server
 from recoverable.actors.scheduler import Scheduler
 from recoverable.actors.supervisor import Execution, Supervisor
 from recoverable.actors.sweep import sweep_at_open
@@ -97,6 +98,7 @@ class Runtime:
         self.governor = governor or RateGovernor(store, wall_clock=wall_clock, telemetry=telemetry)
         self.attempts_consumed = 0  # attempts this runtime consumed (persisted before sending)
         self.usage_malformed = 0  # attempts whose reported usage was ignored as malformed
+        self.reattachments = 0  # issue 15: resume GETs of background responses that ended
         self.supervisor = Supervisor()  # every active operation: a task of open_runtime's nursery
         # The leases this runtime holds, renewed by the heartbeat task (actors/heartbeat.py).
         self.leases = leases or LeaseKeeper(store, lease_seconds=30.0, wall_clock=wall_clock)
@@ -502,6 +504,10 @@ class Runtime:
         self.telemetry.emit(
             "operation.cancelled" if kind == "cancel" else "operation.suspended", operation_id
         )
+        if kind == "cancel" and command is None:  # applied here: nobody runs it (issue 15)
+            record = self.store.get_operation(operation_id)
+            if record is not None and record.reattach:
+                await cancel_on_server(self, record)
 
     async def acknowledge(self, handle: Handle) -> None:
         """After the host's own commit: remove request and response, keep a small marker.
