@@ -440,6 +440,8 @@ class Runtime:
             response_id=last.response_id if last else None,
             account=record.account,
             usage=record.usage,
+            reattached=last is not None and last.reattached,
+            reattachments=record.reattachments,
         )
 
     async def inventory(self, scope: str | None = None) -> Inventory:

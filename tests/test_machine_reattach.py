@@ -307,3 +307,25 @@ def test_a_default_operation_is_never_asked_to_reattach() -> None:
     t = m.attempt_failed(rec, attempt_id, lost, ctx())
     assert isinstance(t.action, m.WaitUntil | AskHost)
     assert t.record.attempts[-1].reattachments == 0
+
+
+# --- status ------------------------------------------------------------------------------
+
+
+def test_status_of_a_resumable_operation_without_budget_is_not_exhausted() -> None:
+    swept = m.owner_lost(_streaming(3), now=T0).record
+    status = m.derive_status(swept, now=T0, lease_live=False, viewer=swept.account)
+    assert status.availability == "replacement_eligible" and "execute" in status.suggested_actions
+    assert status.reattach and status.reattachments == 0 and not status.reattached
+    unresumable = _with_checkpoint(swept, reattachments=reattachment.MAX_REATTACHMENTS)
+    status = m.derive_status(unresumable, now=T0, lease_live=False, viewer=swept.account)
+    assert status.availability == "exhausted"
+
+
+def test_status_says_the_result_came_by_reattachment() -> None:
+    resumed = open_(_streaming(1))
+    done = m.completion_validated(resumed.record, _reattach(resumed).attempt_id, ctx(),
+                                  response_id="resp_1", sequence_number=9).record
+    status = m.derive_status(done, now=T0, lease_live=False, viewer=done.account)
+    assert status.reattached and status.reattachments == 1
+    assert status.attempts[-1].reattached and status.attempts[-1].reattachments == 1
