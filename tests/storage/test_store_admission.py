@@ -38,6 +38,7 @@ CHANGED: dict[str, Any] = {
     "job_id": "another-job",
     "input_revision": "r2",
     "on_interruption": "fail",
+    "reattach": True,  # issue 15
 }
 
 
