@@ -221,9 +221,14 @@ class Transmitter(OperationCore):
         call: Callable[[Callable[[Progress], None]], Awaitable[Outcome]],
     ) -> Outcome:
         """Run one background stream (``call``) with its checkpoint writer beside it."""
+        async def persist(step: machine.Transition) -> None:
+            await self._persist(step, check_commands=False)
+            saved = step.record.attempts[-1]
+            self.host.telemetry.emit("attempt.checkpointed", self.operation_id,
+                                     attempt=saved.number, sequence_number=saved.sequence_number)
+
         checkpointer = Checkpointer(
-            attempt_id, record=lambda: self.record, now=self.host.now,
-            persist=functools.partial(self._persist, check_commands=False),
+            attempt_id, record=lambda: self.record, now=self.host.now, persist=persist
         )
 
         def report(progress: Progress) -> None:
