@@ -142,6 +142,15 @@ def check_workers(out: str) -> None:
     assert re.search(r"^ratio --workers 2 / --workers 0 = \d+\.\d\d$", out, re.M), out
 
 
+def check_reattach(out: str) -> None:
+    rows = [line.split() for line in out.splitlines()
+            if line.split()[:1] in (["faults"], ["cost"])]
+    assert [(r[0], r[1]) for r in rows] == [
+        ("faults", "no"), ("faults", "yes"), ("cost", "no"), ("cost", "yes")], out
+    assert rows[2][3] == rows[3][3] == "1.000", out  # no faults: one POST per job
+    assert re.search(r"^checkpoint cost \(no faults, same run\): writes/job ", out, re.M), out
+
+
 ENTRY_POINTS = [
     ("harness.py", check_harness),
     ("durable_vs_plain.py", check_durable_vs_plain),
@@ -154,6 +163,7 @@ ENTRY_POINTS = [
     ("store_scale.py", check_store_scale),
     ("transport.py", check_transport),
     ("workers.py", check_workers),
+    ("reattach.py", check_reattach),
 ]
 
 
