@@ -20,13 +20,19 @@ import argparse
 import json
 import signal
 import sys
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 import h11
 import msgspec
 import trio
+from recoverable.transport.fixture_background import (
+    BACKGROUND_NEEDS_STORE,
+    DEFAULT_BACKGROUND_TTL,
+    BackgroundProvider,
+    RecordedRetrieval,
+)
 from recoverable.transport.fixture_replies import (
     HTTP_KINDS,
     CannotSynthesize,
@@ -35,31 +41,40 @@ from recoverable.transport.fixture_replies import (
     http_rejection,
     schema_rejection,
 )
+from recoverable.transport.fixture_script import ResumeFault
 from recoverable.transport.fixture_state import (
     MAX_DELTAS,
     MAX_REQUEST_BYTES,
     RECV_BYTES,
-    ProviderState,
     RecordedRequest,
     canonical_body,
     keepalives,
     lenient,
     redacted_headers,
     reply_prefix,
+    sse_frame,
     until_peer_gone,
 )
 from recoverable.transport.fixture_ws import serve_websocket
 
 from recoverable.errors import InvalidRequest
 
-__all__ = ["FaultSpec", "FixtureProvider", "RecordedRequest", "Reply", "fixture_main"]
+__all__ = [
+    "FaultSpec",
+    "FixtureProvider",
+    "RecordedRequest",
+    "RecordedRetrieval",
+    "Reply",
+    "ResumeFault",
+    "fixture_main",
+]
 
 
 class _PeerGone(Exception):
     pass
 
 
-class FixtureProvider(ProviderState):
+class FixtureProvider(BackgroundProvider):
     """The in-process provider. Start it with ``FixtureProvider.serve()``."""
 
     # -- public surface ------------------------------------------------------------
@@ -74,6 +89,11 @@ class FixtureProvider(ProviderState):
     @property
     def requests_url(self) -> str:
         return f"http://{self._netloc}/_fixture/requests"
+
+    @property
+    def retrievals_url(self) -> str:
+        """``GET`` it for the JSON list of ``retrievals`` (resume, retrieve, cancel)."""
+        return f"http://{self._netloc}/_fixture/retrievals"
 
     @property
     def _netloc(self) -> str:
@@ -93,6 +113,8 @@ class FixtureProvider(ProviderState):
         tpm_limit: int | None = None,
         rate_burst_seconds: float = 60.0,
         deltas: tuple[int, int] | None = None,
+        event_delay: float = 0.0,
+        background_ttl: float = DEFAULT_BACKGROUND_TTL,
     ) -> AsyncIterator[FixtureProvider]:
         """Serve until exit. ``reply_delay``: seconds every generation request is held
         after it is recorded and before its reply starts (a slow provider: it makes
@@ -106,13 +128,19 @@ class FixtureProvider(ProviderState):
 
         ``deltas=(low, high)``: every text answer streams in ``low``..``high`` delta events
         (chosen per reply; fewer if the text is shorter) instead of four, as real answers
-        of hundreds of tokens do."""
+        of hundreds of tokens do.
+
+        ``event_delay``: seconds between two events of a background response's generation
+        (0: all at once); ``background_ttl``: seconds a background response stays
+        retrievable (``expire()`` ends one at once). See ``fixture_background``."""
         provider = cls(faults=faults, reply_delay=reply_delay, tpm_limit=tpm_limit,
-                       rate_burst_seconds=rate_burst_seconds, deltas=deltas)
+                       rate_burst_seconds=rate_burst_seconds, deltas=deltas,
+                       event_delay=event_delay, background_ttl=background_ttl)
         listeners = await trio.open_tcp_listeners(port, host=host, backlog=4096)
         provider.host = host
         provider.port = listeners[0].socket.getsockname()[1]
         async with trio.open_nursery() as nursery:
+            provider._nursery = nursery  # background responses are generated here
             await nursery.start(trio.serve_listeners, provider._handle, listeners)
             try:
                 yield provider
@@ -169,24 +197,6 @@ class FixtureProvider(ProviderState):
             else:
                 raise _PeerGone
 
-    async def _send(self, conn: h11.Connection, stream: trio.SocketStream, *events: Any) -> None:
-        data = b"".join(conn.send(event) or b"" for event in events)
-        await stream.send_all(data)
-
-    async def _simple(
-        self,
-        conn: h11.Connection,
-        stream: trio.SocketStream,
-        status: int,
-        body: bytes,
-        headers: Iterable[tuple[str, str]] = (("content-type", "application/json"),),
-    ) -> None:
-        hdrs = [*headers, ("content-length", str(len(body)))]
-        await self._send(
-            conn, stream, h11.Response(status_code=status, headers=hdrs), h11.Data(data=body),
-            h11.EndOfMessage(),
-        )
-
     async def _route(
         self, conn: h11.Connection, stream: trio.SocketStream, request: h11.Request,
         where: list[int],
@@ -208,10 +218,18 @@ class FixtureProvider(ProviderState):
         if target == b"/v1/responses" and method == b"POST":
             where[1] += 1
             return await self._sse(conn, stream, request, body, (where[0], where[1]))
+        if target.startswith(b"/v1/responses/"):
+            return await self._stored_route(conn, stream, request)
         if target == b"/_fixture/requests" and method == b"GET":
             listing = [recorded.to_json() for recorded in self.requests]
             await self._simple(conn, stream, 200, json.dumps(listing).encode())
             return True
+        if target == b"/_fixture/retrievals" and method == b"GET":
+            listing = [retrieval.to_json() for retrieval in self.retrievals]
+            await self._simple(conn, stream, 200, json.dumps(listing).encode())
+            return True
+        if target in (b"/_fixture/expire", b"/_fixture/resume-script") and method == b"POST":
+            return await self._control(conn, stream, target, body)
         if target == b"/_fixture/script" and method == b"POST":
             try:
                 specs = msgspec.json.decode(body)
@@ -229,6 +247,31 @@ class FixtureProvider(ProviderState):
                            b'"type":"invalid_request_error","param":null,"code":null}}')
         return True
 
+    async def _control(
+        self, conn: h11.Connection, stream: trio.SocketStream, target: bytes, body: bytes,
+    ) -> bool:
+        """``POST /_fixture/expire`` (``{"response_id": id}``, or ``{}`` for every stored
+        response) and ``POST /_fixture/resume-script`` (a list of resume fault specs)."""
+        try:
+            spec = msgspec.json.decode(body or b"{}")
+            if target == b"/_fixture/expire":
+                rid = spec.get("response_id") if isinstance(spec, dict) else None
+                if not isinstance(spec, dict) or not isinstance(rid, str | None):
+                    raise InvalidRequest('expire takes {"response_id": "..."} or {}')
+                answer: dict[str, Any] = {"expired": self.expire(rid)}
+            else:
+                if not isinstance(spec, list):
+                    raise InvalidRequest("the resume script is a JSON list of fault specs")
+                self.script_resumes([ResumeFault.from_spec(item) for item in spec])
+                answer = {"ok": True}
+        except (msgspec.DecodeError, InvalidRequest) as exc:
+            err = {"error": {"message": str(exc), "type": "invalid_request_error",
+                             "param": None, "code": "invalid_script"}}
+            await self._simple(conn, stream, 400, msgspec.json.encode(err))
+            return True
+        await self._simple(conn, stream, 200, msgspec.json.encode(answer))
+        return True
+
     async def _sse(
         self, conn: h11.Connection, stream: trio.SocketStream, request: h11.Request, body: bytes,
         where: tuple[int, int],
@@ -242,6 +285,10 @@ class FixtureProvider(ProviderState):
             err = {"error": {"message": "We could not parse the JSON body of your request.",
                              "type": "invalid_request_error", "param": None, "code": None}}
             await self._simple(conn, stream, 400, msgspec.json.encode(err))
+            return True
+        if obj.get("background") is True and obj.get("store") is not True:
+            self._record("sse", headers, canonical, "bad_request", attempt_id, where)
+            await self._simple(conn, stream, 400, BACKGROUND_NEEDS_STORE)
             return True
         reply = self._admit_tokens(canonical) or self.next_reply(attempt_id)
         self._record("sse", headers, canonical, reply.kind, attempt_id, where)
@@ -267,22 +314,16 @@ class FixtureProvider(ProviderState):
             rejection = schema_rejection(exc)
             await self._simple(conn, stream, rejection.status, rejection.body, rejection.headers)
             return True
-        await self._send(
-            conn, stream,
-            h11.Response(status_code=200, headers=[
-                ("content-type", "text/event-stream; charset=utf-8"),
-                ("cache-control", "no-cache"),
-                ("x-request-id", f"req_fixture{self._serial:012d}"),
-                *self.rate_limit_headers(),
-            ]),
-        )
+        if obj.get("background") is True:  # stored, generated whether or not it is read
+            return await self._background_sse(conn, stream, reply, events)
+        await self._sse_head(conn, stream)
         limit = reply_prefix(reply, events)
         if reply.kind == "lenient":
             events = [lenient(event) for event in events]
         # One write for the whole (prefix of the) stream: the bytes are exactly the
         # real API's frames; only their pacing is compressed.
         frames = b"".join(
-            _sse_frame(event, with_event_line=reply.kind != "lenient" or index % 2 == 0)
+            sse_frame(event, with_event_line=reply.kind != "lenient" or index % 2 == 0)
             for index, event in enumerate(events[:limit])
         )
         if reply.kind == "lenient":
@@ -291,10 +332,10 @@ class FixtureProvider(ProviderState):
             await self._send(conn, stream, h11.Data(data=frames))
             await keepalives(reply, lambda: self._send(conn, stream, h11.Data(
                 data=b": ping\n\n")))
-            rest = b"".join(_sse_frame(event) for event in events[limit:])
+            rest = b"".join(sse_frame(event) for event in events[limit:])
             await self._send(conn, stream, h11.Data(data=rest), h11.EndOfMessage())
             return True
-        if reply.kind in ("disconnect", "stall"):
+        if reply.kind in ("disconnect", "stall") or reply.disconnect_after is not None:
             await self._send(conn, stream, h11.Data(data=frames))
             if reply.kind == "stall":
                 await until_peer_gone(stream)
@@ -306,11 +347,6 @@ class FixtureProvider(ProviderState):
 
 
 
-def _sse_frame(event: Mapping[str, Any], *, with_event_line: bool = True) -> bytes:
-    data = b"data: " + msgspec.json.encode(event) + b"\n\n"
-    if not with_event_line:
-        return data
-    return b"event: " + str(event["type"]).encode() + b"\n" + data
 
 
 
@@ -352,7 +388,34 @@ def _parser() -> argparse.ArgumentParser:
         "--deltas", type=_deltas, default=None, metavar="LOW:HIGH",
         help="stream every text answer in LOW..HIGH delta events (default: four)",
     )
+    parser.add_argument(
+        "--event-delay", type=_seconds(60.0), default=0.0, metavar="SECONDS",
+        help="generate the events of a background response this far apart (default 0: "
+        "all at once)",
+    )
+    parser.add_argument(
+        "--background-ttl", type=_seconds(None), default=DEFAULT_BACKGROUND_TTL,
+        metavar="SECONDS",
+        help="how long a background response stays retrievable (default "
+        f"{DEFAULT_BACKGROUND_TTL:g})",
+    )
     return parser
+
+
+def _seconds(most: float | None) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+        if not (value >= 0.0 if most is not None else value > 0.0) or (
+            most is not None and value > most
+        ) or value != value:
+            bounds = f"within 0..{most:g}" if most is not None else "positive"
+            raise argparse.ArgumentTypeError(f"must be {bounds}: {text!r}")
+        return value
+
+    return parse
 
 
 def _deltas(text: str) -> tuple[int, int]:
@@ -389,13 +452,15 @@ def fixture_main(argv: list[str]) -> int:
             async with FixtureProvider.serve(
                 host=args.host, port=args.port, faults=faults, reply_delay=args.reply_delay,
                 tpm_limit=args.tpm_limit, rate_burst_seconds=args.rate_burst_seconds,
-                deltas=args.deltas,
+                deltas=args.deltas, event_delay=args.event_delay,
+                background_ttl=args.background_ttl,
             ) as provider:
                 provider.script(script)
                 line = {
                     "http_url": provider.http_url,
                     "websocket_url": provider.websocket_url,
                     "requests_url": provider.requests_url,
+                    "retrievals_url": provider.retrievals_url,
                     "pid": os.getpid(),
                 }
                 sys.stdout.write(json.dumps(line) + "\n")

@@ -243,6 +243,11 @@ def events_for(
         return events
 
     if kind == "failed":
+        if reply.after_events is not None:
+            # A normal answer's first events (the text is partial), then the failure.
+            answer = events_for(attrs.evolve(reply, kind="synthesize", after_events=None),
+                                request, serial=serial, created_at=created_at, deltas=deltas)
+            events[:] = answer[: max(2, min(reply.after_events, len(answer) - 1))]
         failed = resp("failed", [])
         failed["error"] = {"code": reply.code or "server_error", "message": "The model failed."}
         failed["usage"] = _usage("", request)  # the input was processed before it failed

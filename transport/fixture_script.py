@@ -16,7 +16,7 @@ import msgspec
 
 from recoverable.errors import InvalidRequest
 
-__all__ = ["HTTP_KINDS", "REPLY_KINDS", "FaultSpec", "Reply", "ReplyKind"]
+__all__ = ["HTTP_KINDS", "REPLY_KINDS", "FaultSpec", "Reply", "ReplyKind", "ResumeFault"]
 
 ReplyKind = Literal[
     "complete",
@@ -65,6 +65,9 @@ class Reply:
     response_id: str | None = None
     framing: str | None = None
     usage: Any = None  # replaces the computed ``usage`` object of the terminal event
+    # The connection drops after this many events while the response goes on (issue 15:
+    # a background response that fails on the server after its client went away).
+    disconnect_after: int | None = None
 
     # -- constructors ---------------------------------------------------------
     @classmethod
@@ -134,9 +137,22 @@ class Reply:
         return cls("forbidden")
 
     @classmethod
-    def failed(cls, code: str = "server_error") -> Reply:
-        """``response.failed`` with ``response.error.code == code``."""
-        return cls("failed", code=_text(code, "code"))
+    def failed(
+        cls, code: str = "server_error", after_events: int | None = None,
+        disconnect_after: int | None = None,
+    ) -> Reply:
+        """``response.failed`` with ``response.error.code == code``.
+
+        ``after_events``: the failure comes after that many events of a normal answer
+        (output items and deltas; at least the two ``response.created``/``in_progress``),
+        not right after ``response.in_progress``. ``disconnect_after``: the connection
+        drops after that many events; a background response goes on failing on the server
+        without its client (a plain stream is just cut there)."""
+        return cls(
+            "failed", code=_text(code, "code"),
+            after_events=None if after_events is None else _count(after_events),
+            disconnect_after=None if disconnect_after is None else _count(disconnect_after),
+        )
 
     @classmethod
     def incomplete(cls, reason: str = "max_output_tokens") -> Reply:
@@ -232,7 +248,7 @@ class Reply:
             "quota_exceeded": (),
             "unauthorized": (),
             "forbidden": (),
-            "failed": ("code",),
+            "failed": ("code", "after_events", "disconnect_after"),
             "incomplete": ("reason",),
             "invalid_json": (),
             "schema_violation": (),
@@ -280,6 +296,65 @@ def _headers(headers: Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(headers.items()))
 
 
+# -- faults on the retrieval of a stored response (issue 15) -----------------------------
+ResumeFaultKind = Literal["not_found", "expired", "disconnect", "stall"]
+_RESUME_KINDS: frozenset[str] = frozenset(get_args(ResumeFaultKind))
+
+
+@attrs.frozen
+class ResumeFault:
+    """One scripted fault for one ``GET /v1/responses/{id}`` (resume or retrieve).
+
+    ``not_found``: this GET is answered 404 (the response stays stored); ``expired``: the
+    response expires now (this GET and every later one is a 404); ``disconnect``: a resume
+    stream drops after ``after_events`` events (a plain retrieve: the connection drops
+    before the answer); ``stall``: a resume stream goes silent after ``after_events``
+    events until the client goes away (a plain retrieve: no answer at all)."""
+
+    kind: ResumeFaultKind
+    after_events: int = 0
+
+    @classmethod
+    def not_found(cls) -> ResumeFault:
+        return cls("not_found")
+
+    @classmethod
+    def expired(cls) -> ResumeFault:
+        return cls("expired")
+
+    @classmethod
+    def disconnect(cls, after_events: int = 2) -> ResumeFault:
+        return cls("disconnect", _count(after_events))
+
+    @classmethod
+    def stall(cls, after_events: int = 1) -> ResumeFault:
+        return cls("stall", _count(after_events))
+
+    def to_spec(self) -> dict[str, Any]:
+        spec: dict[str, Any] = {"kind": self.kind}
+        if self.kind in ("disconnect", "stall"):
+            spec["after_events"] = self.after_events
+        return spec
+
+    @classmethod
+    def from_spec(cls, spec: object) -> ResumeFault:
+        """Build (and validate) from ``{"kind": ..., "after_events": ...}``; InvalidRequest."""
+        if not isinstance(spec, Mapping) or spec.get("kind") not in _RESUME_KINDS:
+            raise InvalidRequest(
+                f"a resume fault spec is an object with 'kind' one of {sorted(_RESUME_KINDS)}"
+            )
+        kind = spec["kind"]
+        unknown = set(spec) - {"kind", "after_events"}
+        if kind in ("not_found", "expired") and "after_events" in spec:
+            unknown.add("after_events")
+        if unknown:
+            raise InvalidRequest(f"resume fault {kind!r} does not take {sorted(unknown)}")
+        if kind in ("disconnect", "stall"):
+            after = spec.get("after_events", 2 if kind == "disconnect" else 1)
+            return cls(kind, _count(after))
+        return cls(kind)
+
+
 # -- faults -------------------------------------------------------------------
 _FAULT_DEFAULTS: dict[str, Reply] = {
     "disconnect": Reply.disconnect(3),
@@ -296,6 +371,18 @@ _FAULT_DEFAULTS: dict[str, Reply] = {
     "schema_violation": Reply.schema_violation(),
     "tool_call": Reply.tool_call(),
     "refusal": Reply.refusal(),
+    # issue 15: a background response whose client is cut off after 3 events and which
+    # then fails on the server (its resume shows ``response.failed``).
+    "failed_in_background": Reply.failed("server_error", after_events=6, disconnect_after=3),
+}
+
+
+# Retrieval faults: drawn for each GET of a stored response, by their own generator.
+_RESUME_FAULT_DEFAULTS: dict[str, ResumeFault] = {
+    "retrieve_404": ResumeFault.not_found(),
+    "expired": ResumeFault.expired(),
+    "resume_disconnect": ResumeFault.disconnect(2),
+    "resume_stall": ResumeFault.stall(1),
 }
 
 
@@ -327,10 +414,9 @@ class FaultSpec:
                 except ValueError:
                     raise InvalidRequest(f"fault seed must be an integer: {value!r}") from None
                 continue
-            if name not in _FAULT_DEFAULTS:
-                raise InvalidRequest(
-                    f"unknown fault {name!r}; known: {', '.join(sorted(_FAULT_DEFAULTS))}"
-                )
+            if name not in _FAULT_DEFAULTS and name not in _RESUME_FAULT_DEFAULTS:
+                known = sorted([*_FAULT_DEFAULTS, *_RESUME_FAULT_DEFAULTS])
+                raise InvalidRequest(f"unknown fault {name!r}; known: {', '.join(known)}")
             try:
                 rate = float(value)
             except ValueError:
@@ -338,8 +424,12 @@ class FaultSpec:
             if not 0.0 <= rate <= 1.0:
                 raise InvalidRequest(f"fault rate must be within 0..1: {item!r}")
             rates[name] = rate
-        if sum(rates.values()) > 1.0 + 1e-9:
+        if sum(rate for name, rate in rates.items() if name in _FAULT_DEFAULTS) > 1.0 + 1e-9:
             raise InvalidRequest("fault rates sum to more than 1")
+        if sum(rate for name, rate in rates.items() if name in _RESUME_FAULT_DEFAULTS) > (
+            1.0 + 1e-9
+        ):
+            raise InvalidRequest("the rates of the retrieval faults sum to more than 1")
         return cls(tuple(sorted(rates.items())), seed)
 
     def chooser(self) -> random.Random:
@@ -350,9 +440,30 @@ class FaultSpec:
         draw = rng.random()
         acc = 0.0
         for name, rate in self.rates:
+            if name not in _FAULT_DEFAULTS:
+                continue  # a retrieval fault (``pick_resume``)
             acc += rate
             if draw < acc:
                 return _FAULT_DEFAULTS[name]
+        return None
+
+    def resume_chooser(self) -> random.Random:
+        """The generator of the retrieval faults: its own, so that adding them to a spec
+        leaves the draws of the generation faults as they were."""
+        return random.Random(f"resume:{self.seed}")
+
+    def pick_resume(self, rng: random.Random) -> ResumeFault | None:
+        """The fault to inject for the next GET of a stored response, or None."""
+        resume_rates = [(name, rate) for name, rate in self.rates
+                        if name in _RESUME_FAULT_DEFAULTS]
+        if not resume_rates:
+            return None
+        draw = rng.random()
+        acc = 0.0
+        for name, rate in resume_rates:
+            acc += rate
+            if draw < acc:
+                return _RESUME_FAULT_DEFAULTS[name]
         return None
 
 

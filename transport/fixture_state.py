@@ -286,6 +286,8 @@ def reply_prefix(reply: Reply, events: list[dict[str, Any]]) -> int:
     """How many of the events are sent before the reply's fault (all: no fault)."""
     if reply.kind in ("disconnect", "stall", "keepalive"):
         return min(reply.after_events or 0, len(events) - 1)
+    if reply.disconnect_after is not None:
+        return min(reply.disconnect_after, len(events) - 1)
     return len(events)
 
 
@@ -307,6 +309,14 @@ async def until_peer_gone(stream: trio.SocketStream) -> None:
             pass
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         pass
+
+
+def sse_frame(event: Mapping[str, Any], *, with_event_line: bool = True) -> bytes:
+    """One SSE frame of an event (``event:`` line, then ``data:``), as the real API sends."""
+    data = b"data: " + msgspec.json.encode(event) + b"\n\n"
+    if not with_event_line:
+        return data
+    return b"event: " + str(event["type"]).encode() + b"\n" + data
 
 
 def lenient(event: dict[str, Any]) -> dict[str, Any]:

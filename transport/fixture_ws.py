@@ -39,6 +39,11 @@ from wsproto import ConnectionType
 
 encode = msgspec.json.encode
 
+BACKGROUND_REFUSED: dict[str, Any] = {"type": "error", "status": 400, "error": {
+    "type": "invalid_request_error", "code": "unsupported_parameter",
+    "message": "Background mode is not supported in WebSocket mode: use HTTP for "
+               "'background': true.", "param": "background"}}
+
 __all__ = ["serve_websocket", "text_frame"]
 
 
@@ -118,7 +123,9 @@ async def serve_websocket(
         state, ws, stream, headers, attempt_id, text, reply_used, where
                 )
                 attempt_id = None  # later requests on this connection carry no header
-                if not keep:
+                if keep is None:  # refused before any reply: the next create gets it
+                    pending = reply_used
+                elif not keep:
                     return
         if not accepted and ws.state is not wsproto.connection.ConnectionState.CONNECTING:
             return
@@ -141,7 +148,9 @@ async def _ws_create(
     text: str,
     reply: Reply | None,
     where: list[int],
-) -> bool:
+) -> bool | None:
+    """Answer one create: whether the connection goes on (None: it does, and ``reply``
+    was not used)."""
     try:
         decoded = msgspec.json.decode(text)
         if not isinstance(decoded, dict) or decoded.get("type") != "response.create":
@@ -155,6 +164,14 @@ async def _ws_create(
             "type": "invalid_request_error", "code": "invalid_request",
             "message": "Expected a response.create message.", "param": None}})
         return True
+    if obj.get("background") is True:
+        # Background mode is not available over the WebSocket mode: refused like the API
+        # refuses an unsupported parameter, nothing generated (issue 15).
+        where[1] += 1
+        state._record("websocket", headers, canonical, "bad_request", attempt_id,
+                      (where[0], where[1]))
+        await _ws_send(ws, stream, BACKGROUND_REFUSED)
+        return None
     limited = state._admit_tokens(canonical)
     if limited is not None:
         reply = limited
@@ -210,7 +227,7 @@ async def _ws_reply(
         await keepalives(reply, ping)
         await stream.send_all(b"".join(text_frame(encode(event)) for event in events[limit:]))
         return True
-    if reply.kind == "disconnect":
+    if reply.kind == "disconnect" or reply.disconnect_after is not None:
         return False  # TCP dropped without a close frame (client sees 1006)
     if reply.kind == "stall":
         await until_peer_gone(stream)

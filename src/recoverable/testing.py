@@ -15,7 +15,9 @@ from recoverable.transport.fixture import (
     FaultSpec,
     FixtureProvider,
     RecordedRequest,
+    RecordedRetrieval,
     Reply,
+    ResumeFault,
     fixture_main,
 )
 from recoverable.transport.fixture_replies import synthesize_value
@@ -24,7 +26,9 @@ __all__ = [
     "FaultSpec",
     "FixtureProvider",
     "RecordedRequest",
+    "RecordedRetrieval",
     "Reply",
+    "ResumeFault",
     "fixture_main",
     "synthesize_value",
 ]

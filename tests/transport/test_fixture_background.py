@@ -1,0 +1,550 @@
+"""The fixture provider's background responses (issue 15, the server side of reattachment):
+stored responses generated whether or not a client reads them, resumed by sequence number,
+retrieved, cancelled, expired, and faulted on each of those paths. Real sockets throughout."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jsonschema_rs
+import msgspec
+import pytest
+import trio
+import trio.testing
+from transport_helpers import SCHEMA, make_body
+
+from recoverable.errors import InvalidRequest
+from recoverable.testing import FaultSpec, FixtureProvider, Reply, ResumeFault
+
+BACKGROUND = {"background": True, "store": True, "stream": True}
+
+
+def background_body(**extra: Any) -> bytes:
+    body = msgspec.json.decode(make_body())
+    body.update(BACKGROUND, **extra)
+    return msgspec.json.encode(body)
+
+
+async def read_events(response: httpx.Response) -> tuple[list[dict[str, Any]], bool]:
+    """The events of an SSE answer, and whether it ended cleanly (False: cut)."""
+    events: list[dict[str, Any]] = []
+    try:
+        async for line in response.aiter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                events.append(json.loads(line[len("data: "):]))
+    except (httpx.RemoteProtocolError, httpx.ReadError):
+        return events, False
+    return events, True
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(timeout=None, headers={"authorization": "Bearer k"}) as c:
+        yield c
+
+
+async def post(
+    client: httpx.AsyncClient, provider: FixtureProvider, body: bytes,
+) -> tuple[int, list[dict[str, Any]], bool]:
+    async with client.stream("POST", provider.http_url + "/responses", content=body,
+                             headers={"content-type": "application/json"}) as response:
+        if response.status_code != 200:
+            await response.aread()
+            return response.status_code, [response.json()], True
+        events, clean = await read_events(response)
+        return 200, events, clean
+
+
+async def resume(
+    client: httpx.AsyncClient, provider: FixtureProvider, rid: str, after: int | None,
+) -> tuple[int, list[dict[str, Any]], bool]:
+    params: dict[str, Any] = {"stream": "true"}
+    if after is not None:
+        params["starting_after"] = after
+    async with client.stream("GET", f"{provider.http_url}/responses/{rid}",
+                             params=params) as response:
+        if response.status_code != 200:
+            await response.aread()
+            return response.status_code, [response.json()], True
+        events, clean = await read_events(response)
+        return 200, events, clean
+
+
+async def retrieve(
+    client: httpx.AsyncClient, provider: FixtureProvider, rid: str,
+) -> tuple[int, dict[str, Any]]:
+    answer = await client.get(f"{provider.http_url}/responses/{rid}")
+    return answer.status_code, answer.json()
+
+
+async def cancel(
+    client: httpx.AsyncClient, provider: FixtureProvider, rid: str,
+) -> tuple[int, dict[str, Any]]:
+    answer = await client.post(f"{provider.http_url}/responses/{rid}/cancel")
+    return answer.status_code, answer.json()
+
+
+async def step_until(clock: trio.testing.MockClock, done: Any) -> None:
+    """Advance the mock clock one event delay at a time until ``done()`` (each step lets
+    every task, the generation and the readers, run before the next)."""
+    await trio.testing.wait_all_tasks_blocked()
+    while not done():
+        clock.jump(1.0)
+        await trio.testing.wait_all_tasks_blocked()
+
+
+# -- item 1: background responses ---------------------------------------------------------
+async def test_background_needs_store(client: httpx.AsyncClient) -> None:
+    async with FixtureProvider.serve() as provider:
+        provider.script([Reply.complete({"answer": 1})])
+        status, [error], _ = await post(client, provider, background_body(store=False))
+        assert status == 400
+        assert error["error"]["type"] == "invalid_request_error"
+        assert error["error"]["param"] == "store"
+        assert [r.reply_kind for r in provider.requests] == ["bad_request"]
+        assert len(provider.pending_script) == 1  # no reply used up, nothing stored
+        assert provider.retrievals == []
+
+
+async def test_background_post_streams_stores_and_resumes(client: httpx.AsyncClient) -> None:
+    async with FixtureProvider.serve() as provider:
+        status, events, clean = await post(client, provider, background_body())
+        assert status == 200 and clean
+        assert [e["sequence_number"] for e in events] == list(range(len(events)))
+        assert events[-1]["type"] == "response.completed"
+        assert all(e["response"]["background"] is True for e in events if "response" in e)
+        rid = events[0]["response"]["id"]
+        # the final state, one GET
+        status, obj = await retrieve(client, provider, rid)
+        assert status == 200 and obj["status"] == "completed" and obj["id"] == rid
+        assert obj["output"] == events[-1]["response"]["output"]
+        assert obj["usage"] == events[-1]["response"]["usage"]
+        # resumed after any sequence number: exactly the later events, the same bytes
+        for after in (-1, 0, 4, len(events) - 2, len(events) - 1):
+            status, rest, clean = await resume(client, provider, rid, after)
+            assert status == 200 and clean
+            assert rest == events[after + 1:]
+        status, whole, _ = await resume(client, provider, rid, None)
+        assert whole == events
+        # one generation request; every GET recorded apart from it
+        assert len(provider.requests) == 1 and provider.requests[0].reply_kind == "synthesize"
+        log = provider.retrievals
+        assert [(r.kind, r.starting_after, r.answer) for r in log] == [
+            ("retrieve", None, "object"), ("resume", -1, "stream"), ("resume", 0, "stream"),
+            ("resume", 4, "stream"), ("resume", len(events) - 2, "stream"),
+            ("resume", len(events) - 1, "stream"), ("resume", None, "stream")]
+        assert [r.events_sent for r in log[1:]] == [len(events), len(events) - 1,
+                                                   len(events) - 5, 1, 0, len(events)]
+        assert all(r.finished_at is not None and r.response_id == rid for r in log)
+        assert log[0].headers["authorization"] != "Bearer k"  # a fingerprint, not the key
+
+
+async def test_plain_post_is_not_stored(client: httpx.AsyncClient) -> None:
+    async with FixtureProvider.serve() as provider:
+        status, events, _ = await post(client, provider, make_body(store=True))
+        assert status == 200
+        rid = events[0]["response"]["id"]
+        assert events[0]["response"]["background"] is False
+        status, obj = await retrieve(client, provider, rid)
+        assert status == 404 and obj["error"]["type"] == "invalid_request_error"
+        assert obj["error"]["code"] is None and rid in obj["error"]["message"]
+
+
+async def test_disconnect_leaves_the_response_generating(
+    client: httpx.AsyncClient, mock_clock: trio.testing.MockClock,
+) -> None:
+    async with FixtureProvider.serve(event_delay=1.0, deltas=(20, 20)) as provider:
+        provider.script([Reply.disconnect(after_events=3)])
+        cut = trio.Event()
+        posted: list[Any] = []
+
+        async def do_post() -> None:
+            posted.append(await post(client, provider, background_body()))
+            cut.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(do_post)
+            await step_until(mock_clock, cut.is_set)
+        status, events, clean = posted[0]
+        assert status == 200 and not clean
+        assert [e["sequence_number"] for e in events] == [0, 1, 2]
+        rid = events[0]["response"]["id"]
+        stored = provider.stored_response(rid)
+        assert stored is not None and stored.status == "in_progress"
+        assert 3 <= stored.produced < len(stored.events)
+        status, obj = await retrieve(client, provider, rid)
+        assert status == 200 and obj["status"] == "in_progress" and obj["output"] == []
+        # a resume while it still generates: the rest, live, to the terminal event
+        resumed: list[Any] = []
+
+        async def do_resume() -> None:
+            resumed.append(await resume(client, provider, rid, 2))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(do_resume)
+            await step_until(mock_clock, lambda: bool(resumed))
+        status, rest, clean = resumed[0]
+        assert status == 200 and clean
+        assert [e["sequence_number"] for e in events + rest] == list(range(len(stored.events)))
+        assert rest[-1]["type"] == "response.completed" and events + rest == stored.events
+        assert len(provider.requests) == 1  # no second generation
+
+
+async def test_cancel_stops_the_generation(
+    client: httpx.AsyncClient, mock_clock: trio.testing.MockClock,
+) -> None:
+    async with FixtureProvider.serve(event_delay=1.0, deltas=(20, 20)) as provider:
+        provider.script([Reply.disconnect(after_events=2), Reply.synthesize()])
+        done: list[Any] = []
+
+        async def do_post() -> None:
+            done.append(await post(client, provider, background_body()))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(do_post)
+            await step_until(mock_clock, lambda: bool(done))
+        rid = done[0][1][0]["response"]["id"]
+        stored = provider.stored_response(rid)
+        assert stored is not None and not stored.finished
+        status, obj = await cancel(client, provider, rid)
+        assert status == 200 and obj["status"] == "cancelled" and obj["id"] == rid
+        produced = stored.produced
+        mock_clock.jump(100.0)
+        await trio.testing.wait_all_tasks_blocked()
+        assert stored.produced == produced  # the generation stopped
+        # idempotent; the resume ends after what was generated, no terminal event
+        assert (await cancel(client, provider, rid))[1]["status"] == "cancelled"
+        status, rest, clean = await resume(client, provider, rid, 1)
+        assert status == 200 and clean and rest == stored.events[2:produced]
+        assert (await retrieve(client, provider, rid))[1]["status"] == "cancelled"
+        # a finished response stays as it is; an unknown one is a 404
+        provider.event_delay = 0.0  # generated at once from now on
+        finished = await post(client, provider, background_body())
+        other = finished[1][0]["response"]["id"]
+        await provider.wait_generated(other)
+        assert (await cancel(client, provider, other))[1]["status"] == "completed"
+        status, error = await cancel(client, provider, "resp_unknown")
+        assert status == 404 and error["error"]["type"] == "invalid_request_error"
+        assert [(r.kind, r.answer) for r in provider.retrievals if r.kind == "cancel"] == [
+            ("cancel", "object"), ("cancel", "object"), ("cancel", "object"),
+            ("cancel", "not_found")]
+
+
+async def test_expiry_after_the_ttl_and_at_once(
+    client: httpx.AsyncClient, mock_clock: trio.testing.MockClock,
+) -> None:
+    async with FixtureProvider.serve(background_ttl=10.0) as provider:
+        first = (await post(client, provider, background_body()))[1][0]["response"]["id"]
+        assert (await retrieve(client, provider, first))[0] == 200
+        mock_clock.jump(10.0)
+        status, error = await retrieve(client, provider, first)
+        assert status == 404 and first in error["error"]["message"]
+        assert (await resume(client, provider, first, 0))[0] == 404
+        second = (await post(client, provider, background_body()))[1][0]["response"]["id"]
+        assert provider.expire(second) == 1 and provider.expire(second) == 0
+        assert (await resume(client, provider, second, 0))[0] == 404
+        assert [r.answer for r in provider.retrievals] == [
+            "object", "not_found", "not_found", "not_found"]
+
+
+def test_background_knobs_are_checked() -> None:
+    for bad in ({"event_delay": -1.0}, {"event_delay": 61.0}, {"background_ttl": 0.0}):
+        with pytest.raises(InvalidRequest):
+            FixtureProvider(**bad)
+    with pytest.raises(InvalidRequest):
+        FixtureProvider().script_resumes([Reply.synthesize()])  # type: ignore[list-item]
+    assert FaultSpec.parse("retrieve_404=0.5,expired=0.5").rates  # sums apart from POSTs
+    with pytest.raises(InvalidRequest, match="retrieval faults"):
+        FaultSpec.parse("retrieve_404=0.6,resume_disconnect=0.6")
+    with pytest.raises(InvalidRequest):
+        ResumeFault.from_spec({"kind": "not_found", "after_events": 2})
+    with pytest.raises(InvalidRequest):
+        ResumeFault.from_spec({"kind": "gone"})
+    assert ResumeFault.from_spec(ResumeFault.disconnect(4).to_spec()) == ResumeFault.disconnect(4)
+
+
+# -- item 3: faults -------------------------------------------------------------------------
+async def test_scripted_resume_faults(client: httpx.AsyncClient) -> None:
+    async with FixtureProvider.serve(deltas=(12, 12)) as provider:
+        events = (await post(client, provider, background_body()))[1]
+        rid = events[0]["response"]["id"]
+        provider.script_resumes([
+            ResumeFault.not_found(), ResumeFault.disconnect(after_events=2),
+            ResumeFault.disconnect(after_events=50), ResumeFault.disconnect(),
+            ResumeFault.expired(),
+        ])
+        # a 404 for this GET only: the response is still there for the next one
+        status, [error], _ = await resume(client, provider, rid, 3)
+        assert status == 404 and error["error"]["type"] == "invalid_request_error"
+        # a resume cut after two events; a cut never lets the terminal event through
+        status, cut, clean = await resume(client, provider, rid, 3)
+        assert status == 200 and not clean and cut == events[4:6]
+        status, cut, clean = await resume(client, provider, rid, 3)
+        assert not clean and cut == events[4:-1]
+        # a plain retrieve dropped before its answer
+        with pytest.raises(httpx.RemoteProtocolError):
+            await retrieve(client, provider, rid)
+        # expired now: this GET and every later one
+        assert (await resume(client, provider, rid, 3))[0] == 404
+        assert (await retrieve(client, provider, rid))[0] == 404
+        assert provider.stored_response(rid) is None
+        assert [(r.kind, r.answer, r.events_sent) for r in provider.retrievals] == [
+            ("resume", "not_found", 0), ("resume", "disconnect", 2),
+            ("resume", "disconnect", len(events) - 5), ("retrieve", "disconnect", 0),
+            ("resume", "expired", 0), ("retrieve", "not_found", 0)]
+
+
+async def test_resume_stall_goes_silent(
+    client: httpx.AsyncClient, autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with FixtureProvider.serve() as provider:
+        events = (await post(client, provider, background_body()))[1]
+        rid = events[0]["response"]["id"]
+        provider.script_resumes([ResumeFault.stall(after_events=1)])
+        got: list[dict[str, Any]] = []
+        url = f"{provider.http_url}/responses/{rid}"
+        async with client.stream("GET", url, params={"stream": "true",
+                                                     "starting_after": 0}) as response:
+            with trio.move_on_after(3600.0) as waited:  # mock time: silence, not a sleep
+                async for line in response.aiter_lines():
+                    if line.startswith("data: "):
+                        got.append(json.loads(line[6:]))
+        assert waited.cancelled_caught and got == events[1:2]
+        assert provider.retrievals[0].answer == "stall"
+
+
+async def test_drawn_resume_faults_and_unchanged_generation_draws(
+    client: httpx.AsyncClient,
+) -> None:
+    plain, both = FaultSpec.parse("disconnect=0.3,seed=5"), FaultSpec.parse(
+        "disconnect=0.3,retrieve_404=0.5,resume_disconnect=0.5,seed=5")
+    rng_plain, rng_both = plain.chooser(), both.chooser()
+    assert [plain.pick(rng_plain) for _ in range(50)] == [both.pick(rng_both) for _ in range(50)]
+    assert plain.pick_resume(plain.resume_chooser()) is None
+    async with FixtureProvider.serve(faults=FaultSpec.parse("retrieve_404=1.0")) as provider:
+        rid = (await post(client, provider, background_body()))[1][0]["response"]["id"]
+        assert provider.requests[0].reply_kind == "synthesize"  # POSTs draw no GET fault
+        assert (await retrieve(client, provider, rid))[0] == 404
+        assert (await resume(client, provider, rid, 0))[0] == 404
+        assert [r.answer for r in provider.retrievals] == ["not_found", "not_found"]
+    spec = FaultSpec.parse("resume_disconnect=1.0,seed=1")
+    async with FixtureProvider.serve(faults=spec) as provider:
+        events = (await post(client, provider, background_body()))[1]
+        status, cut, clean = await resume(client, provider, events[0]["response"]["id"], 0)
+        assert status == 200 and not clean and cut == events[1:3]
+
+
+async def test_disconnect_fault_on_a_background_post_keeps_generating(
+    client: httpx.AsyncClient,
+) -> None:
+    async with FixtureProvider.serve(faults=FaultSpec.parse("disconnect=1.0")) as provider:
+        status, events, clean = await post(client, provider, background_body())
+        assert status == 200 and not clean and len(events) == 3
+        rid = events[0]["response"]["id"]
+        assert provider.requests[0].reply_kind == "disconnect"
+        status, rest, clean = await resume(client, provider, rid, 2)
+        assert clean and rest[-1]["type"] == "response.completed"
+        assert [e["sequence_number"] for e in events + rest] == list(range(len(events + rest)))
+        assert (await retrieve(client, provider, rid))[1]["status"] == "completed"
+
+
+@pytest.mark.parametrize("how", ["script", "faults"])
+async def test_a_response_that_fails_on_the_server(client: httpx.AsyncClient, how: str) -> None:
+    faults = FaultSpec.parse("failed_in_background=1.0") if how == "faults" else None
+    async with FixtureProvider.serve(faults=faults) as provider:
+        if how == "script":
+            provider.script([Reply.failed("server_error", after_events=6, disconnect_after=3)])
+        status, events, clean = await post(client, provider, background_body())
+        assert status == 200 and not clean and len(events) == 3
+        rid = events[0]["response"]["id"]
+        status, rest, clean = await resume(client, provider, rid, 2)
+        assert clean and [e["sequence_number"] for e in rest] == [3, 4, 5, 6]
+        assert any(e["type"] == "response.output_text.delta" for e in rest)
+        failed = rest[-1]
+        assert failed["type"] == "response.failed"
+        assert failed["response"]["error"]["code"] == "server_error"
+        status, obj = await retrieve(client, provider, rid)
+        assert obj["status"] == "failed" and obj["error"]["code"] == "server_error"
+        assert obj["output"] == []  # nothing made up from the partial text
+        # the same reply on a plain stream is cut where it says
+        status, plain, clean = await post(client, provider, make_body())
+        if how == "script":
+            assert plain[-1]["type"] == "response.completed"  # the script is used up
+        else:
+            assert not clean and len(plain) == 3
+
+
+async def test_error_event_ends_a_background_response_failed(client: httpx.AsyncClient) -> None:
+    async with FixtureProvider.serve() as provider:
+        provider.script([Reply.error_event("server_error", "server_error", after_events=2)])
+        events = (await post(client, provider, background_body()))[1]
+        assert events[-1]["type"] == "error"
+        obj = (await retrieve(client, provider, events[0]["response"]["id"]))[1]
+        assert obj["status"] == "failed" and obj["error"]["code"] == "server_error"
+
+
+async def test_bad_starting_after_is_a_400(client: httpx.AsyncClient) -> None:
+    async with FixtureProvider.serve() as provider:
+        rid = (await post(client, provider, background_body()))[1][0]["response"]["id"]
+        for bad in ("x", "-2"):
+            answer = await client.get(f"{provider.http_url}/responses/{rid}",
+                                      params={"stream": "true", "starting_after": bad})
+            assert answer.status_code == 400
+            assert answer.json()["error"]["param"] == "starting_after"
+        assert [r.answer for r in provider.retrievals] == ["bad_request", "bad_request"]
+        # a GET on a path that is no response, and a cancel by GET, are plain 404s
+        assert (await client.get(f"{provider.http_url}/responses/{rid}/x")).status_code == 404
+        assert (await client.get(f"{provider.http_url}/responses/{rid}/cancel")).status_code == 404
+
+
+# -- the provider as its own process: the knobs and the control endpoints ------------------
+PROVIDER = [sys.executable, "-c", "import sys; from recoverable.transport.fixture import "
+            "fixture_main; sys.exit(fixture_main(sys.argv[1:]))"]
+
+
+async def test_process_knobs_and_control_endpoints(client: httpx.AsyncClient) -> None:
+    process = await trio.lowlevel.open_process(
+        [*PROVIDER, "--port", "0", "--event-delay", "0", "--background-ttl", "600",
+         "--faults", "retrieve_404=0.0,seed=3"], stdout=subprocess.PIPE)
+    try:
+        with trio.fail_after(60):  # generous: a loaded two-core machine starts it slowly
+            assert process.stdout is not None
+            line = b""
+            while not line.endswith(b"\n"):
+                line += await process.stdout.receive_some(4096)
+            info = json.loads(line)
+            base = info["http_url"]
+            answer = await client.post(base + "/responses", content=background_body())
+            rid = json.loads(answer.text.split("data: ", 2)[1].split("\n")[0])["response"]["id"]
+            script = await client.post(info["retrievals_url"].replace(
+                "retrievals", "resume-script"), json=[{"kind": "not_found"}])
+            assert script.status_code == 200
+            assert (await client.get(f"{base}/responses/{rid}")).status_code == 404
+            assert (await client.get(f"{base}/responses/{rid}")).json()["status"] == "completed"
+            expire = info["retrievals_url"].replace("retrievals", "expire")
+            assert (await client.post(expire, json={"response_id": rid})).json() == {"expired": 1}
+            assert (await client.get(f"{base}/responses/{rid}")).status_code == 404
+            bad = await client.post(expire, json=[1])
+            assert bad.status_code == 400
+            log = (await client.get(info["retrievals_url"])).json()
+            assert [(r["kind"], r["answer"]) for r in log] == [
+                ("retrieve", "not_found"), ("retrieve", "object"), ("retrieve", "not_found")]
+            assert len((await client.get(info["requests_url"])).json()) == 1  # POSTs only
+    finally:
+        process.send_signal(signal.SIGTERM)
+        with trio.fail_after(60):
+            await process.wait()
+
+
+@pytest.mark.parametrize("argument", [["--event-delay", "-1"], ["--event-delay", "x"],
+                                      ["--background-ttl", "0"], ["--faults", "resume_x=1"]])
+def test_process_refuses_bad_knobs(argument: list[str]) -> None:
+    result = subprocess.run([*PROVIDER, "--port", "0", *argument], capture_output=True,
+                            timeout=60, check=False)
+    assert result.returncode == 2
+
+
+# -- item 4: the official openai SDK parses all of it ----------------------------------------
+SDK_CLIENT = Path(__file__).with_name("openai_sdk_background.py")
+
+
+async def run_sdk(provider: FixtureProvider, mode: str) -> dict[str, Any]:
+    result = await trio.run_process(
+        [sys.executable, str(SDK_CLIENT), provider.http_url, mode, json.dumps(SCHEMA)],
+        capture_stdout=True, capture_stderr=True, check=False,
+    )
+    assert result.returncode == 0, result.stderr.decode()
+    report: dict[str, Any] = json.loads(result.stdout.decode().strip().splitlines()[-1])
+    assert report["strict_errors"] == []
+    assert report["unknown"] == [404, "dict"]
+    return report
+
+
+async def test_openai_sdk_resumes_retrieves_and_cancels() -> None:
+    async with FixtureProvider.serve() as provider:
+        report = await run_sdk(provider, "resume")
+        assert report["first"] == ["ResponseCreatedEvent", "ResponseInProgressEvent",
+                                   "ResponseOutputItemAddedEvent"]
+        assert report["rest"][0] == "ResponseContentPartAddedEvent"
+        assert report["rest"][-1] == "ResponseCompletedEvent"
+        assert "ResponseTextDeltaEvent" in report["rest"]
+        assert report["rest_sequence"] == list(range(3, 3 + len(report["rest"])))
+        value = json.loads(report["final_text"])
+        assert jsonschema_rs.validator_for(SCHEMA).is_valid(value)
+        assert report["retrieved"] == ["completed", report["final_text"], True]
+        assert report["cancel_finished"] == "completed"
+        assert len(provider.requests) == 1
+        body = json.loads(provider.requests[0].body)
+        assert body["background"] is True and body["store"] is True
+        assert [(r.kind, r.starting_after) for r in provider.retrievals] == [
+            ("resume", 2), ("retrieve", None), ("cancel", None), ("retrieve", None)]
+
+
+async def test_openai_sdk_cancels_a_live_response() -> None:
+    # Slow enough that the SDK's cancel comes long before the end (400 events, 0.2 s
+    # apart: 80 s; the client needs well under a second even on a loaded machine).
+    async with FixtureProvider.serve(event_delay=0.2, deltas=(400, 400)) as provider:
+        report = await run_sdk(provider, "cancel")
+        assert report["cancel"] == ["in_progress", "cancelled", "cancelled"]
+        (stored,) = [provider.stored_response(r.response_id) for r in provider.retrievals[:1]]
+        assert stored is not None and stored.status == "cancelled"
+        assert stored.produced < len(stored.events)
+
+
+def test_events_of_background_kinds_match_the_sdk_models_strictly() -> None:
+    import pydantic
+    from openai.types.responses import Response, ResponseStreamEvent
+    from recoverable.transport.fixture_background import StoredResponse
+    from recoverable.transport.fixture_replies import events_for
+
+    events_adapter: pydantic.TypeAdapter[object] = pydantic.TypeAdapter(ResponseStreamEvent)
+    response_adapter: pydantic.TypeAdapter[object] = pydantic.TypeAdapter(Response)
+    request = json.loads(background_body())
+    for reply in (Reply.failed("server_error", after_events=6, disconnect_after=3),
+                  Reply.failed("server_error", after_events=100), Reply.synthesize(),
+                  Reply.incomplete()):
+        events = events_for(reply, request, serial=1, created_at=1700000000, deltas=8)
+        assert [e["sequence_number"] for e in events] == list(range(len(events)))
+        for event in events:
+            events_adapter.validate_python(event)
+        stored = StoredResponse("resp_x", events, expires_at=float("inf"))
+        for produced in (1, len(events)):
+            stored.advance(produced)
+            response_adapter.validate_python(stored.snapshot())
+        stored.advance(1)
+        stored.cancel()
+        response_adapter.validate_python(stored.snapshot())
+
+
+# -- item 5: no background mode over WebSocket ---------------------------------------------
+async def test_websocket_refuses_background_and_stays_usable() -> None:
+    from trio_websocket import open_websocket_url
+
+    async with FixtureProvider.serve() as provider:
+        provider.script([Reply.complete({"answer": 1})])
+        async with open_websocket_url(provider.websocket_url,
+                                      extra_headers=[("authorization", "Bearer k")]) as ws:
+            create = msgspec.json.decode(background_body())
+            create.pop("stream")
+            await ws.send_message(json.dumps({"type": "response.create", **create}))
+            refused = json.loads(await ws.get_message())
+            assert refused["type"] == "error" and refused["status"] == 400
+            assert refused["error"]["type"] == "invalid_request_error"
+            assert refused["error"]["code"] == "unsupported_parameter"
+            assert refused["error"]["param"] == "background"
+            # the same connection still answers a create without background
+            create["background"] = False
+            await ws.send_message(json.dumps({"type": "response.create", **create}))
+            got: list[dict[str, Any]] = []
+            while not got or got[-1]["type"] != "response.completed":
+                got.append(json.loads(await ws.get_message()))
+        assert [r.reply_kind for r in provider.requests] == ["bad_request", "complete"]
+        assert provider.retrievals == [] and provider.stored_response(
+            got[0]["response"]["id"]) is None
