@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
 import msgspec
@@ -47,9 +47,12 @@ ACCOUNT = recoverable.AccountBinding("acct-bench", "api-key")
 FAST = recoverable.RetryPolicy(initial_backoff=0.0, maximum_backoff=0.0)
 
 
+ANSWER_CHARS = 1400  # long answers: the provider streams them in --deltas events
+
+
 class Answer(msgspec.Struct, frozen=True):
     answer: int
-    note: str
+    note: Annotated[str, msgspec.Meta(min_length=ANSWER_CHARS)]
 
 
 def request_for(i: int) -> recoverable.StructuredRequest:
