@@ -59,11 +59,14 @@ async def run(args: argparse.Namespace) -> int:
     async with backend, recoverable.open_runtime(
         store, backend, account=ACCOUNT, telemetry=checkpoint_reporter(store)
     ) as rt:
-        handle = await rt.prepare(
-            recoverable.StructuredRequest(model="gpt-test", instructions="long", input="go"),
-            response=Answer, maximum_attempts=args.maximum_attempts, retry_policy=policy,
-            reattach=True, job_id="job-1", input_revision="r1",
-        )
+        if args.resume:  # run an operation an earlier (killed) process prepared
+            handle = recoverable.Handle(args.resume)
+        else:
+            handle = await rt.prepare(
+                recoverable.StructuredRequest(model="gpt-test", instructions="long", input="go"),
+                response=Answer, maximum_attempts=args.maximum_attempts, retry_policy=policy,
+                reattach=True, job_id="job-1", input_revision="r1",
+            )
         emit(event="prepared", operation_id=handle.operation_id)
         await rt.send_recovering(handle, response=Answer, authorize=approve)
         emit(event="ended", operation_id=handle.operation_id)
@@ -75,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store", required=True)
     parser.add_argument("--base-url", required=True)
     parser.add_argument("--maximum-attempts", type=int, default=1)
+    parser.add_argument("--resume", help="the operation id to run again (no prepare)")
     args = parser.parse_args(argv)
     return trio.run(run, args)
 

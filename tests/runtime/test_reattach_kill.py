@@ -128,3 +128,44 @@ async def test_sigkill_mid_stream_then_the_rerun_reattaches_with_zero_new_posts(
         assert len(resumes) == 1  # the finished response is read with one GET
     assert resumes[0].starting_after is not None  # after the saved cursor
     assert status.attempts_used == 1 and status.reattached and status.reattachments == 1
+
+
+async def test_a_kill_after_the_reattachment_is_counted_is_one_more_try_of_the_bound(
+    tmp_path: Path,
+) -> None:
+    """The rerun is itself killed at ``reattach.saved`` (its reattachment is counted and
+    saved, its GET not sent): the next rerun reattaches again, still with zero new POSTs."""
+    store_path = str(tmp_path / "store")
+    async with FixtureProvider.serve(deltas=(200, 200), event_delay=0.01) as provider:
+        provider.script([Reply.complete(LONG)])
+        operation_id = await _kill_after_checkpoint(provider, store_path, finished=False)
+        env = dict(os.environ, RECOVERABLE_KILL_AT="reattach.saved")
+        argv = [sys.executable, CHILD, "--store", store_path, "--base-url", provider.http_url,
+                "--resume", operation_id]
+        with trio.fail_after(120):  # a guard against a hung child, never a barrier
+            killed = await trio.run_process(argv, env=env, check=False,
+                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        assert killed.returncode == -signal.SIGKILL
+        assert provider.retrievals == []  # killed before its GET
+        store = recoverable.RecoveryStore.open(store_path)
+        try:
+            saved = store.get_operation(operation_id)
+            assert saved is not None and saved.attempts[-1].reattachments == 1
+            backend = recoverable.ResponsesBackend(
+                provider.http_url, mode="sse", endpoint_id="fixture",
+                credentials=recoverable.StaticCredentials("sk-rerun", account=ACCOUNT),
+            )
+
+            async def authorize(attempt: recoverable.Attempt) -> bool:
+                raise AssertionError("a reattachment authorizes nothing")
+
+            async with backend, recoverable.open_runtime(store, backend, account=ACCOUNT) as rt:
+                handle = recoverable.Handle(operation_id)
+                value = await rt.send_recovering(handle, response=Answer, authorize=authorize)
+                status = await rt.status(handle)
+        finally:
+            store.close()
+    assert value == Answer(**LONG)
+    assert len(provider.requests) == 1
+    assert [r.kind for r in provider.retrievals] == ["resume"]
+    assert status.reattachments == 2 and status.reattached
