@@ -76,7 +76,9 @@ class RecordedRetrieval:
     ``kind``: ``"resume"`` (GET with ``stream=true``), ``"retrieve"`` (GET) or
     ``"cancel"`` (POST .../cancel). ``answer``: ``"stream"``, ``"object"``,
     ``"not_found"``, ``"bad_request"`` or the ``ResumeFault`` kind that faulted it.
-    ``events_sent``: the events a resume stream carried (set when it ended)."""
+    ``events_sent``: the events a resume stream carried (set when it ended).
+    ``attempt_id``: its ``x-client-request-id`` header, if any (a reattaching client
+    may name the attempt it reattaches for)."""
 
     kind: Literal["resume", "retrieve", "cancel"]
     response_id: str
@@ -86,6 +88,7 @@ class RecordedRetrieval:
     received_at: float
     finished_at: float | None = None
     events_sent: int = 0
+    attempt_id: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return attrs.asdict(self)
@@ -99,6 +102,7 @@ class StoredResponse:
         self.events = events
         self.produced = 0
         self.cancelled = False
+        self.expired = False  # dropped from the store (``expire``): followers are cut
         self.expires_at = expires_at
         self.scope = trio.CancelScope()
         self._changed = trio.Event()
@@ -201,6 +205,8 @@ class BackgroundProvider(ProviderState):
             stored = self._stored.pop(rid, None)
             if stored is not None:
                 stored.scope.cancel()
+                stored.expired = True
+                stored.advance(stored.produced)  # wakes its followers: they are cut
                 dropped += 1
         return dropped
 
@@ -331,6 +337,8 @@ class BackgroundProvider(ProviderState):
                 return False, index - start
             if stored.finished:
                 break
+            if stored.expired:  # gone while it generated: the stream is cut
+                return False, index - start
             await stored.changed()
         tail = b"data: [DONE]\n\n" if lenient_frames else b""
         await self._send(conn, stream, h11.Data(data=tail), h11.EndOfMessage())
@@ -379,18 +387,21 @@ class BackgroundProvider(ProviderState):
                 starting_after = None
             if starting_after is None or starting_after < -1:
                 self._record_retrieval(RecordedRetrieval(
-                    kind, rid, None, headers, "bad_request", time.time()))
+                    kind, rid, None, headers, "bad_request", time.time(),
+                    attempt_id=headers.get("x-client-request-id")))
                 await self._simple(conn, stream, 400, _bad_request_body(
                     "'starting_after' must be an integer >= -1.", "starting_after"))
                 return True
-        fault = self._next_resume_fault()
+        stored = self.stored_response(rid)
+        # A fault is used only on a stored response (an unknown id is a 404 anyway).
+        fault = self._next_resume_fault() if stored is not None else None
         if fault is not None and fault.kind == "expired":
             self.expire(rid)
-        stored = self.stored_response(rid)
-        answer = ("not_found" if stored is None and fault is None else
-                  fault.kind if fault is not None else "stream" if streaming else "object")
+        answer = ("not_found" if stored is None else fault.kind if fault is not None
+                  else "stream" if streaming else "object")
         index = self._record_retrieval(RecordedRetrieval(
-            kind, rid, starting_after, headers, answer, time.time()))
+            kind, rid, starting_after, headers, answer, time.time(),
+            attempt_id=headers.get("x-client-request-id")))
         sent = 0
         try:
             if stored is None or (fault is not None and fault.kind in ("not_found", "expired")):
@@ -419,7 +430,7 @@ class BackgroundProvider(ProviderState):
         stored = self.stored_response(rid)
         index = self._record_retrieval(RecordedRetrieval(
             "cancel", rid, None, headers, "not_found" if stored is None else "object",
-            time.time()))
+            time.time(), attempt_id=headers.get("x-client-request-id")))
         try:
             if stored is None:
                 await self._simple(conn, stream, 404, _not_found_body(rid))

@@ -20,6 +20,7 @@ from recoverable.transport.fixture import (
     ResumeFault,
     fixture_main,
 )
+from recoverable.transport.fixture_background import StoredResponse
 from recoverable.transport.fixture_replies import synthesize_value
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "RecordedRetrieval",
     "Reply",
     "ResumeFault",
+    "StoredResponse",
     "fixture_main",
     "synthesize_value",
 ]

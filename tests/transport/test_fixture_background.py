@@ -144,6 +144,9 @@ async def test_background_post_streams_stores_and_resumes(client: httpx.AsyncCli
                                                    len(events) - 5, 1, 0, len(events)]
         assert all(r.finished_at is not None and r.response_id == rid for r in log)
         assert log[0].headers["authorization"] != "Bearer k"  # a fingerprint, not the key
+        await client.get(f"{provider.http_url}/responses/{rid}",
+                         headers={"x-client-request-id": "op.1"})
+        assert provider.retrievals[-1].attempt_id == "op.1" and log[0].attempt_id is None
 
 
 async def test_plain_post_is_not_stored(client: httpx.AsyncClient) -> None:
@@ -280,6 +283,9 @@ async def test_scripted_resume_faults(client: httpx.AsyncClient) -> None:
             ResumeFault.disconnect(after_events=50), ResumeFault.disconnect(),
             ResumeFault.expired(),
         ])
+        # a GET of an unknown id is a 404 and uses no scripted fault
+        assert (await resume(client, provider, "resp_unknown", 0))[0] == 404
+        assert provider.retrievals.pop().answer == "not_found"
         # a 404 for this GET only: the response is still there for the next one
         status, [error], _ = await resume(client, provider, rid, 3)
         assert status == 404 and error["error"]["type"] == "invalid_request_error"
@@ -548,3 +554,96 @@ async def test_websocket_refuses_background_and_stays_usable() -> None:
         assert [r.reply_kind for r in provider.requests] == ["bad_request", "complete"]
         assert provider.retrievals == [] and provider.stored_response(
             got[0]["response"]["id"]) is None
+
+
+async def test_expiry_cuts_a_live_resume(
+    client: httpx.AsyncClient, mock_clock: trio.testing.MockClock,
+) -> None:
+    async with FixtureProvider.serve(event_delay=1.0, deltas=(20, 20)) as provider:
+        provider.script([Reply.disconnect(after_events=1)])
+        posted: list[Any] = []
+
+        async def do_post() -> None:
+            posted.append(await post(client, provider, background_body()))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(do_post)
+            await step_until(mock_clock, lambda: bool(posted))
+        rid = posted[0][1][0]["response"]["id"]
+        resumed: list[Any] = []
+
+        async def do_resume() -> None:
+            resumed.append(await resume(client, provider, rid, 0))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(do_resume)
+            await provider.wait_for_retrievals(1)
+            await trio.testing.wait_all_tasks_blocked()
+            assert provider.expire() == 1
+        status, _rest, clean = resumed[0]
+        assert status == 200 and not clean
+        assert provider.retrievals[0].finished_at is not None
+
+
+@pytest.mark.parametrize("reply", [Reply.stall(after_events=2), Reply.lenient(),
+                                   Reply.keepalive(pause=5.0, every=1.0, after_events=2)])
+async def test_other_connection_faults_on_a_background_post(
+    client: httpx.AsyncClient, autojump_clock: trio.testing.MockClock, reply: Reply,
+) -> None:
+    async with FixtureProvider.serve() as provider:
+        provider.script([reply])
+        url = provider.http_url + "/responses"
+        got: list[dict[str, Any]] = []
+        lines: list[str] = []
+        async with client.stream("POST", url, content=background_body()) as response:
+            with trio.move_on_after(600.0):  # mock time (under the TTL): a stall is silence
+                async for line in response.aiter_lines():
+                    lines.append(line)
+                    if line.startswith("data: {"):
+                        got.append(json.loads(line[6:]))
+        stored = provider.stored_response(got[0]["response"]["id"])
+        assert stored is not None and stored.status == "completed"  # generated regardless
+        if reply.kind == "stall":
+            assert len(got) == 2
+        else:
+            assert [e["sequence_number"] for e in got] == list(range(len(stored.events)))
+        if reply.kind == "lenient":
+            assert lines[-2:] == ["data: [DONE]", ""] and "x_trace" in got[0]
+        if reply.kind == "keepalive":
+            assert lines.count(": ping") >= 4
+
+
+# -- the library's present transports against it ---------------------------------------------
+@pytest.mark.parametrize("reply", [Reply.synthesize(), Reply.disconnect(after_events=3)])
+async def test_library_sse_backend_streams_a_background_post(reply: Reply) -> None:
+    from recoverable.transport import Completed, Interruption, ResponsesBackend, StaticCredentials
+
+    body = msgspec.json.encode(msgspec.json.decode(background_body()), order="sorted")
+    async with FixtureProvider.serve() as provider:
+        provider.script([reply])
+        backend = ResponsesBackend(provider.http_url, credentials=StaticCredentials("k"),
+                                   mode="sse")
+        async with backend:
+            outcome = await backend.stream(body, attempt_id="op.1", token="k")
+        stored = provider.stored_response(f"resp_fixture{1:012d}")
+        assert stored is not None and stored.status == "completed"
+        if reply.kind == "synthesize":
+            assert isinstance(outcome, Completed) and outcome.response_id == stored.id
+        else:  # the client learns the id and the last sequence number: what it resumes from
+            assert isinstance(outcome, Interruption) and outcome.kind == "disconnected"
+            assert outcome.response_id == stored.id and outcome.sequence_number == 2
+
+
+async def test_library_websocket_backend_gets_the_refusal_typed() -> None:
+    from recoverable.transport import Interruption, ResponsesBackend, StaticCredentials
+
+    body = msgspec.json.encode(msgspec.json.decode(background_body()), order="sorted")
+    async with FixtureProvider.serve() as provider:
+        backend = ResponsesBackend(provider.http_url, credentials=StaticCredentials("k"),
+                                   mode="websocket")
+        async with backend:
+            outcome = await backend.stream(body, attempt_id="op.1", token="k")
+        assert isinstance(outcome, Interruption), outcome
+        assert outcome.kind == "http_rejected" and outcome.http_status == 400
+        assert outcome.provider_code == "unsupported_parameter"
+        assert [r.reply_kind for r in provider.requests] == ["bad_request"]
