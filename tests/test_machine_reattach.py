@@ -172,8 +172,9 @@ def test_a_disconnect_mid_stream_resumes_after_the_later_cursor() -> None:
     action = _reattach(t)
     assert action == Reattach(attempt_id, "resp_2", 40)
     last = t.record.attempts[-1]
-    assert last.outcome == "in_flight" and last.reattachments == 1
+    assert last.outcome == "in_flight" and last.reattachments == 1 and last.failure is None
     assert t.record.attempts_used == 1 and t.record.next_attempt_at is None
+    assert t.record.last_failure is not None and t.record.last_failure.kind == "disconnected"
 
 
 def test_reattachments_are_bounded_then_seed_000_replaces() -> None:

@@ -147,7 +147,9 @@ def after_failure(
     target = reattach_target(with_last_attempt(rec, closed))
     if target is None:
         return None
-    step = begin(with_last_attempt(rec, closed), target)
+    # The record says what happened to the stream (``last_failure``); the attempt itself is
+    # in flight again, with no failure of its own.
+    step = begin(with_last_attempt(rec, closed, last_failure=closed.failure), target)
     return Transition(step.record, step.action, True)
 
 

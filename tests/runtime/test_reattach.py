@@ -324,3 +324,53 @@ async def test_reattach_is_a_checked_bool_and_needs_a_backend_that_can_resume(
         with pytest.raises(errors.InvalidParameter) as refused:
             await rt.prepare(REQUEST, response=Answer, maximum_attempts=1, reattach=True)
         assert refused.value.parameter == "reattach" and refused.value.reason == "refused"
+
+
+async def test_an_idle_timeout_mid_stream_resumes_the_response(
+    store: recoverable.RecoveryStore,
+) -> None:
+    async with FixtureProvider.serve(deltas=(20, 20)) as provider:
+        provider.script([Reply.stall(after_events=4)])  # silent; the server finishes it
+        backend = recoverable.ResponsesBackend(
+            provider.http_url, mode="sse", endpoint_id="fixture",
+            credentials=recoverable.StaticCredentials("sk-test-secret", account=ACCOUNT),
+            # Short, so the test is quick: the stalled stream times out after 0.5 s.
+            limits=recoverable.StreamLimits(idle_timeout=0.5),
+        )
+        async with backend, recoverable.open_runtime(store, backend, account=ACCOUNT) as rt:
+            handle = await _prepare(rt)
+            value = await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
+            status = await rt.status(handle)
+    assert isinstance(value, Answer)
+    assert _posts(provider, handle.operation_id) == 1
+    assert len(_resumes(provider)) == 1 and status.reattached
+    assert status.last_failure is not None and status.last_failure.kind == "timeout"
+
+
+async def test_suspend_mid_stream_then_resume_reattaches_with_no_new_post(
+    store: recoverable.RecoveryStore,
+) -> None:
+    events = Events()
+    async with FixtureProvider.serve(deltas=(200, 200), event_delay=0.01) as provider:
+        provider.script([Reply.complete(LONG)])
+        async with recoverable.open_runtime(
+            store, make_backend(provider), account=ACCOUNT, telemetry=events
+        ) as rt:
+            handle = await _prepare(rt, maximum_attempts=1)
+            async with trio.open_nursery() as nursery:
+                async def send() -> None:
+                    with pytest.raises(errors.OperationSuspended):
+                        await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
+
+                nursery.start_soon(send)
+                await events.wait_for("attempt.checkpointed")
+                await rt.suspend(handle)
+            suspended = await rt.status(handle)
+            assert suspended.state == "suspended" and suspended.availability == "suspended"
+            authorize = Authorizer()
+            value = await rt.send_recovering(handle, response=Answer, authorize=authorize)
+            status = await rt.status(handle)
+    assert value == EXPECTED
+    assert _posts(provider, handle.operation_id) == 1 and authorize.calls == []
+    assert len(_resumes(provider)) == 1
+    assert status.attempts_used == 1 and status.reattached
