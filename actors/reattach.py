@@ -107,6 +107,8 @@ async def cancel_on_server(host: OperationHost, record: OperationRecord) -> str 
     last = record.attempts[-1]
     if last.response_id is None or last.outcome == "completed":
         return None
+    if last.server_cancel in ("cancelled", "ended", "gone"):
+        return None  # the provider already answered for good (a cancel is idempotent)
     backend = host.backend
     client = reattach_client(backend)
     if backend is None or client is None:
