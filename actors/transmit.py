@@ -223,6 +223,7 @@ class Transmitter(OperationCore):
         """Run one background stream (``call``) with its checkpoint writer beside it."""
         async def persist(step: machine.Transition) -> None:
             await self._persist(step, check_commands=False)
+            _killpoints.hit("reattach.checkpoint_saved")
             saved = step.record.attempts[-1]
             self.host.telemetry.emit("attempt.checkpointed", self.operation_id,
                                      attempt=saved.number, sequence_number=saved.sequence_number)
