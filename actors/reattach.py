@@ -27,6 +27,7 @@ from recoverable.actors.operation_core import Cut, Sending
 from recoverable.actors.transmit import Transmitter
 from recoverable.storage.base import WriteTransaction
 from recoverable.transport.base import validate_api_key
+from recoverable.transport.ratelimit import estimate_tokens
 
 from recoverable import _killpoints, errors, machine
 from recoverable.outcome import Completed, Progress
@@ -89,7 +90,17 @@ class Reattacher(Transmitter):
             completed=isinstance(result, Completed),
             kind=None if isinstance(result, Completed) else result.kind,
         )
-        return await self._attempt_ended(current, attempt_id, result)
+        try:
+            return await self._attempt_ended(current, attempt_id, result)
+        finally:
+            # The rate governor's usage correction: the POST's estimate was charged when it
+            # was admitted; the tokens the resumed response reports settle the rest.
+            with trio.CancelScope(shield=True):
+                await host.governor.settle(
+                    self.operation_id, backend.endpoint_id, current.account,
+                    estimate=estimate_tokens(self._body or b""), outcome=result,
+                    maximum_pause=current.retry_policy.maximum_retry_after,
+                )
 
     async def _cancel_on_server(self, record: OperationRecord) -> None:
         """After the operation's cancel is saved: ask the provider to cancel the attempt's
