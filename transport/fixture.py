@@ -228,6 +228,9 @@ class FixtureProvider(BackgroundProvider):
             listing = [retrieval.to_json() for retrieval in self.retrievals]
             await self._simple(conn, stream, 200, json.dumps(listing).encode())
             return True
+        if target == b"/_fixture/stored" and method == b"GET":
+            await self._simple(conn, stream, 200, msgspec.json.encode(self.stored_listing()))
+            return True
         if target in (b"/_fixture/expire", b"/_fixture/resume-script") and method == b"POST":
             return await self._control(conn, stream, target, body)
         if target == b"/_fixture/script" and method == b"POST":
@@ -286,7 +289,7 @@ class FixtureProvider(BackgroundProvider):
                              "type": "invalid_request_error", "param": None, "code": None}}
             await self._simple(conn, stream, 400, msgspec.json.encode(err))
             return True
-        if obj.get("background") is True and obj.get("store") is not True:
+        if obj.get("background") is True and obj.get("store", True) is not True:
             self._record("sse", headers, canonical, "bad_request", attempt_id, where)
             await self._simple(conn, stream, 400, BACKGROUND_NEEDS_STORE)
             return True

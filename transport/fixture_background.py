@@ -196,6 +196,19 @@ class BackgroundProvider(ProviderState):
             return None
         return stored
 
+    def stored_listing(self) -> list[dict[str, Any]]:
+        """Every stored response now, for tests in another process (``GET
+        /_fixture/stored``; not recorded): ``id``, ``status``, ``produced`` and ``events``
+        (generated so far, in all), and ``usage`` (the final one, once it ended)."""
+        listing = []
+        for rid in list(self._stored):
+            stored = self.stored_response(rid)
+            if stored is not None:
+                listing.append({"id": rid, "status": stored.status,
+                                "produced": stored.produced, "events": len(stored.events),
+                                "usage": stored.snapshot().get("usage")})
+        return listing
+
     def expire(self, response_id: str | None = None) -> int:
         """Expire one stored response now (every one: ``None``); how many were dropped.
         Its generation stops; every later request about it is a 404."""
@@ -218,9 +231,9 @@ class BackgroundProvider(ProviderState):
             raise InvalidRequest("script_resumes() takes ResumeFault values")
         self._resume_script = deque(faults)
 
-    async def wait_for_retrievals(self, n: int) -> list[RecordedRetrieval]:
-        """Return once at least ``n`` requests about stored responses have arrived."""
-        while len(self.retrievals) < n:
+    async def wait_for_retrievals(self, count: int) -> list[RecordedRetrieval]:
+        """Return once at least ``count`` requests about stored responses have arrived."""
+        while len(self.retrievals) < count:
             await self._retrievals_changed.wait()
         return list(self.retrievals)
 
@@ -268,11 +281,13 @@ class BackgroundProvider(ProviderState):
             response = event.get("response")
             if isinstance(response, dict):
                 response["background"] = True
+                response["store"] = True  # also when the request left it to its default
         rid = str(events[0]["response"]["id"])
         now = trio.current_time()
         if len(self._stored) >= MAX_STORED_RESPONSES:
-            for old in [rid for rid, stored in self._stored.items() if now >= stored.expires_at]:
-                self.expire(old)
+            for old_id in [old_id for old_id, old in self._stored.items()
+                           if now >= old.expires_at]:
+                self.expire(old_id)
             while len(self._stored) >= MAX_STORED_RESPONSES:
                 self.expire(next(iter(self._stored)))
         self.expire(rid)  # a scripted id used again replaces the older response

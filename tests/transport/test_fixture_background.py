@@ -1,104 +1,33 @@
 """The fixture provider's background responses (issue 15, the server side of reattachment):
 stored responses generated whether or not a client reads them, resumed by sequence number,
-retrieved, cancelled, expired, and faulted on each of those paths. Real sockets throughout."""
+retrieved, cancelled, expired, and faulted on each of those paths. Real sockets throughout.
+(The clients that talk to it: ``test_fixture_background_clients``.)"""
 
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
-import jsonschema_rs
 import msgspec
 import pytest
 import trio
 import trio.testing
-from transport_helpers import SCHEMA, make_body
+from background_helpers import (
+    background_body,
+    cancel,
+    client,
+    post,
+    resume,
+    retrieve,
+    step_until,
+)
+from transport_helpers import make_body
 
 from recoverable.errors import InvalidRequest
 from recoverable.testing import FaultSpec, FixtureProvider, Reply, ResumeFault
 
-BACKGROUND = {"background": True, "store": True, "stream": True}
-
-
-def background_body(**extra: Any) -> bytes:
-    body = msgspec.json.decode(make_body())
-    body.update(BACKGROUND, **extra)
-    return msgspec.json.encode(body)
-
-
-async def read_events(response: httpx.Response) -> tuple[list[dict[str, Any]], bool]:
-    """The events of an SSE answer, and whether it ended cleanly (False: cut)."""
-    events: list[dict[str, Any]] = []
-    try:
-        async for line in response.aiter_lines():
-            if line.startswith("data: ") and line != "data: [DONE]":
-                events.append(json.loads(line[len("data: "):]))
-    except (httpx.RemoteProtocolError, httpx.ReadError):
-        return events, False
-    return events, True
-
-
-@pytest.fixture
-async def client() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(timeout=None, headers={"authorization": "Bearer k"}) as c:
-        yield c
-
-
-async def post(
-    client: httpx.AsyncClient, provider: FixtureProvider, body: bytes,
-) -> tuple[int, list[dict[str, Any]], bool]:
-    async with client.stream("POST", provider.http_url + "/responses", content=body,
-                             headers={"content-type": "application/json"}) as response:
-        if response.status_code != 200:
-            await response.aread()
-            return response.status_code, [response.json()], True
-        events, clean = await read_events(response)
-        return 200, events, clean
-
-
-async def resume(
-    client: httpx.AsyncClient, provider: FixtureProvider, rid: str, after: int | None,
-) -> tuple[int, list[dict[str, Any]], bool]:
-    params: dict[str, Any] = {"stream": "true"}
-    if after is not None:
-        params["starting_after"] = after
-    async with client.stream("GET", f"{provider.http_url}/responses/{rid}",
-                             params=params) as response:
-        if response.status_code != 200:
-            await response.aread()
-            return response.status_code, [response.json()], True
-        events, clean = await read_events(response)
-        return 200, events, clean
-
-
-async def retrieve(
-    client: httpx.AsyncClient, provider: FixtureProvider, rid: str,
-) -> tuple[int, dict[str, Any]]:
-    answer = await client.get(f"{provider.http_url}/responses/{rid}")
-    return answer.status_code, answer.json()
-
-
-async def cancel(
-    client: httpx.AsyncClient, provider: FixtureProvider, rid: str,
-) -> tuple[int, dict[str, Any]]:
-    answer = await client.post(f"{provider.http_url}/responses/{rid}/cancel")
-    return answer.status_code, answer.json()
-
-
-async def step_until(clock: trio.testing.MockClock, done: Any) -> None:
-    """Advance the mock clock one event delay at a time until ``done()`` (each step lets
-    every task, the generation and the readers, run before the next)."""
-    await trio.testing.wait_all_tasks_blocked()
-    while not done():
-        clock.jump(1.0)
-        await trio.testing.wait_all_tasks_blocked()
-
+__all__ = ["client"]  # the fixture, imported for its tests
 
 # -- item 1: background responses ---------------------------------------------------------
 async def test_background_needs_store(client: httpx.AsyncClient) -> None:
@@ -111,6 +40,15 @@ async def test_background_needs_store(client: httpx.AsyncClient) -> None:
         assert [r.reply_kind for r in provider.requests] == ["bad_request"]
         assert len(provider.pending_script) == 1  # no reply used up, nothing stored
         assert provider.retrievals == []
+
+
+async def test_store_left_out_defaults_to_true(client: httpx.AsyncClient) -> None:
+    body = msgspec.json.decode(background_body())
+    del body["store"]  # the API's default for store is true
+    async with FixtureProvider.serve() as provider:
+        status, events, _ = await post(client, provider, msgspec.json.encode(body))
+        assert status == 200 and events[-1]["response"]["store"] is True
+        assert (await retrieve(client, provider, events[0]["response"]["id"]))[0] == 200
 
 
 async def test_background_post_streams_stores_and_resumes(client: httpx.AsyncClient) -> None:
@@ -133,7 +71,9 @@ async def test_background_post_streams_stores_and_resumes(client: httpx.AsyncCli
             assert rest == events[after + 1:]
         status, whole, _ = await resume(client, provider, rid, None)
         assert whole == events
-        # one generation request; every GET recorded apart from it
+        # one generation request; every GET recorded apart from it (its end is noted just
+        # after its last byte: let the provider's handler get there)
+        await trio.testing.wait_all_tasks_blocked()
         assert len(provider.requests) == 1 and provider.requests[0].reply_kind == "synthesize"
         log = provider.retrievals
         assert [(r.kind, r.starting_after, r.answer) for r in log] == [
@@ -410,152 +350,6 @@ async def test_bad_starting_after_is_a_400(client: httpx.AsyncClient) -> None:
         assert (await client.get(f"{provider.http_url}/responses/{rid}/cancel")).status_code == 404
 
 
-# -- the provider as its own process: the knobs and the control endpoints ------------------
-PROVIDER = [sys.executable, "-c", "import sys; from recoverable.transport.fixture import "
-            "fixture_main; sys.exit(fixture_main(sys.argv[1:]))"]
-
-
-async def test_process_knobs_and_control_endpoints(client: httpx.AsyncClient) -> None:
-    process = await trio.lowlevel.open_process(
-        [*PROVIDER, "--port", "0", "--event-delay", "0", "--background-ttl", "600",
-         "--faults", "retrieve_404=0.0,seed=3"], stdout=subprocess.PIPE)
-    try:
-        with trio.fail_after(60):  # generous: a loaded two-core machine starts it slowly
-            assert process.stdout is not None
-            line = b""
-            while not line.endswith(b"\n"):
-                line += await process.stdout.receive_some(4096)
-            info = json.loads(line)
-            base = info["http_url"]
-            answer = await client.post(base + "/responses", content=background_body())
-            rid = json.loads(answer.text.split("data: ", 2)[1].split("\n")[0])["response"]["id"]
-            script = await client.post(info["retrievals_url"].replace(
-                "retrievals", "resume-script"), json=[{"kind": "not_found"}])
-            assert script.status_code == 200
-            assert (await client.get(f"{base}/responses/{rid}")).status_code == 404
-            assert (await client.get(f"{base}/responses/{rid}")).json()["status"] == "completed"
-            expire = info["retrievals_url"].replace("retrievals", "expire")
-            assert (await client.post(expire, json={"response_id": rid})).json() == {"expired": 1}
-            assert (await client.get(f"{base}/responses/{rid}")).status_code == 404
-            bad = await client.post(expire, json=[1])
-            assert bad.status_code == 400
-            log = (await client.get(info["retrievals_url"])).json()
-            assert [(r["kind"], r["answer"]) for r in log] == [
-                ("retrieve", "not_found"), ("retrieve", "object"), ("retrieve", "not_found")]
-            assert len((await client.get(info["requests_url"])).json()) == 1  # POSTs only
-    finally:
-        process.send_signal(signal.SIGTERM)
-        with trio.fail_after(60):
-            await process.wait()
-
-
-@pytest.mark.parametrize("argument", [["--event-delay", "-1"], ["--event-delay", "x"],
-                                      ["--background-ttl", "0"], ["--faults", "resume_x=1"]])
-def test_process_refuses_bad_knobs(argument: list[str]) -> None:
-    result = subprocess.run([*PROVIDER, "--port", "0", *argument], capture_output=True,
-                            timeout=60, check=False)
-    assert result.returncode == 2
-
-
-# -- item 4: the official openai SDK parses all of it ----------------------------------------
-SDK_CLIENT = Path(__file__).with_name("openai_sdk_background.py")
-
-
-async def run_sdk(provider: FixtureProvider, mode: str) -> dict[str, Any]:
-    result = await trio.run_process(
-        [sys.executable, str(SDK_CLIENT), provider.http_url, mode, json.dumps(SCHEMA)],
-        capture_stdout=True, capture_stderr=True, check=False,
-    )
-    assert result.returncode == 0, result.stderr.decode()
-    report: dict[str, Any] = json.loads(result.stdout.decode().strip().splitlines()[-1])
-    assert report["strict_errors"] == []
-    assert report["unknown"] == [404, "dict"]
-    return report
-
-
-async def test_openai_sdk_resumes_retrieves_and_cancels() -> None:
-    async with FixtureProvider.serve() as provider:
-        report = await run_sdk(provider, "resume")
-        assert report["first"] == ["ResponseCreatedEvent", "ResponseInProgressEvent",
-                                   "ResponseOutputItemAddedEvent"]
-        assert report["rest"][0] == "ResponseContentPartAddedEvent"
-        assert report["rest"][-1] == "ResponseCompletedEvent"
-        assert "ResponseTextDeltaEvent" in report["rest"]
-        assert report["rest_sequence"] == list(range(3, 3 + len(report["rest"])))
-        value = json.loads(report["final_text"])
-        assert jsonschema_rs.validator_for(SCHEMA).is_valid(value)
-        assert report["retrieved"] == ["completed", report["final_text"], True]
-        assert report["cancel_finished"] == "completed"
-        assert len(provider.requests) == 1
-        body = json.loads(provider.requests[0].body)
-        assert body["background"] is True and body["store"] is True
-        assert [(r.kind, r.starting_after) for r in provider.retrievals] == [
-            ("resume", 2), ("retrieve", None), ("cancel", None), ("retrieve", None)]
-
-
-async def test_openai_sdk_cancels_a_live_response() -> None:
-    # Slow enough that the SDK's cancel comes long before the end (400 events, 0.2 s
-    # apart: 80 s; the client needs well under a second even on a loaded machine).
-    async with FixtureProvider.serve(event_delay=0.2, deltas=(400, 400)) as provider:
-        report = await run_sdk(provider, "cancel")
-        assert report["cancel"] == ["in_progress", "cancelled", "cancelled"]
-        (stored,) = [provider.stored_response(r.response_id) for r in provider.retrievals[:1]]
-        assert stored is not None and stored.status == "cancelled"
-        assert stored.produced < len(stored.events)
-
-
-def test_events_of_background_kinds_match_the_sdk_models_strictly() -> None:
-    import pydantic
-    from openai.types.responses import Response, ResponseStreamEvent
-    from recoverable.transport.fixture_background import StoredResponse
-    from recoverable.transport.fixture_replies import events_for
-
-    events_adapter: pydantic.TypeAdapter[object] = pydantic.TypeAdapter(ResponseStreamEvent)
-    response_adapter: pydantic.TypeAdapter[object] = pydantic.TypeAdapter(Response)
-    request = json.loads(background_body())
-    for reply in (Reply.failed("server_error", after_events=6, disconnect_after=3),
-                  Reply.failed("server_error", after_events=100), Reply.synthesize(),
-                  Reply.incomplete()):
-        events = events_for(reply, request, serial=1, created_at=1700000000, deltas=8)
-        assert [e["sequence_number"] for e in events] == list(range(len(events)))
-        for event in events:
-            events_adapter.validate_python(event)
-        stored = StoredResponse("resp_x", events, expires_at=float("inf"))
-        for produced in (1, len(events)):
-            stored.advance(produced)
-            response_adapter.validate_python(stored.snapshot())
-        stored.advance(1)
-        stored.cancel()
-        response_adapter.validate_python(stored.snapshot())
-
-
-# -- item 5: no background mode over WebSocket ---------------------------------------------
-async def test_websocket_refuses_background_and_stays_usable() -> None:
-    from trio_websocket import open_websocket_url
-
-    async with FixtureProvider.serve() as provider:
-        provider.script([Reply.complete({"answer": 1})])
-        async with open_websocket_url(provider.websocket_url,
-                                      extra_headers=[("authorization", "Bearer k")]) as ws:
-            create = msgspec.json.decode(background_body())
-            create.pop("stream")
-            await ws.send_message(json.dumps({"type": "response.create", **create}))
-            refused = json.loads(await ws.get_message())
-            assert refused["type"] == "error" and refused["status"] == 400
-            assert refused["error"]["type"] == "invalid_request_error"
-            assert refused["error"]["code"] == "unsupported_parameter"
-            assert refused["error"]["param"] == "background"
-            # the same connection still answers a create without background
-            create["background"] = False
-            await ws.send_message(json.dumps({"type": "response.create", **create}))
-            got: list[dict[str, Any]] = []
-            while not got or got[-1]["type"] != "response.completed":
-                got.append(json.loads(await ws.get_message()))
-        assert [r.reply_kind for r in provider.requests] == ["bad_request", "complete"]
-        assert provider.retrievals == [] and provider.stored_response(
-            got[0]["response"]["id"]) is None
-
-
 async def test_expiry_cuts_a_live_resume(
     client: httpx.AsyncClient, mock_clock: trio.testing.MockClock,
 ) -> None:
@@ -613,37 +407,15 @@ async def test_other_connection_faults_on_a_background_post(
             assert lines.count(": ping") >= 4
 
 
-# -- the library's present transports against it ---------------------------------------------
-@pytest.mark.parametrize("reply", [Reply.synthesize(), Reply.disconnect(after_events=3)])
-async def test_library_sse_backend_streams_a_background_post(reply: Reply) -> None:
-    from recoverable.transport import Completed, Interruption, ResponsesBackend, StaticCredentials
 
-    body = msgspec.json.encode(msgspec.json.decode(background_body()), order="sorted")
+async def test_at_most_so_many_stored_the_oldest_forgotten(
+    client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from recoverable.transport import fixture_background
+
+    monkeypatch.setattr(fixture_background, "MAX_STORED_RESPONSES", 2)
     async with FixtureProvider.serve() as provider:
-        provider.script([reply])
-        backend = ResponsesBackend(provider.http_url, credentials=StaticCredentials("k"),
-                                   mode="sse")
-        async with backend:
-            outcome = await backend.stream(body, attempt_id="op.1", token="k")
-        stored = provider.stored_response(f"resp_fixture{1:012d}")
-        assert stored is not None and stored.status == "completed"
-        if reply.kind == "synthesize":
-            assert isinstance(outcome, Completed) and outcome.response_id == stored.id
-        else:  # the client learns the id and the last sequence number: what it resumes from
-            assert isinstance(outcome, Interruption) and outcome.kind == "disconnected"
-            assert outcome.response_id == stored.id and outcome.sequence_number == 2
-
-
-async def test_library_websocket_backend_gets_the_refusal_typed() -> None:
-    from recoverable.transport import Interruption, ResponsesBackend, StaticCredentials
-
-    body = msgspec.json.encode(msgspec.json.decode(background_body()), order="sorted")
-    async with FixtureProvider.serve() as provider:
-        backend = ResponsesBackend(provider.http_url, credentials=StaticCredentials("k"),
-                                   mode="websocket")
-        async with backend:
-            outcome = await backend.stream(body, attempt_id="op.1", token="k")
-        assert isinstance(outcome, Interruption), outcome
-        assert outcome.kind == "http_rejected" and outcome.http_status == 400
-        assert outcome.provider_code == "unsupported_parameter"
-        assert [r.reply_kind for r in provider.requests] == ["bad_request"]
+        ids = [(await post(client, provider, background_body()))[1][0]["response"]["id"]
+               for _ in range(3)]
+        assert [provider.stored_response(rid) is not None for rid in ids] == [False, True, True]
+        assert (await retrieve(client, provider, ids[0]))[0] == 404
