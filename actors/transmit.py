@@ -245,15 +245,22 @@ class Transmitter(OperationCore):
                 refused.append(exc)
                 nursery.cancel_scope.cancel()
 
+        raised: list[Exception] = []
+        outcome: Outcome | None = None
         async with trio.open_nursery() as nursery:
             nursery.start_soon(write)
             try:
                 outcome = await call(report)
+            except Exception as exc:  # raised as itself below, never inside an ExceptionGroup
+                raised.append(exc)
             finally:
                 checkpointer.close()
+        self.checkpoint_writes += checkpointer.writes
         if refused:
             raise refused[0]
-        self.checkpoint_writes += checkpointer.writes
+        if raised:
+            raise raised[0]
+        assert outcome is not None
         return outcome
 
     def _checkpointed_record(

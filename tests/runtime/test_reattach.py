@@ -374,3 +374,25 @@ async def test_suspend_mid_stream_then_resume_reattaches_with_no_new_post(
     assert _posts(provider, handle.operation_id) == 1 and authorize.calls == []
     assert len(_resumes(provider)) == 1
     assert status.attempts_used == 1 and status.reattached
+
+
+async def test_an_exception_of_a_background_stream_is_raised_as_itself(
+    store: recoverable.RecoveryStore, provider: FixtureProvider
+) -> None:
+    """The checkpoint writer runs in a nursery beside the stream: what the stream raises
+    (e.g. the consumption's refusal, ``_NotTransmitted``) must reach the transmitter as
+    itself, never wrapped in an ExceptionGroup it would not catch."""
+    from recoverable.actors.operation import OperationActor
+
+    from recoverable.contract import contract_for
+
+    class Refused(Exception):
+        pass
+
+    async def refuse(report: Any) -> Any:
+        raise Refused
+
+    async with recoverable.open_runtime(store, make_backend(provider), account=ACCOUNT) as rt:
+        actor = OperationActor(rt, "op_x", contract_for(Answer), Authorizer())
+        with pytest.raises(Refused):
+            await actor._checkpointed("op_x.1", lambda report: None, refuse)
