@@ -242,7 +242,8 @@ async def test_a_stale_owner_cannot_save_the_result_and_the_new_owner_reattaches
     store: recoverable.RecoveryStore,
 ) -> None:
     events = Events()
-    async with FixtureProvider.serve(deltas=(200, 200), event_delay=0.005) as provider:
+    # About 4 s of generation: the sweep takes the fence long before it ends.
+    async with FixtureProvider.serve(deltas=(200, 200), event_delay=0.02) as provider:
         provider.script([Reply.complete(LONG)])
         async with recoverable.open_runtime(
             store, make_backend(provider), account=ACCOUNT, telemetry=events
@@ -351,7 +352,8 @@ async def test_suspend_mid_stream_then_resume_reattaches_with_no_new_post(
     store: recoverable.RecoveryStore,
 ) -> None:
     events = Events()
-    async with FixtureProvider.serve(deltas=(200, 200), event_delay=0.01) as provider:
+    # About 6 s of generation: the suspension lands long before it ends.
+    async with FixtureProvider.serve(deltas=(200, 200), event_delay=0.03) as provider:
         provider.script([Reply.complete(LONG)])
         async with recoverable.open_runtime(
             store, make_backend(provider), account=ACCOUNT, telemetry=events

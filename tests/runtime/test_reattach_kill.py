@@ -87,8 +87,8 @@ async def test_sigkill_mid_stream_then_the_rerun_reattaches_with_zero_new_posts(
     tmp_path: Path, finished: bool
 ) -> None:
     store_path = str(tmp_path / "store")
-    # The stream is slow enough to be killed mid-way (200 deltas, 10 ms apart).
-    async with FixtureProvider.serve(deltas=(200, 200), event_delay=0.01) as provider:
+    # The stream is slow enough to be killed mid-way (200 deltas, 20 ms apart: about 4 s).
+    async with FixtureProvider.serve(deltas=(200, 200), event_delay=0.02) as provider:
         provider.script([Reply.complete(LONG)])
         operation_id = await _kill_after_checkpoint(provider, store_path, finished=finished)
         assert len(provider.requests) == 1
@@ -136,7 +136,7 @@ async def test_a_kill_after_the_reattachment_is_counted_is_one_more_try_of_the_b
     """The rerun is itself killed at ``reattach.saved`` (its reattachment is counted and
     saved, its GET not sent): the next rerun reattaches again, still with zero new POSTs."""
     store_path = str(tmp_path / "store")
-    async with FixtureProvider.serve(deltas=(200, 200), event_delay=0.01) as provider:
+    async with FixtureProvider.serve(deltas=(200, 200), event_delay=0.02) as provider:
         provider.script([Reply.complete(LONG)])
         operation_id = await _kill_after_checkpoint(provider, store_path, finished=False)
         env = dict(os.environ, RECOVERABLE_KILL_AT="reattach.saved")
