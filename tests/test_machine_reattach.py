@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from recoverable import errors, reattachment
 from recoverable import machine as m
@@ -330,3 +332,85 @@ def test_status_says_the_result_came_by_reattachment() -> None:
     status = m.derive_status(done, now=T0, lease_live=False, viewer=done.account)
     assert status.reattached and status.reattachments == 1
     assert status.attempts[-1].reattached and status.attempts[-1].reattachments == 1
+
+
+# --- properties over random histories ------------------------------------------------------
+
+STEPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("fail"), st.sampled_from(
+            ["disconnected", "timeout", "premature_eof", "reattach_unavailable",
+             "provider_failed", "incomplete", "malformed"]),
+            st.sampled_from([None, "resp_a", "resp_b"]), st.sampled_from([None, 0, 5, 40, 300])),
+        st.tuples(st.just("checkpoint"), st.sampled_from([None, "resp_a", "resp_b"]),
+                  st.sampled_from([None, 0, 3, 90, 256])),
+        st.tuples(st.just("crash")),
+        st.tuples(st.just("suspend")),
+        st.tuples(st.just("complete")),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(steps=STEPS, budget=st.integers(1, 3), fail_policy=st.booleans())
+def test_random_histories_keep_the_reattachment_invariants(
+    steps: list[tuple[object, ...]], budget: int, fail_policy: bool
+) -> None:
+    """Whatever happens: a reattachment never spends budget nor asks the host; each
+    attempt's reattachments stay within the bound; its response id never changes once
+    saved and its cursor never goes backwards; a Reattach names the saved id and cursor."""
+    rec = record(reattach=True, retry_policy=RetryPolicy(initial_backoff=0.0,
+                                                           maximum_backoff=0.0),
+                 maximum_attempts=budget, on_interruption="fail" if fail_policy else "replace")
+    now = T0
+    t = open_(rec, ctx(now))
+    seen: dict[str, tuple[str | None, int | None]] = {}
+    for step in steps:
+        before = t.record
+        action = t.action
+        if isinstance(action, AskHost):
+            t = m.authorization_answered(before, action.attempt.attempt_id, True, ctx(now))
+            continue
+        if isinstance(action, m.WaitUntil):
+            now = max(now, action.at)
+            t = m.wake(before, ctx(now))
+            continue
+        if before.phase != "transmitting" or not before.attempts:
+            break  # finished, stopped or idle: this history is over
+        attempt_id = before.attempts[-1].attempt_id
+        match step:
+            case ("fail", kind, rid, seq):
+                failure = Interruption(kind=kind, response_id=rid, sequence_number=seq)  # type: ignore[arg-type]
+                t = m.attempt_failed(before, attempt_id, failure, ctx(now))
+            case ("checkpoint", rid, seq):
+                t = reattachment.checkpoint(before, attempt_id, rid, seq, now)  # type: ignore[arg-type]
+            case ("crash",):
+                swept = m.owner_lost(before, now=now).record
+                t = open_(swept, ctx(now))
+            case ("suspend",):
+                suspended = m.command_observed(before, "suspend").record
+                t = open_(suspended, ctx(now)) if suspended.phase == "suspended" else \
+                    m.command_observed(before, "suspend")
+            case _:
+                t = m.completion_validated(before, attempt_id, ctx(now), response_id=None,
+                                           sequence_number=None)
+        after = t.record
+        assert after.attempts_used <= budget
+        if isinstance(t.action, Reattach):
+            last = after.attempts[-1]
+            assert after.attempts_used == before.attempts_used  # no budget
+            assert (t.action.response_id, t.action.after) == (
+                last.response_id, last.sequence_number)
+            assert last.outcome == "in_flight" and after.phase == "transmitting"
+        for attempt in after.attempts:
+            assert attempt.reattachments <= reattachment.MAX_REATTACHMENTS
+            old = seen.get(attempt.attempt_id)
+            if old is not None:
+                old_id, old_seq = old
+                if old_id is not None:
+                    assert attempt.response_id == old_id, "the response id changed"
+                if old_seq is not None and attempt.response_id is not None:
+                    assert attempt.sequence_number is not None
+                    assert attempt.sequence_number >= old_seq, "the cursor went backwards"
+            seen[attempt.attempt_id] = (attempt.response_id, attempt.sequence_number)

@@ -52,6 +52,7 @@ __all__ = [
     "begin",
     "checkpoint",
     "checkpoint_due",
+    "ended_checkpoint",
     "keeps_through_owner_loss",
     "lease_lost",
     "reattach_target",
@@ -164,6 +165,19 @@ def _closed(last: AttemptRecord, failure: Interruption) -> AttemptRecord:
                                         rate_limits=None),
         usage=failure.usage if failure.usage is not None else last.usage,
     )
+
+
+def ended_checkpoint(
+    rec: OperationRecord, last: AttemptRecord, response_id: str | None,
+    sequence_number: int | None,
+) -> tuple[str | None, int | None]:
+    """The response id and cursor an attempt ends with (failed or completed). For a
+    ``reattach=True`` operation they are its checkpoint: the saved id is kept and the
+    cursor never goes backwards. Otherwise (diagnostics only) the last report wins."""
+    if rec.reattach:
+        return last.response_id or response_id, _later(last.sequence_number, sequence_number)
+    return (response_id or last.response_id,
+            last.sequence_number if sequence_number is None else sequence_number)
 
 
 def _later(saved: int | None, seen: int | None) -> int | None:
