@@ -32,7 +32,7 @@ import trio
 from recoverable.storage.base import Store, WriteTransaction
 from recoverable.storage.leases import renew_leases
 
-from recoverable import errors, machine
+from recoverable import errors, machine, reattachment
 from recoverable.outcome import Interruption
 from recoverable.records import LeaseRecord, OperationRecord
 
@@ -281,6 +281,12 @@ def lease_lost_transition(
     last = record.attempts[-1] if record.attempts else None
     if record.phase != "transmitting" or last is None or last.outcome != "in_flight":
         return machine.Transition(record, None, False)
+    kept = reattachment.lease_lost(
+        record, last.attempt_id, sent.response_id if sent is not None else None,
+        sent.sequence_number if sent is not None else None, ctx.now,
+    )
+    if kept is not None:
+        return kept  # issue 15: left in flight; the next owner resumes it by its id
     failure = Interruption(
         kind="interrupted",
         transport_code="lease_lost",

@@ -8,7 +8,7 @@ the runtime implements :class:`OperationHost`, a transport implements :class:`Ba
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 from recoverable.actors.governor import RateGovernor
 from recoverable.actors.heartbeat import LeaseKeeper
@@ -44,6 +44,42 @@ class Backend(Protocol):
     ) -> Outcome: ...
 
 
+@runtime_checkable
+class ReattachBackend(Protocol):
+    """Issue 15: what a backend offers for background responses (``ResponsesBackend``'s
+    ``reattachment``, a ``transport.resume.ReattachClient``)."""
+
+    async def stream(
+        self,
+        body: bytes,
+        *,
+        attempt_id: str,
+        token: str,
+        on_progress: Callable[[Progress], None] | None = None,
+        before_send: Callable[[], Awaitable[None]] | None = None,
+    ) -> Outcome: ...
+
+    async def resume(
+        self,
+        response_id: str,
+        *,
+        after: int | None,
+        attempt_id: str,
+        token: str,
+        on_progress: Callable[[Progress], None] | None = None,
+    ) -> Outcome: ...
+
+    async def cancel(
+        self, response_id: str, *, token: str
+    ) -> Literal["cancelled", "ended", "gone", "failed"]: ...
+
+
+def reattach_client(backend: object) -> ReattachBackend | None:
+    """The backend's reattachment client, or ``None`` when it has none."""
+    client = getattr(backend, "reattachment", None)
+    return client if isinstance(client, ReattachBackend) else None
+
+
 class OperationHost(Protocol):
     """The runtime, as an operation actor sees it: its store, backend, account, clock,
     shared actors (scheduler, monitor, governor), telemetry and counters."""
@@ -59,6 +95,7 @@ class OperationHost(Protocol):
     telemetry: Telemetry
     attempts_consumed: int
     usage_malformed: int
+    reattachments: int  # issue 15: resume GETs this runtime finished (an outcome read)
 
     def endpoint_gate(self, endpoint_id: str) -> EndpointGate: ...
 

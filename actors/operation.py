@@ -24,8 +24,8 @@ import msgspec
 import trio
 from recoverable.actors.heartbeat import lease_lost_transition
 from recoverable.actors.operation_core import Authorize, Cut
+from recoverable.actors.reattach import Reattacher
 from recoverable.actors.supervisor import is_cancellation
-from recoverable.actors.transmit import Transmitter
 from recoverable.storage.migration import saved_completion
 from recoverable.transport.base import validate_api_key
 
@@ -36,7 +36,7 @@ from recoverable.types import Attempt
 __all__ = ["Authorize", "OperationActor"]
 
 
-class OperationActor(Transmitter):
+class OperationActor(Reattacher):
     """One execution of an operation: the loop over the machine's actions."""
 
     # --- the loop -------------------------------------------------------------------
@@ -102,6 +102,8 @@ class OperationActor(Transmitter):
             match transition.action:
                 case machine.Stop(error=error):
                     telemetry.emit_stop(op_id, error)
+                    if isinstance(error, errors.OperationCancelled) and current.reattach:
+                        await self._cancel_on_server(current)  # issue 15: best effort
                     raise error
                 case machine.Deliver():
                     return await self._deliver(current)
@@ -117,6 +119,8 @@ class OperationActor(Transmitter):
                         transition = await self._advance(functools.partial(self._wake, current))
                 case machine.AskHost(attempt=attempt):
                     transition = await self._ask_host(current, attempt)
+                case machine.Reattach() as reattach:  # issue 15: no new POST, no budget
+                    transition = await self._reattach(current, reattach)
                 case _:
                     raise machine.InvalidTransition(f"no action after {current.phase}")
 

@@ -73,6 +73,7 @@ class OperationCore:
         self._body: bytes | None = None  # the frozen body, read with the lease
         self.guard = ExecutionLease(host.leases)  # heartbeat-kept; its loss stops this actor
         self._sending: Sending | None = None  # the attempt being sent (for an honest close)
+        self.checkpoint_writes = 0  # issue 15: reattachment checkpoints written
 
     # --- lease ----------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 import msgspec
 from recoverable.actors.checks import require_signed_in
-from recoverable.actors.host import Backend
+from recoverable.actors.host import Backend, reattach_client
 from recoverable.storage.base import WriteTransaction as WriteTxn
 
 from recoverable import errors, machine
@@ -94,6 +94,7 @@ def new_operation_record(
     maximum_output_tokens_total: int | None,
     on_interruption: OnInterruption = "replace",
     live: bool = False,
+    reattach: bool = False,
 ) -> OperationRecord:
     """The one constructor of a new (``prepared``) operation record."""
     return OperationRecord(
@@ -121,6 +122,7 @@ def new_operation_record(
         source=identity.source,
         attempt_timeout=identity.attempt_timeout,
         live=live,
+        reattach=reattach,
     )
 
 
@@ -171,6 +173,20 @@ def create_operation(record: OperationRecord, body: bytes, stored: bytes, txn: W
     put_new_operation(txn, record, body, stored)
 
 
+def check_reattach(reattach: object, backend: Backend) -> None:
+    """Issue 15: ``reattach`` is a bool, and ``True`` needs a backend that can resume a
+    background response (``ResponsesBackend`` can, in both modes: over WebSocket its
+    reattachable attempts use the HTTP SSE transport of the same base URL)."""
+    if not isinstance(reattach, bool):
+        raise errors.InvalidParameter("reattach must be True or False", parameter="reattach")
+    if reattach and reattach_client(backend) is None:
+        raise errors.InvalidParameter(
+            "reattach=True needs a backend that can resume background responses "
+            "(ResponsesBackend); this backend cannot",
+            parameter="reattach", reason="refused",
+        )
+
+
 def new_admission(
     request: StructuredRequest,
     *,
@@ -193,6 +209,7 @@ def new_admission(
     attempt_timeout: float | None = None,
     lease_seconds: float = 30.0,
     live: bool = False,
+    reattach: bool = False,
 ) -> tuple[OperationRecord, bytes, bytes]:
     """What ``prepare`` and ``submit`` save: the checked new record, its frozen body and
     its saved request (nothing is written here). The options default as ``prepare``'s.
@@ -218,11 +235,19 @@ def new_admission(
     machine.validate_metadata("previous_operation_id", previous_operation_id)
     if backend is None:
         raise errors.ConfigurationUnavailable("no backend: cannot prepare generation")
+    check_reattach(reattach, backend)
+    if live and reattach:
+        # A live attempt that showed output is never continued (issue 16), and a resumed
+        # stream would hand views from the middle of an answer: not combined (yet).
+        raise errors.InvalidParameter(
+            "live=True cannot be combined with reattach=True (docs/live.md, docs/reattach.md)",
+            parameter="reattach", reason="refused",
+        )
     contract = contract_for(response)
     effective = request
     if selector is not None and not request.model_override:
         effective = selector(request)
-    body = freeze_body(effective, contract)
+    body = freeze_body(effective, contract, reattach=reattach)
     operation_id = new_operation_id()
     record = new_operation_record(
         operation_id,
@@ -251,6 +276,7 @@ def new_admission(
         maximum_output_tokens_total=maximum_output_tokens_total,
         on_interruption=on_interruption,
         live=live,
+        reattach=reattach,
     )
     stored = msgspec.json.encode(
         StoredRequest(request=request, format_name=contract.name, schema=contract.schema)

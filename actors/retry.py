@@ -232,7 +232,8 @@ def successor_request(
     if contract.format_hash != source.format_hash:
         raise errors.FormatMismatch("the saved contract changed", operation_id=op_id)
     return SuccessorRequest(
-        freeze_body(effective, contract), stored_raw, effective.model, effective.reasoning_effort
+        freeze_body(effective, contract, reattach=source.reattach), stored_raw,
+        effective.model, effective.reasoning_effort,
     )
 
 
@@ -281,6 +282,8 @@ async def retry(
         # The same interruption policy: a manual retry does not loosen it.
         on_interruption=source.on_interruption,
         live=source.live,  # issue 16: a live operation's successor is live too
+        # Issue 15: the same reattachment choice (its body was frozen with it).
+        reattach=source.reattach,
     )
     await store.write(functools.partial(create_successor, plan, child, request))
     telemetry.emit("operation.manual_retry_created", plan.successor_id,

@@ -20,8 +20,9 @@ import msgspec
 import trio
 from recoverable.actors import live as live_operations
 from recoverable.actors import queue as submitted
+from recoverable.actors import reads
 from recoverable.actors import retry as manual_retry
-from recoverable.actors.checks import require_owner, require_signed_in
+from recoverable.actors.checks import require_signed_in
 from recoverable.actors.governor import RateGovernor
 from recoverable.actors.heartbeat import LeaseKeeper
 from recoverable.actors.host import Backend
@@ -35,17 +36,16 @@ from recoverable.actors.prepare import (
     new_admission,
     new_operation_id,
 )
+from recoverable.actors.reattach import cancel_on_server
 from recoverable.actors.scheduler import Scheduler
 from recoverable.actors.supervisor import Execution, Supervisor
 from recoverable.actors.sweep import sweep_at_open
 from recoverable.storage.base import Store as RecoveryStore
 from recoverable.storage.leases import lease_blocks, unexpired_derivative
-from recoverable.storage.migration import saved_completion
 from recoverable.transport.connect import ConnectBackoff, EndpointGate
 
 from recoverable import _killpoints, errors, machine
 from recoverable.contract import ResponseContract, contract_for
-from recoverable.outcome import Usage
 from recoverable.records import (
     CommandKind,
     Disposition,
@@ -53,7 +53,6 @@ from recoverable.records import (
     OnInterruption,
     OperationRecord,
 )
-from recoverable.sources_rules import superseded_error
 from recoverable.telemetry import Telemetry, TelemetrySink
 from recoverable.types import (
     AccountBinding,
@@ -107,6 +106,7 @@ class Runtime:
         self.governor = governor or RateGovernor(store, wall_clock=wall_clock, telemetry=telemetry)
         self.attempts_consumed = 0  # attempts this runtime consumed (persisted before sending)
         self.usage_malformed = 0  # attempts whose reported usage was ignored as malformed
+        self.reattachments = 0  # issue 15: resume GETs of background responses that ended
         self.supervisor = Supervisor()  # every active operation: a task of open_runtime's nursery
         # The leases this runtime holds, renewed by the heartbeat task (actors/heartbeat.py).
         self.leases = leases or LeaseKeeper(store, lease_seconds=30.0, wall_clock=wall_clock)
@@ -166,6 +166,7 @@ class Runtime:
         source: SourceRef | None = None,
         attempt_timeout: float | None = None,
         live: bool = False,
+        reattach: bool = False,
     ) -> Handle:
         """Freeze the request and persist the operation without sending anything.
 
@@ -194,6 +195,12 @@ class Runtime:
         diagnostics only (shown in status, receipts and markers): the new operation
         has its own budget and its own root; nothing about the prior one is checked,
         reserved or changed (it may even be gone). Use ``retry`` for a linked successor.
+
+        ``reattach=True`` (issue 15) freezes the body with ``background: true, store:
+        true``: an attempt interrupted by a disconnect, an idle timeout, a crash or a lost
+        lease is first resumed by its saved response id (a GET: no new POST, no budget)
+        before seed 000 replaces it. The provider keeps the response for a limited time
+        (a privacy trade-off): see docs/reattach.md.
         """
         record, body, stored = new_admission(
             request,
@@ -212,6 +219,7 @@ class Runtime:
             attempt_timeout=attempt_timeout,
             lease_seconds=self.leases.lease_seconds,
             live=live,
+            reattach=reattach,
             account=self.account,
             backend=self.backend,
             selector=self.selector,
@@ -332,15 +340,7 @@ class Runtime:
     # --- reads ----------------------------------------------------------------------
 
     def _read(self, operation_id: str) -> OperationRecord:
-        record = self.store.get_operation(operation_id)
-        if record is None:
-            disposition = self.store.get_disposition(operation_id)
-            if disposition is not None:
-                raise errors.StateUnavailable(
-                    f"operation is {disposition.disposition}", operation_id=operation_id
-                )
-            raise errors.StateUnavailable("no such operation", operation_id=operation_id)
-        return record
+        return reads.read_record(self.store, operation_id)
 
     async def status(self, handle: Handle) -> Status:
         """A snapshot of every dimension; never generates, renews or takes the lease."""
@@ -413,60 +413,11 @@ class Runtime:
         )
 
     def _disposition_status(self, marker: DispositionRecord) -> Status:
-        try:
-            require_owner(self.account, marker.account, marker.operation_id)
-        except errors.AccountChanged:
-            return machine.redacted_status(marker.operation_id)
-        return Status(
-            operation_id=marker.operation_id,
-            state=marker.disposition,
-            availability=marker.disposition,
-            attempts_used=marker.attempts_used,
-            maximum_attempts=marker.maximum_attempts,
-            root_operation_id=marker.root_operation_id,
-            previous_operation_id=marker.previous_operation_id,
-            job_id=marker.job_id,
-            input_revision=marker.input_revision,
-            scope=marker.scope,
-            usage=marker.usage or Usage(),
-        )
+        return reads.disposition_status(self.account, marker)
 
     async def receipt(self, handle: Handle) -> Receipt:
         """The saved, validated completion (works without backend or unexpired permission)."""
-        record = self._read(handle.operation_id)
-        require_owner(self.account, record.account, record.operation_id)
-        if record.phase == "superseded":  # issue 16: no result of it may count
-            raise superseded_error(record)
-        command = self.store.get_command(record.operation_id)
-        if record.phase == "cancelled" or (command is not None and command.kind == "cancel"):
-            raise errors.OperationCancelled(operation_id=record.operation_id)
-        # A version-1 record that was never upgraded keeps its completion inline: it is
-        # read from there (no backend, no lease, no write).
-        payload = saved_completion(self.store, record) if record.has_completion else None
-        if not record.has_completion or payload is None or record.completed_at is None:
-            raise errors.CompletionUnavailable(
-                "no saved completion", operation_id=record.operation_id
-            )
-        last = record.attempts[-1] if record.attempts else None
-        completed_at = to_datetime(record.completed_at)
-        assert completed_at is not None
-        self.telemetry.emit("receipt.retrieved", record.operation_id)
-        return Receipt(
-            operation_id=record.operation_id,
-            payload=payload,
-            format_name=record.format_name,
-            format_hash=record.format_hash,
-            contract_version=record.contract_version,
-            job_id=record.job_id,
-            input_revision=record.input_revision,
-            scope=record.scope,
-            completed_at=completed_at,
-            root_operation_id=record.root_operation_id,
-            previous_operation_id=record.previous_operation_id,
-            response_id=last.response_id if last else None,
-            account=record.account,
-            usage=record.usage,
-        )
+        return reads.saved_receipt(self.store, self.account, self.telemetry, handle.operation_id)
 
     async def inventory(self, scope: str | None = None) -> Inventory:
         account = require_signed_in(self.account, "no inventory")
@@ -530,6 +481,10 @@ class Runtime:
         self.telemetry.emit(
             "operation.cancelled" if kind == "cancel" else "operation.suspended", operation_id
         )
+        if kind == "cancel" and command is None:  # applied here: nobody runs it (issue 15)
+            record = self.store.get_operation(operation_id)
+            if record is not None and record.reattach:
+                await cancel_on_server(self, record)
 
     async def acknowledge(self, handle: Handle) -> None:
         """After the host's own commit: remove request and response, keep a small marker.

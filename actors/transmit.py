@@ -10,19 +10,20 @@ validate and save a completion or record the failure.
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
-from recoverable.actors.host import count_usage
+from recoverable.actors.checkpoint import Checkpointer
+from recoverable.actors.host import count_usage, reattach_client
 from recoverable.actors.live import LiveSlot
 from recoverable.actors.operation_core import Cut, OperationCore, Sending
 from recoverable.transport.connect import CONNECT_CODES, ConnectKind, EndpointGate
 from recoverable.transport.ratelimit import estimate_tokens
 
-from recoverable import _killpoints, errors, machine
+from recoverable import _killpoints, errors, machine, reattachment
 from recoverable.contract import OutputInvalid
-from recoverable.outcome import Completed, Interruption, Progress
+from recoverable.outcome import Completed, Interruption, Outcome, Progress
 from recoverable.records import CommandKind, OperationRecord
 
 
@@ -138,10 +139,15 @@ class Transmitter(OperationCore):
                 await host.governor.admit(self.operation_id, backend.endpoint_id,
                                         authorized.account, estimate, self._sleep_until)
                 with self.guard.transport():  # the hard deadline: the lease's safety margin
-                    call = backend.stream(
-                        body, attempt_id=attempt_id, token=token,
-                        on_progress=on_progress, before_send=before_send, **deltas,
-                    )
+                    if authorized.reattach:  # issue 15: a background POST, checkpointed
+                        call = self._background_post(
+                            body, attempt_id, token, on_progress, before_send
+                        )
+                    else:
+                        call = backend.stream(
+                            body, attempt_id=attempt_id, token=token,
+                            on_progress=on_progress, before_send=before_send, **deltas,
+                        )
                     hard = authorized.attempt_timeout
                     if hard is None:
                         sending.result = await call
@@ -177,7 +183,9 @@ class Transmitter(OperationCore):
             gate.failed(ticket, kind)
             return kind, authorized
         current = sending.consumed.record
-        if sending.progressed:
+        if authorized.reattach:
+            current = self._checkpointed_record(current, attempt_id, sending)
+        elif sending.progressed:
             current = machine.progress(
                 current, attempt_id, sending.response_id, sending.sequence_number
             ).record
@@ -198,6 +206,92 @@ class Transmitter(OperationCore):
                     estimate=estimate, outcome=result,
                     maximum_pause=current.retry_policy.maximum_retry_after,
                 )
+
+    # --- issue 15: background responses (``reattach=True``) -------------------------
+
+    async def _background_post(
+        self,
+        body: bytes,
+        attempt_id: str,
+        token: str,
+        on_progress: Callable[[Progress], None],
+        before_send: Callable[[], Awaitable[None]],
+    ) -> Outcome:
+        """The background POST over HTTP SSE (also for a WebSocket backend), with its
+        fenced checkpoint written while it streams."""
+        client = reattach_client(self.host.backend)
+        if client is None:
+            raise errors.ConfigurationUnavailable(
+                "the backend cannot stream background responses (reattach=True)",
+                operation_id=self.operation_id,
+            )
+        return await self._checkpointed(attempt_id, on_progress, lambda report: client.stream(
+            body, attempt_id=attempt_id, token=token, on_progress=report,
+            before_send=before_send,
+        ))
+
+    async def _checkpointed(
+        self,
+        attempt_id: str,
+        on_progress: Callable[[Progress], None],
+        call: Callable[[Callable[[Progress], None]], Awaitable[Outcome]],
+    ) -> Outcome:
+        """Run one background stream (``call``) with its checkpoint writer beside it."""
+        async def persist(step: machine.Transition) -> None:
+            await self._persist(step, check_commands=False)
+            _killpoints.hit("reattach.checkpoint_saved")
+            saved = step.record.attempts[-1]
+            self.host.telemetry.emit("attempt.checkpointed", self.operation_id,
+                                     attempt=saved.number, sequence_number=saved.sequence_number)
+
+        checkpointer = Checkpointer(
+            attempt_id, record=lambda: self.record, now=self.host.now, persist=persist
+        )
+
+        def report(progress: Progress) -> None:
+            on_progress(progress)
+            checkpointer.note(progress)
+
+        refused: list[errors.RecoveryError] = []
+
+        async def write() -> None:
+            try:
+                await checkpointer.run()
+            except errors.RecoveryError as exc:  # a newer owner's fence (LeaseLost), a store
+                refused.append(exc)
+                nursery.cancel_scope.cancel()
+
+        raised: list[Exception] = []
+        outcome: Outcome | None = None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(write)
+            try:
+                outcome = await call(report)
+            except Exception as exc:  # raised as itself below, never inside an ExceptionGroup
+                raised.append(exc)
+            finally:
+                checkpointer.close()
+        self.checkpoint_writes += checkpointer.writes
+        if refused:
+            raise refused[0]
+        if raised:
+            raise raised[0]
+        assert outcome is not None
+        return outcome
+
+    def _checkpointed_record(
+        self, consumed: OperationRecord, attempt_id: str, sending: Sending
+    ) -> OperationRecord:
+        """The record after a background stream: its saved checkpoints (``self.record``)
+        and the last cursor seen, merged in memory (never backwards)."""
+        current = self.record if self.record is not None else consumed
+        if sending.progressed:
+            current = reattachment.checkpoint(
+                current, attempt_id, sending.response_id, sending.sequence_number,
+                self.host.now(),
+            ).record
+            self.record = current
+        return current
 
     async def _attempt_ended(
         self, current: OperationRecord, attempt_id: str, result: Completed | Interruption

@@ -72,6 +72,7 @@ ADMISSION_FIELDS: Final[tuple[str, ...]] = tuple(
         "maximum_attempts", "maximum_output_tokens_total", "retry_policy", "expires_at",
         "format_hash", "contract_version", "scope", "job_id", "input_revision",
         "on_interruption", "source", "attempt_timeout",
+        "reattach",  # issue 15: reattach is chosen at prepare
     )
     if name in OperationRecord.__struct_fields__
 )

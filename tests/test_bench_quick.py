@@ -156,6 +156,13 @@ def check_live(out: str) -> None:
     assert row[1] == "40" and float(row[4]) > 0 and float(row[7]) > 0, out  # both ratios
     assert row[-1] == "90", out  # POSTs: one per job (2 x 40, and 2 x 5 warm-up)
     assert re.search(r"^parser: \d+\.\d\d µs per delta event without on_delta", out, re.M), out
+def check_reattach(out: str) -> None:
+    rows = [line.split() for line in out.splitlines()
+            if line.split()[:1] in (["faults"], ["cost"])]
+    assert [(r[0], r[1]) for r in rows] == [
+        ("faults", "no"), ("faults", "yes"), ("cost", "no"), ("cost", "yes")], out
+    assert rows[2][3] == rows[3][3] == "1.000", out  # no faults: one POST per job
+    assert re.search(r"^checkpoint cost \(no faults, same run\): writes/job ", out, re.M), out
 
 
 ENTRY_POINTS = [
@@ -172,6 +179,7 @@ ENTRY_POINTS = [
     ("store_scale.py", check_store_scale),
     ("transport.py", check_transport),
     ("workers.py", check_workers),
+    ("reattach.py", check_reattach),
 ]
 
 

@@ -52,6 +52,7 @@ TOP_LEVEL = {
     "output_types": CORE,
     "preconditions": CORE,
     "pricing": CORE,
+    "reattachment": CORE,
     "records": CORE,
     "schema_graph": CORE,
     "sources_rules": CORE,

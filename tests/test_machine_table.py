@@ -9,7 +9,7 @@ from typing import get_args
 
 import pytest
 
-from recoverable import failure_policy, outcome, records, types
+from recoverable import failure_policy, outcome, reattachment, records, types
 from recoverable import machine as m
 from recoverable.machine import InvalidTransition, Transition
 from recoverable.records import OperationRecord, Phase
@@ -43,6 +43,7 @@ EVENTS: dict[m.Event, Callable[[OperationRecord], Transition]] = {
     "endpoint_unreachable": lambda rec: m.endpoint_unreachable(rec, ATTEMPT, "connect_refused"),
     "credentials_unavailable": lambda rec: m.credentials_unavailable(rec, ATTEMPT),
     "progress": lambda rec: m.progress(rec, ATTEMPT, "resp_1", 3),
+    "checkpoint": lambda rec: reattachment.checkpoint(rec, ATTEMPT, "resp_1", 3, T0),
     "completion_validated": lambda rec: m.completion_validated(
         rec, ATTEMPT, ctx(), response_id="resp_1", sequence_number=3
     ),

@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 
 import trio
 from recoverable.transport.base import Credentials, StreamLimits, normalize_base_url
+from recoverable.transport.resume import ReattachClient
 from recoverable.transport.sse import SseTransport
 from recoverable.transport.websocket import WebSocketTransport
 
@@ -127,6 +128,13 @@ class ResponsesBackend:
                 normalized, limits=limits, max_connections=max_connections
             )
         self._stack: contextlib.AsyncExitStack | None = None
+        # Issue 15: background responses (``prepare(..., reattach=True)``) always go over
+        # HTTP SSE: the SSE transport itself, or (WebSocket mode, where background mode is
+        # not available) one of the same base URL made on first use.
+        self.reattachment = ReattachClient(
+            normalized, limits=limits, max_connections=max_connections, slots=self._slots,
+            http=self._transport if isinstance(self._transport, SseTransport) else None,
+        )
 
     def __repr__(self) -> str:
         return f"ResponsesBackend({self.base_url!r}, mode={self.mode!r})"
@@ -184,3 +192,4 @@ class ResponsesBackend:
     async def aclose(self) -> None:
         """Close pooled connections; idempotent. Streams still running finish on their own."""
         await self._transport.aclose()
+        await self.reattachment.aclose()

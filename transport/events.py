@@ -30,6 +30,7 @@ from recoverable.outcome import (
 )
 
 __all__ = [
+    "RESUMED_WITHOUT_OUTPUT",
     "DeltaResponseStream",
     "FrameTooLarge",
     "ResponseStream",
@@ -61,6 +62,10 @@ def _is_tool_event(event_type: str) -> bool:
     if event_type.startswith(_TOOL_EVENT_PREFIXES):
         return True
     return _TOOL_EVENT_MARKER.match(event_type) is not None
+
+
+# Issue 15: a resumed stream's terminal ``response.completed`` carried no message output.
+RESUMED_WITHOUT_OUTPUT = "resumed_without_output"
 
 
 class FrameTooLarge(Exception):
@@ -196,8 +201,15 @@ class ResponseStream:
         max_events: int,
         on_progress: Callable[[Progress], None] | None = None,
         progress_interval: int = 32,
+        resume_after: int | None = None,
+        response_id: str | None = None,
     ) -> None:
-        self.response_id: str | None = None
+        # Issue 15: a stream resumed after ``resume_after`` (a saved cursor) of the known
+        # ``response_id``. Events at or below the cursor are skipped (never applied twice);
+        # the deltas before it are missing, so a completion is taken only from the terminal
+        # response's own output, never assembled from partial events.
+        self._resume_after = resume_after
+        self.response_id: str | None = response_id
         self.sequence_number: int | None = None
         self.had_output = False
         self.had_tool_activity = False
@@ -284,6 +296,8 @@ class ResponseStream:
         if seq is not None:
             if not isinstance(seq, int) or isinstance(seq, bool):
                 raise _Malformed("bad_sequence_number")
+            if self._resume_after is not None and seq <= self._resume_after:
+                return None  # already applied before the stream was resumed
             self.sequence_number = seq
         known_id = self.response_id
         had_output = self.had_output
@@ -450,6 +464,10 @@ class ResponseStream:
             return self.interrupt("refusal")
         if found_message:
             final = "".join(texts)
+        elif self._resume_after is not None:
+            # Resumed: the deltas before the cursor were never seen here. Nothing is
+            # fabricated from partial events (the caller reads the final state instead).
+            return self.interrupt("malformed", transport_code=RESUMED_WITHOUT_OUTPUT)
         else:
             keys = sorted(set(self._texts) | set(self._done_texts))
             final = "".join(

@@ -129,6 +129,44 @@ class SseTransport:
         request = self._client.build_request(
             "POST", self.url, content=content, headers=headers, extensions={"trace": trace}
         )
+        return await self.exchange(request, state)
+
+    def request(self, method: str, url: str, *, token: str, attempt_id: str | None = None,
+                params: dict[str, str] | None = None, stream: bool = False) -> httpx.Request:
+        """A request on this transport's client and headers (issue 15: the GETs and the
+        cancel POST of a background response; no body)."""
+        headers = {
+            "authorization": f"Bearer {token}",
+            "accept": "text/event-stream" if stream else "application/json",
+            "accept-encoding": "identity",
+        }
+        if attempt_id is not None:
+            headers["x-client-request-id"] = attempt_id
+        return self._client.build_request(method, url, headers=headers, params=params)
+
+    async def fetch(self, request: httpx.Request) -> tuple[int, bytes | None]:
+        """Send a small request and read its whole answer: (status, body), the body
+        ``None`` when it passed ``max_frame_bytes``. Raises ``httpx.TransportError`` (the
+        caller maps it); its time is bounded by the caller."""
+        response = await self._client.send(request, stream=True)
+        try:
+            body = bytearray()
+            raw = cast("AsyncGenerator[bytes, None]", response.aiter_raw())
+            async with contextlib.aclosing(raw) as chunks:
+                async for chunk in chunks:
+                    body += chunk
+                    if len(body) > self._limits.max_frame_bytes:
+                        return response.status_code, None
+            return response.status_code, bytes(body)
+        finally:
+            with trio.CancelScope(shield=True):
+                await response.aclose()
+
+    async def exchange(self, request: httpx.Request, state: ResponseStream) -> Outcome:
+        """Send ``request`` and read its SSE answer into ``state`` under every bound of
+        ``StreamLimits`` (connect, idle, frame, total bytes, events); never raises for a
+        transport or provider problem."""
+        limits = self._limits
         idle = trio.CancelScope()
         # The first event must arrive within connect + idle; afterwards idle per event.
         idle.deadline = trio.current_time() + limits.connect_timeout + limits.idle_timeout

@@ -87,8 +87,16 @@ def body_hash(body: bytes) -> str:
     return hashlib.sha256(body).hexdigest()
 
 
-def freeze_body(request: StructuredRequest, contract: ResponseContract) -> bytes:
+def freeze_body(
+    request: StructuredRequest, contract: ResponseContract, *, reattach: bool = False
+) -> bytes:
     """Validate ``request`` and return its canonical tool-free Responses body.
+
+    With ``reattach=True`` (issue 15, ``prepare(..., reattach=True)``) the body is frozen
+    with ``"background": true, "store": true``: the provider keeps the response (for a
+    limited time) so an interrupted attempt can be resumed by id instead of generated
+    again (docs/reattach.md). The request's own ``store``/``background`` stay refused:
+    this flag is the one way to set them. Still tool-free and strict.
 
     Raises ``InvalidParameter`` (an ``InvalidRequest`` naming the parameter) for tools,
     tool choices, persistent threads, stored responses or prompts, a bad model, or an
@@ -134,12 +142,14 @@ def freeze_body(request: StructuredRequest, contract: ResponseContract) -> bytes
         "model": model,
         # Already canonical: embedded verbatim so large input is encoded once.
         "input": msgspec.Raw(input_json),
-        "store": False,
+        "store": reattach is True,
         "tools": [],
         "tool_choice": "none",
         "parallel_tool_calls": False,
         "text": text,
     }
+    if reattach is True:
+        body["background"] = True
     if instructions is not None:
         body["instructions"] = instructions
     reasoning: dict[str, Any] = {}

@@ -76,7 +76,8 @@ RATE_LIMIT_NAMES: Final[frozenset[str]] = frozenset({"rate_limit_exceeded", "rat
 # Interruption kinds that are always replacement-eligible: the attempt produced no
 # published output and no tool effect, so a tool-free replacement is safe.
 TRANSPORT_KINDS: Final = frozenset(
-    {"disconnected", "timeout", "premature_eof", "malformed", "interrupted"}
+    {"disconnected", "timeout", "premature_eof", "malformed", "interrupted",
+     "reattach_unavailable"}  # issue 15: a saved background response that is gone
 )
 
 

@@ -99,6 +99,8 @@ _KINDS: dict[str, str] = {
     "refusal": "the model refused",
     "invalid_output": "the output was not valid JSON for the schema",
     "interrupted": "the attempt was interrupted",
+    "reattach_unavailable": "its saved response could not be resumed (gone, expired or "
+    "cancelled on the provider)",
 }
 
 _TRANSPORT_CODES: dict[str, str] = {

@@ -14,6 +14,7 @@ from __future__ import annotations
 import attrs
 
 from recoverable import errors
+from recoverable.reattachment import reattach_target
 from recoverable.records import CommandKind, OperationRecord
 from recoverable.sources_rules import superseded_error
 from recoverable.transitions import (
@@ -34,6 +35,10 @@ def suspended_record(rec: OperationRecord) -> OperationRecord:
     Under ``on_interruption="fail"`` that interruption ends the operation instead
     (``failed``, ``interrupted``): a suspension never opens a way to replace it."""
     closed = close_interrupted(rec, "suspended")
+    if closed.phase == "failed" and reattach_target(close_in_flight(rec, "suspended")):
+        # Issue 15: the attempt can still be resumed by its saved response id (no
+        # replacement): resuming the operation reattaches to it first.
+        closed = close_in_flight(rec, "suspended")
     return closed if closed.phase == "failed" else evolve(closed, phase="suspended")
 
 

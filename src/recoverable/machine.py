@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import msgspec
 
-from recoverable import errors
+from recoverable import errors, reattachment
 from recoverable.failure_policy import TRANSPORT_KINDS, backoff_delay, classify
 from recoverable.lifecycle import (
     apply_command,
@@ -92,6 +92,7 @@ from recoverable.transitions import (
     Deliver,
     Event,
     InvalidTransition,
+    Reattach,
     Stop,
     Transition,
     Transmit,
@@ -123,6 +124,7 @@ __all__ = [
     "Deliver",
     "Event",
     "InvalidTransition",
+    "Reattach",
     "Stop",
     "Transition",
     "Transmit",
@@ -326,6 +328,9 @@ def open_operation(
     if not ctx.body_available:
         # Found before the host is asked and before an attempt is spent (fail closed).
         return stopped(rec, rec, _body_error(rec, ctx))
+    resumed = reattachment.at_open(rec, ctx)  # issue 15: resume before replacing
+    if resumed is not None:
+        return resumed
     work = rec
     if work.phase == "failed":  # authentication_required: a blocker, reopened after sign-in
         work = evolve(work, phase="waiting", failure_reason=None, renew_next=True)
@@ -436,16 +441,20 @@ def attempt_failed(
     so a suspend never turns a terminal failure into a replaceable one and never
     drops a persisted cooldown or a pending 401 reissue.
     """
+    resumed = reattachment.after_failure(rec, attempt_id, failure, ctx)  # issue 15
+    if resumed is not None:
+        return resumed
     last = require_in_flight("attempt_failed", rec, attempt_id)
     usage = failure.usage
     failure = _stored_failure(failure)
+    response_id, sequence_number = reattachment.ended_checkpoint(
+        rec, last, failure.response_id, failure.sequence_number
+    )
     ended = msgspec.structs.replace(
         last,
         outcome="failed",
-        response_id=failure.response_id or last.response_id,
-        sequence_number=(
-            last.sequence_number if failure.sequence_number is None else failure.sequence_number
-        ),
+        response_id=response_id,
+        sequence_number=sequence_number,
         failure=failure,
         usage=usage if usage is not None else last.usage,
     )
@@ -506,11 +515,14 @@ def completion_validated(
     """A validated completion arrived. The driver saves the payload with this record
     (the receipt) before delivering. A cancel fences it off; a suspend keeps it."""
     last = require_in_flight("completion_validated", rec, attempt_id)
+    response_id, sequence_number = reattachment.ended_checkpoint(
+        rec, last, response_id, sequence_number
+    )
     done = msgspec.structs.replace(
         last,
         outcome="completed",
-        response_id=response_id or last.response_id,
-        sequence_number=sequence_number if sequence_number is not None else last.sequence_number,
+        response_id=response_id,
+        sequence_number=sequence_number,
         failure=None,
         usage=usage,
     )
@@ -583,7 +595,9 @@ def owner_lost(rec: OperationRecord, *, now: float) -> Transition:
     closed = close_in_flight(rec, "owner_lost")
     interrupted = closed is not rec
     reason: FailureReason | None = None
-    if _budget_spent(closed) is not None or (interrupted and rec.on_interruption == "fail"):
+    if reattachment.keeps_through_owner_loss(closed) and not is_expired(closed, now):
+        pass  # issue 15: the next owner resumes it first (no budget, no replacement)
+    elif _budget_spent(closed) is not None or (interrupted and rec.on_interruption == "fail"):
         reason = "owner_lost"
     elif is_expired(closed, now):
         reason = "expired"

@@ -85,6 +85,22 @@ class AttemptRecord(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields
     # The tokens the provider reported for this attempt (added after version 2 was
     # released: optional, so records written before decode unchanged; None = not reported).
     usage: Usage | None = None
+    # Issue 15 (reattachment; optional, so records written before decode unchanged). For an
+    # operation prepared with ``reattach=True``, ``response_id`` and ``sequence_number``
+    # above are its reattachment checkpoint (saved fenced, the cursor never goes back):
+    # ``checkpoint_at`` is when the cursor was last saved, ``reattachments`` how many
+    # times a later execution (or the same one after a disconnect) resumed this attempt's
+    # response by GET instead of generating it again (bounded per attempt).
+    checkpoint_at: float | None = None
+    reattachments: int = 0
+    # Issue 15: the provider was asked to cancel this attempt's background response after
+    # the operation was cancelled (best effort; None = not asked).
+    server_cancel: str | None = None
+
+    @property
+    def reattached(self) -> bool:
+        """Issue 15: this attempt's completion came by reattachment (a resume GET)."""
+        return self.outcome == "completed" and self.reattachments > 0
 
 
 class RetryReservation(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=True):
@@ -152,6 +168,15 @@ class OperationRecord(
     source: SourceRef | None = None
     attempt_timeout: float | None = None
     superseded_reason: SupersededReason | None = None
+    # Issue 15: chosen at prepare (an admission field, never changed): the frozen body asks
+    # for a background, stored response, and an interrupted attempt is first resumed by
+    # its saved response id (no new POST, no budget) before seed 000 replaces it.
+    reattach: bool = False
+
+    @property
+    def reattachments(self) -> int:
+        """Issue 15: the resume GETs started across every attempt of this operation."""
+        return sum(attempt.reattachments for attempt in self.attempts)
 
     @property
     def attempts_remaining(self) -> int:

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from recoverable.preconditions import endpoint_blocked, is_expired
+from recoverable.reattachment import reattach_target
 from recoverable.records import AttemptRecord, CommandKind, LeaseRecord, OperationRecord
 from recoverable.types import (
     AccountBinding,
@@ -91,7 +92,10 @@ def _state_and_availability(
     rec: OperationRecord, phase: str, *, now: float, lease_live: bool
 ) -> tuple[State, Availability]:
     """The operation's state and, before blockers, its availability."""
-    spent = rec.attempts_remaining == 0 or rec.token_budget_spent
+    # Issue 15: an attempt that can still be resumed by its saved response id needs no
+    # budget (a reattachment is not a new attempt): executing it again resumes it.
+    resumable = reattach_target(rec) is not None
+    spent = (rec.attempts_remaining == 0 or rec.token_budget_spent) and not resumable
     if phase == "superseded":  # terminal (issue 16); its completion, if any, is gone
         return "superseded", "superseded"
     if phase == "completed" or (rec.has_completion and phase != "cancelled"):
@@ -110,6 +114,8 @@ def _state_and_availability(
     # authorizing / transmitting / waiting with no live owner
     if spent:
         return "interrupted", "exhausted"
+    if resumable:
+        return "interrupted", "replacement_eligible"
     if rec.on_interruption == "fail" and rec.attempts and rec.attempts[-1].outcome == "in_flight":
         # Its interrupted attempt may not be replaced: reopening (or the sweep) ends it.
         return "interrupted", "failed"
@@ -130,6 +136,9 @@ def _summary(attempt: AttemptRecord, lease_live: bool) -> AttemptSummary:
         sequence_number=attempt.sequence_number,
         failure=attempt.failure,
         usage=attempt.usage,
+        reattachments=attempt.reattachments,
+        reattached=attempt.reattached,
+        server_cancel=attempt.server_cancel,
     )
 
 
@@ -228,4 +237,7 @@ def derive_status(
         fence=rec.fence,
         source=rec.source,
         superseded_reason=rec.superseded_reason,
+        reattach=rec.reattach,
+        reattachments=rec.reattachments,
+        reattached=last is not None and last.reattached,
     )

@@ -33,6 +33,7 @@ Event = Literal[
     "endpoint_unreachable",  # connecting for the approved attempt failed; nothing sent
     "credentials_unavailable",  # renewal for a 401 reissue failed; nothing sent
     "progress",  # response id / cursor of the attempt in flight
+    "checkpoint",  # issue 15: the fenced reattachment checkpoint of the attempt in flight
     "completion_validated",  # the attempt in flight completed with a valid output
     "attempt_failed",  # the attempt in flight ended without a usable completion
     "account_stopped",  # the runtime signed out or changed account
@@ -53,6 +54,7 @@ EVENT_PHASES: Final[Mapping[Event, frozenset[Phase]]] = {
     "endpoint_unreachable": frozenset({"authorizing"}),
     "credentials_unavailable": frozenset({"authorizing"}),
     "progress": frozenset({"transmitting"}),
+    "checkpoint": frozenset({"transmitting"}),
     "completion_validated": frozenset({"transmitting"}),
     "attempt_failed": frozenset({"transmitting"}),
     "account_stopped": EVERY_PHASE,
@@ -136,7 +138,18 @@ class Stop:
     error: errors.RecoveryError
 
 
-Action = AskHost | Transmit | WaitUntil | Deliver | Stop
+@attrs.frozen
+class Reattach:
+    """Issue 15: resume the attempt's saved background response: a GET of its events after
+    ``after`` (or of its final state). No new POST, no authorization, no budget; the
+    attempt is in flight again and its reattachment is counted (``reattachment.py``)."""
+
+    attempt_id: str
+    response_id: str
+    after: int | None
+
+
+Action = AskHost | Transmit | WaitUntil | Deliver | Stop | Reattach
 
 
 @attrs.frozen

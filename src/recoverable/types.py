@@ -188,6 +188,11 @@ class AttemptSummary(msgspec.Struct, frozen=True, kw_only=True):
     sequence_number: int | None = None
     failure: Interruption | None = None
     usage: Usage | None = None  # the tokens the provider reported (None: not reported)
+    # Issue 15 (reattach=True): resume GETs of this attempt's saved response, whether its
+    # completion came by one, and what the provider answered to its cancel (if asked).
+    reattachments: int = 0
+    reattached: bool = False
+    server_cancel: str | None = None
 
 
 class Status(msgspec.Struct, frozen=True, kw_only=True):
@@ -243,6 +248,11 @@ class Status(msgspec.Struct, frozen=True, kw_only=True):
     # superseded while its state is "superseded".
     source: SourceRef | None = None
     superseded_reason: SupersededReason | None = None
+    # Issue 15 (docs/reattach.md): prepared with reattach=True; the resume GETs across its
+    # attempts; whether its saved result came by reattachment (no second generation).
+    reattach: bool = False
+    reattachments: int = 0
+    reattached: bool = False
 
 
 class Receipt(msgspec.Struct, frozen=True, kw_only=True):
@@ -264,6 +274,10 @@ class Receipt(msgspec.Struct, frozen=True, kw_only=True):
     # The tokens reported across every attempt of the operation, including the attempts
     # replaced before this result (what the result cost).
     usage: Usage = Usage()
+    # Issue 15: the result came by reattachment (a resume GET of the saved background
+    # response, no second generation), and the resume GETs across the operation.
+    reattached: bool = False
+    reattachments: int = 0
 
     def decode(self, type: Any) -> Any:
         """Decode the payload as ``type``: the ``response=`` type (a msgspec Struct, a pydantic

@@ -81,6 +81,7 @@ async def run(args: argparse.Namespace) -> int:
                 handle = await rt.prepare(
                     request, response=Answer, maximum_attempts=args.max_attempts,
                     retry_policy=policy, job_id=args.job, input_revision=args.revision,
+                    reattach=args.reattach,
                 )
             db.execute("BEGIN IMMEDIATE")
             db.execute(
@@ -133,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--job", default="job-1")
     parser.add_argument("--revision", default="r1")
     parser.add_argument("--max-attempts", type=int, default=3)
+    parser.add_argument("--reattach", action="store_true", help="prepare(..., reattach=True)")
     args = parser.parse_args(argv)
     return trio.run(run, args)
 

@@ -41,6 +41,7 @@ CHANGED: dict[str, Any] = {
     # issue 16: the source it derives from and its attempts' hard timeout
     "source": SourceRef("doc-1", "sha256:aaa"),
     "attempt_timeout": 10.0,
+    "reattach": True,  # issue 15
 }
 
 

@@ -1,0 +1,159 @@
+"""Reattach instead of regenerate (issue 15): the actor's side of ``machine.Reattach``.
+
+``Reattacher`` adds to the transmitter (``actors/transmit.py``) the one step the machine
+asks for before it would replace an interrupted attempt of a ``reattach=True``
+operation: resume the attempt's saved background response by its id. The record saved
+before this step already has the attempt in flight again and its reattachment counted
+(``reattachment.begin``): a crash during the GET is one more try of a bounded number.
+It runs under the lease (its hard transport deadline), inside the monitor's cancel scope
+(a suspend, a cancel, a sign-out cut it), with the account already checked by the
+machine; no authorize call, no rate-governor admission, no budget. The stream is
+resumed after the saved cursor (the rest of the events, live or already finished; its
+checkpoint written as it goes), and what it ends with is handled exactly like a streamed
+attempt's outcome (``_attempt_ended``: a completion is validated and saved as the
+receipt, fenced; a failure goes to the machine, which may resume again or let seed 000
+decide). After the operation is cancelled, :meth:`_cancel_on_server` asks the provider
+to stop the background response (best effort, recorded in telemetry).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import msgspec
+import trio
+from recoverable.actors.host import OperationHost, reattach_client
+from recoverable.actors.operation_core import Cut, Sending
+from recoverable.actors.transmit import Transmitter
+from recoverable.storage.base import WriteTransaction
+from recoverable.transport.base import validate_api_key
+from recoverable.transport.ratelimit import estimate_tokens
+
+from recoverable import _killpoints, errors, machine
+from recoverable.outcome import Completed, Progress
+from recoverable.records import OperationRecord
+
+# A cancel request to the provider after the operation's cancel is durable: bounded, and
+# never allowed to hold the execution up longer than this.
+SERVER_CANCEL_SECONDS = 10.0
+
+
+class Reattacher(Transmitter):
+    """The transmitter plus the resumption of a saved background response."""
+
+    async def _reattach(
+        self, current: OperationRecord, action: machine.Reattach
+    ) -> machine.Transition:
+        host = self.host
+        backend = host.backend
+        client = reattach_client(backend)
+        if backend is None or client is None:
+            raise errors.ConfigurationUnavailable(
+                "no backend that can resume a background response (reattach=True)",
+                operation_id=self.operation_id,
+            )
+        attempt_id = action.attempt_id
+        last = current.attempts[-1]
+        _killpoints.hit("reattach.saved")
+        host.telemetry.emit("attempt.reattaching", self.operation_id, attempt=last.number,
+                            reattachments=last.reattachments, after=action.after)
+        token = await self._interruptible(backend.credentials.token())
+        if isinstance(token, Cut) or self._watch().account_stop is not None:
+            return await self._on_stop(current)
+        validate_api_key(token, what="the credentials' token")
+        sending = self._sending = Sending(0)
+
+        def on_progress(report: Progress) -> None:
+            sending.progressed = True
+            sending.response_id = report.response_id
+            sending.sequence_number = report.sequence_number
+
+        async def resume() -> None:
+            with self.guard.transport():  # the hard deadline: the lease's safety margin
+                sending.result = await self._checkpointed(
+                    attempt_id, on_progress, lambda report: client.resume(
+                        action.response_id, after=action.after, attempt_id=attempt_id,
+                        token=token, on_progress=report,
+                    ),
+                )
+            await self.guard.checkpoint()  # cut by it: stop here (the lease is lost)
+
+        streamed = await self._interruptible(resume())
+        current = self._checkpointed_record(current, attempt_id, sending)
+        result = sending.result
+        if result is None:
+            assert isinstance(streamed, Cut)
+            return await self._on_stop(current)
+        host.reattachments += 1
+        host.telemetry.emit(
+            "attempt.reattached", self.operation_id, attempt=last.number,
+            completed=isinstance(result, Completed),
+            kind=None if isinstance(result, Completed) else result.kind,
+        )
+        try:
+            return await self._attempt_ended(current, attempt_id, result)
+        finally:
+            # The rate governor's usage correction: the POST's estimate was charged when it
+            # was admitted; the tokens the resumed response reports settle the rest.
+            with trio.CancelScope(shield=True):
+                await host.governor.settle(
+                    self.operation_id, backend.endpoint_id, current.account,
+                    estimate=estimate_tokens(self._body or b""), outcome=result,
+                    maximum_pause=current.retry_policy.maximum_retry_after,
+                )
+
+    async def _cancel_on_server(self, record: OperationRecord) -> None:
+        """After the operation's cancel is saved: ask the provider to cancel the attempt's
+        background response, best effort and bounded (telemetry ``attempt.server_cancel``)."""
+        await cancel_on_server(self.host, record)
+
+
+async def cancel_on_server(host: OperationHost, record: OperationRecord) -> str | None:
+    """Ask the provider to cancel the last attempt's background response of a cancelled
+    ``reattach=True`` operation (best effort, bounded, never raises). Returns what the
+    provider answered (``transport.resume.CancelResult``), or ``None`` when there was
+    nothing to cancel."""
+    if record.phase != "cancelled" or not record.reattach or not record.attempts:
+        return None
+    last = record.attempts[-1]
+    if last.response_id is None or last.outcome == "completed":
+        return None
+    if last.server_cancel in ("cancelled", "ended", "gone"):
+        return None  # the provider already answered for good (a cancel is idempotent)
+    backend = host.backend
+    client = reattach_client(backend)
+    if backend is None or client is None:
+        return None
+    result = "failed"
+    # Shielded (the cancel that led here must not cut it), bounded by its own deadline.
+    with trio.CancelScope(deadline=trio.current_time() + SERVER_CANCEL_SECONDS, shield=True):
+        try:
+            token = await backend.credentials.token()
+            result = await client.cancel(last.response_id, token=token)
+        except Exception:  # best effort: the cancel itself is already durable
+            result = "failed"
+    host.telemetry.emit("attempt.server_cancel", record.operation_id, attempt=last.number,
+                        result=result)
+    with trio.CancelScope(shield=True):
+        try:
+            await host.store.write(functools.partial(
+                record_server_cancel, record.operation_id, last.attempt_id, result
+            ))
+        except errors.RecoveryError:
+            pass  # best effort: the telemetry event says what the provider answered
+    return result
+
+
+def record_server_cancel(
+    operation_id: str, attempt_id: str, result: str, txn: WriteTransaction
+) -> None:
+    """Save on the cancelled operation's attempt what the provider answered to the cancel
+    of its background response (the operation is terminal: nothing else writes it)."""
+    record = txn.get_operation(operation_id)
+    if record is None or record.phase != "cancelled" or not record.attempts:
+        return
+    last = record.attempts[-1]
+    if last.attempt_id != attempt_id or last.server_cancel == result:
+        return
+    updated = msgspec.structs.replace(last, server_cancel=result)
+    txn.put_operation(msgspec.structs.replace(record, attempts=(*record.attempts[:-1], updated)))

@@ -1,0 +1,224 @@
+"""Background responses over HTTP (issue 15): create, resume, retrieve and cancel by id.
+
+A body frozen with ``reattach=True`` carries ``"background": true, "store": true``; the
+provider keeps generating it when the client goes away and keeps it retrievable for a
+limited time. ``ReattachClient`` speaks the wire contract of
+``/work/shared/design/responses-protocol.md`` ("Background responses"):
+
+- ``stream``: ``POST /responses`` (SSE), as ``SseTransport.stream``;
+- ``resume``: ``GET /responses/{id}?stream=true&starting_after=N``, the rest of the event
+  stream (events at or below ``N`` are skipped if a server repeats them);
+- ``retrieve``: ``GET /responses/{id}``, the response object and its ``status``;
+- ``cancel``: ``POST /responses/{id}/cancel``, best effort.
+
+Over a WebSocket backend (background mode is not available over WebSocket) the same
+client uses an HTTP SSE transport of the same base URL, made on first use. Like
+``stream``, nothing here raises for a provider or transport problem: a typed
+``Interruption`` comes back. A response that is gone (404/410) or cancelled on the
+server is ``reattach_unavailable``; a GET the server refused otherwise (401, 429, 5xx)
+or a dropped connection is ``disconnected`` (the resume may be tried again, bounded by
+the caller). Nothing is fabricated from partial events: a resumed stream whose final
+event has no output is completed only from the retrieved response object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, Literal
+from urllib.parse import quote
+
+import httpx
+import msgspec
+import trio
+from recoverable.transport.base import StreamLimits
+from recoverable.transport.events import RESUMED_WITHOUT_OUTPUT, ResponseStream
+from recoverable.transport.sse import SseTransport
+
+from recoverable.outcome import Interruption, Outcome, Progress
+
+__all__ = ["CancelResult", "ReattachClient"]
+
+# What ``cancel`` saw: the response is cancelled (now or before), it had already ended
+# (completed/failed/incomplete: left as it is), it is gone (404), or the request failed.
+CancelResult = Literal["cancelled", "ended", "gone", "failed"]
+
+_GONE: Final = frozenset({404, 410})
+_RUNNING: Final = frozenset({"queued", "in_progress"})
+
+
+def _gone(response_id: str, status: int | None, code: str) -> Interruption:
+    return Interruption(kind="reattach_unavailable", http_status=status, transport_code=code,
+                        response_id=response_id)
+
+
+class ReattachClient:
+    """Background responses of one backend, over HTTP SSE (see the module docstring)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        limits: StreamLimits,
+        http: SseTransport | None,
+        max_connections: int,
+        slots: trio.Semaphore,
+    ) -> None:
+        self._base = base_url.rstrip("/")
+        self._limits = limits
+        self._http = http
+        self._owned = http is None  # made here on first use (a WebSocket backend)
+        self._max_connections = max_connections
+        self._slots = slots
+
+    def _transport(self) -> SseTransport:
+        if self._http is None:
+            self._http = SseTransport(
+                self._base, limits=self._limits, max_connections=self._max_connections
+            )
+        return self._http
+
+    def _url(self, response_id: str, suffix: str = "") -> str:
+        return f"{self._base}/responses/{quote(response_id, safe='')}{suffix}"
+
+    async def aclose(self) -> None:
+        if self._owned and self._http is not None:
+            await self._http.aclose()
+
+    async def stream(
+        self,
+        body: bytes,
+        *,
+        attempt_id: str,
+        token: str,
+        on_progress: Callable[[Progress], None] | None = None,
+        before_send: Callable[[], Awaitable[None]] | None = None,
+    ) -> Outcome:
+        """``POST /responses`` of a background body, streamed (``SseTransport.stream``)."""
+        async with self._slots:
+            return await self._transport().stream(
+                body, attempt_id=attempt_id, token=token, on_progress=on_progress,
+                before_send=before_send,
+            )
+
+    async def resume(
+        self,
+        response_id: str,
+        *,
+        after: int | None,
+        attempt_id: str,
+        token: str,
+        on_progress: Callable[[Progress], None] | None = None,
+    ) -> Outcome:
+        """The rest of the response's event stream after sequence number ``after`` (all of
+        it when ``None``), to its terminal event; bounded like any stream."""
+        http = self._transport()
+        params = {"stream": "true"}
+        if after is not None:
+            params["starting_after"] = str(after)
+        state = ResponseStream(
+            max_events=self._limits.max_events, on_progress=on_progress,
+            resume_after=after, response_id=response_id,
+        )
+        request = http.request("GET", self._url(response_id), token=token,
+                               attempt_id=attempt_id, params=params, stream=True)
+        async with self._slots:
+            outcome = await http.exchange(request, state)
+        if isinstance(outcome, Interruption):
+            if outcome.kind == "http_rejected" and state.events == 0:
+                # The GET itself was answered with an error status (no event was read).
+                return self._refused(response_id, outcome.http_status, after)
+            if outcome.transport_code == RESUMED_WITHOUT_OUTPUT:
+                final = await self.retrieve(response_id, attempt_id=attempt_id, token=token)
+                return final if final is not None else outcome
+        return outcome
+
+    @staticmethod
+    def _refused(response_id: str, status: int | None, after: int | None) -> Interruption:
+        if status in _GONE:
+            return _gone(response_id, status, "response_gone")
+        return Interruption(kind="disconnected", transport_code=f"resume_http_{status}",
+                            response_id=response_id, sequence_number=after)
+
+    async def retrieve(self, response_id: str, *, attempt_id: str, token: str) -> Outcome | None:
+        """The response's final state: ``Completed`` or a typed ``Interruption``; ``None``
+        while it is still queued or in progress. One bounded GET."""
+        http = self._transport()
+        request = http.request("GET", self._url(response_id), token=token, attempt_id=attempt_id)
+        fetched = await self._fetch(http, request)
+        if isinstance(fetched, Interruption):
+            return fetched
+        status, body = fetched
+        if status in _GONE:
+            return _gone(response_id, status, "response_gone")
+        if not 200 <= status < 300:
+            return self._refused(response_id, status, None)
+        if body is None:
+            return Interruption(kind="response_too_large", transport_code="frame_too_large",
+                                response_id=response_id)
+        try:
+            obj = msgspec.json.decode(body)
+        except (msgspec.DecodeError, UnicodeDecodeError):
+            obj = None
+        if not isinstance(obj, dict) or not isinstance(obj.get("status"), str):
+            return Interruption(kind="malformed", transport_code="bad_response_object",
+                                response_id=response_id)
+        return final_state(response_id, obj, self._limits.max_events)
+
+    async def cancel(self, response_id: str, *, token: str) -> CancelResult:
+        """``POST /responses/{id}/cancel``, best effort and bounded; never raises."""
+        http = self._transport()
+        request = http.request("POST", self._url(response_id, "/cancel"), token=token)
+        fetched = await self._fetch(http, request)
+        if isinstance(fetched, Interruption):
+            return "failed"
+        status, body = fetched
+        if status in _GONE:
+            return "gone"
+        if not 200 <= status < 300 or body is None:
+            return "failed"
+        try:
+            obj = msgspec.json.decode(body)
+        except (msgspec.DecodeError, UnicodeDecodeError):
+            return "failed"
+        state = obj.get("status") if isinstance(obj, dict) else None
+        if state == "cancelled":
+            return "cancelled"
+        return "ended" if state in ("completed", "failed", "incomplete") else "failed"
+
+    async def _fetch(
+        self, http: SseTransport, request: httpx.Request
+    ) -> tuple[int, bytes | None] | Interruption:
+        limits = self._limits
+        # One GET or POST: bounded like the first event of a stream (connect + idle).
+        with trio.move_on_after(limits.connect_timeout + limits.idle_timeout):
+            try:
+                async with self._slots:
+                    return await http.fetch(request)
+            except httpx.TimeoutException:
+                return Interruption(kind="timeout", transport_code="http_timeout")
+            except httpx.TransportError:
+                return Interruption(kind="disconnected", transport_code="transport_error")
+        return Interruption(kind="timeout", transport_code="idle_timeout")
+
+
+def final_state(response_id: str, obj: dict[str, Any], max_events: int) -> Outcome | None:
+    """A retrieved response object as an outcome (``None`` while it is still running).
+
+    ``completed``, ``failed`` and ``incomplete`` are read exactly as the stream's terminal
+    events of the same name (the completion only from the object's own ``output``);
+    ``cancelled`` on the server is ``reattach_unavailable`` (code ``cancelled``).
+    """
+    status = obj.get("status")
+    if status in _RUNNING:
+        return None
+    if status == "cancelled":
+        return Interruption(kind="reattach_unavailable", provider_code="cancelled",
+                            response_id=response_id)
+    if status not in ("completed", "failed", "incomplete"):
+        return Interruption(kind="malformed", transport_code="unknown_response_status",
+                            response_id=response_id)
+    # ``resume_after=-1``: none of its events was seen here, so no delta may complete it.
+    state = ResponseStream(max_events=max_events, resume_after=-1, response_id=response_id)
+    outcome = state.feed(msgspec.json.encode({"type": f"response.{status}", "response": obj}))
+    assert outcome is not None  # a terminal event always ends the stream
+    return outcome
