@@ -35,6 +35,10 @@ async def test_live_fixes_the_fail_policy(
         with pytest.raises(errors.InvalidRequest, match="live=True fixes"):
             await rt.prepare(REQUEST, response=Answer, maximum_attempts=2, live=True,
                              on_interruption="replace")
+        with pytest.raises(errors.InvalidParameter, match="cannot be combined") as refused:
+            await rt.prepare(REQUEST, response=Answer, maximum_attempts=2, live=True,
+                             reattach=True)
+        assert refused.value.parameter == "reattach"
         with pytest.raises(errors.InvalidRequest, match="live must be"):
             await rt.prepare(REQUEST, response=Answer, maximum_attempts=2,
                              live="yes")  # type: ignore[arg-type]
