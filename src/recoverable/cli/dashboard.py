@@ -16,6 +16,7 @@ written to disk. Telemetry of every action goes to stderr as JSON lines (ids and
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import signal
@@ -38,6 +39,8 @@ from recoverable.telemetry import TelemetryEvent
 
 __all__ = ["run_dashboard", "store_label"]
 
+_URL_SCHEMES: Final = frozenset({"postgresql", "postgres"})
+_PG_MODULE: Final = "recoverable.storage.pg_store"
 GRACEFUL_SECONDS: Final = 2.0  # open live views (SSE) are closed after this on shutdown
 
 
@@ -54,7 +57,15 @@ def open_dashboard_store(spec: str) -> RecoveryStore:
     """The store named by ``--store``; a missing or unopenable one is a usage error whose
     message never repeats a URL's credentials."""
     label = store_label(spec)
-    if "://" not in spec and (
+    if "://" in spec:
+        scheme = urlsplit(spec).scheme
+        # The PostgreSQL store (issue 17) is opened by RecoveryStore.open from its URL;
+        # until that module is installed a URL is refused (never a directory named
+        # "postgresql:").
+        if scheme not in _URL_SCHEMES or importlib.util.find_spec(_PG_MODULE) is None:
+            raise UsageError(f"cannot open the store at {label}: this installation opens "
+                             "LMDB directories only")
+    elif (
         not os.path.isdir(spec) or not os.path.exists(os.path.join(spec, "data.mdb"))
     ):
         raise UsageError(f"no recovery store at {label}")
