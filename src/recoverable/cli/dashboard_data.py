@@ -294,6 +294,9 @@ def build_summary(store: DashboardStore, *, now: float | None = None) -> Summary
     disposed_usage = Usage()
     for marker in markers:
         rows.append(_disposed_row(marker))
+        if marker.disposition == "acknowledged" and marker.at >= horizon:
+            # Its completion time left with the record: the acknowledgement stands in.
+            completed_minutes[math.floor(marker.at / 60.0) * 60.0] += 1
         attempts[marker.attempts_used] += 1
         if marker.usage is not None:
             disposed_usage = disposed_usage + marker.usage

@@ -34,8 +34,9 @@ h1{font-size:20px;margin:4px 0 12px}h2{font-size:15px;margin:18px 0 6px}
 .cards{display:flex;flex-wrap:wrap;gap:8px}
 .card{background:#fff;border:1px solid #d8dde6;border-radius:6px;padding:8px 12px;min-width:92px}
 .card .n{font-size:22px;font-weight:600}.card .l{color:#5b6678;font-size:12px}
-.grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(340px,1fr));gap:14px}
-.box{background:#fff;border:1px solid #d8dde6;border-radius:6px;padding:8px 12px}
+.grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(420px,1fr));gap:14px}
+.box{background:#fff;border:1px solid #d8dde6;border-radius:6px;padding:8px 12px;
+overflow-x:auto}
 table{border-collapse:collapse;width:100%;background:#fff}
 td,th{border-bottom:1px solid #e4e7ed;padding:4px 8px;text-align:left;font-size:13px}
 th{background:#eef1f5}code{font-size:12px}
@@ -83,6 +84,13 @@ def _time(stamp: float | None) -> str:
     return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def _clock(stamp: float | None) -> str:
+    """A short time of day (UTC) for the overview's tables."""
+    if stamp is None:
+        return "-"
+    return _dt.datetime.fromtimestamp(stamp, _dt.UTC).strftime("%H:%M:%S")
+
+
 def _when(moment: _dt.datetime | None) -> str:
     return "-" if moment is None else _time(moment.timestamp())
 
@@ -124,7 +132,7 @@ def _bars(values: Sequence[tuple[str, int]], *, width: int = 520, height: int = 
     if not values:
         return '<p class="muted">no data yet</p>'
     peak = max(value for _, value in values) or 1
-    step = width / len(values)
+    step = min(width / len(values), 48.0)
     bars = []
     for index, (label, value) in enumerate(values):
         bar = (height - 16) * value / peak
@@ -135,7 +143,7 @@ def _bars(values: Sequence[tuple[str, int]], *, width: int = 520, height: int = 
         )
     first, last = escape(values[0][0]), escape(values[-1][0])
     return (
-        f'<svg role="img" aria-label="{escape(title)}" width="{width}" height="{height}" '
+        f'<svg role="img" aria-label="{escape(title)}" width="100%" '
         f'viewBox="0 0 {width} {height}">' + "".join(bars)
         + f'<text x="0" y="{height - 2}" font-size="10" fill="#6b7587">{first}</text>'
         + f'<text x="{width}" y="{height - 2}" font-size="10" fill="#6b7587" '
@@ -143,6 +151,11 @@ def _bars(values: Sequence[tuple[str, int]], *, width: int = 520, height: int = 
         + f'<text x="{width}" y="10" font-size="10" fill="#6b7587" text-anchor="end">'
         f"max {peak}</text></svg>"
     )
+
+
+def _short(owner_id: str) -> str:
+    """An owner id, shortened (the whole id in its tooltip)."""
+    return f'<code title="{escape(owner_id)}">{escape(owner_id[:12])}…</code>'
 
 
 def _link(operation_id: str) -> str:
@@ -178,20 +191,20 @@ def overview_page(summary: Summary, *, nonce: str, context: str) -> str:
     )
     histogram = _bars(
         [(f"{attempts} attempt(s)", count) for attempts, count in summary.attempts_histogram],
-        width=300, title="operations by attempts used",
+        title="operations by attempts used",
     )
     tokens = usage_text(summary.usage) if summary.usage_reported else None
     cost = ("-" if summary.cost is None or not summary.usage_reported
             else f"${summary.cost:.4f} (built-in price estimate)")
     cooldowns = _table(
-        ("operation", "cooldown until"),
-        ([_link(op_id), _time(until)] for op_id, until in summary.cooldowns),
+        ("operation", "cooldown until (UTC)"),
+        ([_link(op_id), _clock(until)] for op_id, until in summary.cooldowns),
         empty="no saved cooldown",
     )
     governors = _table(
-        ("endpoint", "operations", "shared pause", "requests bucket", "tokens bucket"),
+        ("endpoint", "ops", "shared pause", "requests", "tokens"),
         ([escape(gov.endpoint_id), str(gov.operations),
-          '<span class="bad">until ' + _time(gov.paused_until) + "</span>"
+          '<span class="bad">until ' + _clock(gov.paused_until) + "</span>"
           if gov.paused_until else "none",
           "full" if gov.requests_level is None else f"{gov.requests_level:.1f}",
           "full" if gov.tokens_level is None else f"{gov.tokens_level:.0f}"]
@@ -199,15 +212,15 @@ def overview_page(summary: Summary, *, nonce: str, context: str) -> str:
         empty="no endpoint yet",
     )
     owners = _table(
-        ("owner (process)", "leases", "live", "next lease expiry (heartbeat renews)"),
-        ([f"<code>{escape(owner.owner_id)}</code>", str(owner.leases),
+        ("owner (process)", "leases", "live", "lease expiry (UTC, renewed)"),
+        ([_short(owner.owner_id), str(owner.leases),
           '<span class="ok">yes</span>' if owner.live else '<span class="bad">no</span>',
-          _time(owner.next_expiry)] for owner in summary.owners),
+          _clock(owner.next_expiry)] for owner in summary.owners),
         empty="no process holds a lease",
     )
     workers = _table(
         ("worker owner", "endpoint", "concurrency", "started", "live"),
-        ([f"<code>{escape(worker.owner_id)}</code>", escape(worker.endpoint_id),
+        ([_short(worker.owner_id), escape(worker.endpoint_id),
           str(worker.concurrency), _time(worker.started_at), "yes" if worker.live else "no"]
          for worker in summary.workers),
         empty="no registered worker",
@@ -220,8 +233,10 @@ def overview_page(summary: Summary, *, nonce: str, context: str) -> str:
         f"cooldown; {summary.unreadable} unreadable record(s)</p>"
         f"{cards}"
         '<div class="grid">'
-        f'<div class="box"><h2>Completed per minute (last hour)</h2>{throughput}</div>'
-        f'<div class="box"><h2>Attempts spent per minute</h2>{posts}</div>'
+        f'<div class="box"><h2>Completed per minute (last hour; acknowledged ones at '
+        f"their acknowledgement)</h2>{throughput}</div>"
+        f'<div class="box"><h2>Attempts spent per minute (records in the store)</h2>'
+        f"{posts}</div>"
         f'<div class="box"><h2>Attempts per job</h2>{histogram}</div>'
         f'<div class="box"><h2>Availability</h2>{availability}</div>'
         f'<div class="box"><h2>Failures by typed kind</h2>{failures}</div>'
