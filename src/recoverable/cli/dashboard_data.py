@@ -83,10 +83,11 @@ class Row:
     attempts_used: int
     maximum_attempts: int
     failure: str | None  # the typed failure kind (or the failure reason), if any
-
-    @property
-    def key(self) -> tuple[float, str]:
-        return (-self.created_at, self.operation_id)  # newest first, then by id
+    # The list's order: newest first, then by id (made once: the lists share it).
+    key: tuple[float, str] = attrs.field(
+        init=False, eq=False,
+        default=attrs.Factory(lambda row: (-row.created_at, row.operation_id), takes_self=True),
+    )
 
 
 @attrs.frozen
