@@ -308,3 +308,31 @@ def test_usage_errors_exit_2_without_credentials(tmp_path: Path) -> None:
     assert "hunter2" not in url.stderr and "admin" not in url.stderr
     port = run_cli("dashboard", "--store", str(tmp_path), "--port", "70000")
     assert port.returncode == 2 and "0..65535" in port.stderr
+
+
+def test_a_store_that_fails_is_a_typed_503_and_the_dashboard_stays_up(
+    made: dict[str, Any], tmp_path: Path
+) -> None:
+    store = copy_store(made, tmp_path)
+    with dashboard(store, "--account", ACCOUNT_ID) as info, signed_in(info) as client:
+        assert client.get("/").status_code == 200
+        idle = made["idle"][0]
+        csrf = _csrf(client.get(f"/operations/{idle}").text)
+        # The lock file is replaced: the next write finds out, and from then on the store
+        # refuses every read and write in this process (fail closed, docs/failures.md).
+        (store / "lock.mdb").unlink()
+        action = client.post(f"/operations/{idle}/suspend", data={"csrf": csrf},
+                             headers={"origin": info["base"]})
+        assert action.status_code == 303
+        assert "store_lock_replaced" in action.headers["location"]
+
+        def refused() -> bool:
+            page = client.get("/api/summary")
+            return page.status_code == 503 and page.json()["error"] == "store_lock_replaced"
+
+        wait_for(refused, "the summary to report the store's failure")
+        overview = client.get("/")
+        assert overview.status_code == 503 and "store_lock_replaced" in overview.text
+        one = client.get(f"/operations/{made['idle'][0]}")
+        assert one.status_code == 503 and "store_lock_replaced" in one.text
+        assert info["proc"].poll() is None  # still serving

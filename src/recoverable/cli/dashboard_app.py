@@ -91,6 +91,7 @@ class Dashboard:
         self.show_content = show_content
         self.telemetry = telemetry
         self.summary: Summary | None = None
+        self.failure: errors.RecoveryError | None = None  # the store's, at the last read
         self.version = 0
         self.streams = 0
         self._rebuilt = trio.Event()
@@ -101,24 +102,38 @@ class Dashboard:
 
     async def refresh_forever(self) -> None:
         """Rebuild the summary when the store changed: at most every ``max(MIN_REFRESH,
-        3 x the last build time)``, and every ``IDLE_REFRESH`` seconds anyway."""
+        3 x the last build time)``, and every ``IDLE_REFRESH`` seconds anyway. A store
+        that cannot be read is reported (``failure``: every page answers 503 with its
+        code) and tried again at the next round; the dashboard stays up."""
         while True:
+            try:
+                await self._refresh()
+                self.failure = None
+            except errors.RecoveryError as exc:
+                self.failure = exc
+                self._ready.set()  # waiting requests get the failure now
             summary = self.summary
-            stale = summary is None or time.time() - summary.built_at >= IDLE_REFRESH
-            if stale or self.store.last_txnid() != summary.txnid:  # type: ignore[union-attr]
-                self.summary = await trio.to_thread.run_sync(build_summary, self.store)
-                self.version += 1
-                self._ready.set()
-                self._rebuilt.set()
-                self._rebuilt = trio.Event()
-            assert self.summary is not None
-            pause = max(MIN_REFRESH, 3 * self.summary.build_seconds)
+            pause = max(MIN_REFRESH, 3 * summary.build_seconds if summary else 0.0)
             with trio.move_on_after(pause):
                 await self._poke.wait()
             self._poke = trio.Event()
 
+    async def _refresh(self) -> None:
+        summary = self.summary
+        if (summary is None or self.failure is not None
+                or time.time() - summary.built_at >= IDLE_REFRESH
+                or self.store.last_txnid() != summary.txnid):
+            self.summary = await trio.to_thread.run_sync(build_summary, self.store)
+            self.version += 1
+            self._ready.set()
+            self._rebuilt.set()
+            self._rebuilt = trio.Event()
+
     async def current(self) -> Summary:
+        """The current summary; the store's typed failure while it cannot be read."""
         await self._ready.wait()
+        if self.failure is not None:
+            raise self.failure
         assert self.summary is not None
         return self.summary
 
@@ -130,7 +145,8 @@ class Dashboard:
                             headers={"content-security-policy": _csp(nonce)})
 
     def _error(self, request: Request, exc: errors.RecoveryError | ActionRefused) -> Response:
-        status = _STATUS_OF.get(exc.code, 409)
+        status = 503 if isinstance(exc, errors.StorageUnavailable) else _STATUS_OF.get(
+            exc.code, 409)
         message = str(exc)
         if request.url.path.startswith("/api/"):
             return JSONResponse({"error": exc.code, "message": message}, status_code=status)
@@ -140,7 +156,10 @@ class Dashboard:
     # -- routes -----------------------------------------------------------------------
 
     async def overview(self, request: Request) -> Response:
-        summary = await self.current()
+        try:
+            summary = await self.current()
+        except errors.RecoveryError as exc:
+            return self._error(request, exc)
         return self._html(lambda nonce: pages.overview_page(
             summary, nonce=nonce, context=self.context))
 
@@ -165,7 +184,10 @@ class Dashboard:
             page, nonce=nonce, context=self.context))
 
     async def summary_json(self, request: Request) -> Response:
-        return JSONResponse((await self.current()).counts())
+        try:
+            return JSONResponse((await self.current()).counts())
+        except errors.RecoveryError as exc:
+            return self._error(request, exc)
 
     async def operation(self, request: Request) -> Response:
         operation_id = request.path_params["operation_id"]
@@ -218,12 +240,16 @@ class Dashboard:
         try:
             seen = -1
             while True:
-                summary = await self.current()
-                if self.version != seen:
-                    seen = self.version
-                    yield pages.sse_counts(summary.counts())
+                try:
+                    summary = await self.current()
+                except errors.RecoveryError as exc:
+                    yield pages.sse_failure(exc.code)
                 else:
-                    yield b": idle\n\n"  # keeps proxies and the browser's timer happy
+                    if self.version != seen:
+                        seen = self.version
+                        yield pages.sse_counts(summary.counts())
+                    else:
+                        yield b": idle\n\n"  # keeps proxies and the browser's timer happy
                 with trio.move_on_after(IDLE_REFRESH):
                     await self._rebuilt.wait()
         finally:

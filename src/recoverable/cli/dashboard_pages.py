@@ -65,6 +65,11 @@ _LIVE_JS: Final = """
     var stamp = document.getElementById('updated');
     if (stamp) { stamp.textContent = new Date(data.built_at * 1000).toLocaleTimeString(); }
   });
+  source.addEventListener('failure', function(event){
+    var stamp = document.getElementById('updated');
+    var code = JSON.parse(event.data).error;
+    if (stamp) { stamp.textContent = 'NOT updated: the store cannot be read (' + code + ')'; }
+  });
 })();
 """
 
@@ -410,3 +415,8 @@ def error_page(status: int, code: str, message: str, *, nonce: str, context: str
 
 def sse_counts(counts: dict[str, object]) -> bytes:
     return f"event: counts\ndata: {json.dumps(counts, sort_keys=True)}\n\n".encode()
+
+
+def sse_failure(code: str) -> bytes:
+    """The store cannot be read: the page says so (its counts are stale)."""
+    return f"event: failure\ndata: {json.dumps({'error': code})}\n\n".encode()

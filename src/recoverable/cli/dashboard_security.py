@@ -93,8 +93,13 @@ class Guard:
         self.app = app
         self.sessions = sessions
         self.hosts: frozenset[str] = frozenset()  # set once the port is known
+        self.any_host = False
 
     def allow_hosts(self, host: str, port: int) -> None:
+        """The Host headers this dashboard answers: its own address (and ``localhost``
+        for 127.0.0.1). Bound to every interface (0.0.0.0, ::) it cannot know the names
+        it is reached by: any Host is then accepted (the token still guards it)."""
+        self.any_host = host in ("0.0.0.0", "[::]")
         names = {host, "127.0.0.1", "localhost"} if host == "127.0.0.1" else {host}
         self.hosts = frozenset(f"{name}:{port}" for name in names)
 
@@ -109,7 +114,7 @@ class Guard:
             await send(message)
 
         host = _header(scope, b"host")
-        if host not in self.hosts:
+        if host not in self.hosts and not (self.any_host and host):
             await _plain(send_with_headers, 403, "host_refused",
                          "this dashboard answers only at its own address")
             return
