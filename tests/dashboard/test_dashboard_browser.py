@@ -19,7 +19,7 @@ import re
 import signal
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,8 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
+
+import recoverable
 
 from ..cli.cli_helpers import child_env, cli_command, job_line, write_jobs
 from .helpers import ACCOUNT_ID, PROMPT_MARKER, REPO, dashboard, signed_in, wait_for
@@ -111,18 +113,26 @@ def test_overview_goes_live_during_a_batch_and_a_cancel_shows(
         job_line(i, input=f"{PROMPT_MARKER} review number {i}") for i in range(JOBS)
     ])
     store = tmp_path / "store"
-    batch = subprocess.Popen(
-        cli_command("batch", str(jobs), "--out", str(tmp_path / "out.jsonl"),
-                    "--store", str(store), "--endpoint", provider["http_url"],
-                    "--mode", "sse", "--api-key-env", "DASHBOARD_KEY", "--account", ACCOUNT_ID,
-                    "--concurrency", "2", "--backoff", "60", "--max-attempts", "3"),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-        env={**child_env(), "DASHBOARD_KEY": "sk-dashboard-test"},
-    )
+    recoverable.RecoveryStore.open(str(store)).close()  # the batch's store, empty for now
+    batch: subprocess.Popen[str] | None = None
+
+    def start_batch() -> subprocess.Popen[str]:
+        nonlocal batch
+        batch = subprocess.Popen(
+            cli_command("batch", str(jobs), "--out", str(tmp_path / "out.jsonl"),
+                        "--store", str(store), "--endpoint", provider["http_url"],
+                        "--mode", "sse", "--api-key-env", "DASHBOARD_KEY",
+                        "--account", ACCOUNT_ID, "--concurrency", "8", "--backoff", "60",
+                        "--max-attempts", "3"),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+            env={**child_env(), "DASHBOARD_KEY": "sk-dashboard-test"},
+        )
+        return batch
+
     try:
-        wait_for(lambda: (store / "data.mdb").exists(), "the batch's store")
         with dashboard(store, "--account", ACCOUNT_ID) as info, signed_in(info) as api:
-            cancelled_job = _scenario(browser, info, api, batch)
+            cancelled_job = _scenario(browser, info, api, start_batch)
+        assert batch is not None
         # The operations still in their cooldown would wait a minute: stop the batch (it
         # suspends them). The cancelled job was never committed; none was committed twice.
         batch.send_signal(signal.SIGINT)
@@ -130,26 +140,35 @@ def test_overview_goes_live_during_a_batch_and_a_cancel_shows(
         lines = [json.loads(line) for line in
                  (tmp_path / "out.jsonl").read_text().splitlines()]
         assert len(lines) == len({line["id"] for line in lines}), (stdout, stderr)
-        assert cancelled_job[0] not in {line["id"] for line in lines}
+        assert cancelled_job not in {line["id"] for line in lines}
     finally:
-        if batch.poll() is None:
+        if batch is not None and batch.poll() is None:
             batch.kill()
             batch.wait()
 
 
 def _scenario(browser: WebDriver, info: dict[str, Any], api: Any,
-              batch: subprocess.Popen[str]) -> list[str]:
+              start_batch: Callable[[], subprocess.Popen[str]]) -> str:
     # The overview, opened with the printed URL (the token signs the browser in).
     browser.get(info["url"])
     assert browser.current_url == info["base"] + "/"  # the token left the address bar
     WebDriverWait(browser, WAIT).until(
         expected_conditions.presence_of_element_located((By.ID, "count-total")))
-    first = _count(browser, "count-by_state-acknowledged")
-    # The counts change by themselves (server-sent events), no reload.
+    assert _count(browser, "count-total") == 0
+    # The batch starts while the page is open: its counts change by themselves
+    # (server-sent events), no reload.
+    batch = start_batch()
     WebDriverWait(browser, WAIT).until(
-        lambda driver: _count(driver, "count-by_state-acknowledged") > first,
+        lambda driver: _count(driver, "count-by_state-acknowledged") > 0,
         "the overview's counts did not change during the batch")
+    assert _count(browser, "count-total") > 0
     assert batch.poll() is None, "the batch ended before the page saw it run"
+    WebDriverWait(browser, WAIT).until(
+        lambda driver: _count(driver, "count-by_state-acknowledged") >= JOBS // 2,
+        "the batch did not go on")
+    browser.refresh()  # the charts are drawn at load (the counts are live)
+    WebDriverWait(browser, WAIT).until(
+        expected_conditions.presence_of_element_located((By.ID, "count-total")))
     _screenshot(browser, "overview", height=1500)
 
     # An operation the batch is running (in its saved cooldown), from the list.
@@ -191,4 +210,4 @@ def _scenario(browser: WebDriver, info: dict[str, Any], api: Any,
     WebDriverWait(browser, WAIT).until(
         lambda driver: _count(driver, "count-by_state-cancelled") == 1,
         "the overview does not count the cancelled operation")
-    return [str(row["job_id"])]
+    return str(row["job_id"])

@@ -153,8 +153,7 @@ def _bars(values: Sequence[tuple[str, int]], *, width: int = 520, height: int = 
         + f'<text x="0" y="{height - 2}" font-size="10" fill="#6b7587">{first}</text>'
         + f'<text x="{width}" y="{height - 2}" font-size="10" fill="#6b7587" '
         f'text-anchor="end">{last}</text>'
-        + f'<text x="{width}" y="10" font-size="10" fill="#6b7587" text-anchor="end">'
-        f"max {peak}</text></svg>"
+        + f'<text x="0" y="10" font-size="10" fill="#6b7587">max {peak}</text></svg>'
     )
 
 
