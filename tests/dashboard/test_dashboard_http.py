@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -300,7 +301,7 @@ def test_each_action_is_the_cli_s_call_and_is_recorded(
     assert json.loads(status.stdout)["state"] == "suspended"
 
 
-def test_usage_errors_exit_2_without_credentials(tmp_path: Path) -> None:
+def test_usage_errors_exit_2_without_credentials(made: dict[str, Any], tmp_path: Path) -> None:
     missing = run_cli("dashboard", "--store", str(tmp_path / "nothing"))
     assert missing.returncode == 2 and "no recovery store" in missing.stderr
     url = run_cli("dashboard", "--store", "postgresql://admin:hunter2@db.example/jobs")
@@ -308,6 +309,14 @@ def test_usage_errors_exit_2_without_credentials(tmp_path: Path) -> None:
     assert "hunter2" not in url.stderr and "admin" not in url.stderr
     port = run_cli("dashboard", "--store", str(tmp_path), "--port", "70000")
     assert port.returncode == 2 and "0..65535" in port.stderr
+    store = copy_store(made, tmp_path)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = run_cli("dashboard", "--store", str(store), "--port",
+                       str(taken.getsockname()[1]))
+    assert busy.returncode == 2 and "cannot listen on 127.0.0.1:" in busy.stderr, busy.stderr
+    assert "Traceback" not in busy.stderr
 
 
 def test_a_store_that_fails_is_a_typed_503_and_the_dashboard_stays_up(

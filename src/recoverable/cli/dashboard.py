@@ -134,8 +134,10 @@ async def _serve(store: RecoveryStore, args: argparse.Namespace, out: IO[str],
                     try:
                         binds = await server.start(
                             partial(serve, cast(Any, guard), config, shutdown_trigger=stop.wait))
-                    except OSError as exc:
-                        failure = f"cannot listen on {args.host}:{args.port}: {exc.strerror}"
+                    except* OSError as group:  # raised inside Hypercorn's own nursery
+                        reason = next((exc.strerror for exc in _leaves(group)
+                                       if exc.strerror), "refused")
+                        failure = f"cannot listen on {args.host}:{args.port}: {reason}"
                     else:
                         _announce(out, guard, sessions, args, binds[0], account is not None)
                         async for _signal in signals:
@@ -146,6 +148,16 @@ async def _serve(store: RecoveryStore, args: argparse.Namespace, out: IO[str],
     if failure is not None:
         raise UsageError(failure)
     return EXIT_OK
+
+
+def _leaves(group: BaseExceptionGroup[OSError]) -> list[OSError]:
+    found: list[OSError] = []
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            found += _leaves(exc)
+        else:
+            found.append(exc)
+    return found
 
 
 def _announce(out: IO[str], guard: Guard, sessions: Sessions, args: argparse.Namespace,

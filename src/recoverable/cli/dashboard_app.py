@@ -110,6 +110,9 @@ class Dashboard:
                 await self._refresh()
                 self.failure = None
             except errors.RecoveryError as exc:
+                if self.failure is None:  # live pages learn it once, at once
+                    self._rebuilt.set()
+                    self._rebuilt = trio.Event()
                 self.failure = exc
                 self._ready.set()  # waiting requests get the failure now
             summary = self.summary
