@@ -262,7 +262,8 @@ def operations_page(page: Page, *, nonce: str, context: str) -> str:
         for state in ("all", *STATES)
     )
     rows = _table(
-        ("operation", "job", "state", "availability", "attempts", "failure", "created"),
+        ("operation", "job", "state", "availability", "attempts", "failure",
+         "created (disposed: when)"),
         ([_link(row.operation_id), escape(row.job_id or "-"),
           f'<span class="state">{escape(row.state)}</span>', escape(row.availability),
           f"{row.attempts_used}/{row.maximum_attempts}",
