@@ -179,7 +179,9 @@ def _row(record: OperationRecord, status: Status) -> Row:
         job_id=record.job_id,
         attempts_used=record.attempts_used,
         maximum_attempts=record.maximum_attempts,
-        failure=_failure_kind(record) if status.state in ("failed", "interrupted") else None,
+        # The last typed failure while it still matters (a cooldown, an end), not once
+        # a later attempt completed.
+        failure=_failure_kind(record) if status.state != "completed" else None,
     )
 
 
