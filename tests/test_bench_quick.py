@@ -120,6 +120,12 @@ def check_store_commit(out: str) -> None:
     assert len(ratios) == 3, out
 
 
+def check_dashboard_scale(out: str) -> None:
+    assert "2000 operations" in out, out
+    assert re.search(r"walk: every page of /api/operations \(200\)\s+10\s", out), out
+    assert "10 pages, 2000 rows" in out and "GET /operations deepest page" in out, out
+
+
 def check_store_scale(out: str) -> None:
     assert "2000 operation records" in out, out
     assert "runtime.status(handle)" in out and "store.check_integrity()" in out, out
@@ -172,6 +178,7 @@ ENTRY_POINTS = [
     ("durable_parts.py", check_durable_parts),
     ("memory.py", check_memory),
     ("cancel_latency.py", check_cancel_latency),
+    ("dashboard_scale.py", check_dashboard_scale),
     ("scheduler_lateness.py", check_scheduler_lateness),
     ("soak.py", check_soak),
     ("sources.py", check_sources),

@@ -170,6 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_ops_command(sub, name)
     _add_sweep(sub)
     _add_source(sub)
+    _add_dashboard(sub)
     sub.add_parser(
         "fixture-provider",
         help="run the loopback fixture Responses provider",
@@ -390,6 +391,41 @@ def _add_worker(sub: argparse._SubParsersAction[_Parser]) -> None:
         "--lease-seconds", type=_positive_float, default=30.0, metavar="SECONDS",
         help="how long a claim lives unless the worker's heartbeat renews it (1..3600; a "
         "hung worker's operations are reclaimed by another worker after it)",
+    )
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be in 0..65535: {text!r}")
+    return value
+
+
+def _add_dashboard(sub: argparse._SubParsersAction[_Parser]) -> None:
+    dashboard = sub.add_parser(
+        "dashboard",
+        help="serve the operator's web dashboard over a store (docs/dashboard.md)",
+        description=(
+            "Serve a local web dashboard over --store: live counts, failures, owners, one "
+            "page per operation, and its actions (with --account). Prints one JSON line "
+            "with the URL (it carries the access token), then serves until Ctrl-C."
+        ),
+    )
+    dashboard.add_argument("--store", required=True, metavar="DIR|URL")
+    dashboard.add_argument("--host", default="127.0.0.1",
+                           help="address to listen on (default 127.0.0.1: this machine only)")
+    dashboard.add_argument("--port", type=_port, default=0,
+                           help="port (default 0: a free one, printed)")
+    dashboard.add_argument(
+        "--account", metavar="ID",
+        help="the account to act within: without it the dashboard is read-only",
+    )
+    dashboard.add_argument(
+        "--show-content", action="store_true",
+        help="also show the frozen request and the saved result of --account's operations",
     )
 
 

@@ -12,6 +12,7 @@ from recoverable import errors
 from recoverable.cli.arguments import build_parser
 from recoverable.cli.batch import run_batch
 from recoverable.cli.config import DEFAULT_RETRY_PROVIDER_CODES, BatchConfig
+from recoverable.cli.dashboard import run_dashboard
 from recoverable.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, UsageError
 from recoverable.cli.ops import run_ops
 from recoverable.cli.source import run_source
@@ -62,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_sweep(args, out, sys.stderr)
         if args.command == "source":
             return run_source(args, out, sys.stderr)
+        if args.command == "dashboard":
+            return run_dashboard(args, out, sys.stderr)
         return run_ops(args, out, sys.stderr)
     except UsageError as exc:
         _usage_error(args.command, exc, getattr(args, "json", False))

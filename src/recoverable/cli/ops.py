@@ -25,7 +25,7 @@ from recoverable.storage.store import RecoveryStore
 from recoverable.transport.base import StaticCredentials
 from recoverable.types import AccountBinding, Handle, Status
 
-__all__ = ["open_store", "resolve_account", "run_ops"]
+__all__ = ["NoGeneration", "open_store", "resolve_account", "run_ops"]
 
 _TARGET_STATE: Final = {
     "acknowledge": "acknowledged",
@@ -84,7 +84,7 @@ def _check_exists(store: RecoveryStore, operation_id: str) -> None:
                      operation_id=operation_id)
 
 
-class _NoGeneration:
+class NoGeneration:
     """The backend of ``recoverable retry``: it names the endpoint the successor is
     bound to (the source's) and can never send anything."""
 
@@ -117,12 +117,12 @@ class _StoreCommand:
         self.err = err
 
     async def run(self) -> int:
-        backend: _NoGeneration | None = None
+        backend: NoGeneration | None = None
         if self.command == "retry":
             assert self.account is not None and self.operation_id is not None
             source = self.store.get_operation(self.operation_id)
             if source is not None:
-                backend = _NoGeneration(source.endpoint_id, self.account)
+                backend = NoGeneration(source.endpoint_id, self.account)
         async with open_runtime(self.store, backend, account=self.account) as rt:
             try:
                 if self.command == "retry" and backend is None:

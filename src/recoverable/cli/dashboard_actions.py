@@ -1,0 +1,174 @@
+"""The dashboard's actions: suspend, cancel, manual retry, acknowledge, abandon.
+
+Each is the library call the CLI makes (``Runtime.suspend/cancel/acknowledge/abandon``,
+``Runtime.retry`` on a runtime whose backend only names the source's endpoint and never
+generates: ``cli/ops.NoGeneration``), within the account given by ``--account`` (the
+binding the CLI requires: without it every action is refused, and an operation of another
+account is refused by the library itself). Each is recorded in telemetry by the runtime
+that makes it (``recovery.operation.suspended``/``cancelled``/``abandoned``,
+``recovery.receipt.acknowledged``, ``recovery.operation.manual_retry_created``).
+Cancel keeps the CLI's guard: an operation with a saved completion is cancelled only with
+``force=1`` (the page's confirmation says the completion will be discarded).
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Mapping
+from typing import Final
+
+from recoverable import errors
+from recoverable.actors.runtime import Runtime, open_runtime
+from recoverable.cli.dashboard_data import OperationView
+from recoverable.cli.dashboard_pages import ActionButton
+from recoverable.cli.ops import NoGeneration
+from recoverable.telemetry import TelemetrySink
+from recoverable.types import Handle
+
+__all__ = ["ACTIONS", "ActionRefused", "buttons", "perform"]
+
+ACTIONS: Final = ("suspend", "cancel", "retry", "acknowledge", "abandon")
+_ACTION_ID: Final = re.compile(r"[A-Za-z0-9_-]{8,100}")
+_SETTLED: Final = frozenset({"completed", "failed", "cancelled", "acknowledged", "abandoned"})
+DISCARD_WARNING: Final = (
+    "Cancel permanently? This operation has a saved, validated completion: cancel DISCARDS "
+    "it for good (it can never be read or delivered, and it was paid for)."
+)
+CANCEL_WARNING: Final = (
+    "Cancel permanently? No further attempt will ever be made for this operation."
+)
+
+
+class ActionRefused(errors.RecoveryError):
+    """The dashboard refused an action before calling the library (the binding the CLI
+    requires is missing, or the CLI's own guard applies)."""
+
+    code = "action_refused"
+
+    def __init__(self, message: str, *, code: str, operation_id: str | None = None) -> None:
+        super().__init__(message, operation_id=operation_id)
+        self.code = code
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def new_action_id() -> str:
+    """A fresh manual-retry action id per rendered form (a resubmitted form repeats it,
+    and the library returns the same successor)."""
+    return "dash-" + secrets.token_urlsafe(12)
+
+
+def _binding_refusal(runtime: Runtime, view: OperationView) -> str | None:
+    if runtime.account is None:
+        return "read-only: start the dashboard with --account ID (the operation's account) to act"
+    if not view.same_account:
+        return "belongs to another account than the dashboard's --account"
+    return None
+
+
+def buttons(runtime: Runtime, view: OperationView) -> list[ActionButton]:
+    """The operation page's actions, each enabled or disabled with why."""
+    status = view.status
+    state = status.state
+    refusal = _binding_refusal(runtime, view)
+    if view.marker is not None:
+        refusal = f"already {state}: only a marker is left"
+
+    def why(allowed: bool, otherwise: str) -> str | None:
+        return refusal if refusal is not None else None if allowed else otherwise
+
+    saved = status.has_saved_completion
+    can_retry = "manual_retry" in status.suggested_actions and status.successor_id is None
+    return [
+        ActionButton("suspend", "Suspend",
+                     disabled=why(state not in _SETTLED and state != "suspended",
+                                  f"nothing to suspend: {state}")),
+        ActionButton("cancel", "Cancel…", danger=True,
+                     disabled=why(state not in ("cancelled", "acknowledged", "abandoned"),
+                                  f"already {state}"),
+                     confirm=DISCARD_WARNING if saved else CANCEL_WARNING,
+                     fields={"force": "1"} if saved else {}),
+        ActionButton("retry", "Manual retry (preserve)",
+                     disabled=why(can_retry, "manual retry is for a failed or exhausted "
+                                  "operation without a successor"),
+                     fields={"action_id": new_action_id(), "selection": "preserve"}),
+        ActionButton("retry", "Manual retry (reselect)", suffix="reselect",
+                     disabled=why(can_retry, "as above"),
+                     fields={"action_id": new_action_id(), "selection": "reselect"}),
+        ActionButton("acknowledge", "Acknowledge",
+                     disabled=why(state == "completed",
+                                  "acknowledge is for a completed operation whose result "
+                                  "the host committed")),
+        ActionButton("abandon", "Abandon…", danger=True,
+                     disabled=why(True, ""),
+                     confirm="Abandon? Its request and any saved result are removed; only a "
+                     "small marker is kept."),
+    ]
+
+
+async def perform(
+    runtime: Runtime,
+    view: OperationView,
+    action: str,
+    form: Mapping[str, str],
+    *,
+    telemetry: TelemetrySink,
+) -> str:
+    """Make the action; return what happened, for the page. Raises a typed error."""
+    operation_id = view.status.operation_id
+    if action not in ACTIONS:
+        raise errors.InvalidRequest(f"action: one of {', '.join(ACTIONS)}")
+    refusal = _binding_refusal(runtime, view)
+    if refusal is not None:
+        raise ActionRefused(refusal, code="account_required", operation_id=operation_id)
+    handle = Handle(operation_id)
+    match action:
+        case "suspend":
+            await runtime.suspend(handle)
+        case "cancel":
+            if view.status.has_saved_completion and form.get("force") != "1":
+                raise ActionRefused(
+                    "it has a saved, validated result: cancel discards it for good; confirm "
+                    "the cancel that says so", code="completion_saved", operation_id=operation_id)
+            await runtime.cancel(handle)
+        case "acknowledge":
+            await runtime.acknowledge(handle)
+        case "abandon":
+            await runtime.abandon(handle)
+        case "retry":
+            return await _retry(runtime, view, form, telemetry)
+    after = runtime.status_of(operation_id)
+    if after.state == view.status.state and action in ("suspend", "cancel"):
+        return (f"{action}: requested; another process runs it and applies the {action} at "
+                "its next check")
+    return f"{action}: {operation_id} is now {after.state}"
+
+
+async def _retry(
+    runtime: Runtime, view: OperationView, form: Mapping[str, str], telemetry: TelemetrySink
+) -> str:
+    operation_id = view.status.operation_id
+    action_id = form.get("action_id", "")
+    selection = form.get("selection", "")
+    if _ACTION_ID.fullmatch(action_id) is None:
+        raise errors.InvalidRequest("action_id: 8..100 of A-Z a-z 0-9 _ -")
+    if selection not in ("preserve", "reselect"):
+        raise errors.InvalidRequest("selection: preserve or reselect")
+    if view.record is None:
+        raise errors.StateUnavailable("the operation is already disposed",
+                                      operation_id=operation_id)
+    account = runtime.account
+    assert account is not None
+    backend = NoGeneration(view.record.endpoint_id, account)
+    async with open_runtime(runtime.store, backend, account=account, telemetry=telemetry,
+                            monitor_interval=0.25) as retrying:
+        successor = await retrying.retry(
+            Handle(operation_id), retry_action_id=action_id,
+            maximum_attempts=view.status.maximum_attempts,
+            selection="reselect" if selection == "reselect" else "preserve",
+        )
+    return (f"retry: {successor.operation_id} is the successor of {operation_id} "
+            f"(selection {selection}); nothing was sent: a rerun of the batch (or a worker) "
+            "runs it")

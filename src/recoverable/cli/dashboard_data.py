@@ -1,0 +1,468 @@
+"""The dashboard's data: one summary of the whole store, rebuilt from one read of it, and
+the bounded pages and per-operation views served from it.
+
+The summary (:class:`Summary`) holds one small row per operation (its id, creation time,
+state, availability, job id, attempts and failure kind: never a prompt, an output or an
+account identifier) and the overview's aggregates. It is built in a worker thread from
+``store.inventory()`` + ``store.control_rows()`` + ``store.dispositions()`` (the store
+contract: LMDB or any other store implementing it), and rebuilt only when the store
+changed (``store.last_txnid()``), at most every ``max(1 s, 3 x the last build)``, so a
+store of 100,000 operations costs one rebuild every few seconds while a batch runs, and
+nothing while it is idle. A page of the list is a slice of a sorted row list found by
+bisection from its cursor: the first and the 2,000th page cost the same.
+
+The operation page reads the operation's own record fresh from the store
+(:func:`operation_view`).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import bisect
+import math
+import time
+from collections import Counter
+from collections.abc import Iterable
+from typing import Final, Protocol
+
+import attrs
+
+from recoverable import errors
+from recoverable.actors import queue as submitted
+from recoverable.machine import derive_status
+from recoverable.outcome import Usage
+from recoverable.pricing import PriceTable, builtin_prices
+from recoverable.records import DispositionRecord, LeaseRecord, OperationRecord
+from recoverable.storage.base import Store
+from recoverable.storage.governor import governor_key, load_governor
+from recoverable.types import AccountBinding, Status
+
+__all__ = [
+    "MAX_PAGE",
+    "STATES",
+    "DashboardStore",
+    "OperationView",
+    "Page",
+    "Row",
+    "Summary",
+    "build_summary",
+    "decode_cursor",
+    "operation_view",
+    "page_of",
+]
+
+STATES: Final = (
+    "prepared", "running", "interrupted", "suspended", "completed", "failed", "cancelled",
+    "acknowledged", "abandoned",
+)
+MAX_PAGE: Final = 200  # rows a list page (or its JSON) holds at most
+DEFAULT_PAGE: Final = 50
+THROUGHPUT_MINUTES: Final = 60  # the throughput chart: the last hour, per minute
+_MAX_CURSOR: Final = 400  # characters
+_MAX_ID: Final = 200  # characters of an operation id in a URL
+
+
+class DashboardStore(Store, Protocol):
+    """The store contract plus the disposition markers' query (both stores have it)."""
+
+    def dispositions(
+        self, account: AccountBinding | None = None, scope: str | None = None
+    ) -> list[DispositionRecord]: ...
+
+
+@attrs.frozen
+class Row:
+    """One operation in the list (no content, no account)."""
+
+    operation_id: str
+    created_at: float
+    state: str
+    availability: str
+    job_id: str | None
+    attempts_used: int
+    maximum_attempts: int
+    failure: str | None  # the typed failure kind (or the failure reason), if any
+    # The list's order: newest first, then by id (made once: the lists share it).
+    key: tuple[float, str] = attrs.field(
+        init=False, eq=False,
+        default=attrs.Factory(lambda row: (-row.created_at, row.operation_id), takes_self=True),
+    )
+
+
+@attrs.frozen
+class Owner:
+    """A process holding leases (``owner_id`` is the store's random owner id)."""
+
+    owner_id: str
+    leases: int
+    live: bool
+    next_expiry: float | None  # the soonest lease expiry: renewed by the owner's heartbeat
+
+
+@attrs.frozen
+class Worker:
+    owner_id: str
+    endpoint_id: str
+    concurrency: int
+    started_at: float
+    live: bool
+
+
+@attrs.frozen
+class GovernorState:
+    """The shared rate governor of one endpoint (for some account: not named)."""
+
+    endpoint_id: str
+    operations: int
+    paused_until: float | None
+    requests_level: float | None
+    tokens_level: float | None
+
+
+@attrs.frozen
+class Summary:
+    built_at: float
+    build_seconds: float
+    txnid: int
+    total: int
+    unreadable: int
+    by_state: dict[str, int]
+    by_availability: dict[str, int]
+    failures: list[tuple[str, int]]  # typed failure kind -> operations, most first
+    attempts_histogram: list[tuple[int, int]]  # attempts used -> operations
+    throughput: list[tuple[float, int, int]]  # minute start -> (completed, attempts spent)
+    usage: Usage
+    usage_reported: bool
+    cost: float | None  # estimated USD (built-in prices); None when a model has no price
+    cooldowns: list[tuple[str, float]]  # the soonest saved cooldowns (id, until)
+    waiting: int  # operations in a saved cooldown
+    governors: list[GovernorState]
+    owners: list[Owner]
+    workers: list[Worker]
+    rows: dict[str, list[Row]]  # "all" and each state -> rows sorted by ``Row.key``
+    keys: dict[str, list[tuple[float, str]]]  # the same lists' keys (for bisection)
+
+    def counts(self) -> dict[str, object]:
+        """The live counts (the SSE event and ``/api/summary``)."""
+        return {
+            "total": self.total,
+            "unreadable": self.unreadable,
+            "by_state": self.by_state,
+            "by_availability": self.by_availability,
+            "waiting": self.waiting,
+            "built_at": self.built_at,
+        }
+
+
+@attrs.frozen
+class Page:
+    rows: list[Row]
+    next_cursor: str | None
+    state: str
+    limit: int
+    matching: int  # rows in the filtered list (all pages)
+
+
+def _failure_kind(record: OperationRecord) -> str | None:
+    if record.last_failure is not None:
+        return record.last_failure.kind
+    return record.failure_reason
+
+
+def _row(record: OperationRecord, status: Status) -> Row:
+    return Row(
+        operation_id=record.operation_id,
+        created_at=record.created_at,
+        state=status.state,
+        availability=status.availability,
+        job_id=record.job_id,
+        attempts_used=record.attempts_used,
+        maximum_attempts=record.maximum_attempts,
+        # The last typed failure while it still matters (a cooldown, an end), not once
+        # a later attempt completed.
+        failure=_failure_kind(record) if status.state != "completed" else None,
+    )
+
+
+def _disposed_row(marker: DispositionRecord) -> Row:
+    return Row(
+        operation_id=marker.operation_id,
+        created_at=marker.at,
+        state=marker.disposition,
+        availability=marker.disposition,
+        job_id=marker.job_id,
+        attempts_used=marker.attempts_used,
+        maximum_attempts=marker.maximum_attempts,
+        failure=None,
+    )
+
+
+def _owners(store: Store, leases: dict[str, LeaseRecord], now: float) -> list[Owner]:
+    by_owner: dict[str, list[LeaseRecord]] = {}
+    for lease in leases.values():
+        by_owner.setdefault(lease.owner_id, []).append(lease)
+    owners = []
+    for owner_id, held in sorted(by_owner.items()):
+        expiries = [lease.expires_at for lease in held
+                    if lease.expires_at is not None and lease.expires_at > now]
+        owners.append(Owner(
+            owner_id=owner_id,
+            leases=len(held),
+            live=store.owner_is_live(owner_id),
+            next_expiry=min(expiries) if expiries else None,
+        ))
+    return owners
+
+
+def _governors(
+    store: Store, pairs: Counter[tuple[str, AccountBinding]], now: float
+) -> list[GovernorState]:
+    states = []
+    for (endpoint_id, account), operations in sorted(
+        pairs.items(), key=lambda item: (item[0][0], -item[1])
+    )[:20]:
+        row = load_governor(store.get_raw("governor", governor_key(endpoint_id, account)))
+        states.append(GovernorState(
+            endpoint_id=endpoint_id,
+            operations=operations,
+            paused_until=row.paused_until if row.paused_until > now else None,
+            requests_level=row.requests_level,
+            tokens_level=row.tokens_level,
+        ))
+    return states
+
+
+def _cost(records: Iterable[OperationRecord], prices: PriceTable) -> tuple[Usage, bool, float]:
+    total = Usage()
+    reported = False
+    cost = 0.0
+    for record in records:
+        for attempt in record.attempts:
+            if attempt.usage is None:
+                continue
+            reported = True
+            total = total + attempt.usage
+            price = prices.for_model(record.model)
+            if price is None:
+                cost = math.nan
+            else:
+                cost += price.cost(attempt.usage)
+    return total, reported, cost
+
+
+def build_summary(store: DashboardStore, *, now: float | None = None) -> Summary:
+    """One pass over the store (synchronous: run it in a thread)."""
+    started = time.perf_counter()
+    txnid = store.last_txnid()
+    now = time.time() if now is None else now
+    records, unreadable = store.inventory()
+    leases, commands = store.control_rows()
+    markers = store.dispositions()
+    live: dict[str, bool] = {}
+    rows: list[Row] = []
+    failures: Counter[str] = Counter()
+    attempts: Counter[int] = Counter()
+    completed_minutes: Counter[float] = Counter()
+    attempt_minutes: Counter[float] = Counter()
+    pairs: Counter[tuple[str, AccountBinding]] = Counter()
+    cooldowns: list[tuple[float, str]] = []
+    horizon = (math.floor(now / 60.0) - THROUGHPUT_MINUTES + 1) * 60.0
+    for record in records:
+        lease = leases.get(record.operation_id)
+        is_live = False
+        if lease is not None:
+            token = f"{lease.owner_id}\0{lease.token}"
+            if token not in live:
+                live[token] = store.lease_is_live(lease, now)
+            is_live = live[token]
+        command = commands.get(record.operation_id)
+        status = derive_status(
+            record, now=now, lease_live=is_live, viewer=record.account,
+            command=command.kind if command is not None else None, lease=lease,
+        )
+        row = _row(record, status)
+        rows.append(row)
+        if row.failure is not None and status.state == "failed":
+            failures[row.failure] += 1
+        attempts[record.attempts_used] += 1
+        pairs[(record.endpoint_id, record.account)] += 1
+        if status.availability == "waiting" and record.next_attempt_at is not None:
+            cooldowns.append((record.next_attempt_at, record.operation_id))
+        if record.completed_at is not None and record.completed_at >= horizon:
+            completed_minutes[math.floor(record.completed_at / 60.0) * 60.0] += 1
+        for attempt in record.attempts:
+            if attempt.consumed_at >= horizon:
+                attempt_minutes[math.floor(attempt.consumed_at / 60.0) * 60.0] += 1
+    disposed_usage = Usage()
+    for marker in markers:
+        rows.append(_disposed_row(marker))
+        if marker.disposition == "acknowledged" and marker.at >= horizon:
+            # Its completion time left with the record: the acknowledgement stands in.
+            completed_minutes[math.floor(marker.at / 60.0) * 60.0] += 1
+        attempts[marker.attempts_used] += 1
+        if marker.usage is not None:
+            disposed_usage = disposed_usage + marker.usage
+    usage, reported, cost = _cost(records, builtin_prices())
+    usage = usage + disposed_usage
+    rows.sort(key=lambda row: row.key)
+    by_state: dict[str, list[Row]] = {"all": rows}
+    for row in rows:
+        by_state.setdefault(row.state, []).append(row)
+    minutes = [horizon + 60.0 * index for index in range(THROUGHPUT_MINUTES)]
+    cooldowns.sort()
+    return Summary(
+        built_at=now,
+        build_seconds=time.perf_counter() - started,
+        txnid=txnid,
+        total=len(rows),
+        unreadable=len(unreadable),
+        by_state={state: len(by_state.get(state, ())) for state in STATES},
+        by_availability=dict(Counter(row.availability for row in rows).most_common()),
+        failures=failures.most_common(),
+        attempts_histogram=sorted(attempts.items()),
+        throughput=[(minute, completed_minutes[minute], attempt_minutes[minute])
+                    for minute in minutes],
+        usage=usage,
+        usage_reported=reported or disposed_usage != Usage(),
+        cost=None if math.isnan(cost) else cost,
+        cooldowns=[(op_id, until) for until, op_id in cooldowns[:10]],
+        waiting=len(cooldowns),
+        governors=_governors(store, pairs, now),
+        owners=_owners(store, leases, now),
+        workers=[
+            Worker(owner_id=owner_id, endpoint_id=row.endpoint_id, concurrency=row.concurrency,
+                   started_at=row.started_at, live=store.owner_is_live(owner_id))
+            for owner_id, _token, row in store.workers()
+        ],
+        rows=by_state,
+        keys={state: [row.key for row in listed] for state, listed in by_state.items()},
+    )
+
+
+# -- pages ------------------------------------------------------------------------------
+
+
+def encode_cursor(key: tuple[float, str]) -> str:
+    raw = f"{key[0]!r}\n{key[1]}".encode()
+    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+
+
+def decode_cursor(text: str) -> tuple[float, str]:
+    """A cursor from a previous page; anything else is ``InvalidRequest``."""
+    if len(text) > _MAX_CURSOR:
+        raise errors.InvalidRequest("cursor: too long")
+    try:
+        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)).decode()
+        number, sep, operation_id = raw.partition("\n")
+        value = float(number)
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise errors.InvalidRequest("cursor: not a cursor of this dashboard") from None
+    if not sep or not math.isfinite(value):
+        raise errors.InvalidRequest("cursor: not a cursor of this dashboard")
+    return value, operation_id
+
+
+def page_of(summary: Summary, *, state: str, cursor: str | None, limit: int) -> Page:
+    """The rows after ``cursor`` in the list of ``state`` ("all" or one state)."""
+    if state != "all" and state not in STATES:
+        raise errors.InvalidRequest(f"state: one of all, {', '.join(STATES)}")
+    if not 1 <= limit <= MAX_PAGE:
+        raise errors.InvalidRequest(f"limit: 1..{MAX_PAGE}")
+    rows = summary.rows.get(state, [])
+    keys = summary.keys.get(state, [])
+    start = 0 if cursor is None else bisect.bisect_right(keys, decode_cursor(cursor))
+    chosen = rows[start:start + limit]
+    more = start + limit < len(rows)
+    return Page(
+        rows=chosen,
+        next_cursor=encode_cursor(chosen[-1].key) if more and chosen else None,
+        state=state,
+        limit=limit,
+        matching=len(rows),
+    )
+
+
+# -- one operation ----------------------------------------------------------------------
+
+
+def check_operation_id(operation_id: str) -> str:
+    if not 0 < len(operation_id) <= _MAX_ID or not operation_id.isprintable():
+        raise errors.InvalidRequest("not an operation id")
+    return operation_id
+
+
+@attrs.frozen
+class OperationView:
+    """What the operation page shows: its status (as its own account sees it: never
+    content), the raw record for the timeline (``None`` once disposed), and whether the
+    dashboard's account may act on it."""
+
+    status: Status
+    record: OperationRecord | None
+    marker: DispositionRecord | None
+    same_account: bool
+    paused_until: float | None
+    content: tuple[str | None, str | None] | None  # (request, completion) with --show-content
+
+
+def operation_view(
+    store: Store,
+    operation_id: str,
+    *,
+    viewer: AccountBinding | None,
+    show_content: bool,
+    now: float | None = None,
+) -> OperationView:
+    """The operation's view, fresh from the store; ``StateUnavailable`` if unknown."""
+    check_operation_id(operation_id)
+    now = time.time() if now is None else now
+    marker = store.get_disposition(operation_id)
+    if marker is not None:
+        return OperationView(
+            status=Status(
+                operation_id=operation_id, state=marker.disposition,
+                availability=marker.disposition, attempts_used=marker.attempts_used,
+                maximum_attempts=marker.maximum_attempts,
+                root_operation_id=marker.root_operation_id,
+                previous_operation_id=marker.previous_operation_id, job_id=marker.job_id,
+                input_revision=marker.input_revision, scope=marker.scope,
+                usage=marker.usage or Usage(),
+            ),
+            record=None, marker=marker, same_account=viewer == marker.account,
+            paused_until=None, content=None,
+        )
+    record = store.get_operation(operation_id)
+    if record is None:
+        raise errors.StateUnavailable("no such operation", operation_id=operation_id)
+    lease = store.get_lease(operation_id)
+    live = lease is not None and store.lease_is_live(lease, now)
+    command = store.get_command(operation_id)
+    payloads = store.payload_kinds([operation_id])[operation_id]
+    status = derive_status(
+        record, now=now, lease_live=live, viewer=record.account,
+        command=command.kind if command is not None else None, payloads=payloads, lease=lease,
+    )
+    status = submitted.with_queue_state(store, record, status)
+    governor = load_governor(store.get_raw("governor", governor_key(record.endpoint_id,
+                                                                    record.account)))
+    same = viewer == record.account
+    content = None
+    if show_content and same:
+        content = (_text(store.get_payload(operation_id, "body")),
+                   _text(store.get_payload(operation_id, "completion")))
+    return OperationView(
+        status=status, record=record, marker=None, same_account=same,
+        paused_until=governor.paused_until if governor.paused_until > now else None,
+        content=content,
+    )
+
+
+_MAX_CONTENT: Final = 64 * 1024
+
+
+def _text(raw: bytes | None) -> str | None:
+    if raw is None:
+        return None
+    shown = raw[:_MAX_CONTENT].decode("utf-8", "replace")
+    return shown + ("\n... (cut at 64 KiB)" if len(raw) > _MAX_CONTENT else "")

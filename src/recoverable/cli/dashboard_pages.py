@@ -1,0 +1,422 @@
+"""The dashboard's HTML: server-rendered pages, inline CSS and a little vanilla JavaScript
+(no build step), every value escaped. Charts are inline SVG.
+
+Every ``<style>`` and ``<script>`` carries the response's CSP nonce; no inline ``style=``
+attribute or event handler is used (the Content-Security-Policy forbids them).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from collections.abc import Iterable, Sequence
+from html import escape
+from typing import Final
+from urllib.parse import quote, urlencode
+
+from recoverable.cli.dashboard_data import STATES, OperationView, Page, Summary
+from recoverable.pricing import usage_text
+
+__all__ = [
+    "ActionButton",
+    "error_page",
+    "operation_page",
+    "operations_page",
+    "overview_page",
+]
+
+_CSS: Final = """
+body{font:14px/1.45 system-ui,sans-serif;margin:0;color:#1d2430;background:#f6f7f9}
+header{background:#1d2430;color:#fff;padding:10px 20px;display:flex;gap:24px;align-items:center}
+header a{color:#cfe0ff;text-decoration:none}header b{font-size:16px}
+main{padding:16px 20px;max-width:1200px}
+h1{font-size:20px;margin:4px 0 12px}h2{font-size:15px;margin:18px 0 6px}
+.cards{display:flex;flex-wrap:wrap;gap:8px}
+.card{background:#fff;border:1px solid #d8dde6;border-radius:6px;padding:8px 12px;min-width:92px}
+.card .n{font-size:22px;font-weight:600}.card .l{color:#5b6678;font-size:12px}
+.grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(420px,1fr));gap:14px}
+.box{background:#fff;border:1px solid #d8dde6;border-radius:6px;padding:8px 12px;
+overflow-x:auto}
+table{border-collapse:collapse;width:100%;background:#fff}
+td,th{border-bottom:1px solid #e4e7ed;padding:4px 8px;text-align:left;font-size:13px}
+th{background:#eef1f5}code{font-size:12px}
+.muted{color:#6b7587}.bad{color:#a3231b}.ok{color:#1f7a35}
+.actions form{display:inline-block;margin:0 8px 8px 0}
+button{padding:5px 12px;border:1px solid #8a94a6;border-radius:4px;background:#fff;cursor:pointer}
+button.danger{border-color:#a3231b;color:#a3231b}
+.flash{background:#e6f4ea;border:1px solid #9fd3ad;padding:6px 10px;border-radius:4px}
+.error{background:#fbe9e7;border:1px solid #e5a39b;padding:6px 10px;border-radius:4px}
+nav.filter a{margin-right:10px}
+pre{white-space:pre-wrap;background:#fff;border:1px solid #d8dde6;padding:8px;max-height:360px;
+overflow:auto}
+"""
+
+_LIVE_JS: Final = """
+(function(){
+  var source = new EventSource('/events');
+  source.addEventListener('counts', function(event){
+    var data = JSON.parse(event.data);
+    document.querySelectorAll('[data-count]').forEach(function(node){
+      var path = node.getAttribute('data-count').split('.');
+      var value = data;
+      path.forEach(function(part){ value = value == null ? null : value[part]; });
+      node.textContent = value == null ? '0' : String(value);
+    });
+    var stamp = document.getElementById('updated');
+    if (stamp) { stamp.textContent = new Date(data.built_at * 1000).toLocaleTimeString(); }
+  });
+  source.addEventListener('failure', function(event){
+    var stamp = document.getElementById('updated');
+    var code = JSON.parse(event.data).error;
+    if (stamp) { stamp.textContent = 'NOT updated: the store cannot be read (' + code + ')'; }
+  });
+})();
+"""
+
+_CONFIRM_JS: Final = """
+document.querySelectorAll('form[data-confirm]').forEach(function(form){
+  form.addEventListener('submit', function(event){
+    if (!window.confirm(form.getAttribute('data-confirm'))) { event.preventDefault(); }
+  });
+});
+"""
+
+
+def _time(stamp: float | None) -> str:
+    if stamp is None:
+        return "-"
+    moment = _dt.datetime.fromtimestamp(stamp, _dt.UTC)
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _clock(stamp: float | None) -> str:
+    """A short time of day (UTC) for the overview's tables."""
+    if stamp is None:
+        return "-"
+    return _dt.datetime.fromtimestamp(stamp, _dt.UTC).strftime("%H:%M:%S")
+
+
+def _when(moment: _dt.datetime | None) -> str:
+    return "-" if moment is None else _time(moment.timestamp())
+
+
+def layout(title: str, body: str, *, nonce: str, context: str, script: str = "") -> str:
+    scripts = f'<script nonce="{nonce}">{script}</script>' if script else ""
+    return (
+        "<!doctype html><html lang=en><head><meta charset=utf-8>"
+        f"<title>{escape(title)} - recoverable</title>"
+        f'<style nonce="{nonce}">{_CSS}</style></head><body>'
+        '<header><b>recoverable</b><a href="/" id="nav-overview">Overview</a>'
+        '<a href="/operations" id="nav-operations">Operations</a>'
+        f'<span class="muted">{escape(context)}</span></header>'
+        f"<main>{body}</main>{scripts}</body></html>"
+    )
+
+
+def _cards(items: Iterable[tuple[str, str, object]]) -> str:
+    return '<div class="cards">' + "".join(
+        f'<div class="card"><div class="n" data-count="{escape(key)}" id="count-'
+        f'{escape(key.replace(".", "-"))}">{escape(str(value))}</div>'
+        f'<div class="l">{escape(label)}</div></div>'
+        for label, key, value in items
+    ) + "</div>"
+
+
+def _table(head: Sequence[str], rows: Iterable[Sequence[str]], *, empty: str) -> str:
+    body = "".join("<tr>" + "".join(f"<td>{cell}</td>" for cell in row) + "</tr>"
+                   for row in rows)
+    if not body:
+        return f'<p class="muted">{escape(empty)}</p>'
+    return ("<table><tr>" + "".join(f"<th>{escape(name)}</th>" for name in head) + "</tr>"
+            + body + "</table>")
+
+
+def _bars(values: Sequence[tuple[str, int]], *, width: int = 520, height: int = 120,
+          title: str) -> str:
+    """A small bar chart as inline SVG (labels as <title> tooltips)."""
+    if not values:
+        return '<p class="muted">no data yet</p>'
+    peak = max(value for _, value in values) or 1
+    step = min(width / len(values), 48.0)
+    bars = []
+    for index, (label, value) in enumerate(values):
+        bar = (height - 16) * value / peak
+        bars.append(
+            f'<rect x="{index * step + 1:.1f}" y="{height - 14 - bar:.1f}" '
+            f'width="{max(step - 2, 1):.1f}" height="{bar:.1f}" fill="#3b6fd4">'
+            f"<title>{escape(label)}: {value}</title></rect>"
+        )
+    first, last = escape(values[0][0]), escape(values[-1][0])
+    return (
+        f'<svg role="img" aria-label="{escape(title)}" width="100%" '
+        f'viewBox="0 0 {width} {height}">' + "".join(bars)
+        + f'<text x="0" y="{height - 2}" font-size="10" fill="#6b7587">{first}</text>'
+        + f'<text x="{width}" y="{height - 2}" font-size="10" fill="#6b7587" '
+        f'text-anchor="end">{last}</text>'
+        + f'<text x="0" y="10" font-size="10" fill="#6b7587">max {peak}</text></svg>'
+    )
+
+
+def _short(owner_id: str) -> str:
+    """An owner id, shortened (the whole id in its tooltip)."""
+    return f'<code title="{escape(owner_id)}">{escape(owner_id[:12])}…</code>'
+
+
+def _link(operation_id: str) -> str:
+    return (f'<a href="/operations/{quote(operation_id, safe="")}">'
+            f"<code>{escape(operation_id)}</code></a>")
+
+
+def overview_page(summary: Summary, *, nonce: str, context: str) -> str:
+    counts = summary.counts()
+    states = [(state, f"by_state.{state}", summary.by_state[state]) for state in STATES]
+    cards = _cards([("operations", "total", counts["total"]), *states])
+    availability = _table(
+        ("availability", "operations"),
+        ([escape(name), f'<span data-count="by_availability.{escape(name)}">{count}</span>']
+         for name, count in summary.by_availability.items()),
+        empty="no operations",
+    )
+    failures = _table(
+        ("typed failure", "failed operations"),
+        ([f"<code>{escape(kind)}</code>",
+          f'<a href="/operations?state=failed">{count}</a>'] for kind, count in summary.failures),
+        empty="no failed operation",
+    )
+    throughput = _bars(
+        [(_dt.datetime.fromtimestamp(minute, _dt.UTC).strftime("%H:%M"), completed)
+         for minute, completed, _ in summary.throughput],
+        title="completed per minute",
+    )
+    posts = _bars(
+        [(_dt.datetime.fromtimestamp(minute, _dt.UTC).strftime("%H:%M"), spent)
+         for minute, _, spent in summary.throughput],
+        title="attempts spent per minute",
+    )
+    histogram = _bars(
+        [(f"{attempts} attempt(s)", count) for attempts, count in summary.attempts_histogram],
+        title="operations by attempts used",
+    )
+    tokens = usage_text(summary.usage) if summary.usage_reported else None
+    cost = ("-" if summary.cost is None or not summary.usage_reported
+            else f"${summary.cost:.4f} (built-in price estimate)")
+    cooldowns = _table(
+        ("operation", "cooldown until (UTC)"),
+        ([_link(op_id), _clock(until)] for op_id, until in summary.cooldowns),
+        empty="no saved cooldown",
+    )
+    governors = _table(
+        ("endpoint", "ops", "shared pause", "requests", "tokens"),
+        ([escape(gov.endpoint_id), str(gov.operations),
+          '<span class="bad">until ' + _clock(gov.paused_until) + "</span>"
+          if gov.paused_until else "none",
+          "full" if gov.requests_level is None else f"{gov.requests_level:.1f}",
+          "full" if gov.tokens_level is None else f"{gov.tokens_level:.0f}"]
+         for gov in summary.governors),
+        empty="no endpoint yet",
+    )
+    owners = _table(
+        ("owner (process)", "leases", "live", "lease expiry (UTC, renewed)"),
+        ([_short(owner.owner_id), str(owner.leases),
+          '<span class="ok">yes</span>' if owner.live else '<span class="bad">no</span>',
+          _clock(owner.next_expiry)] for owner in summary.owners),
+        empty="no process holds a lease",
+    )
+    workers = _table(
+        ("worker owner", "endpoint", "concurrency", "started", "live"),
+        ([_short(worker.owner_id), escape(worker.endpoint_id),
+          str(worker.concurrency), _time(worker.started_at), "yes" if worker.live else "no"]
+         for worker in summary.workers),
+        empty="no registered worker",
+    )
+    body = (
+        "<h1>Overview</h1>"
+        f'<p class="muted">live; updated <span id="updated">{_time(summary.built_at)}</span>'
+        f" (one read of the store took {summary.build_seconds * 1000:.0f} ms); "
+        f'<span data-count="waiting" id="count-waiting">{summary.waiting}</span> in a saved '
+        f"cooldown; {summary.unreadable} unreadable record(s)</p>"
+        f"{cards}"
+        '<div class="grid">'
+        f'<div class="box"><h2>Completed per minute (last hour; acknowledged ones at '
+        f"their acknowledgement)</h2>{throughput}</div>"
+        f'<div class="box"><h2>Attempts spent per minute (records in the store)</h2>'
+        f"{posts}</div>"
+        f'<div class="box"><h2>Attempts per job</h2>{histogram}</div>'
+        f'<div class="box"><h2>Availability</h2>{availability}</div>'
+        f'<div class="box"><h2>Failures by typed kind</h2>{failures}</div>'
+        '<div class="box"><h2>Tokens and cost</h2>'
+        f"<p>{escape(tokens or 'no usage reported yet')}</p><p>cost: {escape(cost)}</p></div>"
+        f'<div class="box"><h2>Cooldowns (soonest)</h2>{cooldowns}</div>'
+        f'<div class="box"><h2>Rate governor</h2>{governors}</div>'
+        f'<div class="box"><h2>Owners and leases</h2>{owners}</div>'
+        f'<div class="box"><h2>Workers</h2>{workers}</div>'
+        "</div>"
+    )
+    return layout("Overview", body, nonce=nonce, context=context, script=_LIVE_JS)
+
+
+def operations_page(page: Page, *, nonce: str, context: str) -> str:
+    filters = " ".join(
+        (f"<b>{escape(state)}</b>" if state == page.state
+         else f'<a href="/operations?{urlencode({"state": state})}">{escape(state)}</a>')
+        for state in ("all", *STATES)
+    )
+    rows = _table(
+        ("operation", "job", "state", "availability", "attempts", "failure",
+         "created (disposed: when)"),
+        ([_link(row.operation_id), escape(row.job_id or "-"),
+          f'<span class="state">{escape(row.state)}</span>', escape(row.availability),
+          f"{row.attempts_used}/{row.maximum_attempts}",
+          f"<code>{escape(row.failure)}</code>" if row.failure else "",
+          _time(row.created_at)] for row in page.rows),
+        empty="no operation in this state",
+    )
+    more = ""
+    if page.next_cursor is not None:
+        query = urlencode({"state": page.state, "cursor": page.next_cursor,
+                           "limit": page.limit})
+        more = f'<p><a id="next-page" href="/operations?{query}">next page</a></p>'
+    body = (f"<h1>Operations</h1><nav class=filter>{filters}</nav>"
+            f'<p class="muted">{page.matching} operation(s); {page.limit} per page, '
+            f"newest first</p>{rows}{more}")
+    return layout("Operations", body, nonce=nonce, context=context)
+
+
+class ActionButton:
+    """One action form of the operation page (or why it is not offered)."""
+
+    def __init__(self, action: str, label: str, *, disabled: str | None = None,
+                 confirm: str | None = None, fields: dict[str, str] | None = None,
+                 danger: bool = False, suffix: str = "") -> None:
+        self.action = action
+        self.element_id = f"action-{action}" + (f"-{suffix}" if suffix else "")
+        self.label = label
+        self.disabled = disabled
+        self.confirm = confirm
+        self.fields = fields or {}
+        self.danger = danger
+
+    def render(self, operation_id: str, csrf: str) -> str:
+        if self.disabled is not None:
+            return (f'<form><button type="button" disabled id="{self.element_id}">'
+                    f"{escape(self.label)}</button> <span class=muted>"
+                    f"{escape(self.disabled)}</span></form>")
+        confirm = f' data-confirm="{escape(self.confirm)}"' if self.confirm else ""
+        hidden = "".join(
+            f'<input type="hidden" name="{escape(key)}" value="{escape(value)}">'
+            for key, value in {"csrf": csrf, **self.fields}.items()
+        )
+        css = ' class="danger"' if self.danger else ""
+        return (
+            f'<form method="post" action="/operations/{quote(operation_id, safe="")}/'
+            f'{self.action}"{confirm}>{hidden}<button type="submit"{css} '
+            f'id="{self.element_id}">{escape(self.label)}</button></form>'
+        )
+
+
+def operation_page(
+    view: OperationView,
+    actions: Sequence[ActionButton],
+    *,
+    csrf: str,
+    nonce: str,
+    context: str,
+    flash: str | None,
+    error: str | None,
+) -> str:
+    status = view.status
+    op_id = status.operation_id
+    dimensions = _table(("dimension", "value"), [
+        ["state", f'<b id="op-state">{escape(status.state)}</b>'],
+        ["availability", f'<span id="op-availability">{escape(status.availability)}</span>'],
+        ["blockers", escape(", ".join(sorted(status.blockers)) or "none")],
+        ["suggested actions", escape(", ".join(status.suggested_actions) or "none")],
+        ["attempts", f"{status.attempts_used} used of {status.maximum_attempts} "
+                     f"({status.attempts_remaining} remaining)"],
+        ["saved completion", "yes" if status.has_saved_completion else "no"],
+        ["next attempt at (cooldown)", _when(status.next_attempt_at)],
+        ["expires at", _when(status.expires_at)],
+        ["rate limited", escape(status.rate_limited or "no")
+         + (f" until {_when(status.rate_limited_until)}" if status.rate_limited_until else "")
+         + (f"; endpoint paused until {_time(view.paused_until)}" if view.paused_until else "")],
+        ["queue", escape(status.queue or "-")],
+        ["lease owner", f"<code>{escape(status.lease_owner or '-')}</code>"
+                        f" (expires {_when(status.lease_expires_at)})"],
+        ["endpoint failure", escape(status.endpoint_failure or "-")],
+        ["model", escape(status.model or "-")],
+        ["tokens", escape(usage_text(status.usage) or "none reported")],
+    ], empty="")
+    lineage = _table(("lineage", "value"), [
+        ["job", escape(status.job_id or "-")],
+        ["input revision", escape(status.input_revision or "-")],
+        ["scope", escape(status.scope or "-")],
+        ["root operation", _link(status.root_operation_id) if status.root_operation_id else "-"],
+        ["previous (source of a manual retry)",
+         _link(status.previous_operation_id) if status.previous_operation_id else "-"],
+        ["successor (manual retry)", _link(status.successor_id) if status.successor_id else "-"],
+        ["pending attempt (reserved, not yet authorized)",
+         f"<code>{escape(status.pending_attempt_id or '-')}</code>"],
+        ["fence (lease generation)", str(status.fence)],
+    ], empty="")
+    consumed = {stored.attempt_id: stored.consumed_at
+                for stored in (view.record.attempts if view.record is not None else ())}
+    timeline = _table(
+        ("#", "reason", "authorized and consumed", "outcome", "events streamed", "response id",
+         "typed failure", "tokens"),
+        ([str(attempt.number), escape(attempt.reason),
+          _time(consumed.get(attempt.attempt_id)),
+          f'<span class="{"ok" if attempt.outcome == "completed" else "bad"}">'
+          f"{escape(attempt.outcome)}</span>",
+          "-" if attempt.sequence_number is None else str(attempt.sequence_number),
+          f"<code>{escape(attempt.response_id or '-')}</code>",
+          _failure(attempt.failure), escape(usage_text(attempt.usage) or "-")]
+         for attempt in status.attempts),
+        empty="no attempt authorized yet",
+    )
+    notes = ""
+    if flash:
+        notes += f'<p class="flash" id="flash">{escape(flash)}</p>'
+    if error:
+        notes += f'<p class="error" id="action-error">{escape(error)}</p>'
+    buttons = "".join(action.render(op_id, csrf) for action in actions)
+    content = ""
+    if view.content is not None:
+        request, completion = view.content
+        content = ("<h2>Content (--show-content, your account)</h2><h3>Frozen request</h3>"
+                   f"<pre>{escape(request or '(removed)')}</pre><h3>Saved completion</h3>"
+                   f"<pre>{escape(completion or '(none)')}</pre>")
+    body = (
+        f"<h1>Operation <code>{escape(op_id)}</code></h1>{notes}"
+        f'<div class="actions">{buttons}</div>'
+        f'<div class="grid"><div class="box"><h2>Status</h2>{dimensions}</div>'
+        f'<div class="box"><h2>Job and lineage</h2>{lineage}</div></div>'
+        f"<h2>Attempt timeline</h2>{timeline}{content}"
+    )
+    return layout(f"Operation {op_id}", body, nonce=nonce, context=context, script=_CONFIRM_JS)
+
+
+def _failure(failure: object) -> str:
+    if failure is None:
+        return "-"
+    parts = []
+    for name in ("kind", "http_status", "provider_type", "provider_code", "transport_code",
+                 "output_path"):
+        value = getattr(failure, name, None)
+        if value is not None:
+            parts.append(f"{name}={value}")
+    return f"<code>{escape(' '.join(parts))}</code>"
+
+
+def error_page(status: int, code: str, message: str, *, nonce: str, context: str) -> str:
+    body = (f'<h1>{status}</h1><p class="error" id="error-code">{escape(code)}: '
+            f"{escape(message)}</p>")
+    return layout(f"{status} {code}", body, nonce=nonce, context=context)
+
+
+def sse_counts(counts: dict[str, object]) -> bytes:
+    return f"event: counts\ndata: {json.dumps(counts, sort_keys=True)}\n\n".encode()
+
+
+def sse_failure(code: str) -> bytes:
+    """The store cannot be read: the page says so (its counts are stale)."""
+    return f"event: failure\ndata: {json.dumps({'error': code})}\n\n".encode()

@@ -1,0 +1,173 @@
+"""The dashboard's access control: the printed token, the session cookie, the CSRF token
+of every form, and the Host/Origin checks (an ASGI middleware around the app).
+
+- The access token (``secrets.token_urlsafe(32)``) is made per start and never written to
+  disk. A ``GET`` with ``?token=`` (checked in constant time) opens a session: an
+  ``HttpOnly; SameSite=Strict`` cookie with a random session id, then a redirect to the
+  same URL without the token (so it leaves the address bar and the history). Every other
+  request without a valid session cookie is answered 401.
+- Each session has its own CSRF token, put in a hidden field of every form; a ``POST``
+  must carry it (``check_csrf``) and an ``Origin`` (or, without one, a ``Referer``) of the
+  dashboard itself.
+- The ``Host`` header must name the dashboard's own address (no DNS rebinding).
+- Every response gets ``Cache-Control: no-store``, ``X-Content-Type-Options: nosniff``,
+  ``X-Frame-Options: DENY`` and ``Referrer-Policy: same-origin``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+from collections import OrderedDict
+from http.cookies import SimpleCookie
+from typing import Final
+from urllib.parse import parse_qsl, urlencode, urlsplit
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+__all__ = ["COOKIE", "Guard", "Sessions"]
+
+COOKIE: Final = "recoverable_dashboard"
+MAX_SESSIONS: Final = 64  # the oldest is forgotten past this (it signs in again)
+_HEADERS: Final = (
+    (b"cache-control", b"no-store"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"same-origin"),
+)
+
+
+class Sessions:
+    """The access token and the sessions opened with it (in memory only)."""
+
+    def __init__(self, token: str | None = None) -> None:
+        self.token = token or secrets.token_urlsafe(32)
+        self._csrf: OrderedDict[str, str] = OrderedDict()  # session id -> CSRF token
+
+    def token_matches(self, candidate: str) -> bool:
+        return hmac.compare_digest(candidate.encode(), self.token.encode())
+
+    def open(self) -> str:
+        session = secrets.token_urlsafe(32)
+        self._csrf[session] = secrets.token_urlsafe(32)
+        while len(self._csrf) > MAX_SESSIONS:
+            self._csrf.popitem(last=False)
+        return session
+
+    def known(self, session: str | None) -> bool:
+        return session is not None and session in self._csrf
+
+    def csrf(self, session: str) -> str:
+        return self._csrf[session]
+
+    def check_csrf(self, session: str | None, candidate: str | None) -> bool:
+        if session is None or candidate is None or session not in self._csrf:
+            return False
+        return hmac.compare_digest(candidate.encode(), self._csrf[session].encode())
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return bytes(value).decode("latin-1")
+    return None
+
+
+def _cookie(scope: Scope) -> str | None:
+    raw = _header(scope, b"cookie")
+    if raw is None:
+        return None
+    jar: SimpleCookie = SimpleCookie()
+    try:
+        jar.load(raw)
+    except Exception:  # a malformed Cookie header is no session
+        return None
+    morsel = jar.get(COOKIE)
+    return morsel.value if morsel is not None else None
+
+
+class Guard:
+    """The ASGI middleware: Host check, token/session check, POST origin check."""
+
+    def __init__(self, app: ASGIApp, sessions: Sessions) -> None:
+        self.app = app
+        self.sessions = sessions
+        self.hosts: frozenset[str] = frozenset()  # set once the port is known
+        self.any_host = False
+
+    def allow_hosts(self, host: str, port: int) -> None:
+        """The Host headers this dashboard answers: its own address (and ``localhost``
+        for 127.0.0.1). Bound to every interface (0.0.0.0, ::) it cannot know the names
+        it is reached by: any Host is then accepted (the token still guards it)."""
+        self.any_host = host in ("0.0.0.0", "[::]")
+        names = {host, "127.0.0.1", "localhost"} if host == "127.0.0.1" else {host}
+        self.hosts = frozenset(f"{name}:{port}" for name in names)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), *_HEADERS]}
+            await send(message)
+
+        host = _header(scope, b"host")
+        if host not in self.hosts and not (self.any_host and host):
+            await _plain(send_with_headers, 403, "host_refused",
+                         "this dashboard answers only at its own address")
+            return
+        session = _cookie(scope)
+        if not self.sessions.known(session):
+            await self._sign_in(scope, send_with_headers)
+            return
+        if scope["method"] not in ("GET", "HEAD", "POST"):
+            await _plain(send_with_headers, 405, "method_refused", "GET or POST only")
+            return
+        if scope["method"] == "POST" and not self._same_origin(scope, host):
+            await _plain(send_with_headers, 403, "origin_refused",
+                         "a form of this dashboard only (Origin does not match)")
+            return
+        scope.setdefault("state", {})["session"] = session
+        await self.app(scope, receive, send_with_headers)
+
+    def _same_origin(self, scope: Scope, host: str | None) -> bool:
+        origin = _header(scope, b"origin")
+        if origin is None or origin == "null":
+            referer = _header(scope, b"referer")
+            if referer is None:
+                return False
+            parts = urlsplit(referer)
+            origin = f"{parts.scheme}://{parts.netloc}"
+        return origin == f"http://{host}"
+
+    async def _sign_in(self, scope: Scope, send: Send) -> None:
+        query = parse_qsl(bytes(scope.get("query_string", b"")).decode("latin-1"),
+                          keep_blank_values=True)
+        token = next((value for key, value in query if key == "token"), None)
+        if scope["method"] != "GET" or token is None or not self.sessions.token_matches(token):
+            await _plain(send, 401, "token_required",
+                         "open the URL that `recoverable dashboard` printed (it carries the "
+                         "access token)")
+            return
+        session = self.sessions.open()
+        rest = urlencode([(key, value) for key, value in query if key != "token"])
+        path = scope["path"] if not scope["path"].startswith("//") else "/"  # never offsite
+        location = path + ("?" + rest if rest else "")
+        cookie = f"{COOKIE}={session}; HttpOnly; SameSite=Strict; Path=/"
+        await send({"type": "http.response.start", "status": 303, "headers": [
+            (b"location", location.encode("latin-1")),
+            (b"set-cookie", cookie.encode("latin-1")),
+            (b"content-length", b"0"),
+        ]})
+        await send({"type": "http.response.body", "body": b""})
+
+
+async def _plain(send: Send, status: int, code: str, message: str) -> None:
+    body = f"{status} {code}: {message}\n".encode()
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"text/plain; charset=utf-8"),
+        (b"content-length", str(len(body)).encode()),
+    ]})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,220 @@
+"""The dashboard in a real browser: Debian's Chromium (headless) driven by Selenium through
+Debian's chromedriver, against a real batch that is running while the page is open.
+
+Scenario: a slow provider (``recoverable fixture-provider --reply-delay``) and a batch of
+jobs over it; the dashboard on the batch's store; the overview's counts change by
+themselves (server-sent events, no reload); an unfinished operation is opened from the
+list and cancelled through the confirmation dialog; its state becomes ``cancelled``.
+A screenshot of each page is saved to ``bench/results/screenshots/dashboard-*.png`` (not
+tracked: the CI artifact); ``RECOVERABLE_UPDATE_SCREENSHOTS=1`` writes them to
+``docs/images/`` instead (the README's copies).
+
+When the browser cannot start, the test FAILS with the reason (it never skips): CI
+installs ``chromium`` and ``chromium-driver`` (``.ci/run``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from selenium import webdriver
+from selenium.common.exceptions import WebDriverException
+from selenium.webdriver.chrome.options import Options
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.ui import WebDriverWait
+
+import recoverable
+
+from ..cli.cli_helpers import child_env, cli_command, job_line, write_jobs
+from .helpers import ACCOUNT_ID, PROMPT_MARKER, REPO, dashboard, signed_in, wait_for
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+IMAGES = (
+    REPO / "docs" / "images"
+    if os.environ.get("RECOVERABLE_UPDATE_SCREENSHOTS") == "1"
+    else REPO / "bench" / "results" / "screenshots"
+)
+JOBS = 40
+WAIT = 60.0  # seconds: generous, a loaded 2-core machine runs a browser and a batch
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[WebDriver]:
+    """One headless Chromium for the module (a fresh profile directory)."""
+    missing = [path for path in (CHROMIUM, CHROMEDRIVER) if not os.access(path, os.X_OK)]
+    if missing:
+        pytest.fail(f"the browser tests need Debian's chromium and chromium-driver: missing "
+                    f"{', '.join(missing)} (apt-get install chromium chromium-driver)")
+    profile = tempfile.mkdtemp(prefix="dashboard-chromium-")
+    options = Options()
+    options.binary_location = CHROMIUM
+    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu",
+                     "--disable-dev-shm-usage", "--disable-background-networking",
+                     "--disable-component-update", "--disable-sync", "--no-first-run",
+                     "--disable-extensions", f"--user-data-dir={profile}",
+                     "--window-size=1280,1000"):
+        options.add_argument(argument)
+    try:
+        driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER),
+                                  options=options)
+    except WebDriverException as exc:
+        pytest.fail(f"Chromium could not start under chromedriver: {exc.msg}")
+    driver.set_page_load_timeout(WAIT)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def provider() -> Iterator[dict[str, Any]]:
+    """A slow loopback provider: every reply is held 0.2 s; a seeded 15 % of the replies
+    are cut (disconnects), so some operations wait in a long saved cooldown."""
+    proc = subprocess.Popen(
+        cli_command("fixture-provider", "--port", "0", "--reply-delay", "0.2",
+                    "--faults", "disconnect=0.15,seed=5"),
+        stdout=subprocess.PIPE, text=True, env=child_env(),
+    )
+    assert proc.stdout is not None
+    info: dict[str, Any] = json.loads(proc.stdout.readline())
+    try:
+        yield info
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _count(driver: WebDriver, element_id: str) -> int:
+    return int(driver.find_element(By.ID, element_id).text)
+
+
+def _screenshot(driver: WebDriver, name: str, height: int | None = None) -> None:
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    if height is not None:
+        driver.set_window_size(1280, height)
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    assert driver.save_screenshot(str(IMAGES / f"dashboard-{name}.png"))
+    driver.set_window_size(1280, 1000)
+
+
+def test_overview_goes_live_during_a_batch_and_a_cancel_shows(
+    browser: WebDriver, provider: dict[str, Any], tmp_path: Path
+) -> None:
+    jobs = write_jobs(tmp_path / "jobs.jsonl", [
+        job_line(i, input=f"{PROMPT_MARKER} review number {i}") for i in range(JOBS)
+    ])
+    store = tmp_path / "store"
+    recoverable.RecoveryStore.open(str(store)).close()  # the batch's store, empty for now
+    batch: subprocess.Popen[str] | None = None
+
+    def start_batch() -> subprocess.Popen[str]:
+        nonlocal batch
+        batch = subprocess.Popen(
+            cli_command("batch", str(jobs), "--out", str(tmp_path / "out.jsonl"),
+                        "--store", str(store), "--endpoint", provider["http_url"],
+                        "--mode", "sse", "--api-key-env", "DASHBOARD_KEY",
+                        "--account", ACCOUNT_ID, "--concurrency", "8", "--backoff", "60",
+                        "--max-attempts", "3"),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+            env={**child_env(), "DASHBOARD_KEY": "sk-dashboard-test"},
+        )
+        return batch
+
+    try:
+        with dashboard(store, "--account", ACCOUNT_ID) as info, signed_in(info) as api:
+            cancelled_job = _scenario(browser, info, api, start_batch)
+        assert batch is not None
+        # The operations still in their cooldown would wait a minute: stop the batch (it
+        # suspends them). The cancelled job was never committed; none was committed twice.
+        batch.send_signal(signal.SIGINT)
+        stdout, stderr = batch.communicate(timeout=WAIT * 2)
+        lines = [json.loads(line) for line in
+                 (tmp_path / "out.jsonl").read_text().splitlines()]
+        assert len(lines) == len({line["id"] for line in lines}), (stdout, stderr)
+        assert cancelled_job not in {line["id"] for line in lines}
+    finally:
+        if batch is not None and batch.poll() is None:
+            batch.kill()
+            batch.wait()
+
+
+def _scenario(browser: WebDriver, info: dict[str, Any], api: Any,
+              start_batch: Callable[[], subprocess.Popen[str]]) -> str:
+    # The overview, opened with the printed URL (the token signs the browser in).
+    browser.get(info["url"])
+    assert browser.current_url == info["base"] + "/"  # the token left the address bar
+    WebDriverWait(browser, WAIT).until(
+        expected_conditions.presence_of_element_located((By.ID, "count-total")))
+    assert _count(browser, "count-total") == 0
+    # The batch starts while the page is open: its counts change by themselves
+    # (server-sent events), no reload.
+    batch = start_batch()
+    WebDriverWait(browser, WAIT).until(
+        lambda driver: _count(driver, "count-by_state-acknowledged") > 0,
+        "the overview's counts did not change during the batch")
+    assert _count(browser, "count-total") > 0
+    assert batch.poll() is None, "the batch ended before the page saw it run"
+    WebDriverWait(browser, WAIT).until(
+        lambda driver: _count(driver, "count-by_state-acknowledged") >= JOBS // 2,
+        "the batch did not go on")
+    browser.refresh()  # the charts are drawn at load (the counts are live)
+    WebDriverWait(browser, WAIT).until(
+        expected_conditions.presence_of_element_located((By.ID, "count-total")))
+    _screenshot(browser, "overview", height=1500)
+
+    # An operation the batch is running (in its saved cooldown), from the list.
+    def waiting() -> dict[str, Any] | None:
+        rows = api.get("/api/operations", params={"state": "running"}).json()["operations"]
+        return next((row for row in rows if row["availability"] == "waiting"), None)
+
+    row = wait_for(waiting, "an operation in a saved cooldown")
+    operation_id = row["operation_id"]
+    browser.get(f"{info['base']}/operations?state=running")
+    _screenshot(browser, "operations")
+    browser.find_element(By.LINK_TEXT, operation_id).click()
+    WebDriverWait(browser, WAIT).until(
+        expected_conditions.presence_of_element_located((By.ID, "op-state")))
+    assert operation_id in browser.title
+    assert browser.find_element(By.ID, "op-state").text == "running"
+    assert PROMPT_MARKER not in browser.page_source and ACCOUNT_ID not in browser.page_source
+
+    # Cancel: the confirmation dialog says what it does; accepting it cancels.
+    browser.find_element(By.ID, "action-cancel").click()
+    dialog = WebDriverWait(browser, WAIT).until(expected_conditions.alert_is_present())
+    assert dialog is not False
+    assert "Cancel permanently" in dialog.text
+    dialog.accept()
+    WebDriverWait(browser, WAIT).until(
+        expected_conditions.presence_of_element_located((By.ID, "flash")))
+    assert browser.find_element(By.ID, "flash").text.startswith("cancel:")
+
+    # Another process may be running it: it applies the cancel at its next check.
+    def cancelled() -> bool:
+        browser.refresh()
+        return bool(re.fullmatch("cancelled", browser.find_element(By.ID, "op-state").text))
+
+    wait_for(cancelled, "the operation's state to become cancelled")
+    assert browser.find_element(By.ID, "op-availability").text == "permanently_cancelled"
+    _screenshot(browser, "operation", height=1100)
+    # The overview counts it (live).
+    browser.get(info["base"] + "/")
+    WebDriverWait(browser, WAIT).until(
+        lambda driver: _count(driver, "count-by_state-cancelled") == 1,
+        "the overview does not count the cancelled operation")
+    return str(row["job_id"])

@@ -1,0 +1,347 @@
+"""The dashboard over HTTP (httpx against the real process on 127.0.0.1): the token, the
+session cookie, CSRF and Origin checks, no content or account id in any page, bounded
+pages, typed 400s, the live stream's cap, and the actions with their telemetry."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from ..cli.cli_helpers import run_cli
+from .helpers import (
+    ACCOUNT_ID,
+    OTHER_ACCOUNT_ID,
+    PROMPT_MARKER,
+    copy_store,
+    dashboard,
+    make_store,
+    signed_in,
+    wait_for,
+)
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return make_store(tmp_path_factory.mktemp("dashboard-store"))
+
+
+@pytest.fixture(scope="module")
+def readonly(made: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """One read-only dashboard (no --account) over the made store, for the read tests."""
+    with dashboard(made["store"]) as info:
+        yield info
+
+
+def _operations(client: httpx.Client, state: str = "all") -> list[dict[str, Any]]:
+    page = client.get("/api/operations", params={"state": state, "limit": 200})
+    assert page.status_code == 200, page.text
+    rows: list[dict[str, Any]] = page.json()["operations"]
+    return rows
+
+
+def _csrf(html: str) -> str:
+    match = re.search(r'name="csrf" value="([^"]+)"', html)
+    assert match is not None, "no form on the page"
+    return match.group(1)
+
+
+def _field(html: str, element_id: str, name: str) -> str:
+    form = re.search(r'<form method="post"[^>]*>(?:(?!</form>).)*id="' + element_id + '"',
+                     html)
+    assert form is not None, f"no enabled {element_id}"
+    value = re.search(r'name="' + name + r'" value="([^"]+)"', form.group(0))
+    assert value is not None
+    return value.group(1)
+
+
+def test_every_request_needs_the_printed_token(readonly: dict[str, Any]) -> None:
+    base = readonly["base"]
+    assert readonly["url"].startswith("http://127.0.0.1:")
+    with httpx.Client(base_url=base, timeout=30, follow_redirects=False) as anonymous:
+        for path in ("/", "/operations", "/api/summary", "/api/operations", "/events",
+                     "/operations/anything"):
+            response = anonymous.get(path)
+            assert response.status_code == 401, path
+            assert "token_required" in response.text
+        assert anonymous.get("/", params={"token": "not-the-token"}).status_code == 401
+        assert anonymous.post("/operations/x/cancel").status_code == 401
+        # A token in a POST opens nothing (only a GET with ?token= signs in).
+        token = readonly["url"].split("token=")[1]
+        assert anonymous.post("/", params={"token": token}).status_code == 401
+    with httpx.Client(base_url=base, timeout=30, follow_redirects=False) as client:
+        first = client.get(readonly["url"])
+        assert first.status_code == 303
+        assert first.headers["location"] == "/"  # the token leaves the address bar
+        cookie = first.headers["set-cookie"]
+        assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
+        assert token not in cookie
+        page = client.get("/")
+        assert page.status_code == 200
+        assert page.headers["cache-control"] == "no-store"
+        assert "script-src 'nonce-" in page.headers["content-security-policy"]
+        assert token not in page.text
+
+
+def test_another_host_name_is_refused(readonly: dict[str, Any]) -> None:
+    with signed_in(readonly) as client:
+        port = readonly["port"]
+        rebinding = client.get("/", headers={"host": f"attacker.example:{port}"})
+        assert rebinding.status_code == 403
+        assert "host_refused" in rebinding.text
+        assert client.get("/", headers={"host": f"localhost:{port}"}).status_code == 200
+
+
+def test_no_prompt_output_or_account_id_in_any_page(
+    readonly: dict[str, Any], made: dict[str, Any]
+) -> None:
+    with signed_in(readonly) as client:
+        rows = _operations(client)
+        assert len(rows) == 10  # 2 failed + 1 saved + 3 acknowledged + 3 idle + 1 other
+        pages = [client.get(path) for path in (
+            "/", "/operations", "/api/summary", "/api/operations?limit=200",
+            *(f"/operations?state={state}" for state in ("failed", "completed", "prepared")),
+            *(f"/operations/{row['operation_id']}" for row in rows),
+        )]
+        for page in pages:
+            assert page.status_code == 200, page.url
+            for secret in (PROMPT_MARKER, ACCOUNT_ID, OTHER_ACCOUNT_ID, "sk-"):
+                assert secret not in page.text, (page.url, secret)
+        # The other account's operation shows its status dimensions, not its content.
+        other = client.get(f"/operations/{made['other'][0]}")
+        assert '<b id="op-state">prepared</b>' in other.text
+
+
+def test_show_content_shows_only_the_bound_account_s_content(
+    made: dict[str, Any], tmp_path: Path
+) -> None:
+    store = copy_store(made, tmp_path)
+    with dashboard(store, "--account", ACCOUNT_ID, "--show-content") as info:
+        assert info["show_content"] is True and info["account_bound"] is True
+        with signed_in(info) as client:
+            own = client.get(f"/operations/{made['idle'][0]}")
+            assert PROMPT_MARKER in own.text  # the frozen request, for its own account
+            other = client.get(f"/operations/{made['other'][0]}")
+            assert PROMPT_MARKER not in other.text
+            for page in (client.get("/"), client.get("/operations"), own, other):
+                assert OTHER_ACCOUNT_ID not in page.text and ACCOUNT_ID not in page.text
+
+
+def test_pages_are_bounded_and_bad_input_is_a_typed_400(readonly: dict[str, Any]) -> None:
+    with signed_in(readonly) as client:
+        for params in ({"limit": "0"}, {"limit": "201"}, {"limit": "abc"}, {"limit": "-1"},
+                       {"state": "bogus"}, {"cursor": "%%%"}, {"cursor": "x" * 500},
+                       {"cursor": "bm90IGEgY3Vyc29y"}, {"page": "2"}):
+            response = client.get("/api/operations", params=params)
+            assert response.status_code == 400, params
+            assert response.json()["error"] == "invalid_request", params
+            html = client.get("/operations", params=params)
+            assert html.status_code == 400 and "invalid_request" in html.text
+        # Walking the cursor visits every operation exactly once, two at a time.
+        seen: list[str] = []
+        cursor: str | None = None
+        while True:
+            params = {"limit": "2", **({"cursor": cursor} if cursor else {})}
+            page = client.get("/api/operations", params=params).json()
+            assert len(page["operations"]) <= 2
+            seen += [row["operation_id"] for row in page["operations"]]
+            cursor = page["next_cursor"]
+            if cursor is None:
+                break
+        assert len(seen) == len(set(seen)) == 10
+        failed = client.get("/api/operations", params={"state": "failed"}).json()
+        assert failed["matching"] == 2
+        assert {row["failure"] for row in failed["operations"]} == {"invalid_output"}
+        missing = client.get("/operations/op_does_not_exist")
+        assert missing.status_code == 404 and "state_unavailable" in missing.text
+        assert client.get("/operations/" + "x" * 300).status_code == 400
+        summary = client.get("/api/summary").json()
+        assert summary["total"] == 10
+        assert summary["by_state"]["failed"] == 2
+        assert summary["by_state"]["acknowledged"] == 3
+
+
+def test_live_counts_stream_is_capped(readonly: dict[str, Any]) -> None:
+    with signed_in(readonly) as client, ExitStack() as stack:
+        streams = []
+        for _ in range(8):
+            response = stack.enter_context(client.stream("GET", "/events"))
+            assert response.status_code == 200
+            assert response.headers["content-type"].startswith("text/event-stream")
+            streams.append(response)
+        lines = streams[0].iter_lines()
+        assert next(lines) == "event: counts"
+        data = json.loads(next(lines).removeprefix("data: "))
+        assert data["total"] == 10
+        refused = client.get("/events")
+        assert refused.status_code == 503
+        assert refused.json()["error"] == "too_many_streams"
+    with signed_in(readonly) as client:
+        # The streams were closed: a new one is served again.
+        wait_for(lambda: client.get("/api/summary").status_code == 200, "the dashboard")
+        with client.stream("GET", "/events") as again:
+            assert again.status_code == 200
+
+
+def test_actions_need_csrf_same_origin_and_the_account(
+    made: dict[str, Any], tmp_path: Path
+) -> None:
+    store = copy_store(made, tmp_path)
+    idle = made["idle"][0]
+    with dashboard(store) as info, signed_in(info) as client:  # read-only: no --account
+        page = client.get(f"/operations/{idle}").text
+        assert 'disabled id="action-suspend"' in page
+        assert "start the dashboard with --account ID" in page
+        assert 'name="csrf"' not in page  # no enabled form without the binding
+    with dashboard(store, "--account", ACCOUNT_ID) as info, signed_in(info) as client:
+        origin = {"origin": info["base"]}
+        page = client.get(f"/operations/{idle}").text
+        csrf = _csrf(page)
+        forged = client.post(f"/operations/{idle}/suspend", data={"csrf": "forged"},
+                             headers=origin)
+        assert forged.status_code == 403 and "csrf_refused" in forged.text
+        cross = client.post(f"/operations/{idle}/suspend", data={"csrf": csrf},
+                            headers={"origin": "http://attacker.example"})
+        assert cross.status_code == 403 and "origin_refused" in cross.text
+        no_origin = client.post(f"/operations/{idle}/suspend", data={"csrf": csrf})
+        assert no_origin.status_code == 403
+        assert _state(client, idle) == "prepared"  # none of them acted
+        other = made["other"][0]
+        refused = client.post(f"/operations/{other}/suspend", data={"csrf": csrf},
+                              headers=origin)
+        assert refused.status_code == 303
+        assert "account_required" in httpx.QueryParams(
+            refused.headers["location"].split("?", 1)[1])["error"]
+        assert _state(client, other) == "prepared"
+        bad = client.post(f"/operations/{idle}/explode", data={"csrf": csrf}, headers=origin)
+        assert bad.status_code == 400 and "invalid_request" in bad.text
+        multipart = client.post(f"/operations/{idle}/suspend", files={"csrf": b"x"},
+                                headers=origin)
+        assert multipart.status_code == 400
+
+
+def _state(client: httpx.Client, operation_id: str) -> str:
+    page = client.get(f"/operations/{operation_id}").text
+    match = re.search(r'<b id="op-state">([a-z_]+)</b>', page)
+    assert match is not None
+    return match.group(1)
+
+
+def test_each_action_is_the_cli_s_call_and_is_recorded(
+    made: dict[str, Any], tmp_path: Path
+) -> None:
+    store = copy_store(made, tmp_path)
+    idle = made["idle"]
+    with dashboard(store, "--account", ACCOUNT_ID) as info, signed_in(info) as client:
+        origin = {"origin": info["base"]}
+
+        def act(operation_id: str, element_id: str, **extra: str) -> httpx.Response:
+            page = client.get(f"/operations/{operation_id}").text
+            fields = {"csrf": _csrf(page), **extra}
+            for name in ("action_id", "selection", "force"):
+                try:
+                    fields.setdefault(name, _field(page, element_id, name))
+                except AssertionError:
+                    pass
+            action = element_id.removeprefix("action-").split("-")[0]
+            return client.post(f"/operations/{operation_id}/{action}", data=fields,
+                               headers=origin)
+
+        assert act(idle[0], "action-suspend").status_code == 303
+        assert _state(client, idle[0]) == "suspended"
+        assert act(idle[1], "action-cancel").status_code == 303
+        assert _state(client, idle[1]) == "cancelled"
+        assert act(idle[2], "action-abandon").status_code == 303
+        assert _state(client, idle[2]) == "abandoned"
+        # The saved completion: cancel without the confirmation's force is refused.
+        saved = _operations(client, "completed")[0]["operation_id"]
+        page = client.get(f"/operations/{saved}").text
+        assert "DISCARDS" in page  # the confirmation says the completion is discarded
+        refused = client.post(f"/operations/{saved}/cancel", data={"csrf": _csrf(page)},
+                              headers=origin)
+        assert "completion_saved" in refused.headers["location"]
+        assert _state(client, saved) == "completed"
+        assert act(saved, "action-acknowledge").status_code == 303
+        assert _state(client, saved) == "acknowledged"
+        # Manual retry: a fresh action id per form; the same form twice -> one successor.
+        failed = _operations(client, "failed")[0]["operation_id"]
+        page = client.get(f"/operations/{failed}").text
+        action_id = _field(page, "action-retry", "action_id")
+        assert action_id != _field(page, "action-retry-reselect", "action_id")
+        form = {"csrf": _csrf(page), "action_id": action_id, "selection": "preserve"}
+        first = client.post(f"/operations/{failed}/retry", data=form, headers=origin)
+        again = client.post(f"/operations/{failed}/retry", data=form, headers=origin)
+        assert first.status_code == again.status_code == 303
+        successor = re.search(r"op_[0-9a-f]+", httpx.QueryParams(
+            first.headers["location"].split("?", 1)[1])["done"])
+        assert successor is not None
+        assert successor.group(0) in again.headers["location"]
+        assert _state(client, successor.group(0)) == "prepared"
+        assert f'href="/operations/{successor.group(0)}"' in client.get(
+            f"/operations/{failed}").text  # lineage: the successor
+        # The live counts follow the actions.
+        wait_for(lambda: client.get("/api/summary").json()["by_state"]["acknowledged"] == 4,
+                 "the summary after the actions")
+    events = [json.loads(line) for line in info["stderr"].splitlines()
+              if line.startswith("{")]
+    names = {event["telemetry"] for event in events}
+    assert {"recovery.operation.suspended", "recovery.operation.cancelled",
+            "recovery.operation.abandoned", "recovery.receipt.acknowledged",
+            "recovery.operation.manual_retry_created"} <= names
+    assert PROMPT_MARKER not in info["stderr"] and ACCOUNT_ID not in info["stderr"]
+    # The CLI sees what the dashboard did (same store, same library calls).
+    status = run_cli("status", "--store", str(store), "--account", ACCOUNT_ID, idle[0], "--json")
+    assert json.loads(status.stdout)["state"] == "suspended"
+
+
+def test_usage_errors_exit_2_without_credentials(made: dict[str, Any], tmp_path: Path) -> None:
+    missing = run_cli("dashboard", "--store", str(tmp_path / "nothing"))
+    assert missing.returncode == 2 and "no recovery store" in missing.stderr
+    url = run_cli("dashboard", "--store", "postgresql://admin:hunter2@db.example/jobs")
+    assert url.returncode == 2
+    assert "hunter2" not in url.stderr and "admin" not in url.stderr
+    port = run_cli("dashboard", "--store", str(tmp_path), "--port", "70000")
+    assert port.returncode == 2 and "0..65535" in port.stderr
+    store = copy_store(made, tmp_path)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = run_cli("dashboard", "--store", str(store), "--port",
+                       str(taken.getsockname()[1]))
+    assert busy.returncode == 2 and "cannot listen on 127.0.0.1:" in busy.stderr, busy.stderr
+    assert "Traceback" not in busy.stderr
+
+
+def test_a_store_that_fails_is_a_typed_503_and_the_dashboard_stays_up(
+    made: dict[str, Any], tmp_path: Path
+) -> None:
+    store = copy_store(made, tmp_path)
+    with dashboard(store, "--account", ACCOUNT_ID) as info, signed_in(info) as client:
+        assert client.get("/").status_code == 200
+        idle = made["idle"][0]
+        csrf = _csrf(client.get(f"/operations/{idle}").text)
+        # The lock file is replaced: the next write finds out, and from then on the store
+        # refuses every read and write in this process (fail closed, docs/failures.md).
+        (store / "lock.mdb").unlink()
+        action = client.post(f"/operations/{idle}/suspend", data={"csrf": csrf},
+                             headers={"origin": info["base"]})
+        assert action.status_code == 303
+        assert "store_lock_replaced" in action.headers["location"]
+
+        def refused() -> bool:
+            page = client.get("/api/summary")
+            return page.status_code == 503 and page.json()["error"] == "store_lock_replaced"
+
+        wait_for(refused, "the summary to report the store's failure")
+        overview = client.get("/")
+        assert overview.status_code == 503 and "store_lock_replaced" in overview.text
+        one = client.get(f"/operations/{made['idle'][0]}")
+        assert one.status_code == 503 and "store_lock_replaced" in one.text
+        assert info["proc"].poll() is None  # still serving
