@@ -345,3 +345,14 @@ def test_a_store_that_fails_is_a_typed_503_and_the_dashboard_stays_up(
         one = client.get(f"/operations/{made['idle'][0]}")
         assert one.status_code == 503 and "store_lock_replaced" in one.text
         assert info["proc"].poll() is None  # still serving
+
+
+def test_the_dashboard_knows_every_state() -> None:
+    """Every state a status can have is counted and filterable (a new terminal state, such
+    as issue 16's ``superseded``, must not vanish from the overview)."""
+    from typing import get_args
+
+    from recoverable.cli.dashboard_data import STATES
+    from recoverable.types import State
+
+    assert sorted(STATES) == sorted(get_args(State))

@@ -30,7 +30,10 @@ __all__ = ["ACTIONS", "ActionRefused", "buttons", "perform"]
 
 ACTIONS: Final = ("suspend", "cancel", "retry", "acknowledge", "abandon")
 _ACTION_ID: Final = re.compile(r"[A-Za-z0-9_-]{8,100}")
-_SETTLED: Final = frozenset({"completed", "failed", "cancelled", "acknowledged", "abandoned"})
+_SETTLED: Final = frozenset(
+    {"completed", "failed", "cancelled", "superseded", "acknowledged", "abandoned"}
+)
+_ENDED_FOR_GOOD: Final = frozenset({"cancelled", "superseded", "acknowledged", "abandoned"})
 DISCARD_WARNING: Final = (
     "Cancel permanently? This operation has a saved, validated completion: cancel DISCARDS "
     "it for good (it can never be read or delivered, and it was paid for)."
@@ -86,7 +89,7 @@ def buttons(runtime: Runtime, view: OperationView) -> list[ActionButton]:
                      disabled=why(state not in _SETTLED and state != "suspended",
                                   f"nothing to suspend: {state}")),
         ActionButton("cancel", "Cancel…", danger=True,
-                     disabled=why(state not in ("cancelled", "acknowledged", "abandoned"),
+                     disabled=why(state not in _ENDED_FOR_GOOD,
                                   f"already {state}"),
                      confirm=DISCARD_WARNING if saved else CANCEL_WARNING,
                      fields={"force": "1"} if saved else {}),

@@ -54,7 +54,7 @@ __all__ = [
 
 STATES: Final = (
     "prepared", "running", "interrupted", "suspended", "completed", "failed", "cancelled",
-    "acknowledged", "abandoned",
+    "superseded", "acknowledged", "abandoned",
 )
 MAX_PAGE: Final = 200  # rows a list page (or its JSON) holds at most
 DEFAULT_PAGE: Final = 50
