@@ -13,12 +13,13 @@ from collections.abc import Callable
 
 import attrs
 from recoverable.actors.checks import check_disposition
+from recoverable.actors.continuation import decide_on_failure
 from recoverable.storage.base import WriteTransaction as WriteTxn
 from recoverable.storage.integrity import verify_body
 from recoverable.storage.leases import acquire_lease, release_lease
 
 from recoverable import machine
-from recoverable.records import CommandKind, LeaseRecord, OperationRecord
+from recoverable.records import CommandKind, ContinuationRecord, LeaseRecord, OperationRecord
 
 OpenStep = Callable[[OperationRecord, CommandKind | None, bool], machine.Transition]
 
@@ -124,6 +125,9 @@ class FencedWrite:
     check_commands: bool  # refuse (CommandArrived) if a newer command arrived
     completion: bytes | None = None  # the validated completion, saved with the record
     release_token: str | None = None  # the execution ends: release the lease too
+    # (issue 18) the writer's wall clock: a record that ends ``failed`` here gets its
+    # continuation decided in this same write (``actors/continuation.py``)
+    now: float | None = None
 
 
 def folds(command: CommandKind, record: OperationRecord) -> bool:
@@ -139,8 +143,9 @@ def folds(command: CommandKind, record: OperationRecord) -> bool:
     return machine.merge_command(command, stands) == stands
 
 
-def persist(write: FencedWrite, txn: WriteTxn) -> None:
-    """Write the transition's record fenced by our lease (see :class:`FencedWrite`)."""
+def persist(write: FencedWrite, txn: WriteTxn) -> ContinuationRecord | None:
+    """Write the transition's record fenced by our lease (see :class:`FencedWrite`);
+    return the continuation decided for a record that ended ``failed`` here (issue 18)."""
     op_id = write.operation_id
     record = write.transition.record
     command = txn.get_command(op_id)
@@ -151,10 +156,13 @@ def persist(write: FencedWrite, txn: WriteTxn) -> None:
             txn.delete_command(op_id)
     if write.completion is not None:
         txn.put_payload(op_id, "completion", write.completion)
+    decided: ContinuationRecord | None = None
     if write.transition.changed or write.completion is not None:
+        record, decided = decide_on_failure(txn, record, write.now)
         txn.put_operation(record, expect_fence=write.fence)
     if write.release_token is not None:
         release_lease(txn, op_id, write.release_token)
+    return decided
 
 
 def release(operation_id: str, token: str, txn: WriteTxn) -> None:

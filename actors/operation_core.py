@@ -164,13 +164,20 @@ class OperationCore:
             check_commands=check_commands,
             completion=completion,
             release_token=lease.token if lease is not None else None,
+            now=self.host.now(),
         )
         try:
-            await self.host.store.write(functools.partial(fenced.persist, write))
+            decided = await self.host.store.write(functools.partial(fenced.persist, write))
         except errors.FenceMismatch as exc:
             raise errors.LeaseLost(
                 "a newer owner took the operation over", operation_id=self.operation_id
             ) from exc
+        if decided is not None:  # issue 18: a continuation was decided for this failure
+            self.host.telemetry.emit(
+                "continuation.scheduled" if decided.state == "pending" else "continuation.declined",
+                self.operation_id, reason=decided.reason, due_at=decided.due_at,
+                budget_left=max(0, decided.budget - transition.record.continuations_used),
+            )
         self.record = transition.record
         if lease is not None:
             self.lease = None

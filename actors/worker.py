@@ -40,6 +40,7 @@ import attrs
 import msgspec
 import trio
 from recoverable.actors.checks import require_signed_in
+from recoverable.actors.continuation import dispatch_continuation
 from recoverable.actors.host import Backend
 from recoverable.actors.operation import Authorize
 from recoverable.actors.supervisor import Execution
@@ -49,6 +50,7 @@ from recoverable.storage.base import WriteTransaction as WriteTxn
 from recoverable.storage.queue import QueueEntry, WorkerRow
 
 from recoverable import errors
+from recoverable.continuation import is_pending
 from recoverable.preconditions import is_expired
 from recoverable.records import OperationRecord, StoredRequest
 from recoverable.telemetry import Telemetry
@@ -90,6 +92,7 @@ class WorkerReport:
     stopped: int = 0  # ended without a terminal state (declined, suspended, ...)
     removed: int = 0  # queue rows removed (terminal, disposed, expired)
     resumable: int = 0  # suspended by this worker's stop, flagged for the next one
+    continued: int = 0  # continuation successors dispatched (issue 18)
 
 
 def claimable(
@@ -131,7 +134,16 @@ def _unregister(token: str, txn: WriteTxn) -> None:
 
 
 def _dequeue(operation_ids: list[str], txn: WriteTxn) -> int:
-    return sum(txn.dequeue(operation_id) for operation_id in operation_ids)
+    removed = 0
+    for operation_id in operation_ids:
+        try:
+            record = txn.get_operation(operation_id)
+        except (errors.CorruptRecord, errors.UnsupportedRecordVersion):
+            record = None
+        if record is not None and is_pending(record):
+            continue  # issue 18: a pending continuation stays queued until dispatched
+        removed += txn.dequeue(operation_id)
+    return removed
 
 
 def _flag(operation_ids: list[str], resume: bool, txn: WriteTxn) -> None:
@@ -221,6 +233,7 @@ class _Worker:
                 if until > clock
             }
         done: list[str] = []
+        continuing: list[str] = []
         claims: list[tuple[OperationRecord, QueueEntry]] = []
         after = 0
         while len(claims) < free:
@@ -245,6 +258,9 @@ class _Worker:
                 if record is None:
                     done.append(operation_id)  # acknowledged, abandoned or purged
                     continue
+                if is_pending(record):  # issue 18: a failed run's pending continuation
+                    continuing.append(operation_id)
+                    continue
                 verdict = claimable(
                     record, entry, account=self.account, endpoint_id=self.endpoint_id,
                     now=now, lease_live=False,
@@ -261,10 +277,28 @@ class _Worker:
         if resumed:  # claimed now: a later host suspension must not be resumed
             await self.store.write(functools.partial(_flag, resumed, False))
         started = 0
+        for operation_id in continuing:
+            started += await self._continue(operation_id, clock)
         for record, _entry in claims:
             if self._start(record, nursery):
                 started += 1
         return started
+
+    async def _continue(self, operation_id: str, clock: float) -> int:
+        """Dispatch a pending continuation (issue 18) when due: 1 if a successor was
+        created (it is queued: a later round claims it)."""
+        result = await dispatch_continuation(self.store, self.rt.telemetry, operation_id,
+                                             account=self.account, endpoint_id=self.endpoint_id,
+                                             now=self.rt.now())
+        if result.outcome == "not_due" and result.due_at is not None:
+            wait = min(SKIP_SECONDS, max(0.0, result.due_at - self.rt.now()))
+            self.skip[operation_id] = clock + wait
+        elif result.outcome in ("not_mine", "failed"):
+            self.skip[operation_id] = clock + SKIP_SECONDS
+        if result.outcome == "dispatched":
+            self.report.continued += 1
+            return 1
+        return 0
 
     def _start(self, record: OperationRecord, nursery: trio.Nursery) -> bool:
         operation_id = record.operation_id

@@ -115,6 +115,12 @@ class WriteTransaction(RecordReader, Protocol):
 
     def put_raw(self, table: Table, key: bytes, value: bytes) -> None: ...
 
+    def put_preference(self, name: str, value: bytes) -> None:
+        """Save the store-wide preference ``name`` (issue 18, ``storage/preferences.py``);
+        read back with ``get_raw("meta", b"preference." + name)``. Small, not counted
+        against the quotas."""
+        ...
+
     def operation_ids_by_job(
         self, account: AccountBinding, scope: str | None, job_id: str | None
     ) -> list[str]:

@@ -41,6 +41,7 @@ CLI = 4
 TOP_LEVEL = {
     "_killpoints": CORE,
     "body": CORE,
+    "continuation": CORE,
     "contract": CORE,
     "errors": CORE,
     "failure_text": CORE,

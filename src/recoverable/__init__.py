@@ -14,6 +14,11 @@ Quick tour (see docs/ and the README)::
 
 from __future__ import annotations
 
+from recoverable.actors.continuation import (
+    ContinuationPreference,
+    continuation_preference,
+    set_continuation_preference,
+)
 from recoverable.actors.runtime import Backend, Runtime, open_runtime
 from recoverable.blocking import AsyncioRuntime, BlockingRuntime
 from recoverable.errors import *  # noqa: F403
@@ -29,6 +34,7 @@ from recoverable.types import (
     Attempt,
     AttemptSummary,
     CleanupResult,
+    ContinuationStatus,
     Handle,
     Inventory,
     JsonSchema,
@@ -48,6 +54,8 @@ __all__ = [
     "CleanupResult",
     "Completed",
     "ConnectBackoff",
+    "ContinuationPreference",
+    "ContinuationStatus",
     "Credentials",
     "Handle",
     "Interruption",
@@ -66,6 +74,8 @@ __all__ = [
     "TelemetryEvent",
     "TelemetrySink",
     "Usage",
+    "continuation_preference",
     "open_runtime",
+    "set_continuation_preference",
     *_errors_all,
 ]

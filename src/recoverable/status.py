@@ -17,6 +17,7 @@ from recoverable.types import (
     AttemptSummary,
     Availability,
     Blocker,
+    ContinuationStatus,
     State,
     Status,
     SuggestedAction,
@@ -42,6 +43,7 @@ SUGGESTED_ACTIONS: Final[Mapping[Availability, tuple[SuggestedAction, ...]]] = {
     "abandoned": (),
     "blocked": ("manual_retry", "abandon"),
     "endpoint_unavailable": ("wait", "resume", "abandon"),
+    "continuation_pending": ("wait", "abandon"),
 }
 
 # What still makes sense when the frozen request (or the saved completion) is gone:
@@ -188,6 +190,9 @@ def derive_status(
         availability = "endpoint_unavailable"
     else:
         endpoint_failure = None
+    if (availability in ("exhausted", "failed") and rec.continuation is not None
+            and rec.continuation.state == "pending"):
+        availability = "continuation_pending"
     last = rec.attempts[-1] if rec.attempts else None
     return Status(
         operation_id=rec.operation_id,
@@ -221,4 +226,19 @@ def derive_status(
             to_datetime(lease.expires_at) if lease is not None and lease_live else None
         ),
         fence=rec.fence,
+        continuation=_continuation(rec),
+    )
+
+
+def _continuation(rec: OperationRecord) -> ContinuationStatus | None:
+    """The continuation decided for this failed operation (issue 18), as a host sees it."""
+    decided = rec.continuation
+    if decided is None:
+        return None
+    return ContinuationStatus(
+        state=decided.state,
+        reason=decided.reason,
+        due_at=to_datetime(decided.due_at) if decided.state == "pending" else None,
+        budget_left=max(0, decided.budget - rec.continuations_used),
+        successor_id=decided.successor_id,
     )

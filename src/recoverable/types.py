@@ -47,6 +47,9 @@ Availability = Literal[
     "abandoned",
     "blocked",
     "endpoint_unavailable",  # the endpoint could not be connected to; nothing was spent
+    # (issue 18) failed, and an opt-in continuation is pending: a worker creates its one
+    # successor at ``Status.continuation.due_at`` unless something cancels it first
+    "continuation_pending",
 ]
 Blocker = Literal[
     "endpoint_unavailable",
@@ -169,6 +172,22 @@ class AttemptSummary(msgspec.Struct, frozen=True, kw_only=True):
     usage: Usage | None = None  # the tokens the provider reported (None: not reported)
 
 
+class ContinuationStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """A failed operation's opt-in continuation (issue 18, docs/continuation.md).
+
+    ``state``: ``pending`` (a successor is created at ``due_at``), ``dispatched`` (it
+    exists: ``successor_id``), ``cancelled`` (something invalidated it before dispatch:
+    ``reason``) or ``declined`` (the preference was on but the failure did not qualify:
+    ``reason``). ``budget_left``: automatic continuations the lineage may still use
+    (the pending one included)."""
+
+    state: Literal["pending", "dispatched", "cancelled", "declined"]
+    reason: str
+    due_at: _dt.datetime | None = None
+    budget_left: int = 0
+    successor_id: str | None = None
+
+
 class Status(msgspec.Struct, frozen=True, kw_only=True):
     """A snapshot of an operation's independent dimensions (not an authorization token)."""
 
@@ -218,6 +237,8 @@ class Status(msgspec.Struct, frozen=True, kw_only=True):
     lease_owner: str | None = None
     lease_expires_at: _dt.datetime | None = None
     fence: int = 0
+    # (issue 18) the opt-in continuation decided for this failed operation, if any.
+    continuation: ContinuationStatus | None = None
 
 
 class Receipt(msgspec.Struct, frozen=True, kw_only=True):
