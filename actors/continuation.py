@@ -30,8 +30,10 @@ from typing import Final, Literal, Protocol
 
 import attrs
 import msgspec
+from recoverable.actors.host import Backend
 from recoverable.actors.prepare import identity_of, new_operation_record, put_new_operation
 from recoverable.actors.retry import plan_retry, source_conditions
+from recoverable.actors.scheduler import Scheduler
 from recoverable.storage.base import Store
 from recoverable.storage.base import WriteTransaction as WriteTxn
 from recoverable.storage.integrity import verify_body
@@ -44,10 +46,12 @@ from recoverable.storage.queue import MAX_SCAN
 
 from recoverable import continuation, errors
 from recoverable.records import ContinuationRecord, OperationRecord, RetryReservation
+from recoverable.telemetry import Telemetry as RuntimeTelemetry
 from recoverable.types import AccountBinding, to_datetime
 
 __all__ = [
-    "ContinuationPreference", "DispatchResult", "continuation_preference", "decide_on_failure",
+    "ContinuationPreference", "DispatchResult", "continuation_preference", "continue_failed",
+    "continued_id", "decide_on_failure",
     "dispatch", "dispatch_continuation", "newer_revision", "set_continuation_preference",
 ]
 
@@ -300,3 +304,57 @@ async def set_continuation_preference(
         for operation_id in stopped:
             telemetry.emit("continuation.cancelled", operation_id, reason="disabled")
     return preference
+
+
+def continued_id(store: Store, operation_id: str, *, steps: int = continuation.MAX_BUDGET + 1
+                 ) -> str:
+    """The operation that stands for ``operation_id`` after its dispatched continuations
+    (itself when none was dispatched), at most ``steps`` along the lineage."""
+    current = operation_id
+    for _ in range(steps):
+        try:
+            record = store.get_operation(current)
+        except (errors.CorruptRecord, errors.UnsupportedRecordVersion):
+            return current
+        decided = record.continuation if record is not None else None
+        if decided is None or decided.state != "dispatched" or decided.successor_id is None:
+            return current
+        current = decided.successor_id
+    return current
+
+
+class HostRuntime(Protocol):
+    """What :func:`continue_failed` uses of the runtime (``actors/runtime.py``)."""
+
+    store: Store
+    backend: Backend | None
+    account: AccountBinding | None
+    now: Callable[[], float]
+    telemetry: RuntimeTelemetry
+    scheduler: Scheduler
+
+
+async def continue_failed(rt: HostRuntime, operation_id: str) -> str | None:
+    """For a host that runs its operations itself (``recoverable batch --workers 0``):
+    the failed operation's continuation successor — waiting for the persisted due time,
+    then dispatching it here, with every check of :func:`dispatch` — or None when it has
+    no pending (or dispatched) continuation. Cancelled while waiting: nothing changes."""
+    for _ in range(continuation.MAX_BUDGET + 2):
+        record = rt.store.get_operation(operation_id)
+        decided = record.continuation if record is not None else None
+        if decided is None or rt.account is None or rt.backend is None:
+            return None
+        if decided.state == "dispatched":
+            return decided.successor_id
+        if decided.state != "pending":
+            return None
+        if decided.due_at is not None:
+            await rt.scheduler.wait_until(decided.due_at)
+        result = await dispatch_continuation(rt.store, rt.telemetry, operation_id,
+                                             account=rt.account,
+                                             endpoint_id=rt.backend.endpoint_id, now=rt.now())
+        if result.outcome == "dispatched":
+            return result.successor_id
+        if result.outcome != "not_due":
+            return None
+    return None

@@ -169,6 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name in OPS_COMMANDS:
         _add_ops_command(sub, name)
     _add_sweep(sub)
+    _add_config(sub)
     sub.add_parser(
         "fixture-provider",
         help="run the loopback fixture Responses provider",
@@ -326,6 +327,27 @@ def _add_sweep(sub: argparse._SubParsersAction[_Parser]) -> None:
         "since they became runnable",
     )
     sweep.add_argument("--json", action="store_true", help="machine output (JSON)")
+
+
+CONFIG_KEYS = ("continuation.enabled", "continuation.delay_seconds", "continuation.budget")
+
+
+def _add_config(sub: argparse._SubParsersAction[_Parser]) -> None:
+    """``recoverable config get|set KEY [VALUE] --store DIR [--json]`` (issue 18)."""
+    config = sub.add_parser(
+        "config",
+        help="read or change a store-wide preference (continuation.enabled: the opt-in "
+        "continuation after terminal stream failures; off by default)",
+    )
+    action = config.add_subparsers(dest="config_action", metavar="ACTION", required=True)
+    get = action.add_parser("get", help="print a preference")
+    get.add_argument("key", choices=CONFIG_KEYS)
+    put = action.add_parser("set", help="change a preference (it persists)")
+    put.add_argument("key", choices=CONFIG_KEYS)
+    put.add_argument("value")
+    for parser in (get, put):
+        parser.add_argument("--store", required=True, metavar="DIR")
+        parser.add_argument("--json", action="store_true", help="machine output (JSON)")
 
 
 def _add_worker(sub: argparse._SubParsersAction[_Parser]) -> None:

@@ -14,6 +14,7 @@ from recoverable.cli.batch import run_batch
 from recoverable.cli.config import DEFAULT_RETRY_PROVIDER_CODES, BatchConfig
 from recoverable.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, UsageError
 from recoverable.cli.ops import run_ops
+from recoverable.cli.settings import run_config
 from recoverable.cli.sweep import run_sweep
 from recoverable.cli.worker import main as worker_main
 from recoverable.pricing import load_prices
@@ -59,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         out = sys.stdout if sys.stdout is not None else open(os.devnull, "w")
         if args.command == "sweep":
             return run_sweep(args, out, sys.stderr)
+        if args.command == "config":
+            return run_config(args, out, sys.stderr)
         return run_ops(args, out, sys.stderr)
     except UsageError as exc:
         _usage_error(args.command, exc, getattr(args, "json", False))
