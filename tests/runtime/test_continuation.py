@@ -130,8 +130,9 @@ async def test_a_stream_failure_run_is_continued_once_after_the_delay(
     await recoverable.set_continuation_preference(store, enabled=True, delay_seconds=600)
     provider.script([*DROPS, Reply.complete({"answer": 42, "note": "continued"})])
     authorize = Authorizer()
+    events: list[recoverable.TelemetryEvent] = []
     async with recoverable.open_runtime(store, make_backend(provider, mode), account=ACCOUNT,
-                                        wall_clock=wall) as rt:
+                                        wall_clock=wall, telemetry=events.append) as rt:
         handle = await submit(rt)
         async with worker(rt, authorize):
             await until(lambda: continued_state(store, handle.operation_id) == "pending",
@@ -181,6 +182,14 @@ async def test_a_stream_failure_run_is_continued_once_after_the_delay(
         assert again.outcome == "not_pending"
     assert len(generation_requests(provider, handle.operation_id)) == 2
     assert len(generation_requests(provider, successor_id)) == 1
+    seen = [(e.name, e.operation_id, e.fields) for e in events
+            if e.name.startswith("recovery.continuation.")]
+    assert seen == [
+        ("recovery.continuation.scheduled", handle.operation_id,
+         {"reason": "stream_failures_exhausted", "due_at": T0 + 600, "budget_left": 2}),
+        ("recovery.continuation.dispatched", handle.operation_id,
+         {"successor_id": successor_id, "model": "gpt-test"}),
+    ]
     bodies = {r.body for r in provider.requests}
     assert len(bodies) == 1  # the same frozen body every time: no prompt change
 
