@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from typing import Final, Literal, Protocol
+from typing import Literal, Protocol
 
 import attrs
 import msgspec
@@ -34,6 +34,7 @@ from recoverable.actors.host import Backend
 from recoverable.actors.prepare import identity_of, new_operation_record, put_new_operation
 from recoverable.actors.retry import plan_retry, source_conditions
 from recoverable.actors.scheduler import Scheduler
+from recoverable.actors.turns import THREAD_SCOPE, newer_turn
 from recoverable.storage.base import Store
 from recoverable.storage.base import WriteTransaction as WriteTxn
 from recoverable.storage.integrity import verify_body
@@ -61,7 +62,6 @@ Outcome = Literal[
     "dispatched", "cancelled", "not_due", "not_pending", "missing", "not_mine", "failed",
 ]
 
-_NO_NEWER_TURN: Final[NewerTurn] = lambda _txn, _record: False  # noqa: E731
 
 
 def decide_on_failure(
@@ -88,8 +88,8 @@ def decide_on_failure(
 def newer_revision(txn: WriteTxn, record: OperationRecord) -> bool:
     """Another operation of the same job with another input revision, created after this
     one: newer user intent."""
-    if record.job_id is None:
-        return False
+    if record.job_id is None or record.scope == THREAD_SCOPE:
+        return False  # a thread's turns differ by revision: newer_turn judges them
     for operation_id in txn.operation_ids_by_job(record.account, record.scope, record.job_id):
         if operation_id == record.operation_id:
             continue
@@ -128,7 +128,7 @@ def dispatch(
     now: float,
     txn: WriteTxn,
     *,
-    newer_turn: NewerTurn = _NO_NEWER_TURN,
+    is_newer_turn: NewerTurn = newer_turn,
 ) -> DispatchResult:
     """Check a pending continuation again and, when due, create its one successor."""
     record = txn.get_operation(source_id)
@@ -152,7 +152,7 @@ def dispatch(
         command=command.kind if command is not None else None,
         lease_live=lease is not None and txn.lease_is_live(lease, now),
         newer_revision=newer_revision(txn, record),
-        newer_turn=newer_turn(txn, record),
+        newer_turn=is_newer_turn(txn, record),
     )
     if reason is not None:
         return _cancel(txn, record, reason, now)

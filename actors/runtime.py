@@ -31,6 +31,7 @@ from recoverable.actors.prepare import create_operation, new_admission, new_oper
 from recoverable.actors.scheduler import Scheduler
 from recoverable.actors.supervisor import Execution, Supervisor
 from recoverable.actors.sweep import sweep_at_open
+from recoverable.actors.thread import Thread, open_thread
 from recoverable.storage.base import Store as RecoveryStore
 from recoverable.storage.migration import saved_completion
 from recoverable.transport.connect import ConnectBackoff, EndpointGate
@@ -295,6 +296,12 @@ class Runtime:
         return await manual_retry.retry(
             self.store, plan, selector=self.selector, telemetry=self.telemetry
         )
+
+    def thread(self, thread_id: str, **settings: Any) -> Thread:
+        """A durable multi-turn thread (issue 18, ``actors/thread.py``): ``response``,
+        ``model``, ``instructions``, ``maximum_attempts``, ``retry_policy``,
+        ``reasoning_effort``; ``server_state=True`` is refused (an unsupported form)."""
+        return open_thread(self, thread_id, **settings)
 
     # --- reads ----------------------------------------------------------------------
 

@@ -48,6 +48,7 @@ __all__ = [
     "StorageUnavailable",
     "StoreDamaged",
     "StoreLockReplaced",
+    "ThreadTurnActive",
     "TokenBudgetExhausted",
     "TrioRequired",
     "UnsupportedInputItem",
@@ -113,6 +114,18 @@ class OperationBusy(RecoveryError):
     _action = (
         "wait for that execution to finish, or suspend it (runtime.suspend or `recoverable "
         "suspend`) and call send_recovering again"
+    )
+
+
+class ThreadTurnActive(RecoveryError):
+    """A thread never has two turns in flight (issue 18): its latest turn is not
+    committed (or abandoned) yet."""
+
+    code = "thread_turn_active"
+    _summary = "the thread's previous turn is not committed yet"
+    _action = (
+        "send and commit that turn (thread.commit after your own commit), or abandon it, "
+        "then start the next one"
     )
 
 

@@ -160,6 +160,9 @@ class OperationRecord(
     # every successor, manual ones included: the continuation budget never resets).
     continuation: ContinuationRecord | None = None
     continuations_used: int = 0
+    # (issue 18) a thread turn the host committed (``actors/thread.py``): its saved input
+    # and validated output are the history of the thread's next turn.
+    thread_committed: bool = False
 
     @property
     def attempts_remaining(self) -> int:
