@@ -34,7 +34,7 @@ from recoverable.actors.host import Backend
 from recoverable.actors.prepare import identity_of, new_operation_record, put_new_operation
 from recoverable.actors.retry import plan_retry, source_conditions
 from recoverable.actors.scheduler import Scheduler
-from recoverable.actors.turns import THREAD_SCOPE, newer_turn
+from recoverable.actors.turns import DELEGATE_SCOPE, THREAD_SCOPE, newer_turn
 from recoverable.storage.base import Store
 from recoverable.storage.base import WriteTransaction as WriteTxn
 from recoverable.storage.integrity import verify_body
@@ -88,8 +88,10 @@ def decide_on_failure(
 def newer_revision(txn: WriteTxn, record: OperationRecord) -> bool:
     """Another operation of the same job with another input revision, created after this
     one: newer user intent."""
-    if record.job_id is None or record.scope == THREAD_SCOPE:
-        return False  # a thread's turns differ by revision: newer_turn judges them
+    if record.job_id is None or record.scope in (THREAD_SCOPE, DELEGATE_SCOPE):
+        # A thread's turns and a group's children differ by revision by design (newer
+        # turns are judged by newer_turn; siblings are never newer intent).
+        return False
     for operation_id in txn.operation_ids_by_job(record.account, record.scope, record.job_id):
         if operation_id == record.operation_id:
             continue

@@ -21,6 +21,7 @@ import trio
 from recoverable.actors import queue as submitted
 from recoverable.actors import retry as manual_retry
 from recoverable.actors.checks import require_owner, require_signed_in
+from recoverable.actors.delegate import Delegation, open_delegation
 from recoverable.actors.governor import RateGovernor
 from recoverable.actors.heartbeat import LeaseKeeper
 from recoverable.actors.host import Backend
@@ -302,6 +303,12 @@ class Runtime:
         ``model``, ``instructions``, ``maximum_attempts``, ``retry_policy``,
         ``reasoning_effort``; ``server_state=True`` is refused (an unsupported form)."""
         return open_thread(self, thread_id, **settings)
+
+    def delegate(self, group_id: str, **settings: Any) -> Delegation:
+        """A parent fed by child operations (issue 18, ``actors/delegate.py``): ``builder``
+        (deterministic: children's values by key -> the parent's request), ``response``,
+        ``maximum_attempts``, ``retry_policy``."""
+        return open_delegation(self, group_id, **settings)
 
     # --- reads ----------------------------------------------------------------------
 

@@ -13,9 +13,14 @@ from recoverable import errors
 from recoverable.records import OperationRecord
 from recoverable.types import AccountBinding
 
-__all__ = ["THREAD_SCOPE", "newer_turn", "thread_turns", "turn_number", "turn_revision"]
+__all__ = [
+    "DELEGATE_SCOPE", "THREAD_SCOPE", "newer_turn", "thread_turns", "turn_number", "turn_revision",
+]
 
 THREAD_SCOPE: Final = "recoverable.thread"
+# The scope of delegated children and their parent (``actors/delegate.py``): one job id per
+# group, one revision per child (``child:<key>``) and ``parent``.
+DELEGATE_SCOPE: Final = "recoverable.delegate"
 _PREFIX: Final = "turn-"
 
 

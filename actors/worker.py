@@ -65,6 +65,7 @@ MAX_SKIPPED: Final = 4096  # remembered skips past which the lapsed ones are dro
 BUSY_SECONDS: Final = 0.1  # one running in another process is looked at again after this
 POLL_FIRST: Final = 0.005  # seconds between looks at the queue when work was found
 POLL_MAX: Final = 0.1  # ... and at most this long when there was none
+CONTINUATION_RECHECK: Final = 1.0  # a pending continuation not yet due: seconds (issue 18)
 
 
 class WorkerRuntime(Protocol):
@@ -291,7 +292,8 @@ class _Worker:
                                              account=self.account, endpoint_id=self.endpoint_id,
                                              now=self.rt.now())
         if result.outcome == "not_due" and result.due_at is not None:
-            wait = min(SKIP_SECONDS, max(0.0, result.due_at - self.rt.now()))
+            # Looked at again within a second at most: the wall clock may jump.
+            wait = min(CONTINUATION_RECHECK, max(0.0, result.due_at - self.rt.now()))
             self.skip[operation_id] = clock + wait
         elif result.outcome in ("not_mine", "failed"):
             self.skip[operation_id] = clock + SKIP_SECONDS
