@@ -45,7 +45,7 @@ from recoverable.storage.preferences import (
 )
 from recoverable.storage.queue import MAX_SCAN
 
-from recoverable import continuation, errors
+from recoverable import _killpoints, continuation, errors
 from recoverable.records import ContinuationRecord, OperationRecord, RetryReservation
 from recoverable.telemetry import Telemetry as RuntimeTelemetry
 from recoverable.types import AccountBinding, to_datetime
@@ -242,6 +242,7 @@ async def dispatch_continuation(
         telemetry.emit("continuation.failed", source_id, code=exc.code)
         return DispatchResult("failed", reason=exc.code)
     if result.outcome == "dispatched":
+        _killpoints.hit("continuation.dispatched")
         telemetry.emit("continuation.dispatched", source_id, successor_id=result.successor_id,
                        model=result.model)
     elif result.outcome == "cancelled":

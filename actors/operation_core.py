@@ -21,7 +21,7 @@ from recoverable.actors.host import OperationHost
 from recoverable.actors.monitor import Watch
 from recoverable.storage.migration import upgrade_operation
 
-from recoverable import errors, machine
+from recoverable import _killpoints, errors, machine
 from recoverable.contract import ResponseContract
 from recoverable.outcome import Completed, Interruption
 from recoverable.records import CommandKind, LeaseRecord, OperationRecord
@@ -173,6 +173,7 @@ class OperationCore:
                 "a newer owner took the operation over", operation_id=self.operation_id
             ) from exc
         if decided is not None:  # issue 18: a continuation was decided for this failure
+            _killpoints.hit("continuation.decided")
             self.host.telemetry.emit(
                 "continuation.scheduled" if decided.state == "pending" else "continuation.declined",
                 self.operation_id, reason=decided.reason, due_at=decided.due_at,

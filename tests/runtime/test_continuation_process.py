@@ -194,3 +194,58 @@ def test_batch_finishes_a_job_whose_continuation_recovers(
     with recoverable.RecoveryStore.open(str(store_path)) as store:
         # The committed successor was acknowledged; the failed source keeps its record.
         assert store.get_disposition(successor) is not None
+
+
+def run_doomed_worker(store_path: Path, info: dict[str, Any], point: str) -> int:
+    """A worker that SIGKILLs itself at ``point``; its exit status."""
+    doomed = subprocess.run(
+        cli_command("worker", "--store", str(store_path), "--endpoint", info["http_url"],
+                    "--mode", "sse", "--api-key-env", "CONTINUATION_TEST_KEY",
+                    "--account", ACCOUNT.account_id),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO, timeout=60,
+        env={**child_env(), **KEY_ENV, "RECOVERABLE_KILL_AT": point}, check=False,
+    )
+    return doomed.returncode
+
+
+@pytest.mark.parametrize("point", ["continuation.decided", "continuation.dispatched"])
+async def test_a_worker_killed_around_the_dispatch_leaves_exactly_one_continuation(
+    tmp_path: Path, provider: dict[str, Any], point: str
+) -> None:
+    """Criterion 5, restarts: a worker SIGKILLed right after the terminal write that
+    decided the continuation, or right after its dispatch; another worker finishes with
+    exactly one successor and one generation for it."""
+    store_path = tmp_path / "store"
+    turn_on(store_path)
+    done = run_cli("config", "set", "continuation.delay_seconds", "0", "--store",
+                   str(store_path))
+    assert done.returncode == 0
+    backend = recoverable.ResponsesBackend(
+        provider["http_url"], mode="sse",
+        credentials=recoverable.StaticCredentials("sk-continuation-test", account=ACCOUNT),
+    )
+    with recoverable.RecoveryStore.open(str(store_path)) as store:
+        async with recoverable.open_runtime(store, backend, account=ACCOUNT) as rt:
+            handle = await rt.submit(
+                recoverable.StructuredRequest(model="gpt-test", instructions="Label.",
+                                              input="text"),
+                response=SCHEMA, job_id="job-k", input_revision="r1", maximum_attempts=2,
+                retry_policy=recoverable.RetryPolicy(initial_backoff=0.0),
+            )
+            assert run_doomed_worker(store_path, provider, point) == -signal.SIGKILL
+            source = store.get_operation(handle.operation_id)
+            assert source is not None and source.continuation is not None
+            expected = "pending" if point == "continuation.decided" else "dispatched"
+            assert source.continuation.state == expected
+            survivor = start_worker(store_path, provider)
+            try:
+                with trio.fail_after(60):  # generous: a loaded worker process
+                    value = await rt.wait(handle, response=SCHEMA)
+            finally:
+                stop(survivor)
+            assert value == {"label": "a", "score": 7}
+            assert len(store.inventory(ACCOUNT)[0]) == 2
+            source = store.get_operation(handle.operation_id)
+            assert source is not None and source.continuation is not None
+            successor_id = source.continuation.successor_id
+    assert posts(provider) == Counter({handle.operation_id: 2, successor_id: 1})
