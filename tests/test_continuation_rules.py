@@ -177,3 +177,43 @@ def test_cancelled_and_dispatched_edit_only_a_pending_continuation() -> None:
     assert sent.continuation is not None
     assert (sent.continuation.state, sent.continuation.successor_id) == ("dispatched", "op_next")
     assert not cont.is_pending(sent)
+
+
+def test_records_written_before_issue_18_decode_without_a_continuation() -> None:
+    """Existing stores: a record saved before the fields existed reads as 'none decided,
+    none used, not committed' — and its failure chain still decides (typed attempts)."""
+    from pathlib import Path
+
+    from recoverable.storage import codec
+
+    data = Path(__file__).resolve().parent / "data" / "version2_before_usage.hex"
+    rows = [line.split() for line in data.read_text().splitlines()
+            if line and not line.startswith("#")]
+    assert rows
+    for operation_id, hexed in rows:
+        raw = bytes.fromhex(hexed)
+        assert b"continuation" not in raw
+        record = codec.decode_operation(raw, operation_id=operation_id)
+        assert (record.continuation, record.continuations_used, record.thread_committed) == (
+            None, 0, False)
+        again = codec.decode_operation(codec.encode(record), operation_id=operation_id)
+        assert again == record
+
+
+def test_an_unreadable_preference_reads_as_off() -> None:
+    from recoverable.storage.preferences import CONTINUATION_KEY, read_continuation
+
+    from recoverable import errors
+
+    class Rows:
+        def __init__(self, raw: bytes | None) -> None:
+            self.raw = raw
+
+        def get_raw(self, table: object, key: bytes) -> bytes | None:
+            assert (table, key) == ("meta", CONTINUATION_KEY)
+            return self.raw
+
+    assert read_continuation(Rows(None)).enabled is False  # an existing store: no row
+    assert read_continuation(Rows(b"\xc1garbage")).enabled is False
+    with pytest.raises(errors.CorruptRecord):
+        read_continuation(Rows(b"\xc1garbage"), strict=True)
