@@ -239,6 +239,8 @@ def _continuation(rec: OperationRecord) -> ContinuationStatus | None:
         state=decided.state,
         reason=decided.reason,
         due_at=to_datetime(decided.due_at) if decided.state == "pending" else None,
-        budget_left=max(0, decided.budget - rec.continuations_used),
+        # What the lineage may still use: a dispatched continuation is spent already.
+        budget_left=max(0, decided.budget - rec.continuations_used
+                        - (1 if decided.state == "dispatched" else 0)),
         successor_id=decided.successor_id,
     )

@@ -179,7 +179,7 @@ class ContinuationStatus(msgspec.Struct, frozen=True, kw_only=True):
     exists: ``successor_id``), ``cancelled`` (something invalidated it before dispatch:
     ``reason``) or ``declined`` (the preference was on but the failure did not qualify:
     ``reason``). ``budget_left``: automatic continuations the lineage may still use
-    (the pending one included)."""
+    (a pending one included, a dispatched one not)."""
 
     state: Literal["pending", "dispatched", "cancelled", "declined"]
     reason: str

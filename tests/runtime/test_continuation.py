@@ -172,7 +172,11 @@ async def test_a_stream_failure_run_is_continued_once_after_the_delay(
         assert successor.continuations_used == 1
         assert store.get_payload(successor_id, "body") == store.get_payload(
             handle.operation_id, "body")
-        assert (await rt.status(handle)).successor_id == successor_id
+        done = await rt.status(handle)
+        assert done.successor_id == successor_id
+        assert done.continuation is not None
+        assert (done.continuation.state, done.continuation.budget_left) == ("dispatched", 1)
+        assert done.availability == "exhausted"  # the source itself stays as it ended
         # The successor's attempt was asked for like any other.
         assert [c.operation_id for c in authorize.calls].count(successor_id) == 1
         # Repeating the dispatch (a duplicate event, another worker, a restart) does nothing.
