@@ -51,9 +51,9 @@ from recoverable.telemetry import Telemetry as RuntimeTelemetry
 from recoverable.types import AccountBinding, to_datetime
 
 __all__ = [
-    "ContinuationPreference", "DispatchResult", "continuation_preference", "continue_failed",
-    "continued_id", "decide_on_failure",
-    "dispatch", "dispatch_continuation", "newer_revision", "set_continuation_preference",
+    "ContinuationPreference", "DispatchResult", "HostRuntime", "continuation_preference",
+    "continue_failed", "continued_id", "decide_on_failure", "dispatch",
+    "dispatch_continuation", "newer_revision", "set_continuation_preference",
 ]
 
 NewerTurn = Callable[[WriteTxn, OperationRecord], bool]
@@ -61,7 +61,6 @@ NewerTurn = Callable[[WriteTxn, OperationRecord], bool]
 Outcome = Literal[
     "dispatched", "cancelled", "not_due", "not_pending", "missing", "not_mine", "failed",
 ]
-
 
 
 def decide_on_failure(

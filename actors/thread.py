@@ -114,34 +114,49 @@ def _create_turn(
     account = build.account
     turns = thread_turns(txn, account, plan.thread_id)
     latest = max(turns, default=0)
-    history: list[dict[str, Any]] = []
-    number = 1
-    if latest:
-        state = _settled(turns[latest])
-        committed = [number for number in turns if _settled(turns[number]) == "committed"]
-        if state in ("active", "completed"):
-            raise errors.ThreadTurnActive(operation_id=_standing(turns[latest]).operation_id)
-        if state == "continuation_pending":
-            # Newer user intent takes precedence: the failed turn is not continued.
-            for pending in turns[latest]:
-                if continuation.is_pending(pending):
-                    txn.put_operation(continuation.cancelled(pending, "newer_turn", now))
-                    txn.dequeue(pending.operation_id)
-        number = latest + 1
-        if committed:
-            history = _history(txn, _standing(turns[max(committed)]))
+    committed = [turn for turn in turns if _settled(turns[turn]) == "committed"]
+    state = _settled(turns[latest]) if latest else "none"
+    if state in ("active", "completed"):
+        # The same input again (a host that crashed before saving the handle) returns
+        # the turn in flight; anything else waits for it.
+        standing = _standing(turns[latest])
+        again, _body, _stored = build.admit(
+            _turn_request(plan, _committed_history(txn, turns, committed, latest)),
+            turn_revision(latest),
+        )
+        if again.body_hash == standing.body_hash:
+            return standing, False
+        raise errors.ThreadTurnActive(operation_id=standing.operation_id)
+    if state == "continuation_pending":
+        # Newer user intent takes precedence: the failed turn is not continued.
+        for pending in turns[latest]:
+            if continuation.is_pending(pending):
+                txn.put_operation(continuation.cancelled(pending, "newer_turn", now))
+                txn.dequeue(pending.operation_id)
+    number = latest + 1
     if number > MAX_TURNS:
         raise errors.InvalidRequest("a thread has at most 999,999 turns")
-    request = StructuredRequest(
-        model=plan.model, instructions=plan.instructions,
-        input=[*history, {"role": "user", "content": plan.user_input}],
-        reasoning_effort=plan.reasoning_effort,
-    )
+    request = _turn_request(plan, _committed_history(txn, turns, committed, number))
     record, body, stored = build.admit(request, turn_revision(number))
     put_new_operation(txn, record, body, stored)
     if queue:
         txn.enqueue(record.operation_id)
     return record, True
+
+
+def _committed_history(txn: WriteTxn, turns: dict[int, list[OperationRecord]],
+                       committed: list[int], before: int) -> list[dict[str, Any]]:
+    """The history a turn numbered ``before`` carries: up to the last committed turn."""
+    earlier = [turn for turn in committed if turn < before]
+    return _history(txn, _standing(turns[max(earlier)])) if earlier else []
+
+
+def _turn_request(plan: _TurnPlan, history: list[dict[str, Any]]) -> StructuredRequest:
+    return StructuredRequest(
+        model=plan.model, instructions=plan.instructions,
+        input=[*history, {"role": "user", "content": plan.user_input}],
+        reasoning_effort=plan.reasoning_effort,
+    )
 
 
 def _commit(operation_id: str, account: Any, txn: WriteTxn) -> OperationRecord:
@@ -202,7 +217,8 @@ class Thread:
 
     async def turn(self, user_input: str, *, queue: bool = False) -> Handle:
         """Create the next turn (nothing is sent). ``queue=True`` hands it to workers.
-        Raises ``ThreadTurnActive`` while the latest turn is not committed or failed."""
+        The same input while that turn is in flight returns it again (idempotent); other
+        input raises ``ThreadTurnActive`` until the latest turn is committed or failed."""
         if not isinstance(user_input, str) or not user_input:
             raise errors.InvalidRequest("a turn's input is a non-empty string")
         plan = _TurnPlan(self.thread_id, user_input, self.model, self.instructions,

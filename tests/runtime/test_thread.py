@@ -41,6 +41,7 @@ async def test_each_turn_carries_the_committed_history_and_one_turn_is_in_flight
     async with recoverable.open_runtime(store, make_backend(provider), account=ACCOUNT) as rt:
         chat = thread(rt)
         first = await chat.turn("first question")
+        assert await chat.turn("first question") == first  # the same input: the same turn
         with pytest.raises(errors.ThreadTurnActive):
             await chat.turn("too early")  # the first turn is not even sent
         assert await chat.send(first, authorize=Authorizer()) == Answer(1, "one")
