@@ -17,6 +17,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -249,3 +250,60 @@ async def test_a_worker_killed_around_the_dispatch_leaves_exactly_one_continuati
             assert source is not None and source.continuation is not None
             successor_id = source.continuation.successor_id
     assert posts(provider) == Counter({handle.operation_id: 2, successor_id: 1})
+
+
+def _stat(summary: str, name: str) -> str:
+    for line in summary.splitlines():
+        if line.startswith(name):
+            return line[len(name):].strip()
+    raise AssertionError(f"{name!r} not in the summary:\n{summary}")
+
+
+def _pending_continuation(store_path: Path) -> bool:
+    with recoverable.RecoveryStore.open(str(store_path)) as store:
+        records, _unreadable = store.inventory()
+        return any(r.continuation is not None and r.continuation.state == "pending"
+                   for r in records)
+
+
+def test_an_interrupted_batch_counts_a_pending_continuation_unfinished_and_a_rerun_finishes_it(
+    tmp_path: Path, provider: dict[str, Any]
+) -> None:
+    store_path = tmp_path / "store"
+    turn_on(store_path)
+    # Long enough to interrupt the batch while it waits (the due time is persisted at the
+    # decision), short enough for the rerun to wait it out.
+    assert run_cli("config", "set", "continuation.delay_seconds", "8", "--store",
+                   str(store_path)).returncode == 0
+    write_jobs(tmp_path / "jobs.jsonl", [job_line(1)])
+    out = tmp_path / "out.jsonl"
+    args = ("batch", str(tmp_path / "jobs.jsonl"), "--out", str(out), "--store",
+            str(store_path), "--endpoint", provider["http_url"], "--mode", "sse",
+            "--api-key-env", "CONTINUATION_TEST_KEY", "--max-attempts", "2", "--backoff", "0",
+            "--workers", "0")
+    batch = subprocess.Popen(cli_command(*args), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, cwd=REPO,
+                             env={**child_env(), **KEY_ENV})
+    try:
+        deadline = time.monotonic() + 60  # generous: a loaded machine; a durable barrier
+        while not _pending_continuation(store_path):
+            assert batch.poll() is None, batch.communicate()
+            assert time.monotonic() < deadline, "the continuation was never decided"
+            time.sleep(0.05)
+        batch.send_signal(signal.SIGINT)
+        summary, stderr = batch.communicate(timeout=60)
+    finally:
+        if batch.poll() is None:
+            batch.kill()
+            batch.wait()
+    assert batch.returncode == 130, stderr
+    assert (_stat(summary, "failed"), _stat(summary, "unfinished")) == ("0", "1")
+    assert read_results(out) == []
+    # The rerun waits for the persisted due time, dispatches and commits the successor.
+    rerun = run_cli(*args, env=KEY_ENV, timeout=120)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    results = read_results(out)
+    assert len(results) == 1 and results[0]["result"] == {"label": "a", "score": 7}
+    counted = posts(provider)
+    assert sorted(counted.values()) == [1, 2]
+    assert results[0]["operation_id"] == next(op for op, n in counted.items() if n == 1)
