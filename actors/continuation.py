@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from typing import Literal, Protocol
+from typing import Final, Literal, Protocol
 
 import attrs
 import msgspec
@@ -50,7 +50,11 @@ from recoverable.records import ContinuationRecord, OperationRecord, RetryReserv
 from recoverable.telemetry import Telemetry as RuntimeTelemetry
 from recoverable.types import AccountBinding, to_datetime
 
+# The errors of an operation that ended ``failed`` (only those can have a continuation).
+ENDED_FAILED: Final = (errors.AttemptsExhausted, errors.PermanentlyFailed, errors.ProviderError)
+
 __all__ = [
+    "ENDED_FAILED",
     "ContinuationPreference", "DispatchResult", "HostRuntime", "continuation_preference",
     "continue_failed", "continued_id", "decide_on_failure", "dispatch",
     "dispatch_continuation", "newer_revision", "set_continuation_preference",
@@ -342,7 +346,10 @@ async def continue_failed(rt: HostRuntime, operation_id: str) -> str | None:
     then dispatching it here, with every check of :func:`dispatch` — or None when it has
     no pending (or dispatched) continuation. Cancelled while waiting: nothing changes."""
     for _ in range(continuation.MAX_BUDGET + 2):
-        record = rt.store.get_operation(operation_id)
+        try:
+            record = rt.store.get_operation(operation_id)
+        except errors.RecoveryError:
+            return None  # the store cannot say: the caller's own error stands
         decided = record.continuation if record is not None else None
         if decided is None or rt.account is None or rt.backend is None:
             return None

@@ -26,7 +26,7 @@ from typing import Any, Final, Protocol
 
 import msgspec
 from recoverable.actors.checks import require_signed_in
-from recoverable.actors.continuation import HostRuntime, continue_failed, continued_id
+from recoverable.actors.continuation import ENDED_FAILED, HostRuntime, continue_failed, continued_id
 from recoverable.actors.prepare import new_admission, put_new_operation
 from recoverable.actors.turns import DELEGATE_SCOPE
 from recoverable.storage.base import WriteTransaction as WriteTxn
@@ -151,7 +151,7 @@ class Delegation:
             try:
                 return await self.rt.send_recovering(handle, response=response,
                                                      authorize=authorize)
-            except errors.RecoveryError:
+            except ENDED_FAILED:
                 successor = await continue_failed(self.rt, handle.operation_id)
                 if successor is None:
                     raise

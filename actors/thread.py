@@ -25,7 +25,7 @@ from typing import Any, Final, Protocol
 import attrs
 import msgspec
 from recoverable.actors.checks import require_owner, require_signed_in
-from recoverable.actors.continuation import HostRuntime, continue_failed, continued_id
+from recoverable.actors.continuation import ENDED_FAILED, HostRuntime, continue_failed, continued_id
 from recoverable.actors.prepare import new_admission, put_new_operation
 from recoverable.actors.turns import THREAD_SCOPE, thread_turns, turn_number, turn_revision
 from recoverable.storage.base import WriteTransaction as WriteTxn
@@ -236,7 +236,7 @@ class Thread:
             try:
                 return await self.rt.send_recovering(handle, response=self.response,
                                                      authorize=authorize)
-            except errors.RecoveryError:
+            except ENDED_FAILED:
                 successor = await continue_failed(self.rt, handle.operation_id)
                 if successor is None:
                     raise

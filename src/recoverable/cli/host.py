@@ -18,7 +18,7 @@ import attrs
 import trio
 
 from recoverable import _killpoints, errors
-from recoverable.actors.continuation import continue_failed, continued_id
+from recoverable.actors.continuation import ENDED_FAILED, continue_failed, continued_id
 from recoverable.actors.queue import choose_job_operation
 from recoverable.actors.runtime import Runtime
 from recoverable.cli.config import BatchConfig
@@ -184,7 +184,7 @@ class BatchHost:
                 return await self.rt.send_recovering(
                     handle, response=job.response, authorize=self.authorize
                 )
-            except errors.RecoveryError:
+            except ENDED_FAILED:
                 successor = await continue_failed(self.rt, handle.operation_id)
                 if successor is None:
                     raise
