@@ -13,12 +13,13 @@ from collections.abc import Callable
 
 import attrs
 from recoverable.actors.checks import check_disposition
+from recoverable.actors.continuation import decide_on_failure
 from recoverable.storage.base import WriteTransaction as WriteTxn
 from recoverable.storage.integrity import verify_body
 from recoverable.storage.leases import acquire_lease, release_lease
 
 from recoverable import machine
-from recoverable.records import CommandKind, LeaseRecord, OperationRecord
+from recoverable.records import CommandKind, ContinuationRecord, LeaseRecord, OperationRecord
 from recoverable.sources_rules import receipt_refusal, supersede, superseded_error
 from recoverable.types import SupersededReason
 
@@ -126,6 +127,9 @@ class FencedWrite:
     check_commands: bool  # refuse (CommandArrived) if a newer command arrived
     completion: bytes | None = None  # the validated completion, saved with the record
     release_token: str | None = None  # the execution ends: release the lease too
+    # (issue 18) the writer's wall clock: a record that ends ``failed`` here gets its
+    # continuation decided in this same write (``actors/continuation.py``)
+    now: float | None = None
 
 
 def folds(command: CommandKind, record: OperationRecord) -> bool:
@@ -141,12 +145,23 @@ def folds(command: CommandKind, record: OperationRecord) -> bool:
     return machine.merge_command(command, stands) == stands
 
 
-def persist(write: FencedWrite, txn: WriteTxn) -> machine.Transition:
+@attrs.frozen
+class Persisted:
+    """What :func:`persist` wrote: the transition with the record as written (a source-bound
+    completion refused becomes the ``superseded`` transition, issue 16; a record ending
+    ``failed`` carries its continuation decision, issue 18), and that decision, if any."""
+
+    transition: machine.Transition
+    continuation: ContinuationRecord | None = None
+
+
+def persist(write: FencedWrite, txn: WriteTxn) -> Persisted:
     """Write the transition's record fenced by our lease (see :class:`FencedWrite`).
 
-    Returns the transition written: ``write.transition``, or for a source-bound operation
-    whose completion may not be saved (the manifest no longer holds its digest) the
-    ``superseded`` one that was written instead (:func:`_refuse_receipt`).
+    Returns what was written (:class:`Persisted`): ``write.transition``; for a source-bound
+    operation whose completion may not be saved (the manifest no longer holds its digest)
+    the ``superseded`` transition written instead (:func:`_refuse_receipt`); and the
+    continuation decided for a record that ended ``failed`` here (issue 18).
     """
     op_id = write.operation_id
     record = write.transition.record
@@ -159,11 +174,13 @@ def persist(write: FencedWrite, txn: WriteTxn) -> machine.Transition:
             txn.delete_command(op_id)
             if write.release_token is not None:
                 release_lease(txn, op_id, write.release_token)
-            return machine.Transition(stored, machine.Stop(superseded_error(stored)), False)
+            return Persisted(
+                machine.Transition(stored, machine.Stop(superseded_error(stored)), False)
+            )
         if write.completion is not None:
             refusal = receipt_refusal(record, txn.get_source(record.source.key))
             if refusal is not None:
-                return _refuse_receipt(write, refusal, txn)
+                return Persisted(_refuse_receipt(write, refusal, txn))
     command = txn.get_command(op_id)
     if command is not None:
         if write.check_commands and command.serial > write.known_serial:
@@ -172,11 +189,17 @@ def persist(write: FencedWrite, txn: WriteTxn) -> machine.Transition:
             txn.delete_command(op_id)
     if write.completion is not None:
         txn.put_payload(op_id, "completion", write.completion)
+    decided: ContinuationRecord | None = None
     if write.transition.changed or write.completion is not None:
+        record, decided = decide_on_failure(txn, record, write.now)
         txn.put_operation(record, expect_fence=write.fence)
     if write.release_token is not None:
         release_lease(txn, op_id, write.release_token)
-    return write.transition
+    if record is write.transition.record:
+        return Persisted(write.transition, decided)
+    return Persisted(
+        machine.Transition(record, write.transition.action, write.transition.changed), decided
+    )
 
 
 def _refuse_receipt(

@@ -8,6 +8,7 @@ operation, removing its content and keeping a small marker, in one transaction.
 
 from __future__ import annotations
 
+import attrs
 import msgspec
 from recoverable.actors.checks import check_disposition, require_owner
 from recoverable.storage.base import WriteTransaction as WriteTxn
@@ -15,7 +16,7 @@ from recoverable.storage.leases import lease_blocks
 from recoverable.storage.migration import saved_completion
 from recoverable.storage.retention import remove_content
 
-from recoverable import errors, machine
+from recoverable import continuation, errors, machine
 from recoverable.records import CommandKind, CommandRecord, Disposition, DispositionRecord
 from recoverable.types import AccountBinding
 
@@ -48,6 +49,14 @@ def write_command(
     # expired may belong to a hung owner that wakes up later: the write raises the fence
     # (and drops the stale row), so that owner's next fenced write is refused.
     applied = machine.command_on_idle(record, kind)
+    if continuation.is_pending(record):
+        # Issue 18: a stop (cancel, or suspend: also a snooze) cancels a pending
+        # continuation before its dispatch; recovery never resumes what a host stopped.
+        stopped = continuation.cancelled(
+            applied.record, "cancelled" if kind == "cancel" else "suspended", now
+        )
+        applied = attrs.evolve(applied, record=stopped, changed=True)
+        txn.dequeue(operation_id)
     if lease is not None:
         fenced_out = msgspec.structs.replace(applied.record, fence=record.fence + 1)
         txn.put_operation(fenced_out, expect_fence=record.fence)

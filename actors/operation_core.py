@@ -21,7 +21,7 @@ from recoverable.actors.host import OperationHost
 from recoverable.actors.monitor import Watch
 from recoverable.storage.migration import upgrade_operation
 
-from recoverable import errors, machine
+from recoverable import _killpoints, errors, machine
 from recoverable.contract import ResponseContract
 from recoverable.outcome import Completed, Interruption
 from recoverable.records import CommandKind, LeaseRecord, OperationRecord
@@ -167,13 +167,22 @@ class OperationCore:
             check_commands=check_commands,
             completion=completion,
             release_token=lease.token if lease is not None else None,
+            now=self.host.now(),
         )
         try:
-            written = await self.host.store.write(functools.partial(fenced.persist, write))
+            persisted = await self.host.store.write(functools.partial(fenced.persist, write))
         except errors.FenceMismatch as exc:
             raise errors.LeaseLost(
                 "a newer owner took the operation over", operation_id=self.operation_id
             ) from exc
+        written, decided = persisted.transition, persisted.continuation
+        if decided is not None:  # issue 18: a continuation was decided for this failure
+            _killpoints.hit("continuation.decided")
+            self.host.telemetry.emit(
+                "continuation.scheduled" if decided.state == "pending" else "continuation.declined",
+                self.operation_id, reason=decided.reason, due_at=decided.due_at,
+                budget_left=max(0, decided.budget - transition.record.continuations_used),
+            )
         self.record = written.record
         if lease is not None:
             self.lease = None

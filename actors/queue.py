@@ -180,6 +180,13 @@ def settled(rt: Runtime, operation_id: str, contract: ResponseContract) -> Any:
             )
         return contract.decode(payload)
     if record.phase == "failed":
+        pending = record.continuation
+        if pending is not None and pending.state == "pending":
+            return _PENDING  # issue 18: a continuation will run it again (or be cancelled)
+        if pending is not None and pending.state == "dispatched" and pending.successor_id:
+            # Issue 18: its continuation successor (same body, model, account, endpoint)
+            # settles the job; its own continuation counts against the same budget.
+            return settled(rt, pending.successor_id, contract)
         raise machine.terminal_error(record)
     idle = record.phase in ("prepared", "waiting", "suspended")
     if idle and is_expired(record, rt.now()):

@@ -25,7 +25,7 @@ from recoverable.storage.base import WriteTransaction as WriteTxn
 from recoverable.storage.integrity import verify_body
 from recoverable.storage.migration import upgrade_operation
 
-from recoverable import _killpoints, errors, machine
+from recoverable import _killpoints, continuation, errors, machine
 from recoverable.body import freeze_body
 from recoverable.contract import contract_for
 from recoverable.records import (
@@ -171,8 +171,9 @@ def reserve_successor(plan: RetryPlan, checked_body_hash: str, txn: WriteTxn) ->
         raise errors.RequestUnavailable(
             "the source's frozen request changed or disappeared", operation_id=plan.source_id
         )
+    # Issue 18: a deliberate retry is newer intent: it cancels a pending continuation.
     reserved = msgspec.structs.replace(
-        source,
+        continuation.cancelled(source, "manual_retry", plan.now),
         retry_reservation=RetryReservation(
             retry_action_id=plan.retry_action_id,
             successor_id=plan.successor_id,
@@ -285,6 +286,8 @@ async def retry(
         # Issue 15: the same reattachment choice (its body was frozen with it).
         reattach=source.reattach,
     )
+    # Issue 18: the lineage's continuation count is carried (the budget never resets).
+    child = msgspec.structs.replace(child, continuations_used=source.continuations_used)
     await store.write(functools.partial(create_successor, plan, child, request))
     telemetry.emit("operation.manual_retry_created", plan.successor_id,
                    previous_operation_id=plan.source_id, selection=plan.selection,

@@ -23,6 +23,7 @@ from recoverable.actors import queue as submitted
 from recoverable.actors import reads
 from recoverable.actors import retry as manual_retry
 from recoverable.actors.checks import require_signed_in
+from recoverable.actors.delegate import Delegation, open_delegation
 from recoverable.actors.governor import RateGovernor
 from recoverable.actors.heartbeat import LeaseKeeper
 from recoverable.actors.host import Backend
@@ -40,6 +41,7 @@ from recoverable.actors.reattach import cancel_on_server
 from recoverable.actors.scheduler import Scheduler
 from recoverable.actors.supervisor import Execution, Supervisor
 from recoverable.actors.sweep import sweep_at_open
+from recoverable.actors.thread import Thread, open_thread
 from recoverable.storage.base import Store as RecoveryStore
 from recoverable.storage.leases import lease_blocks, unexpired_derivative
 from recoverable.transport.connect import ConnectBackoff, EndpointGate
@@ -336,6 +338,18 @@ class Runtime:
         return await manual_retry.retry(
             self.store, plan, selector=self.selector, telemetry=self.telemetry
         )
+
+    def thread(self, thread_id: str, **settings: Any) -> Thread:
+        """A durable multi-turn thread (issue 18, ``actors/thread.py``): ``response``,
+        ``model``, ``instructions``, ``maximum_attempts``, ``retry_policy``,
+        ``reasoning_effort``; ``server_state=True`` is refused (an unsupported form)."""
+        return open_thread(self, thread_id, **settings)
+
+    def delegate(self, group_id: str, **settings: Any) -> Delegation:
+        """A parent fed by child operations (issue 18, ``actors/delegate.py``): ``builder``
+        (deterministic: children's values by key -> the parent's request), ``response``,
+        ``maximum_attempts``, ``retry_policy``."""
+        return open_delegation(self, group_id, **settings)
 
     # --- reads ----------------------------------------------------------------------
 

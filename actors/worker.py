@@ -40,6 +40,7 @@ import attrs
 import msgspec
 import trio
 from recoverable.actors.checks import require_signed_in
+from recoverable.actors.continuation import dispatch_continuation
 from recoverable.actors.host import Backend
 from recoverable.actors.operation import Authorize
 from recoverable.actors.supervisor import Execution
@@ -49,6 +50,7 @@ from recoverable.storage.base import WriteTransaction as WriteTxn
 from recoverable.storage.queue import QueueEntry, WorkerRow
 
 from recoverable import errors
+from recoverable.continuation import is_pending
 from recoverable.preconditions import is_expired
 from recoverable.records import OperationRecord, StoredRequest
 from recoverable.telemetry import Telemetry
@@ -63,6 +65,7 @@ MAX_SKIPPED: Final = 4096  # remembered skips past which the lapsed ones are dro
 BUSY_SECONDS: Final = 0.1  # one running in another process is looked at again after this
 POLL_FIRST: Final = 0.005  # seconds between looks at the queue when work was found
 POLL_MAX: Final = 0.1  # ... and at most this long when there was none
+CONTINUATION_RECHECK: Final = 1.0  # a pending continuation not yet due: seconds (issue 18)
 
 
 class WorkerRuntime(Protocol):
@@ -90,6 +93,7 @@ class WorkerReport:
     stopped: int = 0  # ended without a terminal state (declined, suspended, ...)
     removed: int = 0  # queue rows removed (terminal, disposed, expired)
     resumable: int = 0  # suspended by this worker's stop, flagged for the next one
+    continued: int = 0  # continuation successors dispatched (issue 18)
 
 
 def claimable(
@@ -131,7 +135,16 @@ def _unregister(token: str, txn: WriteTxn) -> None:
 
 
 def _dequeue(operation_ids: list[str], txn: WriteTxn) -> int:
-    return sum(txn.dequeue(operation_id) for operation_id in operation_ids)
+    removed = 0
+    for operation_id in operation_ids:
+        try:
+            record = txn.get_operation(operation_id)
+        except (errors.CorruptRecord, errors.UnsupportedRecordVersion):
+            record = None
+        if record is not None and is_pending(record):
+            continue  # issue 18: a pending continuation stays queued until dispatched
+        removed += txn.dequeue(operation_id)
+    return removed
 
 
 def _flag(operation_ids: list[str], resume: bool, txn: WriteTxn) -> None:
@@ -221,6 +234,7 @@ class _Worker:
                 if until > clock
             }
         done: list[str] = []
+        continuing: list[str] = []
         claims: list[tuple[OperationRecord, QueueEntry]] = []
         after = 0
         while len(claims) < free:
@@ -245,6 +259,9 @@ class _Worker:
                 if record is None:
                     done.append(operation_id)  # acknowledged, abandoned or purged
                     continue
+                if is_pending(record):  # issue 18: a failed run's pending continuation
+                    continuing.append(operation_id)
+                    continue
                 verdict = claimable(
                     record, entry, account=self.account, endpoint_id=self.endpoint_id,
                     now=now, lease_live=False,
@@ -261,10 +278,29 @@ class _Worker:
         if resumed:  # claimed now: a later host suspension must not be resumed
             await self.store.write(functools.partial(_flag, resumed, False))
         started = 0
+        for operation_id in continuing:
+            started += await self._continue(operation_id, clock)
         for record, _entry in claims:
             if self._start(record, nursery):
                 started += 1
         return started
+
+    async def _continue(self, operation_id: str, clock: float) -> int:
+        """Dispatch a pending continuation (issue 18) when due: 1 if a successor was
+        created (it is queued: a later round claims it)."""
+        result = await dispatch_continuation(self.store, self.rt.telemetry, operation_id,
+                                             account=self.account, endpoint_id=self.endpoint_id,
+                                             now=self.rt.now())
+        if result.outcome == "not_due" and result.due_at is not None:
+            # Looked at again within a second at most: the wall clock may jump.
+            wait = min(CONTINUATION_RECHECK, max(0.0, result.due_at - self.rt.now()))
+            self.skip[operation_id] = clock + wait
+        elif result.outcome in ("not_mine", "failed"):
+            self.skip[operation_id] = clock + SKIP_SECONDS
+        if result.outcome == "dispatched":
+            self.report.continued += 1
+            return 1
+        return 0
 
     def _start(self, record: OperationRecord, nursery: trio.Nursery) -> bool:
         operation_id = record.operation_id

@@ -140,6 +140,12 @@ class WriteTransaction(RecordReader, Protocol):
         """Drop one index entry (a superseded operation leaves the index)."""
         ...
 
+    def put_preference(self, name: str, value: bytes) -> None:
+        """Save the store-wide preference ``name`` (issue 18, ``storage/preferences.py``);
+        read back with ``get_raw("meta", b"preference." + name)``. Small, not counted
+        against the quotas."""
+        ...
+
     def operation_ids_by_job(
         self, account: AccountBinding, scope: str | None, job_id: str | None
     ) -> list[str]:

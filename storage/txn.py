@@ -276,6 +276,17 @@ class WriteTxn(RecordGetters, MutationContext):
         self._decoded[(table, key)] = (raw, record)
         return record
 
+    def put_preference(self, name: str, value: bytes) -> None:
+        """Save a store-wide preference row (issue 18, ``storage/preferences.py``) in the
+        ``meta`` table under ``b"preference." + name``: small (at most 4 KiB), not counted
+        in ``bytes_used`` (like the store's own counters, so a full store can still be
+        configured)."""
+        if not name or len(name) > 64 or len(value) > 4096:
+            raise InvalidRequest("a preference name is 1..64 characters, its value <= 4 KiB")
+        key = b"preference." + name.encode("ascii")
+        self._lmdb(lambda: self._txn.put(key, value, db=self._dbs["meta"]))
+        self._cache[("meta", key)] = value
+
     def put_raw(self, table: Table, key: bytes, value: bytes) -> None:
         """Store bytes as they are (fixtures, repair tools): no decoding, no indexes.
 

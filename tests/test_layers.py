@@ -41,7 +41,9 @@ CLI = 4
 TOP_LEVEL = {
     "_killpoints": CORE,
     "body": CORE,
+    "continuation": CORE,
     "contract": CORE,
+    "error_base": CORE,
     "errors": CORE,
     "failure_text": CORE,
     "failure_policy": CORE,

@@ -14,6 +14,11 @@ Quick tour (see docs/ and the README)::
 
 from __future__ import annotations
 
+from recoverable.actors.continuation import (
+    ContinuationPreference,
+    continuation_preference,
+    set_continuation_preference,
+)
 from recoverable.actors.runtime import Backend, Runtime, open_runtime
 from recoverable.blocking import AsyncioRuntime, BlockingRuntime
 from recoverable.errors import *  # noqa: F403
@@ -30,6 +35,7 @@ from recoverable.types import (
     Attempt,
     AttemptSummary,
     CleanupResult,
+    ContinuationStatus,
     Handle,
     Inventory,
     JsonSchema,
@@ -50,6 +56,8 @@ __all__ = [
     "CleanupResult",
     "Completed",
     "ConnectBackoff",
+    "ContinuationPreference",
+    "ContinuationStatus",
     "Credentials",
     "Handle",
     "Interruption",
@@ -70,6 +78,8 @@ __all__ = [
     "TelemetryEvent",
     "TelemetrySink",
     "Usage",
+    "continuation_preference",
     "open_runtime",
+    "set_continuation_preference",
     *_errors_all,
 ]

@@ -13,7 +13,7 @@ between versions: hosts never parse it.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 __all__ = [
     "AccountChanged",
@@ -49,6 +49,7 @@ __all__ = [
     "StorageUnavailable",
     "StoreDamaged",
     "StoreLockReplaced",
+    "ThreadTurnActive",
     "TokenBudgetExhausted",
     "TrioRequired",
     "UnsupportedInputItem",
@@ -56,6 +57,15 @@ __all__ = [
     "UnsupportedRecordVersion",
 ]
 
+from recoverable.error_base import (
+    InvalidCredentials,
+    InvalidParameter,
+    InvalidRequest,
+    RecoveryError,
+    UnsupportedInputItem,
+    UnsupportedOutputType,
+    with_detail,
+)
 from recoverable.failure_text import (
     REASONS,
     bounded,
@@ -66,46 +76,6 @@ from recoverable.failure_text import describe_interruption as describe_interrupt
 from recoverable.outcome import Interruption
 
 
-class RecoveryError(Exception):
-    """Base class of every error raised by ``recoverable``."""
-
-    code: str = "recovery_error"
-    # What happened / what to do, for ``str()`` (a subclass without them falls back to
-    # its docstring and docs/failures.md).
-    _summary: ClassVar[str] = ""
-    _action: ClassVar[str] = ""
-
-    def __init__(self, message: str = "", *, operation_id: str | None = None) -> None:
-        super().__init__(message or self.code)
-        self.operation_id = operation_id
-
-    # --- the readable message (``str``); the typed fields above stay the API ----------
-
-    @property
-    def _detail(self) -> str:
-        """The raiser's own detail text (``""`` when it gave none)."""
-        first = self.args[0] if self.args else ""
-        return first if isinstance(first, str) and first != self.code else ""
-
-    def _what(self) -> str:
-        """What happened (without the operation id)."""
-        what = self._summary
-        if not what:
-            doc = (type(self).__doc__ or "").strip().splitlines()
-            generic = type(self) is RecoveryError or not doc
-            what = f"the operation failed ({self.code})" if generic else _sentence(doc[0])
-        return _with_detail(what, self._detail)
-
-    def _todo(self) -> str:
-        """What the host can do about it."""
-        return self._action or f"see the {self.code} row in docs/failures.md"
-
-    def __str__(self) -> str:
-        head = f"operation {self.operation_id}: " if self.operation_id else ""
-        todo = self._todo()
-        return f"{head}{self._what()}" + (f"; {todo}" if todo else "")
-
-
 class OperationBusy(RecoveryError):
     """Another execution (in this or another process) holds the operation's lease."""
 
@@ -114,6 +84,18 @@ class OperationBusy(RecoveryError):
     _action = (
         "wait for that execution to finish, or suspend it (runtime.suspend or `recoverable "
         "suspend`) and call send_recovering again"
+    )
+
+
+class ThreadTurnActive(RecoveryError):
+    """A thread never has two turns in flight (issue 18): its latest turn is not
+    committed (or abandoned) yet."""
+
+    code = "thread_turn_active"
+    _summary = "the thread's previous turn is not committed yet"
+    _action = (
+        "send and commit that turn (thread.commit after your own commit), or abandon it, "
+        "then start the next one"
     )
 
 
@@ -164,7 +146,7 @@ class AttemptNotAuthorized(RecoveryError):
 
     def _what(self) -> str:
         which = f"attempt {self.attempt_id}" if self.attempt_id else "the attempt"
-        return _with_detail(f"your authorize callback denied {which}; nothing was spent",
+        return with_detail(f"your authorize callback denied {which}; nothing was spent",
                             self._detail)
 
     def _todo(self) -> str:
@@ -493,85 +475,6 @@ class RuntimeClosed(RecoveryError):
     code = "runtime_closed"
 
 
-class InvalidRequest(RecoveryError, ValueError):
-    """The request, schema or option given by the caller is invalid."""
-
-    code = "invalid_request"
-    _summary = "the request, schema or option is invalid"
-    _action = "correct it and call again; nothing was saved"
-
-    def _what(self) -> str:
-        return self._detail or self._summary
-
-
-class UnsupportedInputItem(InvalidRequest):
-    """An input item that continues a stored thread or replays tool history.
-
-    ``item_index`` is its position in ``input`` and ``item_type`` its ``type``
-    (``None`` when absent). Recovery sends tool-free, self-contained requests only.
-    """
-
-    code = "unsupported_input_item"
-
-    def __init__(self, message: str, *, item_index: int, item_type: str | None) -> None:
-        super().__init__(message)
-        self.item_index = item_index
-        self.item_type = item_type
-
-    def _what(self) -> str:
-        if self._detail:
-            return self._detail
-        kind = f"type {bounded(self.item_type)!r}" if self.item_type else "no type"
-        return f"input item {self.item_index} ({kind}) is not a self-contained message"
-
-    def _todo(self) -> str:
-        return ("send self-contained input (messages with text, image or file content) "
-                "without previous_response_id, item references or tool items")
-
-
-class InvalidParameter(InvalidRequest):
-    """A request parameter that is refused: a bad value, an unknown name, or one that needs
-    tools or server-side state.
-
-    ``parameter`` names it as the caller wrote it (``"temperature"``, ``"text.verbosity"``);
-    ``reason`` is ``"invalid_value"``, ``"unknown"`` or ``"refused"`` (tools, stored
-    responses, threads, prompts or background mode: recovery sends self-contained,
-    tool-free requests only). Raised at prepare, before anything is saved or sent.
-    """
-
-    code = "invalid_parameter"
-
-    def __init__(self, message: str, *, parameter: str, reason: str = "invalid_value") -> None:
-        super().__init__(message)
-        self.parameter = parameter
-        self.reason = reason
-
-
-class UnsupportedOutputType(InvalidRequest):
-    """A ``response=`` type (pydantic model, dataclass, TypedDict) with a construct strict
-    mode cannot express: a dict with arbitrary keys, ``Any``, a tuple, a set, an
-    undiscriminated ``oneOf``, a keyword or string format outside the supported set.
-
-    ``field_path`` names the field (``Basket.items[].tags``) and ``keyword`` the JSON
-    Schema keyword or construct that was refused. Raised at ``prepare``, before anything is
-    saved or sent.
-    """
-
-    code = "unsupported_output_type"
-
-    def __init__(self, message: str, *, field_path: str, keyword: str) -> None:
-        super().__init__(message)
-        self.field_path = field_path
-        self.keyword = keyword
-
-
-class InvalidCredentials(InvalidRequest):
-    """An API key or token that cannot be sent in an HTTP header (empty, non-ASCII,
-    whitespace or control characters). Raised before any attempt is consumed."""
-
-    code = "invalid_credentials"
-
-
 class ProviderError(RecoveryError):
     """A provider/transport failure, with typed fields (never parse the message)."""
 
@@ -621,15 +524,6 @@ def _rebuild_provider_error(
     message: str, operation_id: str | None, interruption: Interruption
 ) -> ProviderError:  # pragma: no cover
     return ProviderError(message, operation_id=operation_id, interruption=interruption)
-
-
-def _sentence(doc: str) -> str:
-    text = doc.rstrip(".").strip()
-    return text[:1].lower() + text[1:]
-
-
-def _with_detail(what: str, detail: str) -> str:
-    return f"{what} ({detail})" if detail and detail != what else what
 
 
 class TokenBudgetExhausted(AttemptsExhausted):

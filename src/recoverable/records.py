@@ -112,6 +112,29 @@ class RetryReservation(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fie
     created: bool = False
 
 
+# The state of an opt-in continuation after a terminal stream failure (issue 18,
+# ``recoverable.continuation``): "pending" until its persisted due time, "dispatched"
+# once its one successor exists, "cancelled" when something invalidated it before
+# dispatch, "declined" when the preference was on but the failure did not qualify.
+ContinuationState = Literal["pending", "dispatched", "cancelled", "declined"]
+
+
+class ContinuationRecord(msgspec.Struct, frozen=True, gc=False, kw_only=True,
+                         forbid_unknown_fields=True):
+    """The one durable dispatch record of a failed operation's continuation (issue 18).
+
+    Kept on the failed operation itself (so it is keyed by it, written in the same fenced
+    transaction that ended the operation, and removed with it by acknowledge, abandon or
+    purge). ``reason`` is a stable code (``continuation.Reason``), never provider text."""
+
+    state: ContinuationState
+    reason: str
+    decided_at: float
+    due_at: float | None = None  # wall-clock seconds: the dispatch is eligible from then on
+    budget: int = 0  # the lineage's continuation budget when it was decided
+    successor_id: str | None = None  # the deterministic successor (once dispatched)
+
+
 class OperationRecord(
     msgspec.Struct, frozen=True, gc=False, kw_only=True, forbid_unknown_fields=True
 ):
@@ -177,6 +200,14 @@ class OperationRecord(
     def reattachments(self) -> int:
         """Issue 15: the resume GETs started across every attempt of this operation."""
         return sum(attempt.reattachments for attempt in self.attempts)
+    # (issue 18) The continuation dispatch record of this failed operation (None: none was
+    # decided), and how many automatic continuations its lineage already used (carried to
+    # every successor, manual ones included: the continuation budget never resets).
+    continuation: ContinuationRecord | None = None
+    continuations_used: int = 0
+    # (issue 18) a thread turn the host committed (``actors/thread.py``): its saved input
+    # and validated output are the history of the thread's next turn.
+    thread_committed: bool = False
 
     @property
     def attempts_remaining(self) -> int:

@@ -18,6 +18,7 @@ from recoverable.types import (
     AttemptSummary,
     Availability,
     Blocker,
+    ContinuationStatus,
     State,
     Status,
     SuggestedAction,
@@ -44,6 +45,7 @@ SUGGESTED_ACTIONS: Final[Mapping[Availability, tuple[SuggestedAction, ...]]] = {
     "blocked": ("manual_retry", "abandon"),
     "superseded": ("abandon",),  # prepare a new operation bound to the current digest
     "endpoint_unavailable": ("wait", "resume", "abandon"),
+    "continuation_pending": ("wait", "abandon"),
 }
 
 # What still makes sense when the frozen request (or the saved completion) is gone:
@@ -202,6 +204,9 @@ def derive_status(
         availability = "endpoint_unavailable"
     else:
         endpoint_failure = None
+    if (availability in ("exhausted", "failed") and rec.continuation is not None
+            and rec.continuation.state == "pending"):
+        availability = "continuation_pending"
     last = rec.attempts[-1] if rec.attempts else None
     return Status(
         operation_id=rec.operation_id,
@@ -240,4 +245,21 @@ def derive_status(
         reattach=rec.reattach,
         reattachments=rec.reattachments,
         reattached=last is not None and last.reattached,
+        continuation=_continuation(rec),
+    )
+
+
+def _continuation(rec: OperationRecord) -> ContinuationStatus | None:
+    """The continuation decided for this failed operation (issue 18), as a host sees it."""
+    decided = rec.continuation
+    if decided is None:
+        return None
+    return ContinuationStatus(
+        state=decided.state,
+        reason=decided.reason,
+        due_at=to_datetime(decided.due_at) if decided.state == "pending" else None,
+        # What the lineage may still use: a dispatched continuation is spent already.
+        budget_left=max(0, decided.budget - rec.continuations_used
+                        - (1 if decided.state == "dispatched" else 0)),
+        successor_id=decided.successor_id,
     )

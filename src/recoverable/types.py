@@ -49,6 +49,9 @@ Availability = Literal[
     "blocked",
     "endpoint_unavailable",  # the endpoint could not be connected to; nothing was spent
     "superseded",  # its source changed or was deleted (issue 16): prepare a new operation
+    # (issue 18) failed, and an opt-in continuation is pending: a worker creates its one
+    # successor at ``Status.continuation.due_at`` unless something cancels it first
+    "continuation_pending",
 ]
 Blocker = Literal[
     "endpoint_unavailable",
@@ -195,6 +198,22 @@ class AttemptSummary(msgspec.Struct, frozen=True, kw_only=True):
     server_cancel: str | None = None
 
 
+class ContinuationStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """A failed operation's opt-in continuation (issue 18, docs/continuation.md).
+
+    ``state``: ``pending`` (a successor is created at ``due_at``), ``dispatched`` (it
+    exists: ``successor_id``), ``cancelled`` (something invalidated it before dispatch:
+    ``reason``) or ``declined`` (the preference was on but the failure did not qualify:
+    ``reason``). ``budget_left``: automatic continuations the lineage may still use
+    (a pending one included, a dispatched one not)."""
+
+    state: Literal["pending", "dispatched", "cancelled", "declined"]
+    reason: str
+    due_at: _dt.datetime | None = None
+    budget_left: int = 0
+    successor_id: str | None = None
+
+
 class Status(msgspec.Struct, frozen=True, kw_only=True):
     """A snapshot of an operation's independent dimensions (not an authorization token)."""
 
@@ -253,6 +272,8 @@ class Status(msgspec.Struct, frozen=True, kw_only=True):
     reattach: bool = False
     reattachments: int = 0
     reattached: bool = False
+    # (issue 18) the opt-in continuation decided for this failed operation, if any.
+    continuation: ContinuationStatus | None = None
 
 
 class Receipt(msgspec.Struct, frozen=True, kw_only=True):

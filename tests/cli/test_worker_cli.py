@@ -259,7 +259,7 @@ def test_sigterm_right_after_ready_is_a_clean_stop(tmp_path: Path) -> None:
     assert proc.returncode == 0, err
     assert json.loads(out.splitlines()[-1]) == {
         "worker": "stopped", "claimed": 0, "completed": 0, "failed": 0, "busy": 0,
-        "stopped": 0, "removed": 0, "resumable": 0,
+        "stopped": 0, "removed": 0, "resumable": 0, "continued": 0,
     }
 
 

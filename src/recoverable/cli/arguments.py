@@ -171,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sweep(sub)
     _add_source(sub)
     _add_dashboard(sub)
+    _add_config(sub)
     sub.add_parser(
         "fixture-provider",
         help="run the loopback fixture Responses provider",
@@ -344,6 +345,27 @@ def _add_source(sub: argparse._SubParsersAction[_Parser]) -> None:
     delete_parser = actions.add_parser("delete", help="remove KEY from the manifest")
     delete_parser.add_argument("key", metavar="KEY")
     for parser in (set_parser, delete_parser):
+        parser.add_argument("--store", required=True, metavar="DIR")
+        parser.add_argument("--json", action="store_true", help="machine output (JSON)")
+
+
+CONFIG_KEYS = ("continuation.enabled", "continuation.delay_seconds", "continuation.budget")
+
+
+def _add_config(sub: argparse._SubParsersAction[_Parser]) -> None:
+    """``recoverable config get|set KEY [VALUE] --store DIR [--json]`` (issue 18)."""
+    config = sub.add_parser(
+        "config",
+        help="read or change a store-wide preference (continuation.enabled: the opt-in "
+        "continuation after terminal stream failures; off by default)",
+    )
+    action = config.add_subparsers(dest="config_action", metavar="ACTION", required=True)
+    get = action.add_parser("get", help="print a preference")
+    get.add_argument("key", choices=CONFIG_KEYS)
+    put = action.add_parser("set", help="change a preference (it persists)")
+    put.add_argument("key", choices=CONFIG_KEYS)
+    put.add_argument("value")
+    for parser in (get, put):
         parser.add_argument("--store", required=True, metavar="DIR")
         parser.add_argument("--json", action="store_true", help="machine output (JSON)")
 

@@ -15,6 +15,7 @@ from recoverable.cli.config import DEFAULT_RETRY_PROVIDER_CODES, BatchConfig
 from recoverable.cli.dashboard import run_dashboard
 from recoverable.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, UsageError
 from recoverable.cli.ops import run_ops
+from recoverable.cli.settings import run_config
 from recoverable.cli.source import run_source
 from recoverable.cli.sweep import run_sweep
 from recoverable.cli.worker import main as worker_main
@@ -65,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_source(args, out, sys.stderr)
         if args.command == "dashboard":
             return run_dashboard(args, out, sys.stderr)
+        if args.command == "config":
+            return run_config(args, out, sys.stderr)
         return run_ops(args, out, sys.stderr)
     except UsageError as exc:
         _usage_error(args.command, exc, getattr(args, "json", False))

@@ -80,6 +80,19 @@ def _failure(failure: Any) -> str:
     return " / ".join(parts)
 
 
+def _continuation(status: Status) -> str | None:
+    """Issue 18: the continuation decided for a failed operation, in one line."""
+    decided = status.continuation
+    if decided is None:
+        return None
+    text = f"{decided.state} ({decided.reason}), budget left {decided.budget_left}"
+    if decided.due_at is not None:
+        text += f", due at {decided.due_at.isoformat()}"
+    if decided.successor_id is not None:
+        text += f", successor {safe_text(decided.successor_id)}"
+    return text
+
+
 def format_status(status: Status) -> str:
     failure = status.last_failure
     rows: list[tuple[str, object]] = [
@@ -120,6 +133,7 @@ def format_status(status: Status) -> str:
             status.lease_expires_at.isoformat() if status.lease_expires_at else None
         )),
         ("fence", status.fence or None),  # claims so far (0: never run)
+        ("continuation", _continuation(status)),
         ("suggested", ", ".join(status.suggested_actions)),
         ("redacted", "yes (another account)" if status.redacted else None),
     ]

@@ -20,6 +20,7 @@ import attrs
 import trio
 
 from recoverable import _killpoints, errors
+from recoverable.actors.continuation import ENDED_FAILED, continue_failed, continued_id
 from recoverable.actors.queue import choose_job_operation
 from recoverable.actors.runtime import Runtime
 from recoverable.cli.config import BatchConfig
@@ -210,10 +211,20 @@ class BatchHost:
         return handle
 
     async def run_operation(self, handle: Handle, job: Job) -> Any:
-        """Run the job's operation here, to its validated value (``--workers 0``)."""
-        return await self.rt.send_recovering(
-            handle, response=job.response, authorize=self.authorize
-        )
+        """Run the job's operation here, to its validated value (``--workers 0``).
+
+        Issue 18: a failed operation with a pending opt-in continuation is not failed
+        yet: its successor is dispatched here when due and run the same way."""
+        while True:
+            try:
+                return await self.rt.send_recovering(
+                    handle, response=job.response, authorize=self.authorize
+                )
+            except ENDED_FAILED:
+                successor = await continue_failed(self.rt, handle.operation_id)
+                if successor is None:
+                    raise
+                handle = Handle(successor)
 
     def lanes(self, todo: int) -> int:
         """How many jobs are handled at once."""
@@ -232,6 +243,12 @@ class BatchHost:
                 value: Any = await self.run_operation(handle, job)
             finally:
                 self.running -= 1
+            # Issue 18: the result may be a continuation successor's: commit that one
+            # (the tokens its failed predecessors spent are counted too).
+            final = continued_id(self.store, handle.operation_id)
+            while final != handle.operation_id:
+                self._count_tokens(handle.operation_id)
+                handle = Handle(continued_id(self.store, handle.operation_id, steps=1))
             return _Sent(handle, value, self._count_tokens(handle.operation_id))
         except _JobFailed as failed:
             self._failed(job, failed.reason, failed.detail)

@@ -1,0 +1,165 @@
+"""Issue 18, criterion 6: everything that stands for newer intent cancels a pending
+continuation before its dispatch; recovery never resumes a stopped operation, never
+bypasses ``authorize`` and never overrides the host."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import pytest
+import trio
+from recoverable.actors.continuation import dispatch_continuation
+from recoverable.actors.worker import run_worker
+
+import recoverable
+from recoverable import errors
+from recoverable.testing import FixtureProvider, Reply
+
+from .conftest import ACCOUNT, REQUEST, Answer, Authorizer, generation_requests, make_backend
+from .test_continuation import DROPS, FAST, record
+
+Action = Callable[[recoverable.Runtime, recoverable.RecoveryStore, recoverable.Handle],
+                  Awaitable[object]]
+
+
+async def _cancel(rt: recoverable.Runtime, store: recoverable.RecoveryStore,
+                  handle: recoverable.Handle) -> object:
+    return await rt.cancel(handle)
+
+
+async def _suspend(rt: recoverable.Runtime, store: recoverable.RecoveryStore,
+                   handle: recoverable.Handle) -> object:
+    return await rt.suspend(handle)  # a stop, and also a snooze: no suspend(until=) here
+
+
+async def _disable(rt: recoverable.Runtime, store: recoverable.RecoveryStore,
+                   handle: recoverable.Handle) -> object:
+    return await recoverable.set_continuation_preference(store, enabled=False)
+
+
+async def _newer_revision(rt: recoverable.Runtime, store: recoverable.RecoveryStore,
+                          handle: recoverable.Handle) -> object:
+    newer = recoverable.StructuredRequest(model=REQUEST.model, instructions="Answer again.",
+                                          input=REQUEST.input)
+    return await rt.prepare(newer, response=Answer, maximum_attempts=2, job_id="job",
+                            input_revision="2")
+
+
+async def _manual_retry(rt: recoverable.Runtime, store: recoverable.RecoveryStore,
+                        handle: recoverable.Handle) -> object:
+    return await rt.retry(handle, retry_action_id="user-click", maximum_attempts=2,
+                          selection="preserve")
+
+
+async def _abandon(rt: recoverable.Runtime, store: recoverable.RecoveryStore,
+                   handle: recoverable.Handle) -> object:
+    return await rt.abandon(handle)
+
+
+async def _purge(rt: recoverable.Runtime, store: recoverable.RecoveryStore,
+                 handle: recoverable.Handle) -> object:
+    return store.purge_account(ACCOUNT)
+
+
+@pytest.mark.parametrize(("action", "reason"), [
+    (_cancel, "cancelled"),
+    (_suspend, "suspended"),
+    (_disable, "disabled"),
+    (_newer_revision, "newer_revision"),
+    (_manual_retry, "manual_retry"),
+    (_abandon, None),  # settled: the record (and its dispatch record) is gone
+    (_purge, None),  # deleted
+])
+async def test_newer_intent_cancels_a_pending_continuation(
+    provider: FixtureProvider, store: recoverable.RecoveryStore, action: Action,
+    reason: str | None,
+) -> None:
+    await recoverable.set_continuation_preference(store, enabled=True, delay_seconds=0)
+    provider.script(DROPS)
+    async with recoverable.open_runtime(store, make_backend(provider), account=ACCOUNT) as rt:
+        handle = await rt.prepare(REQUEST, response=Answer, maximum_attempts=2,
+                                  retry_policy=FAST, job_id="job", input_revision="1")
+        with pytest.raises(errors.AttemptsExhausted):
+            await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
+        assert [e.operation_id for e in store.queued()] == [handle.operation_id]
+        await action(rt, store, handle)
+        assert rt.backend is not None
+        result = await dispatch_continuation(
+            store, rt.telemetry, handle.operation_id, account=ACCOUNT,
+            endpoint_id=rt.backend.endpoint_id, now=rt.now(),
+        )
+        assert result.outcome != "dispatched"
+        found = store.get_operation(handle.operation_id)
+        if reason is None:
+            assert found is None
+        else:
+            assert found is not None and found.continuation is not None
+            assert (found.continuation.state, found.continuation.reason) == (
+                "cancelled", reason)
+            assert found.phase != "suspended" or reason == "suspended"
+            status = await rt.status(handle)
+            assert status.continuation is not None and status.continuation.state == "cancelled"
+            assert status.availability != "continuation_pending"
+        assert store.queued() == []
+        # No continuation successor exists (a manual one may: the host asked for it).
+        for other in store.inventory(ACCOUNT)[0]:
+            assert other.continuations_used == 0
+    assert len(generation_requests(provider, handle.operation_id)) == 2
+
+
+async def test_a_suspended_operation_is_never_resumed_by_recovery(
+    provider: FixtureProvider, store: recoverable.RecoveryStore
+) -> None:
+    """A worker draining the queue after the host suspended the failed operation: it
+    stays as the host left it (no successor, no request)."""
+    await recoverable.set_continuation_preference(store, enabled=True, delay_seconds=0)
+    provider.script(DROPS)
+    async with recoverable.open_runtime(store, make_backend(provider), account=ACCOUNT) as rt:
+        handle = await rt.prepare(REQUEST, response=Answer, maximum_attempts=2,
+                                  retry_policy=FAST)
+        with pytest.raises(errors.AttemptsExhausted):
+            await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
+        await rt.suspend(handle)
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            reports = []
+
+            async def work() -> None:
+                reports.append(await run_worker(rt, concurrency=1, authorize=Authorizer(),
+                                                stop=stop))
+
+            nursery.start_soon(work)
+            with trio.fail_after(30):  # generous: the worker drains an empty queue
+                while store.queued():  # noqa: ASYNC110 (durable state)
+                    await trio.sleep(0.01)
+            stop.set()
+        assert reports[0].continued == 0
+        assert len(store.inventory(ACCOUNT)[0]) == 1
+    assert len(provider.requests) == 2
+
+
+async def test_the_successor_is_authorized_like_any_attempt(
+    provider: FixtureProvider, store: recoverable.RecoveryStore
+) -> None:
+    """A declining host: the successor exists, nothing is sent for it (no bypass)."""
+    await recoverable.set_continuation_preference(store, enabled=True, delay_seconds=0)
+    provider.script([*DROPS, Reply.complete({"answer": 1, "note": "n"})])
+    async with recoverable.open_runtime(store, make_backend(provider), account=ACCOUNT) as rt:
+        handle = await rt.submit(REQUEST, response=Answer, job_id="j", maximum_attempts=2,
+                                 retry_policy=FAST)
+        with pytest.raises(errors.AttemptsExhausted):
+            await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
+        deny = Authorizer(approve=False)
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: run_worker(rt, concurrency=1, authorize=deny,
+                                                  stop=stop))
+            with trio.fail_after(30):  # generous
+                while not deny.calls:  # noqa: ASYNC110 (the host was asked)
+                    await trio.sleep(0.01)
+            stop.set()
+        decided = record(store, handle.operation_id).continuation
+        assert decided is not None and decided.successor_id is not None
+        assert deny.calls[0].operation_id == decided.successor_id
+        assert record(store, decided.successor_id).attempts_used == 0
+    assert generation_requests(provider, decided.successor_id) == []
