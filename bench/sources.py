@@ -81,7 +81,7 @@ def in_txn(store: RecoveryStore, prefix: str, n: int, bound: bool) -> float:
     def run(txn: WriteTxn) -> float:
         start = time.perf_counter()
         for write in writes:
-            written = fenced.persist(write, txn)
+            written = fenced.persist(write, txn).transition
             assert written.record.phase == "completed"
         return time.perf_counter() - start
 
@@ -95,8 +95,8 @@ async def durable(store: RecoveryStore, prefix: str, n: int, bound: bool) -> flo
 
     async def task(k: int) -> None:
         for write in writes[k::TASKS]:
-            written = await store.write(functools.partial(fenced.persist, write))
-            assert written.record.phase == "completed"
+            persisted = await store.write(functools.partial(fenced.persist, write))
+            assert persisted.transition.record.phase == "completed"
 
     start = time.perf_counter()
     async with trio.open_nursery() as nursery:
