@@ -267,7 +267,7 @@ def _walk(fd: int) -> None:
         for meta, offset in ((first, 0), (_read_meta(fd, psize), psize))
         if meta
     ]
-    (_psize, last_pgno, _txnid), offset = max(metas, key=lambda found: found[0][2])
+    (_psize, last_pgno, txnid), offset = max(metas, key=lambda found: found[0][2])
     end = last_pgno + 1
     raw = os.pread(fd, _PAGE_HEADER + 24 + 96, offset)
     free_root = _DB_ROOT.unpack_from(raw, _PAGE_HEADER + 24)[0]
@@ -348,6 +348,11 @@ def _walk(fd: int) -> None:
                         raise _Damage(f"page {pgno} has a malformed database record")
                     tree(_DB_ROOT.unpack_from(value)[0], main=False, freelist=False)
                 elif freelist:
+                    # The key is the id of the transaction that freed these pages: 8 bytes,
+                    # never newer than the snapshot (LMDB asserts it when it saves the
+                    # list, an abort of the whole process, issue 16's CI run).
+                    if ksize != 8 or _U64.unpack_from(buf, ptr + _NODE.size)[0] > txnid:
+                        raise _Damage(f"free-page list page {pgno} has a malformed key")
                     if len(value) < 8 or len(value) % 8:
                         raise _Damage(f"free-page list page {pgno} is malformed")
                     ids = struct.unpack_from(f"={len(value) // 8}Q", value)

@@ -278,6 +278,42 @@ def test_a_damaged_page_is_found_at_open_before_lmdb_writes_through_it(
     assert child.stdout.split()[:2] == ["error", "store_damaged"], child
 
 
+def test_a_free_list_key_newer_than_the_snapshot_is_damage_not_an_abort(
+    store_path: str,
+) -> None:
+    """A flipped bit in a free-page list key (the id of the transaction that freed the
+    pages) made LMDB abort the process at the next write (``mdb_freelist_save``: Assertion
+    'pglast <= env->me_pglast', seen in a seeded bit-flip run): the walk at open refuses
+    a key newer than the snapshot."""
+    with RecoveryStore.open(store_path) as store:
+        def churn(txn: recoverable.storage.WriteTxn, round_: int) -> None:
+            txn.delete_payload(f"p{round_ - 1}", "body")
+            txn.put_payload(f"p{round_}", "body", bytes([round_]) * 9000)
+
+        for round_ in range(6):  # frees pages: the free-page list has entries
+            store.write_sync(lambda txn, r=round_: churn(txn, r))
+    path = Path(store_path, "data.mdb")
+    data = bytearray(path.read_bytes())
+    psize = 4096
+    # The newer of the two meta pages (the fields after each page's 16-byte header).
+    metas = [struct.unpack_from("=IIQQI44x48xQQ", data, offset + 16) for offset in (0, psize)]
+    meta_offset = max((0, psize), key=lambda offset: metas[offset // psize][-1])
+    free_root = struct.unpack_from("=40xQ", data, meta_offset + 16 + 24)[0]
+    assert free_root != 2**64 - 1, "the free-page list is empty: nothing to damage"
+    page = free_root * psize
+    flags, lower = struct.unpack_from("=HH", data, page + 10)
+    assert flags & 0x02 and lower > 16  # a leaf with nodes
+    ptr = struct.unpack_from("=H", data, page + 16)[0]
+    key_at = page + ptr + 8
+    (key,) = struct.unpack_from("=Q", data, key_at)
+    struct.pack_into("=Q", data, key_at, key | 1 << 40)  # a transaction from the future
+    path.write_bytes(bytes(data))
+    with pytest.raises(StoreDamaged, match="free-page list"):
+        RecoveryStore.open(store_path)
+    child = run_child("open-write", store_path, "x")
+    assert child.stdout.split()[:2] == ["error", "store_damaged"], child
+
+
 def test_a_brand_new_directory_is_still_a_new_store(tmp_path: Path) -> None:
     path = tmp_path / "fresh"
     path.mkdir()
