@@ -1,0 +1,64 @@
+"""pytest fixtures of the PostgreSQL store's tests (loaded by ``tests/conftest.py``).
+
+``pg_cluster``: one throwaway cluster per test process (xdist worker), started on first
+use, stopped at the end. ``pg_url``: a fresh database for one test, copied from a
+migrated template (``CREATE DATABASE ... TEMPLATE``: a few milliseconds). A cluster that
+cannot start FAILS the test that needs it, with the reason (never a skip).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from tests.pg.cluster import Cluster, ClusterUnavailable, start_cluster
+
+TEMPLATE = "recoverable_template"
+_serial = itertools.count(1)
+
+
+def _prepare_template(cluster: Cluster) -> None:
+    with psycopg.connect(cluster.url(), autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {TEMPLATE}")
+    with psycopg.connect(cluster.url(TEMPLATE), autocommit=True) as conn:
+        try:
+            from recoverable.storage import pg_schema
+        except ImportError:  # before the store exists: an empty template
+            return
+        pg_schema.upgrade(conn)
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[Cluster]:
+    try:
+        cluster = start_cluster()
+    except ClusterUnavailable as exc:
+        pytest.fail(f"PostgreSQL could not start, so the PostgreSQL tests fail: {exc}")
+    try:
+        _prepare_template(cluster)
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def new_database(cluster: Cluster, template: str = TEMPLATE) -> str:
+    name = f"t{next(_serial)}"
+    with psycopg.connect(cluster.url(), autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name} TEMPLATE {template}")
+    return name
+
+
+def drop_database(cluster: Cluster, name: str) -> None:
+    with psycopg.connect(cluster.url(), autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture
+def pg_url(pg_cluster: Cluster) -> Iterator[str]:
+    """The URL of a fresh, migrated database (dropped after the test)."""
+    name = new_database(pg_cluster)
+    yield pg_cluster.url(name)
+    drop_database(pg_cluster, name)
