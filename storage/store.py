@@ -64,6 +64,8 @@ __all__ = [
     "WriteTxn",
     "governor_key",
     "operation_key",
+    "register_url_store",
+    "url_scheme",
 ]
 
 Result = TypeVar("Result")
@@ -72,6 +74,25 @@ FORMAT_VERSION: Final = 1
 _MiB: Final = 2**20
 
 _OPEN_STORES: Final[OpenStores[RecoveryStore]] = OpenStores()
+
+# Stores opened by URL (``postgresql://...``: storage/pg_store.py registers itself when
+# ``recoverable.storage`` is imported and psycopg is installed), by URL scheme.
+_URL_STORES: Final[dict[str, Callable[[str, StoreOptions], RecoveryStore]]] = {}
+
+
+def register_url_store(
+    schemes: Iterable[str], opener: Callable[[str, StoreOptions], RecoveryStore]
+) -> None:
+    """Make ``RecoveryStore.open(url)`` open URLs of these schemes with ``opener``."""
+    for scheme in schemes:
+        _URL_STORES[scheme] = opener
+
+
+def url_scheme(path: object) -> str | None:
+    """The scheme of a store URL (``postgresql``), None for a directory path."""
+    if isinstance(path, str) and "://" in path:
+        return path.split("://", 1)[0].lower()
+    return None
 
 
 class RecoveryStore(RecordGetters):
@@ -119,7 +140,9 @@ class RecoveryStore(RecordGetters):
         max_record_bytes: int = 128 * _MiB,
         initial_map_size: int | None = None,
     ) -> RecoveryStore:
-        """Open (creating if needed) the store at ``path``.
+        """Open (creating if needed) the store at ``path``: a directory (LMDB), or a
+        ``postgresql://user@host:port/db`` URL (the PostgreSQL store, storage/pg_store.py;
+        ``initial_map_size`` does not apply to it).
 
         A second ``open`` of the same directory in this process returns the same
         object (reference counted: the last ``close`` closes it); with different
@@ -133,6 +156,15 @@ class RecoveryStore(RecordGetters):
         ):
             raise InvalidRequest("initial_map_size must be an integer >= 1 MiB")
         options = StoreOptions(max_bytes, max_record_bytes, initial_map_size)
+        scheme = url_scheme(path)
+        if scheme is not None:
+            opener = _URL_STORES.get(scheme)
+            if opener is None:
+                raise InvalidRequest(
+                    f"no store for {scheme}:// URLs (the PostgreSQL store needs "
+                    "recoverable[postgres]: pip install 'recoverable[postgres]')"
+                )
+            return opener(str(path), options)
         try:
             os.makedirs(path, mode=0o700, exist_ok=True)
             real = os.path.realpath(path)
