@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import secrets
 import threading
-import urllib.parse
 from collections.abc import Callable, Iterator
 from typing import Any, Final, TypeVar
 
@@ -41,7 +40,13 @@ from recoverable.storage.pg_schema import LOCK_NAMESPACE, META_COMMITS, upgrade
 from recoverable.storage.pg_sql import SqlSnapshot, describe, sql_table, table_names
 from recoverable.storage.pg_writer import PgWriter
 from recoverable.storage.registry import OpenStores, StoreOptions
-from recoverable.storage.store import TABLES, RecoveryStore, Table, register_url_store
+from recoverable.storage.store import (
+    TABLES,
+    RecoveryStore,
+    Table,
+    redact_url,
+    register_url_store,
+)
 from recoverable.storage.txn import WriteState
 
 from recoverable.errors import StorageUnavailable
@@ -58,26 +63,6 @@ POOL_SIZE: Final = 4
 SCHEMES: Final = ("postgresql", "postgres")
 
 _OPEN: Final[OpenStores[PgStore]] = OpenStores()
-
-
-def redact_url(url: str) -> str:
-    """The URL without its password (``user:***@``) or password-like query values."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-    except ValueError:
-        return "postgresql://***"
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, _, hostport = netloc.rpartition("@")
-        user = userinfo.split(":", 1)[0]
-        netloc = f"{user}:***@{hostport}" if ":" in userinfo else f"{user}@{hostport}"
-    query = urllib.parse.urlencode(
-        [
-            (name, "***" if name.lower() in ("password", "sslpassword", "passfile") else value)
-            for name, value in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
-        ]
-    )
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, ""))
 
 
 class _OwnerTokens(LeaseTokens):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -62,3 +63,21 @@ def pg_url(pg_cluster: Cluster) -> Iterator[str]:
     name = new_database(pg_cluster)
     yield pg_cluster.url(name)
     drop_database(pg_cluster, name)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """One suite, two stores: a test module listing ``STORE_KINDS = ("lmdb",
+    "postgresql")`` runs each test that uses ``store_kind`` (directly, or through
+    ``store_location`` / a ``store`` fixture built on it) on both; others on LMDB only."""
+    if "store_kind" in metafunc.fixturenames:
+        metafunc.parametrize("store_kind", getattr(metafunc.module, "STORE_KINDS", ("lmdb",)))
+
+
+@pytest.fixture
+def store_location(store_kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    """Where a test's store lives: ``tmp_path/"store"`` (LMDB), or a fresh PostgreSQL
+    database's URL (the cluster is started only for the PostgreSQL runs)."""
+    if store_kind == "postgresql":
+        url: str = request.getfixturevalue("pg_url")
+        return url
+    return str(tmp_path / "store")

@@ -12,6 +12,7 @@ from recoverable import errors
 from recoverable.cli.arguments import build_parser
 from recoverable.cli.batch import run_batch
 from recoverable.cli.config import DEFAULT_RETRY_PROVIDER_CODES, BatchConfig
+from recoverable.cli.db import run_db
 from recoverable.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, UsageError
 from recoverable.cli.ops import run_ops
 from recoverable.cli.sweep import run_sweep
@@ -59,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         out = sys.stdout if sys.stdout is not None else open(os.devnull, "w")
         if args.command == "sweep":
             return run_sweep(args, out, sys.stderr)
+        if args.command == "db":
+            return run_db(args, out, sys.stderr)
         return run_ops(args, out, sys.stderr)
     except UsageError as exc:
         _usage_error(args.command, exc, getattr(args, "json", False))

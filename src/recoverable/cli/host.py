@@ -25,7 +25,7 @@ from recoverable.cli.jobs import BATCH_SCOPE, Job
 from recoverable.cli.report import BatchSummary, ErrorLog, JobError, failure_reason
 from recoverable.cli.result_log import ResultLog, encode_batch_output_line, encode_result_line
 from recoverable.records import OperationRecord
-from recoverable.storage.store import RecoveryStore
+from recoverable.storage.store import RecoveryStore, redact_url
 from recoverable.types import AccountBinding, Attempt, Handle, RetryPolicy
 
 __all__ = ["BatchHost"]
@@ -276,7 +276,7 @@ class BatchHost:
             suggested = self.rt.status_of(operation_id).suggested_actions
         except Exception:  # a hint must never fail the job report
             suggested = ()
-        store = self.config.store_path
+        store = redact_url(self.config.store_path)  # a URL's password is never printed
         account = self.account.account_id
         if "manual_retry" in suggested:
             return (
