@@ -143,7 +143,7 @@ class PgStore(RecoveryStore):
         self.owner_lost = False
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
-        self._pool = _Pool(self._connect_autocommit, POOL_SIZE)
+        self._pool = _Pool(self._connect_reader, POOL_SIZE)
         self._tokens = self._owner_tokens = _OwnerTokens(self)
         self._pg_writer: PgWriter | None = None
         self._writer = None
@@ -163,30 +163,32 @@ class PgStore(RecoveryStore):
         """One store per URL per process (reference counted, as the LMDB store)."""
         return _OPEN.open(url, options, cls)
 
-    def _connect(self, *, autocommit: bool) -> psycopg.Connection[Any]:
+    def _connect(self, *, autocommit: bool, role: str) -> psycopg.Connection[Any]:
+        """A new connection; ``application_name`` says its role (``recoverable-writer``,
+        ``-owner``, ``-read``, ``-listen``) so an operator can tell them apart."""
         try:
             return psycopg.connect(
                 self._url,
                 autocommit=autocommit,
                 connect_timeout=CONNECT_TIMEOUT,
-                application_name="recoverable",
+                application_name=f"recoverable-{role}",
             )
         except psycopg.Error as exc:
             raise StorageUnavailable(
                 f"cannot connect to the database at {self.path}: {describe(exc)}"
             ) from None  # the driver's message may echo connection details
 
-    def _connect_autocommit(self) -> psycopg.Connection[Any]:
-        return self._connect(autocommit=True)
+    def _connect_reader(self) -> psycopg.Connection[Any]:
+        return self._connect(autocommit=True, role="read")
 
     def _connect_writer(self) -> psycopg.Connection[Any]:
         try:
-            return self._connect(autocommit=False)
+            return self._connect(autocommit=False, role="writer")
         except StorageUnavailable as exc:
             raise psycopg.OperationalError(str(exc)) from None
 
     def _open_database(self) -> None:
-        conn = self._owner_conn = self._connect(autocommit=True)
+        conn = self._owner_conn = self._connect(autocommit=True, role="owner")
         upgrade(conn)
         try:
             row = conn.execute(
