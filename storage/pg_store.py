@@ -100,17 +100,20 @@ class _Pool:
             conn = self._idle.pop() if self._idle else None
         if conn is None:
             conn = self._connect()
-        healthy = False
         try:
             yield conn
-            healthy = True
         finally:
+            idle = (
+                not conn.closed
+                and not conn.broken
+                and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+            )
             with self._lock:
-                keep = healthy and not self._closed and len(self._idle) < self._size
-                if keep and not conn.closed and not conn.broken:
+                keep = idle and not self._closed and len(self._idle) < self._size
+                if keep:
                     self._idle.append(conn)
-                else:
-                    conn.close()
+            if not keep:
+                conn.close()
 
     def close(self) -> None:
         with self._lock:
@@ -298,27 +301,37 @@ class PgStore(RecoveryStore):
 
     def _read(self, fn: Callable[[Any], Result]) -> Result:
         """``fn`` on one snapshot (REPEATABLE READ, read only) of a pooled connection."""
-        if self._closed:
-            raise StorageUnavailable("the store is closed")
-        with self._pool.connection() as conn:
+
+        def snapshot(conn: psycopg.Connection[Any]) -> Result:
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             try:
-                conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-                try:
-                    return fn(SqlSnapshot(conn))
-                finally:
-                    if not conn.broken:
-                        conn.execute("COMMIT")
-            except psycopg.Error as exc:
-                raise StorageUnavailable(f"reading failed: {describe(exc)}") from exc
+                return fn(SqlSnapshot(conn))
+            finally:
+                if not conn.broken:
+                    conn.execute("COMMIT")
+
+        return self._pooled(snapshot)
 
     def _query(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
-        if self._closed:
-            raise StorageUnavailable("the store is closed")
-        with self._pool.connection() as conn:
-            try:
-                return conn.execute(sql, params, binary=True).fetchall()
-            except psycopg.Error as exc:
-                raise StorageUnavailable(f"reading failed: {describe(exc)}") from exc
+        return self._pooled(lambda conn: conn.execute(sql, params, binary=True).fetchall())
+
+    def _pooled(self, call: Callable[[psycopg.Connection[Any]], Result]) -> Result:
+        """``call`` on a pooled connection. A read is idempotent: one that met a lost
+        connection (a killed backend, a restarted server) is tried once more on a new one."""
+        for last_try in (False, True):
+            if self._closed:
+                raise StorageUnavailable("the store is closed")
+            with self._pool.connection() as conn:
+                try:
+                    return call(conn)
+                except StorageUnavailable as exc:
+                    cause = exc.__cause__
+                    if last_try or not conn.broken or not isinstance(cause, psycopg.Error):
+                        raise
+                except psycopg.Error as exc:
+                    if last_try or not conn.broken:
+                        raise StorageUnavailable(f"reading failed: {describe(exc)}") from exc
+        raise AssertionError("unreachable")
 
     def _get(self, table: Table, key: bytes) -> bytes | None:
         rows = self._query(f"SELECT value FROM {sql_table(table)} WHERE key = %s", (key,))

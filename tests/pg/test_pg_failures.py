@@ -97,6 +97,17 @@ def test_a_killed_writer_backend_is_replaced_and_nothing_is_lost(pg_url: str) ->
         assert store.stats()["reconnects"] == 1
 
 
+def test_reads_survive_killed_read_backends(pg_url: str) -> None:
+    with RecoveryStore.open(pg_url) as store:
+        store.write_sync(lambda txn: txn.put_operation(make_op("op-1")))
+        assert store.get_operation("op-1") is not None  # a pooled read connection now
+        assert store.inventory()[0] != []
+        assert _terminate(pg_url, "read") >= 1
+        assert store.get_operation("op-1") is not None  # tried again on a new connection
+        assert _terminate(pg_url, "read") >= 1
+        assert [r.operation_id for r in store.inventory()[0]] == ["op-1"]
+
+
 def test_a_killed_owner_backend_loses_the_owner_and_its_stale_writes_fail(
     pg_url: str,
 ) -> None:
