@@ -36,6 +36,7 @@ import psycopg
 from recoverable.storage import queries
 from recoverable.storage.keys import META_BYTES, u64
 from recoverable.storage.leases import LeaseTokens, lease_expired
+from recoverable.storage.pg_listen import CommitListener
 from recoverable.storage.pg_schema import LOCK_NAMESPACE, META_COMMITS, upgrade
 from recoverable.storage.pg_sql import SqlSnapshot, describe, sql_table, table_names
 from recoverable.storage.pg_writer import PgWriter
@@ -60,6 +61,7 @@ OWNER_TTL_SECONDS: Final = 10.0  # another owner is dead once its heartbeat is t
 HEARTBEAT_SECONDS: Final = 1.0
 CONNECT_TIMEOUT: Final = 5
 POOL_SIZE: Final = 4
+COMMIT_POLL_SECONDS: Final = 0.25  # a monitor's poll when no notification comes
 SCHEMES: Final = ("postgresql", "postgres")
 
 _OPEN: Final[OpenStores[PgStore]] = OpenStores()
@@ -352,6 +354,14 @@ class PgStore(RecoveryStore):
             (LOCK_NAMESPACE, owner_id),
         )
         return bool(rows and rows[0][0])
+
+    def commit_listener(self) -> CommitListener:
+        """A LISTEN connection for one lifecycle monitor (``actors/monitor.py`` uses it
+        when a store has this method): woken by every commit that writes a command, with
+        a bounded poll of ``last_txnid`` every ``COMMIT_POLL_SECONDS`` as the fallback."""
+        return CommitListener(
+            lambda: self._connect(autocommit=True, role="listen"), COMMIT_POLL_SECONDS
+        )
 
     def last_txnid(self) -> int:
         """The count of committed batches, by every process (moves on every commit)."""

@@ -34,6 +34,7 @@ from typing import Any, Final, cast
 import outcome
 import psycopg
 from recoverable.storage.keys import META_BYTES
+from recoverable.storage.pg_listen import CHANNEL
 from recoverable.storage.pg_schema import LOCK_NAMESPACE, META_COMMITS, WRITER_LOCK
 from recoverable.storage.pg_sql import SqlSnapshot, describe, sql_table
 from recoverable.storage.txn import WriteState, WriteTxn
@@ -44,7 +45,6 @@ from recoverable.errors import StorageUnavailable
 __all__ = ["MAX_TRIES", "PgWriter"]
 
 MAX_TRIES: Final = 5
-NOTIFY_CHANNEL: Final = "recoverable"
 _RETRYABLE: Final = frozenset({"40001", "40P01"})
 _NOTIFY_TABLES: Final = frozenset({sql_table("commands"), sql_table("queue")})
 OWN_LOCK_HELD: Final = (
@@ -314,5 +314,5 @@ class PgWriter(Writer[WriteTxn]):
             (self._owner_id, txn_id),
         )
         if snapshot.written & _NOTIFY_TABLES:
-            conn.execute(f"NOTIFY {NOTIFY_CHANNEL}")
+            conn.execute(f"NOTIFY {CHANNEL}")
         self._check(snapshot)
