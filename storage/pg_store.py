@@ -67,6 +67,17 @@ SCHEMES: Final = ("postgresql", "postgres")
 _OPEN: Final[OpenStores[PgStore]] = OpenStores()
 
 
+def _connection_lost(conn: psycopg.Connection[Any], exc: BaseException | None) -> bool:
+    """The statement failed because the connection is gone: the server ended the
+    session (SQLSTATE class 57: a killed backend, a shutdown) or the link broke (08)."""
+    if conn.broken or conn.closed:
+        return True
+    state = getattr(exc, "sqlstate", None) or ""
+    return isinstance(exc, psycopg.OperationalError) and (
+        state.startswith(("57", "08")) or not state
+    )
+
+
 class _OwnerTokens(LeaseTokens):
     """The active lease tokens of this owner; another owner's liveness from the database."""
 
@@ -327,12 +338,12 @@ class PgStore(RecoveryStore):
                 try:
                     return call(conn)
                 except StorageUnavailable as exc:
-                    cause = exc.__cause__
-                    if last_try or not conn.broken or not isinstance(cause, psycopg.Error):
+                    if last_try or not _connection_lost(conn, exc.__cause__):
                         raise
                 except psycopg.Error as exc:
-                    if last_try or not conn.broken:
+                    if last_try or not _connection_lost(conn, exc):
                         raise StorageUnavailable(f"reading failed: {describe(exc)}") from exc
+                conn.close()  # not back to the pool
         raise AssertionError("unreachable")
 
     def _get(self, table: Table, key: bytes) -> bytes | None:

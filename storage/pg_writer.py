@@ -33,7 +33,8 @@ from typing import Any, Final, cast
 
 import outcome
 import psycopg
-from recoverable.storage.keys import META_BYTES
+from recoverable.storage.keys import META_BYTES, u64
+from recoverable.storage.pg_batch import BatchSnapshot, RowCache
 from recoverable.storage.pg_listen import CHANNEL
 from recoverable.storage.pg_schema import LOCK_NAMESPACE, META_COMMITS, WRITER_LOCK
 from recoverable.storage.pg_sql import SqlSnapshot, describe, sql_table
@@ -84,7 +85,7 @@ class PgWriter(Writer[WriteTxn]):
         self._refuse = refuse
         self._lost = lost
         self._lock_key = lock_key
-        self._snapshot: SqlSnapshot | None = None
+        self._cache = RowCache()  # see storage/pg_batch.py
         self.reconnects = 0
         self.unknown_resolved = 0
         self.reruns = 0
@@ -190,11 +191,18 @@ class PgWriter(Writer[WriteTxn]):
             conn = self._connection()
         except psycopg.Error as exc:
             raise _Rerun from exc
-        snapshot = SqlSnapshot(conn)
+        snapshot = BatchSnapshot(conn, self._cache)
         committed_any = False
         try:
             try:
                 conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_NAMESPACE, WRITER_LOCK))
+                # Under the lock: has anyone committed since our last batch? (the cache)
+                row = conn.execute(
+                    f"SELECT value FROM {sql_table('meta')} WHERE key = %s",
+                    (META_COMMITS,),
+                    binary=True,
+                ).fetchone()
+                self._cache.adopt(u64(None if row is None else row[0]))
                 self._state.batch_bytes = None
                 for index, job in enumerate(batch):
                     job.result = None
@@ -203,14 +211,18 @@ class PgWriter(Writer[WriteTxn]):
                     else:
                         self._run_direct(cast(Any, snapshot), job)
                         self._check(snapshot)
+                        snapshot.end_mutation(True)
                         committed_any = True
                 if not committed_any:
                     conn.rollback()
                     self.writes += len(batch)
                     return
-                self._end(conn, snapshot, txn_id)
+                commits = self._end(conn, snapshot, txn_id)
             except psycopg.Error as exc:
                 raise self._classify(exc) from exc
+            except StorageUnavailable:
+                self._check(snapshot)  # a failed statement: classified (a lost link reruns)
+                raise
             except BaseException:
                 self._rollback(conn)
                 raise
@@ -222,9 +234,13 @@ class PgWriter(Writer[WriteTxn]):
                     # transaction is rolled back, a known outcome.
                     raise self._classify(exc) from exc
                 raise _Unknown from exc
-        except (_Rerun, _Unknown):
+        except _Isolate:
+            raise  # nothing committed; the cache holds committed rows only: still valid
+        except BaseException:
+            self._cache.clear()
             self._rollback(conn)
             raise
+        snapshot.committed(commits)
         self.commits += 1
         self.writes += len(batch)
         self.largest_batch = max(self.largest_batch, len(batch))
@@ -264,9 +280,11 @@ class PgWriter(Writer[WriteTxn]):
         job.result = outcome.Value(value)
 
     def _run_saved(
-        self, conn: psycopg.Connection[Any], snapshot: SqlSnapshot, job: _Job, index: int
+        self, conn: psycopg.Connection[Any], snapshot: BatchSnapshot, job: _Job, index: int
     ) -> bool:
         name = f"m{index}"
+        snapshot.flush()  # the savepoint then covers this mutation's writes only
+        self._check(snapshot)
         conn.execute(f"SAVEPOINT {name}")
         bytes_before = self._state.batch_bytes
         ctx = WriteTxn(self._state, cast(Any, snapshot))  # an LMDB-transaction-shaped view
@@ -276,17 +294,26 @@ class PgWriter(Writer[WriteTxn]):
             ctx.finish()
         except BaseException as exc:
             self._check(snapshot)
+            snapshot.end_mutation(False)
             conn.execute(f"ROLLBACK TO SAVEPOINT {name}")
             self._state.batch_bytes = bytes_before
             ctx.run_abort_hooks()
             job.result = outcome.Error(exc)
             return False
         self._check(snapshot)
+        snapshot.end_mutation(True)
         conn.execute(f"RELEASE SAVEPOINT {name}")
         job.result = outcome.Value(value)
         return True
 
-    def _end(self, conn: psycopg.Connection[Any], snapshot: SqlSnapshot, txn_id: str) -> None:
+    def _end(self, conn: psycopg.Connection[Any], snapshot: BatchSnapshot, txn_id: str) -> int:
+        """Write the batch's counters, log and notification; the new commit count."""
+        meta = sql_table("meta")
+        carried = self._state.batch_bytes
+        if carried is not None:
+            snapshot.put(META_BYTES, carried.to_bytes(8, "big"), meta)
+            snapshot.end_mutation(True)
+        snapshot.flush()
         # Under the writers' lock: is this owner still alive for the others (its advisory
         # lock held, its heartbeat not expired)? If not, another owner may already have
         # taken its leases: nothing of this batch commits, and the owner is lost for good.
@@ -296,18 +323,16 @@ class PgWriter(Writer[WriteTxn]):
         if not row or not row[0]:
             self._lost()
             raise StorageUnavailable(
-                "this process lost its ownership of the PostgreSQL store: nothing was written"
+                "this process lost its ownership of the PostgreSQL store: nothing of this "
+                "batch was written"
             )
-        meta = sql_table("meta")
-        carried = self._state.batch_bytes
-        if carried is not None:
-            snapshot.put(META_BYTES, carried.to_bytes(8, "big"), meta)
-        conn.execute(
+        counted = conn.execute(
             f"UPDATE {meta} SET value = int8send(("
-            "'x' || encode(value, 'hex'))::bit(64)::int8 + 1) WHERE key = %s",
+            "'x' || encode(value, 'hex'))::bit(64)::int8 + 1) WHERE key = %s RETURNING value",
             (META_COMMITS,),
             binary=True,
-        )
+        ).fetchone()
+        commits = u64(None if counted is None else counted[0])
         conn.execute(
             "INSERT INTO recoverable_txn_log (owner_id, txn_id) VALUES (%s, %s) "
             "ON CONFLICT (owner_id) DO UPDATE SET txn_id = EXCLUDED.txn_id",
@@ -316,3 +341,4 @@ class PgWriter(Writer[WriteTxn]):
         if snapshot.written & _NOTIFY_TABLES:
             conn.execute(f"NOTIFY {CHANNEL}")
         self._check(snapshot)
+        return commits

@@ -97,6 +97,26 @@ def test_a_killed_writer_backend_is_replaced_and_nothing_is_lost(pg_url: str) ->
         assert store.stats()["reconnects"] == 1
 
 
+def test_a_writer_backend_killed_inside_a_batch_reruns_the_batch(pg_url: str) -> None:
+    """Killed mid-batch (after the mutation ran, before its writes were sent): the
+    transaction is known rolled back, so the batch is run again, never failed."""
+    with RecoveryStore.open(pg_url) as store:
+        store.write_sync(lambda txn: txn.put_operation(make_op("op-1")))
+        calls: list[int] = []
+
+        def mutation(txn: WriteTransaction) -> None:
+            calls.append(1)
+            txn.put_operation(make_op("op-2"))
+            if len(calls) == 1:
+                assert _terminate(pg_url, "writer") == 1
+
+        store.write_sync(mutation)
+        assert calls == [1, 1]
+        assert store.get_operation("op-2") is not None
+        assert store.stats()["reruns"] == 1
+        assert store.check_integrity() == []
+
+
 def test_reads_survive_killed_read_backends(pg_url: str) -> None:
     with RecoveryStore.open(pg_url) as store:
         store.write_sync(lambda txn: txn.put_operation(make_op("op-1")))

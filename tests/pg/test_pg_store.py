@@ -93,3 +93,27 @@ def test_the_migration_is_idempotent_and_runs_on_an_empty_database(pg_cluster: C
 def test_an_unknown_url_scheme_is_a_typed_error() -> None:
     with pytest.raises(InvalidRequest):
         RecoveryStore.open("mysql://root@localhost/db")
+
+
+def test_a_commit_by_another_process_invalidates_the_writers_row_cache(pg_url: str) -> None:
+    """The writer serves reads from its cache only while nobody else committed since its
+    last batch: a fence taken by another owner is seen, never the cached older one."""
+    mine = RecoveryStore.open(pg_url)
+    other = RecoveryStore.open(pg_url + "?sslmode=disable")  # another owner (machine)
+    try:
+        mine.write_sync(lambda txn: txn.put_operation(make_op("op-1")))
+        cached = mine.write_sync(lambda txn: txn.get_operation("op-1"))
+        assert cached is not None and cached.fence == 0
+        taken = other.write_sync(lambda txn: acquire_lease(txn, "op-1", time.time()))
+        assert taken.fence == 1
+        with pytest.raises(FenceMismatch):
+            mine.write_sync(lambda txn: txn.put_operation(cached, expect_fence=0))
+        seen = mine.write_sync(lambda txn: txn.get_operation("op-1"))
+        assert seen is not None and seen.fence == 1
+        # And the other way round: the other owner sees this one's later writes.
+        mine.write_sync(lambda txn: txn.put_command("op-1", "suspend", 1.0))
+        command = other.write_sync(lambda txn: txn.get_command("op-1"))
+        assert command is not None and command.kind == "suspend"
+    finally:
+        other.close()
+        mine.close()

@@ -1,0 +1,148 @@
+"""The writer's view of a batch: a process-local row cache and buffered writes.
+
+Every statement of the writer is a round trip (and, on a busy host, a wait for the GIL
+after it), so the writer avoids the ones it can prove it does not need:
+
+- **Row cache.** The rows as this process last committed or read them under the writers'
+  lock. It is valid exactly while no other process has committed since: every batch of
+  every process increments the ``commits`` counter in ``meta`` (``pg_writer``), and the
+  writer reads that counter right after taking the writers' lock. Unchanged since our
+  last commit: the cache is the database's state and reads are served from it; changed:
+  the cache is dropped. An unknown commit outcome or any failure drops it too, and it is
+  bounded (:data:`CACHE_ROWS`).
+- **Buffered writes.** A mutation's writes are kept in memory (its reads see them) and
+  sent at the end of the batch, one statement per table (``unnest`` arrays). A scan
+  (``cursor``, ``stat``) first sends what is buffered, so SQL sees every write.
+
+Savepoints (a batch run again with each mutation alone, ``pg_writer``): the writer calls
+:meth:`BatchSnapshot.flush` before each ``SAVEPOINT`` and :meth:`end_mutation` after the
+mutation, so a mutation rolled back to its savepoint takes only its own writes with it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import psycopg
+from recoverable.storage.pg_sql import SqlCursor, SqlSnapshot
+
+__all__ = ["CACHE_ROWS", "BatchSnapshot", "RowCache"]
+
+CACHE_ROWS: Final = 200_000
+_DELETED: Final = None  # a buffered delete (and, in the cache, a row known to be absent)
+
+
+class RowCache:
+    """Rows by (SQL table, key) as committed, and the commit count they are valid at."""
+
+    def __init__(self) -> None:
+        self.rows: dict[tuple[str, bytes], bytes | None] = {}
+        self.valid_at: int | None = None  # the commits counter after our last commit
+
+    def clear(self) -> None:
+        self.rows.clear()
+        self.valid_at = None
+
+    def adopt(self, current: int) -> None:
+        """Under the writers' lock: keep the rows only if nobody committed since ours."""
+        if self.valid_at != current:
+            self.rows.clear()
+        self.valid_at = current
+
+
+class BatchSnapshot(SqlSnapshot):
+    """``SqlSnapshot`` for one writer batch: cached reads, buffered writes."""
+
+    def __init__(self, conn: psycopg.Connection[Any], cache: RowCache) -> None:
+        super().__init__(conn)
+        self._cache = cache
+        self._batch: dict[tuple[str, bytes], bytes | None] = {}  # this batch's writes
+        self._unsent: dict[tuple[str, bytes], bytes | None] = {}  # not yet sent
+        self._mutation: dict[tuple[str, bytes], bytes | None] = {}  # the running mutation's
+
+    # -- reads ------------------------------------------------------------------------
+
+    def get(self, key: bytes, db: str) -> bytes | None:
+        where = (db, key)
+        for layer in (self._mutation, self._batch):
+            if where in layer:
+                return layer[where]
+        rows = self._cache.rows
+        if where in rows:
+            return rows[where]
+        value = super().get(key, db)
+        if len(rows) < CACHE_ROWS:
+            rows[where] = value  # committed state: no write of ours to this key yet
+        return value
+
+    def cursor(self, db: str) -> SqlCursor:
+        self.flush()
+        return super().cursor(db)
+
+    def stat(self, db: str) -> dict[str, int]:
+        self.flush()
+        return super().stat(db)
+
+    # -- writes -----------------------------------------------------------------------
+
+    def replace(self, key: bytes, value: bytes, db: str) -> bytes | None:
+        old = self.get(key, db)
+        self.put(key, value, db)
+        return old
+
+    def put(self, key: bytes, value: bytes, db: str) -> bool:
+        self.written.add(db)
+        self._mutation[(db, key)] = value
+        return True
+
+    def pop(self, key: bytes, db: str) -> bytes | None:
+        old = self.get(key, db)
+        if old is not None:
+            self.written.add(db)
+            self._mutation[(db, key)] = _DELETED
+        return old
+
+    # -- the batch --------------------------------------------------------------------
+
+    def end_mutation(self, keep: bool) -> None:
+        """The mutation finished (``keep``) or was rolled back: its writes join the batch
+        or are forgotten."""
+        if keep:
+            self._batch.update(self._mutation)
+            self._unsent.update(self._mutation)
+        self._mutation = {}
+
+    def flush(self) -> None:
+        """Send every buffered write (the batch's and the running mutation's)."""
+        pending = {**self._unsent, **self._mutation}
+        if not pending:
+            return
+        upserts: dict[str, tuple[list[bytes], list[bytes]]] = {}
+        deletes: dict[str, list[bytes]] = {}
+        for (db, key), value in pending.items():
+            if value is _DELETED:
+                deletes.setdefault(db, []).append(key)
+            else:
+                keys, values = upserts.setdefault(db, ([], []))
+                keys.append(key)
+                values.append(value)
+        for db, keys in deletes.items():
+            self._execute(f"DELETE FROM {db} WHERE key = ANY(%s)", (keys,))
+        for db, (keys, values) in upserts.items():
+            self._execute(
+                f"INSERT INTO {db} (key, value) SELECT * FROM unnest(%s::bytea[], %s::bytea[]) "
+                "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+                (keys, values),
+            )
+        self._unsent = {}
+        # The running mutation's writes are sent; they stay in its layer for its reads
+        # (and are sent again, harmlessly, if it ends kept and the batch flushes again).
+
+    def committed(self, commits: int) -> None:
+        """The batch committed as commit number ``commits``: the cache takes its writes."""
+        rows = self._cache.rows
+        if len(rows) + len(self._batch) > CACHE_ROWS:
+            self._cache.clear()
+            return
+        rows.update(self._batch)
+        self._cache.valid_at = commits
