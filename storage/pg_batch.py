@@ -10,6 +10,10 @@ after it), so the writer avoids the ones it can prove it does not need:
   last commit: the cache is the database's state and reads are served from it; changed:
   the cache is dropped. An unknown commit outcome or any failure drops it too, and it is
   bounded (:data:`CACHE_ROWS`).
+- **Rows of one operation together.** A read the cache cannot answer of a row keyed by
+  an operation id (its record, command, lease, disposition, payloads, queue membership)
+  fetches all of that operation's rows in one statement: a mutation reads several of them
+  and each would otherwise be a round trip (absent rows are cached as absent).
 - **Buffered writes.** A mutation's writes are kept in memory (its reads see them) and
   sent at the end of the batch, one statement per table (``unnest`` arrays). A scan
   (``cursor``, ``stat``) first sends what is buffered, so SQL sees every write.
@@ -24,12 +28,38 @@ from __future__ import annotations
 from typing import Any, Final
 
 import psycopg
-from recoverable.storage.pg_sql import SqlCursor, SqlSnapshot
+from recoverable.storage.keys import PAYLOAD_KINDS
+from recoverable.storage.pg_sql import SqlCursor, SqlSnapshot, sql_table
+from recoverable.storage.queue import MEMBER
 
 __all__ = ["CACHE_ROWS", "BatchSnapshot", "RowCache"]
 
 CACHE_ROWS: Final = 200_000
 _DELETED: Final = None  # a buffered delete (and, in the cache, a row known to be absent)
+_BY_OPERATION: Final = frozenset(
+    sql_table(table) for table in ("operations", "commands", "leases", "dispositions")
+)
+_PAYLOADS: Final = sql_table("payloads")
+_QUEUE: Final = sql_table("queue")
+_KINDS: Final = tuple(sorted(kind.encode() for kind in PAYLOAD_KINDS))
+_ONE_OPERATION: Final = " UNION ALL ".join(
+    [f"SELECT '{table}', key, value FROM {table} WHERE key = %(op)s" for table in sorted(
+        _BY_OPERATION)]
+    + [f"SELECT '{_PAYLOADS}', key, value FROM {_PAYLOADS} WHERE key = ANY(%(payloads)s)",
+       f"SELECT '{_QUEUE}', key, value FROM {_QUEUE} WHERE key = %(member)s"]
+)
+
+
+def _operation_of(db: str, key: bytes) -> bytes | None:
+    """The operation key a row belongs to, when its table is keyed by operation."""
+    if db in _BY_OPERATION:
+        return key
+    if db == _PAYLOADS:
+        operation, separator, _kind = key.rpartition(b"\0")
+        return operation if separator else None
+    if db == _QUEUE and key.startswith(MEMBER):
+        return key[len(MEMBER):]
+    return None
 
 
 class RowCache:
@@ -70,10 +100,35 @@ class BatchSnapshot(SqlSnapshot):
         rows = self._cache.rows
         if where in rows:
             return rows[where]
+        operation = _operation_of(db, key)
+        if operation is not None and len(rows) < CACHE_ROWS:
+            self._fetch_operation(operation)
+            if where in rows:
+                return rows[where]
         value = super().get(key, db)
         if len(rows) < CACHE_ROWS:
             rows[where] = value  # committed state: no write of ours to this key yet
         return value
+
+    def _fetch_operation(self, operation: bytes) -> None:
+        """Cache every row of one operation (committed state; absent ones as absent),
+        except those this batch wrote (its layers answer for them)."""
+        found: dict[tuple[str, bytes], bytes | None] = {
+            (db, operation): None for db in _BY_OPERATION
+        }
+        payloads = [operation + b"\0" + kind for kind in _KINDS]
+        for key in payloads:
+            found[(_PAYLOADS, key)] = None
+        found[(_QUEUE, MEMBER + operation)] = None
+        for db, key, value in self._rows(
+            _ONE_OPERATION,
+            {"op": operation, "payloads": payloads, "member": MEMBER + operation},
+        ):
+            found[(db, bytes(key))] = value
+        rows = self._cache.rows
+        for where, value in found.items():
+            if where not in self._batch and where not in self._mutation:
+                rows[where] = value
 
     def cursor(self, db: str) -> SqlCursor:
         self.flush()

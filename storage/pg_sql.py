@@ -99,7 +99,7 @@ class SqlSnapshot:
     def id(self) -> int:
         return self._id
 
-    def _rows(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
+    def _rows(self, sql: str, params: tuple[Any, ...] | dict[str, Any]) -> list[Any]:
         try:
             return self._conn.execute(sql, params, binary=True).fetchall()
         except psycopg.Error as exc:

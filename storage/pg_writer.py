@@ -195,13 +195,18 @@ class PgWriter(Writer[WriteTxn]):
         committed_any = False
         try:
             try:
-                conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_NAMESPACE, WRITER_LOCK))
-                # Under the lock: has anyone committed since our last batch? (the cache)
-                row = conn.execute(
-                    f"SELECT value FROM {sql_table('meta')} WHERE key = %s",
-                    (META_COMMITS,),
-                    binary=True,
-                ).fetchone()
+                # One round trip: the lock, then (a statement run once it is granted) has
+                # anyone committed since our last batch? (the row cache, pg_batch.py)
+                with conn.pipeline():
+                    conn.execute(
+                        "SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_NAMESPACE, WRITER_LOCK)
+                    )
+                    counter = conn.execute(
+                        f"SELECT value FROM {sql_table('meta')} WHERE key = %s",
+                        (META_COMMITS,),
+                        binary=True,
+                    )
+                row = counter.fetchone()
                 self._cache.adopt(u64(None if row is None else row[0]))
                 self._state.batch_bytes = None
                 for index, job in enumerate(batch):
@@ -313,32 +318,36 @@ class PgWriter(Writer[WriteTxn]):
         if carried is not None:
             snapshot.put(META_BYTES, carried.to_bytes(8, "big"), meta)
             snapshot.end_mutation(True)
-        snapshot.flush()
+        # One round trip: the buffered writes, the ownership check, the commit counter,
+        # this owner's batch id and the notification (COMMIT follows on its own).
+        with conn.pipeline():
+            snapshot.flush()
+            owned = conn.execute(OWN_LOCK_HELD, (LOCK_NAMESPACE, self._lock_key, self._owner_id))
+            counted = conn.execute(
+                f"UPDATE {meta} SET value = int8send(("
+                "'x' || encode(value, 'hex'))::bit(64)::int8 + 1) WHERE key = %s "
+                "RETURNING value",
+                (META_COMMITS,),
+                binary=True,
+            )
+            conn.execute(
+                "INSERT INTO recoverable_txn_log (owner_id, txn_id) VALUES (%s, %s) "
+                "ON CONFLICT (owner_id) DO UPDATE SET txn_id = EXCLUDED.txn_id",
+                (self._owner_id, txn_id),
+            )
+            if snapshot.written & _NOTIFY_TABLES:
+                conn.execute(f"NOTIFY {CHANNEL}")
+        self._check(snapshot)
         # Under the writers' lock: is this owner still alive for the others (its advisory
         # lock held, its heartbeat not expired)? If not, another owner may already have
         # taken its leases: nothing of this batch commits, and the owner is lost for good.
-        row = conn.execute(
-            OWN_LOCK_HELD, (LOCK_NAMESPACE, self._lock_key, self._owner_id)
-        ).fetchone()
+        row = owned.fetchone()
         if not row or not row[0]:
             self._lost()
             raise StorageUnavailable(
                 "this process lost its ownership of the PostgreSQL store: nothing of this "
                 "batch was written"
             )
-        counted = conn.execute(
-            f"UPDATE {meta} SET value = int8send(("
-            "'x' || encode(value, 'hex'))::bit(64)::int8 + 1) WHERE key = %s RETURNING value",
-            (META_COMMITS,),
-            binary=True,
-        ).fetchone()
-        commits = u64(None if counted is None else counted[0])
-        conn.execute(
-            "INSERT INTO recoverable_txn_log (owner_id, txn_id) VALUES (%s, %s) "
-            "ON CONFLICT (owner_id) DO UPDATE SET txn_id = EXCLUDED.txn_id",
-            (self._owner_id, txn_id),
-        )
-        if snapshot.written & _NOTIFY_TABLES:
-            conn.execute(f"NOTIFY {CHANNEL}")
-        self._check(snapshot)
+        counter = counted.fetchone()
+        commits = u64(None if counter is None else counter[0])
         return commits
