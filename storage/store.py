@@ -469,6 +469,21 @@ class RecoveryStore(RecordGetters):
             return True
         return OwnerLock.is_held(self._owner.owners_dir, owner_id)
 
+    def other_live_owners(self) -> list[str]:
+        """The owners other than this one that a living process holds (this directory
+        is open elsewhere)."""
+        assert self._owner is not None
+        owners_dir = self._owner.owners_dir
+        try:
+            names = os.listdir(owners_dir)
+        except OSError:
+            return []
+        ids = [name[: -len(".lock")] for name in names if name.endswith(".lock")]
+        return [
+            owner for owner in ids
+            if owner != self._owner.owner_id and OwnerLock.is_held(owners_dir, owner)
+        ]
+
     def commands(self, *, after_serial: int = 0) -> list[CommandRecord]:
         """Every readable command with ``serial > after_serial``, in serial order.
 

@@ -170,6 +170,12 @@ def build_parser() -> argparse.ArgumentParser:
         _add_ops_command(sub, name)
     _add_sweep(sub)
     _add_db(sub)
+    migrate = sub.add_parser(
+        "migrate-store",
+        help="copy a store's rows into an empty store (e.g. LMDB -> postgresql://...)",
+    )
+    migrate.add_argument("source", metavar="SRC", help="a store directory or URL")
+    migrate.add_argument("destination", metavar="DST", help="an empty store (DIR or URL)")
     sub.add_parser(
         "fixture-provider",
         help="run the loopback fixture Responses provider",

@@ -14,6 +14,7 @@ from recoverable.cli.batch import run_batch
 from recoverable.cli.config import DEFAULT_RETRY_PROVIDER_CODES, BatchConfig
 from recoverable.cli.db import run_db
 from recoverable.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, UsageError
+from recoverable.cli.migrate import run_migrate
 from recoverable.cli.ops import run_ops
 from recoverable.cli.sweep import run_sweep
 from recoverable.cli.worker import main as worker_main
@@ -62,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_sweep(args, out, sys.stderr)
         if args.command == "db":
             return run_db(args, out, sys.stderr)
+        if args.command == "migrate-store":
+            return run_migrate(args, out, sys.stderr)
         return run_ops(args, out, sys.stderr)
     except UsageError as exc:
         _usage_error(args.command, exc, getattr(args, "json", False))
