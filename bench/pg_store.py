@@ -112,12 +112,13 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=1000)
     parser.add_argument("--batch-jobs", type=int, default=2000)
     parser.add_argument("--batch-concurrency", type=int, default=64)
-    parser.add_argument("--mode", choices=("websocket", "sse"), default="sse")
+    parser.add_argument("--mode", choices=("websocket", "sse"), default="websocket")
     parser.add_argument("--no-dbos", action="store_true")
-    parser.add_argument("--quick", action="store_true", help="200 jobs, concurrency 50")
+    parser.add_argument("--quick", action="store_true",
+                        help="100 jobs, concurrency 50; batches of 100 jobs")
     args = parser.parse_args()
     if args.quick:
-        args.n, args.concurrency, args.batch_jobs = 200, 50, 200
+        args.n, args.concurrency, args.batch_jobs = 100, 50, 100
     _common.raise_fd_limit()
     cluster = start_cluster()
     try:

@@ -33,8 +33,8 @@ from collections.abc import Callable, Iterator
 from typing import Any, Final, TypeVar
 
 import psycopg
-from recoverable.storage import queries
-from recoverable.storage.keys import META_BYTES, u64
+from recoverable.storage import codec
+from recoverable.storage.keys import META_BYTES, key_str, u64
 from recoverable.storage.leases import LeaseTokens, lease_expired
 from recoverable.storage.pg_listen import CommitListener
 from recoverable.storage.pg_schema import LOCK_NAMESPACE, META_COMMITS, upgrade
@@ -50,7 +50,7 @@ from recoverable.storage.store import (
 )
 from recoverable.storage.txn import WriteState
 
-from recoverable.errors import StorageUnavailable
+from recoverable.errors import CorruptRecord, StorageUnavailable, UnsupportedRecordVersion
 from recoverable.records import CommandRecord, LeaseRecord
 
 __all__ = ["HEARTBEAT_SECONDS", "OWNER_TTL_SECONDS", "PgStore", "redact_url"]
@@ -389,13 +389,26 @@ class PgStore(RecoveryStore):
     def commands_snapshot(
         self, *, after_serial: int = 0
     ) -> tuple[int, list[CommandRecord]]:
-        """``(commit count, commands with serial > after_serial)`` from one snapshot."""
-        return self._read(
-            lambda snap: (
-                u64(snap.get(META_COMMITS, self._dbs["meta"])),
-                queries.commands_after(snap, self._dbs, after_serial),
-            )
+        """``(commit count, commands with serial > after_serial)`` from one snapshot: one
+        statement, one round trip (the monitor's scan; unreadable commands are skipped,
+        as ``queries.commands_after`` does)."""
+        rows = self._query(
+            f"SELECT m.value, c.key, c.value FROM {sql_table('meta')} m"
+            f" LEFT JOIN {sql_table('commands')} c ON true WHERE m.key = %s",
+            (META_COMMITS,),
         )
+        found: list[CommandRecord] = []
+        for _, key, raw in rows:
+            if key is None:
+                continue
+            try:
+                record = codec.decode_command(bytes(raw), operation_id=key_str(bytes(key)))
+            except (CorruptRecord, UnsupportedRecordVersion):
+                continue
+            if record.serial > after_serial:
+                found.append(record)
+        found.sort(key=lambda command: command.serial)
+        return (u64(rows[0][0]) if rows else 0), found
 
     def stats(self) -> dict[str, int]:
         """Quota counters and, for this process, commits vs writes (group commit)."""

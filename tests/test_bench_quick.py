@@ -142,6 +142,31 @@ def check_workers(out: str) -> None:
     assert re.search(r"^ratio --workers 2 / --workers 0 = \d+\.\d\d$", out, re.M), out
 
 
+def check_pg_cancel(out: str) -> None:
+    for store in ("lmdb", "postgresql"):
+        rows = table_rows(out, store)
+        assert len(rows) == 1, out
+        # 16 streams, 20 samples; "other outcomes", "not cancelled", "ops != 1 POST" zero
+        assert rows[0][1:3] == ["16", "20"] and rows[0][-3:] == ["0", "0", "0"], out
+
+
+def check_pg_store(out: str) -> None:
+    library = {row[0]: row for row in (table_rows(out, "lmdb") + table_rows(out, "postgresql"))
+               if len(row) == 9}
+    assert set(library) == {"lmdb", "postgresql"}, out
+    assert float(library["postgresql"][2]) > 0  # the ratio to LMDB
+    fleet = [row for row in table_rows(out, "lmdb") + table_rows(out, "postgresql")
+             if len(row) == 6]
+    assert sorted((row[0], row[1]) for row in fleet) == [
+        ("lmdb", "1"), ("lmdb", "2"), ("postgresql", "1"), ("postgresql", "2")
+    ], out
+    assert all(row[4] == row[5] == "100" for row in fleet), out  # one POST, one line a job
+    if importlib.util.find_spec("dbos") is None:
+        assert "DBOS: not installed" in out, out
+    else:
+        assert "recoverable on PostgreSQL / DBOS on PostgreSQL = " in out, out
+
+
 ENTRY_POINTS = [
     ("harness.py", check_harness),
     ("durable_vs_plain.py", check_durable_vs_plain),
@@ -154,6 +179,8 @@ ENTRY_POINTS = [
     ("store_scale.py", check_store_scale),
     ("transport.py", check_transport),
     ("workers.py", check_workers),
+    ("pg_cancel.py", check_pg_cancel),
+    ("pg_store.py", check_pg_store),
 ]
 
 
