@@ -2,7 +2,7 @@
 
 ``pg_cluster``: one throwaway cluster per test process (xdist worker), started on first
 use, stopped at the end. ``pg_url``: a fresh database for one test, copied from a
-migrated template (``CREATE DATABASE ... TEMPLATE``: a few milliseconds). A cluster that
+migrated template (``CREATE DATABASE ... TEMPLATE``: a fraction of a second). A cluster that
 cannot start FAILS the test that needs it, with the reason (never a skip).
 """
 
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from recoverable.storage import pg_schema
 
 from tests.pg.cluster import Cluster, ClusterUnavailable, start_cluster
 
@@ -25,10 +26,6 @@ def _prepare_template(cluster: Cluster) -> None:
     with psycopg.connect(cluster.url(), autocommit=True) as conn:
         conn.execute(f"CREATE DATABASE {TEMPLATE}")
     with psycopg.connect(cluster.url(TEMPLATE), autocommit=True) as conn:
-        try:
-            from recoverable.storage import pg_schema
-        except ImportError:  # before the store exists: an empty template
-            return
         pg_schema.upgrade(conn)
 
 
