@@ -63,9 +63,13 @@ def _step_1(conn: psycopg.Connection[Any]) -> None:
         " started_at timestamptz NOT NULL DEFAULT now(),"
         " expires_at timestamptz NOT NULL)"
     )
+    # ``owned``: computed by the writer in its last statement before COMMIT (its owner's
+    # advisory lock held, its heartbeat not expired); false fails the CHECK, so a batch
+    # of an owner the others may consider dead never commits (storage/pg_writer.py).
     conn.execute(
         "CREATE TABLE IF NOT EXISTS recoverable_txn_log ("
-        " owner_id text PRIMARY KEY, txn_id text NOT NULL)"
+        " owner_id text PRIMARY KEY, txn_id text NOT NULL,"
+        " owned boolean NOT NULL CONSTRAINT recoverable_txn_log_owned CHECK (owned))"
     )
 
 

@@ -48,6 +48,7 @@ __all__ = ["MAX_TRIES", "PgWriter"]
 MAX_TRIES: Final = 5
 _RETRYABLE: Final = frozenset({"40001", "40P01"})
 _NOTIFY_TABLES: Final = frozenset({sql_table("commands"), sql_table("queue")})
+OWNED_CHECK: Final = "recoverable_txn_log_owned"  # the CHECK on txn_log.owned (pg_schema)
 OWN_LOCK_HELD: Final = (
     "SELECT EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted"
     " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
@@ -222,7 +223,7 @@ class PgWriter(Writer[WriteTxn]):
                     conn.rollback()
                     self.writes += len(batch)
                     return
-                commits = self._end(conn, snapshot, txn_id)
+                ended = self._end(conn, snapshot, txn_id)  # COMMIT included
             except psycopg.Error as exc:
                 raise self._classify(exc) from exc
             except StorageUnavailable:
@@ -231,21 +232,14 @@ class PgWriter(Writer[WriteTxn]):
             except BaseException:
                 self._rollback(conn)
                 raise
-            try:
-                conn.commit()
-            except psycopg.Error as exc:
-                if exc.sqlstate is not None:
-                    # The server answered (e.g. a serialization failure at commit): the
-                    # transaction is rolled back, a known outcome.
-                    raise self._classify(exc) from exc
-                raise _Unknown from exc
+            commits = ended.fetchone()
         except _Isolate:
             raise  # nothing committed; the cache holds committed rows only: still valid
         except BaseException:
             self._cache.clear()
             self._rollback(conn)
             raise
-        snapshot.committed(commits)
+        snapshot.committed(u64(None if commits is None else commits[0]))
         self.commits += 1
         self.writes += len(batch)
         self.largest_batch = max(self.largest_batch, len(batch))
@@ -311,43 +305,54 @@ class PgWriter(Writer[WriteTxn]):
         job.result = outcome.Value(value)
         return True
 
-    def _end(self, conn: psycopg.Connection[Any], snapshot: BatchSnapshot, txn_id: str) -> int:
-        """Write the batch's counters, log and notification; the new commit count."""
+    def _end(
+        self, conn: psycopg.Connection[Any], snapshot: BatchSnapshot, txn_id: str
+    ) -> psycopg.Cursor[Any]:
+        """Send the buffered writes, the counters, this owner's batch id, the notification
+        and COMMIT in one round trip (a pipeline); the cursor of the new commit count.
+
+        The ownership check runs on the server, in the transaction: the ``txn_log`` row's
+        ``owned`` column must be true (a CHECK constraint), computed from this owner's
+        advisory lock and heartbeat under the writers' lock. If it is not, the statement
+        fails, COMMIT never runs, and the owner is lost for good: another owner may
+        already have taken its leases."""
         meta = sql_table("meta")
         carried = self._state.batch_bytes
         if carried is not None:
             snapshot.put(META_BYTES, carried.to_bytes(8, "big"), meta)
             snapshot.end_mutation(True)
-        # One round trip: the buffered writes, the ownership check, the commit counter,
-        # this owner's batch id and the notification (COMMIT follows on its own).
-        with conn.pipeline():
-            snapshot.flush()
-            owned = conn.execute(OWN_LOCK_HELD, (LOCK_NAMESPACE, self._lock_key, self._owner_id))
-            counted = conn.execute(
-                f"UPDATE {meta} SET value = int8send(("
-                "'x' || encode(value, 'hex'))::bit(64)::int8 + 1) WHERE key = %s "
-                "RETURNING value",
-                (META_COMMITS,),
-                binary=True,
-            )
-            conn.execute(
-                "INSERT INTO recoverable_txn_log (owner_id, txn_id) VALUES (%s, %s) "
-                "ON CONFLICT (owner_id) DO UPDATE SET txn_id = EXCLUDED.txn_id",
-                (self._owner_id, txn_id),
-            )
-            if snapshot.written & _NOTIFY_TABLES:
-                conn.execute(f"NOTIFY {CHANNEL}")
-        self._check(snapshot)
-        # Under the writers' lock: is this owner still alive for the others (its advisory
-        # lock held, its heartbeat not expired)? If not, another owner may already have
-        # taken its leases: nothing of this batch commits, and the owner is lost for good.
-        row = owned.fetchone()
-        if not row or not row[0]:
+        try:
+            with conn.pipeline():
+                snapshot.flush()
+                counted = conn.execute(
+                    f"UPDATE {meta} SET value = int8send(("
+                    "'x' || encode(value, 'hex'))::bit(64)::int8 + 1) WHERE key = %s "
+                    "RETURNING value",
+                    (META_COMMITS,),
+                    binary=True,
+                )
+                conn.execute(
+                    "INSERT INTO recoverable_txn_log (owner_id, txn_id, owned) "
+                    f"VALUES (%s, %s, ({OWN_LOCK_HELD})) ON CONFLICT (owner_id) DO UPDATE "
+                    "SET txn_id = EXCLUDED.txn_id, owned = EXCLUDED.owned",
+                    (self._owner_id, txn_id, LOCK_NAMESPACE, self._lock_key, self._owner_id),
+                )
+                if snapshot.written & _NOTIFY_TABLES:
+                    conn.execute(f"NOTIFY {CHANNEL}")
+                conn.commit()
+        except psycopg.errors.CheckViolation as exc:
+            if exc.diag.constraint_name != OWNED_CHECK:
+                raise
             self._lost()
             raise StorageUnavailable(
                 "this process lost its ownership of the PostgreSQL store: nothing of this "
                 "batch was written"
-            )
-        counter = counted.fetchone()
-        commits = u64(None if counter is None else counter[0])
-        return commits
+            ) from exc
+        except psycopg.Error as exc:
+            if exc.sqlstate is None:
+                # The link broke while the pipeline (COMMIT included) was under way: the
+                # outcome is unknown; the txn log will tell.
+                raise _Unknown from exc
+            raise
+        self._check(snapshot)
+        return counted

@@ -26,6 +26,17 @@ __all__ = ["PgProxy"]
 _COMMIT = b"Q" + struct.pack("!I", 4 + len(b"COMMIT\0")) + b"COMMIT\0"
 
 
+def _is_commit(message: bytes) -> bool:
+    """A simple-query COMMIT, or the Parse of one (psycopg's pipeline mode sends it with
+    the extended protocol: 'P', length, statement name, query, parameter types)."""
+    if message == _COMMIT:
+        return True
+    if message[:1] != b"P":
+        return False
+    _name, _, rest = message[5:].partition(b"\0")
+    return rest.split(b"\0", 1)[0] == b"COMMIT"
+
+
 class _Link:
     def __init__(self, client: socket.socket, server: socket.socket) -> None:
         self.client = client
@@ -121,7 +132,7 @@ class PgProxy:
                 head = self._read_exact(link.client, 5)
                 (length,) = struct.unpack("!I", head[1:])
                 message = head + self._read_exact(link.client, length - 4)
-                if message == _COMMIT:
+                if _is_commit(message):
                     with self._lock:
                         mode, self._armed = self._armed, None
                     if mode == "lose_commit":
