@@ -73,6 +73,11 @@ class RowCache:
         self.rows.clear()
         self.valid_at = None
 
+    def seed(self, db: str, rows: dict[bytes, bytes]) -> None:
+        """Rows read under the writers' lock (committed state): cache them."""
+        for key, value in rows.items():
+            self.rows[(db, key)] = value
+
     def adopt(self, current: int) -> None:
         """Under the writers' lock: keep the rows only if nobody committed since ours."""
         if self.valid_at != current:

@@ -198,17 +198,18 @@ class PgWriter(Writer[WriteTxn]):
             try:
                 # One round trip: the lock, then (a statement run once it is granted) has
                 # anyone committed since our last batch? (the row cache, pg_batch.py)
+                # The other meta rows (quota counter, serials) come with it: every batch
+                # reads the quota counter, and they change with every batch of anyone.
                 with conn.pipeline():
                     conn.execute(
                         "SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_NAMESPACE, WRITER_LOCK)
                     )
-                    counter = conn.execute(
-                        f"SELECT value FROM {sql_table('meta')} WHERE key = %s",
-                        (META_COMMITS,),
-                        binary=True,
+                    metas = conn.execute(
+                        f"SELECT key, value FROM {sql_table('meta')}", binary=True
                     )
-                row = counter.fetchone()
-                self._cache.adopt(u64(None if row is None else row[0]))
+                meta = {bytes(key): bytes(value) for key, value in metas.fetchall()}
+                self._cache.adopt(u64(meta.pop(META_COMMITS, None)))
+                self._cache.seed(sql_table("meta"), meta)
                 self._state.batch_bytes = None
                 for index, job in enumerate(batch):
                     job.result = None
