@@ -61,6 +61,7 @@ OWNER_TTL_SECONDS: Final = 10.0  # another owner is dead once its heartbeat is t
 HEARTBEAT_SECONDS: Final = 1.0
 CONNECT_TIMEOUT: Final = 5
 POOL_SIZE: Final = 4
+WRITER_IDLE_MS: Final = 5000  # idle_in_transaction_session_timeout of the writer's session
 COMMIT_POLL_SECONDS: Final = 0.25  # a monitor's poll when no notification comes
 SCHEMES: Final = ("postgresql", "postgres")
 
@@ -182,7 +183,22 @@ class PgStore(RecoveryStore):
     def _connect(self, *, autocommit: bool, role: str) -> psycopg.Connection[Any]:
         """A new connection; ``application_name`` says its role (``recoverable-writer``,
         ``-owner``, ``-read``, ``-listen``) so an operator can tell them apart."""
+        # The writer: a session stopped inside a transaction (SIGSTOP, a paused VM) would
+        # hold the fleet's writers' lock; the server ends it after a bound (its batch is
+        # rolled back and run again elsewhere or on its return).
+        options = (
+            f"-c idle_in_transaction_session_timeout={WRITER_IDLE_MS}" if role == "writer"
+            else None
+        )
         try:
+            if options is not None:
+                return psycopg.connect(
+                    self._url,
+                    autocommit=autocommit,
+                    connect_timeout=CONNECT_TIMEOUT,
+                    application_name=f"recoverable-{role}",
+                    options=options,
+                )
             return psycopg.connect(
                 self._url,
                 autocommit=autocommit,

@@ -202,3 +202,18 @@ async def test_while_the_database_is_unreachable_nothing_is_authorized_or_sent(
     with RecoveryStore.open(pg_url) as fresh:  # nothing was spent while it was down
         record = fresh.get_operation(handle.operation_id)
         assert record is not None and record.attempts_used == 0
+
+
+def test_the_writer_session_is_ended_by_the_server_when_stopped_in_a_transaction(
+    pg_url: str,
+) -> None:
+    """A writer stopped inside its transaction would hold the fleet's writers' lock: its
+    session carries idle_in_transaction_session_timeout, so the server ends it."""
+    with RecoveryStore.open(pg_url) as store:
+        # The setting of the writer's own session (the connection under the write view).
+        setting = store.write_sync(
+            lambda txn: txn._txn._conn.execute(  # type: ignore[attr-defined]
+                "SHOW idle_in_transaction_session_timeout"
+            ).fetchone()
+        )
+        assert setting == ("5s",)
