@@ -4,12 +4,13 @@ Every statement of the writer is a round trip (and, on a busy host, a wait for t
 after it), so the writer avoids the ones it can prove it does not need:
 
 - **Row cache.** The rows as this process last committed or read them under the writers'
-  lock. It is valid exactly while no other process has committed since: every batch of
-  every process increments the ``commits`` counter in ``meta`` (``pg_writer``), and the
-  writer reads that counter right after taking the writers' lock. Unchanged since our
-  last commit: the cache is the database's state and reads are served from it; changed:
-  the cache is dropped. An unknown commit outcome or any failure drops it too, and it is
-  bounded (:data:`CACHE_ROWS`).
+  lock. Every batch of every process increments the ``commits`` counter in ``meta`` and
+  logs the keys it wrote in ``recoverable_changes`` (the last :data:`CHANGES_KEPT`
+  commits); right after taking the writers' lock the writer reads the counter and the
+  log since its own last commit, and evicts exactly the rows others changed (a gap in
+  the log, or a batch too large to log, drops the whole cache). What remains is the
+  database's state, and reads are served from it. An unknown commit outcome or any
+  failure drops the cache too, and it is bounded (:data:`CACHE_ROWS`).
 - **Rows of one operation together.** A read the cache cannot answer of a row keyed by
   an operation id (its record, command, lease, disposition, payloads, queue membership)
   fetches all of that operation's rows in one statement: a mutation reads several of them
@@ -25,16 +26,23 @@ mutation, so a mutation rolled back to its savepoint takes only its own writes w
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, Final
 
 import psycopg
+from recoverable.storage.base import TABLES
 from recoverable.storage.keys import PAYLOAD_KINDS
 from recoverable.storage.pg_sql import SqlCursor, SqlSnapshot, sql_table
 from recoverable.storage.queue import MEMBER
 
-__all__ = ["CACHE_ROWS", "BatchSnapshot", "RowCache"]
+__all__ = ["CACHE_ROWS", "CHANGES_KEPT", "BatchSnapshot", "RowCache", "changed_keys"]
 
 CACHE_ROWS: Final = 200_000
+MAX_LOGGED_KEYS: Final = 4096  # a batch writing more logs None (the others drop their cache)
+CHANGES_KEPT: Final = 256  # commits kept in recoverable_changes
+SQL_TABLES: Final[tuple[str, ...]] = tuple(sql_table(table) for table in TABLES)
+TABLE_INDEX: Final[dict[str, int]] = {name: index for index, name in enumerate(SQL_TABLES)}
+_META: Final = sql_table("meta")
 _DELETED: Final = None  # a buffered delete (and, in the cache, a row known to be absent)
 _BY_OPERATION: Final = frozenset(
     sql_table(table) for table in ("operations", "commands", "leases", "dispositions")
@@ -78,11 +86,35 @@ class RowCache:
         for key, value in rows.items():
             self.rows[(db, key)] = value
 
-    def adopt(self, current: int) -> None:
-        """Under the writers' lock: keep the rows only if nobody committed since ours."""
-        if self.valid_at != current:
-            self.rows.clear()
+    def adopt(self, current: int, changes: list[tuple[int, list[bytes] | None]]) -> None:
+        """Under the writers' lock: ``current`` is the commit count now, ``changes`` the
+        rows of ``recoverable_changes`` after ours (commit, changed keys). The cache keeps
+        every row nobody else changed since our last commit; it is dropped whole when
+        that cannot be told (a gap in the log, a batch too large to log its keys)."""
+        since = self.valid_at
         self.valid_at = current
+        if since == current:
+            return
+        if since is None or [commit for commit, _ in changes] != list(
+            range(since + 1, current + 1)
+        ):
+            self.rows.clear()
+            return
+        rows = self.rows
+        for _, keys in changes:
+            if keys is None:
+                rows.clear()
+                return
+            for entry in keys:
+                rows.pop((SQL_TABLES[entry[0]], bytes(entry[1:])), None)
+
+
+def changed_keys(written: Iterable[tuple[str, bytes]]) -> list[bytes] | None:
+    """The keys a batch wrote, for ``recoverable_changes`` (None: too many to log)."""
+    entries = [
+        bytes((TABLE_INDEX[db],)) + key for db, key in written if db != _META
+    ]
+    return None if len(entries) > MAX_LOGGED_KEYS else entries
 
 
 class BatchSnapshot(SqlSnapshot):
@@ -197,6 +229,11 @@ class BatchSnapshot(SqlSnapshot):
         self._unsent = {}
         # The running mutation's writes are sent; they stay in its layer for its reads
         # (and are sent again, harmlessly, if it ends kept and the batch flushes again).
+
+    @property
+    def written_keys(self) -> list[tuple[str, bytes]]:
+        """Every (table, key) this batch wrote so far."""
+        return list(self._batch)
 
     def committed(self, commits: int) -> None:
         """The batch committed as commit number ``commits``: the cache takes its writes."""

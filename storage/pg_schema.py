@@ -66,6 +66,11 @@ def _step_1(conn: psycopg.Connection[Any]) -> None:
     # ``owned``: computed by the writer in its last statement before COMMIT (its owner's
     # advisory lock held, its heartbeat not expired); false fails the CHECK, so a batch
     # of an owner the others may consider dead never commits (storage/pg_writer.py).
+    # The keys each batch wrote, by commit count (the writers' row caches, pg_batch.py).
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS recoverable_changes ("
+        " commit bigint PRIMARY KEY, keys bytea[])"
+    )
     conn.execute(
         "CREATE TABLE IF NOT EXISTS recoverable_txn_log ("
         " owner_id text PRIMARY KEY, txn_id text NOT NULL,"

@@ -34,7 +34,7 @@ from typing import Any, Final, cast
 import outcome
 import psycopg
 from recoverable.storage.keys import META_BYTES, u64
-from recoverable.storage.pg_batch import BatchSnapshot, RowCache
+from recoverable.storage.pg_batch import CHANGES_KEPT, BatchSnapshot, RowCache, changed_keys
 from recoverable.storage.pg_listen import CHANNEL
 from recoverable.storage.pg_schema import LOCK_NAMESPACE, META_COMMITS, WRITER_LOCK
 from recoverable.storage.pg_sql import SqlSnapshot, describe, sql_table
@@ -48,6 +48,7 @@ __all__ = ["MAX_TRIES", "PgWriter"]
 MAX_TRIES: Final = 5
 _RETRYABLE: Final = frozenset({"40001", "40P01"})
 _NOTIFY_TABLES: Final = frozenset({sql_table("commands"), sql_table("queue")})
+_COMMIT_COUNT: Final = "('x' || encode(value, 'hex'))::bit(64)::int8"  # a meta counter
 OWNED_CHECK: Final = "recoverable_txn_log_owned"  # the CHECK on txn_log.owned (pg_schema)
 OWN_LOCK_HELD: Final = (
     "SELECT EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted"
@@ -200,6 +201,7 @@ class PgWriter(Writer[WriteTxn]):
                 # anyone committed since our last batch? (the row cache, pg_batch.py)
                 # The other meta rows (quota counter, serials) come with it: every batch
                 # reads the quota counter, and they change with every batch of anyone.
+                since = self._cache.valid_at
                 with conn.pipeline():
                     conn.execute(
                         "SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_NAMESPACE, WRITER_LOCK)
@@ -207,8 +209,17 @@ class PgWriter(Writer[WriteTxn]):
                     metas = conn.execute(
                         f"SELECT key, value FROM {sql_table('meta')}", binary=True
                     )
+                    logged = conn.execute(
+                        "SELECT commit, keys FROM recoverable_changes WHERE commit > %s "
+                        "ORDER BY commit",
+                        (-1 if since is None else since,),
+                        binary=True,
+                    )
                 meta = {bytes(key): bytes(value) for key, value in metas.fetchall()}
-                self._cache.adopt(u64(meta.pop(META_COMMITS, None)))
+                changes = [] if since is None else [
+                    (int(commit), keys) for commit, keys in logged.fetchall()
+                ]
+                self._cache.adopt(u64(meta.pop(META_COMMITS, None)), changes)
                 self._cache.seed(sql_table("meta"), meta)
                 self._state.batch_bytes = None
                 for index, job in enumerate(batch):
@@ -329,6 +340,18 @@ class PgWriter(Writer[WriteTxn]):
                     f"UPDATE {meta} SET value = int8send(("
                     "'x' || encode(value, 'hex'))::bit(64)::int8 + 1) WHERE key = %s "
                     "RETURNING value",
+                    (META_COMMITS,),
+                    binary=True,
+                )
+                conn.execute(
+                    "INSERT INTO recoverable_changes (commit, keys) SELECT"
+                    f" {_COMMIT_COUNT}, %s FROM {meta} WHERE key = %s",
+                    (changed_keys(snapshot.written_keys), META_COMMITS),
+                    binary=True,
+                )
+                conn.execute(
+                    f"DELETE FROM recoverable_changes WHERE commit <= (SELECT {_COMMIT_COUNT}"
+                    f" FROM {meta} WHERE key = %s) - {CHANGES_KEPT}",
                     (META_COMMITS,),
                     binary=True,
                 )

@@ -117,3 +117,22 @@ def test_a_commit_by_another_process_invalidates_the_writers_row_cache(pg_url: s
     finally:
         other.close()
         mine.close()
+
+
+def test_rows_nobody_else_changed_stay_in_the_writers_cache(pg_url: str) -> None:
+    """Another process's commit evicts only the rows it wrote (recoverable_changes)."""
+    mine = RecoveryStore.open(pg_url)
+    other = RecoveryStore.open(pg_url + "?sslmode=disable")
+    try:
+        assert isinstance(mine, PgStore)
+        mine.write_sync(lambda txn: txn.put_operation(make_op("op-1")))
+        mine.write_sync(lambda txn: txn.put_operation(make_op("op-2")))
+        cache = mine._pg_writer._cache  # type: ignore[union-attr]
+        assert ("recoverable_operations", b"op-1") in cache.rows
+        other.write_sync(lambda txn: acquire_lease(txn, "op-2", time.time()))
+        seen = mine.write_sync(lambda txn: txn.get_operation("op-2"))
+        assert seen is not None and seen.fence == 1  # evicted, read again
+        assert ("recoverable_operations", b"op-1") in cache.rows  # untouched: kept
+    finally:
+        other.close()
+        mine.close()
