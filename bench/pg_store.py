@@ -51,11 +51,11 @@ def server_counters(cluster: Cluster, dbname: str) -> tuple[int, int]:
         commits = conn.execute(
             "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
         ).fetchone()
-        try:  # PostgreSQL 18: WAL I/O is in pg_stat_io
+        if conn.info.server_version >= 180000:  # WAL I/O moved to pg_stat_io in 18
             wal = conn.execute(
                 "SELECT coalesce(sum(fsyncs), 0) FROM pg_stat_io WHERE object = 'wal'"
             ).fetchone()
-        except psycopg.errors.UndefinedColumn:  # up to 17 (Debian's 15)
+        else:  # 14 to 17 (Debian's 15)
             wal = conn.execute("SELECT wal_sync FROM pg_stat_wal").fetchone()
     assert commits is not None and wal is not None
     return int(commits[0]), int(wal[0])
