@@ -7,6 +7,8 @@ its host callback, transport stream and timer waits. The monitor polls LMDB's
 command table only when another transaction committed, and cancels the scope
 of any watched operation with a command newer than its watch's baseline.
 Commands written by this process are delivered directly, without polling.
+A store that can push commits (the PostgreSQL store's ``commit_listener``: LISTEN/NOTIFY)
+wakes the monitor instead; its bounded poll (a quarter second) covers a lost notification.
 
 The runtime's account is not a stored command: ``sign_out``/``sign_in`` call
 :meth:`LifecycleMonitor.account_changed`, which cancels the scope of every
@@ -18,7 +20,7 @@ authorization wait stops without waiting for a poll.
 from __future__ import annotations
 
 import weakref
-from typing import Literal
+from typing import Any, Literal
 
 import trio
 from recoverable.storage.base import Store as RecoveryStore
@@ -142,6 +144,12 @@ class LifecycleMonitor:
         return txnid
 
     async def run(self) -> None:
+        # A store that can push commits (PostgreSQL: LISTEN/NOTIFY, storage/pg_listen.py)
+        # wakes the monitor instead of the fast poll; its listener's bounded poll stays.
+        listener = getattr(self._store, "commit_listener", None)
+        if listener is not None:
+            await self._run_listening(listener())
+            return
         try:
             last = self._store.last_txnid()
         except StorageUnavailable:
@@ -161,3 +169,22 @@ class LifecycleMonitor:
                 # A damaged or unusable store (issue 11.3): every operation meets the typed
                 # error on its own next store access; the monitor must not end the runtime.
                 continue
+
+    async def _run_listening(self, listener: Any) -> None:
+        """Scan when the listener is woken (a commit wrote a command, or its connection
+        was reopened), or when the bounded poll finds another commit."""
+        async with listener:
+            try:
+                last = self._store.last_txnid()
+            except StorageUnavailable:
+                last = -1
+            while True:
+                woken = await listener.wait()
+                self.polls += 1
+                if not self._watches:
+                    continue
+                try:
+                    if woken or self._store.last_txnid() != last:
+                        last = self.scan()
+                except StorageUnavailable:
+                    continue

@@ -65,9 +65,10 @@ class Lines:
 
 async def measure(
     info: dict[str, Any], mode: str, samples: int, concurrency: int, workdir: str,
-    nudge_after: float,
+    nudge_after: float, store_location: str | None = None,
 ) -> dict[str, Any]:
-    store_path = str(Path(workdir) / "store")
+    # ``store_location``: a PostgreSQL URL (bench/pg_cancel.py); default an LMDB directory.
+    store_path = store_location or str(Path(workdir) / "store")
     argv = [sys.executable, CHILD, "--store", store_path, "--base-url", info["base_url"],
             "--mode", mode, "--count", str(samples), "--concurrency", str(concurrency)]
     seen: set[str] = set()

@@ -120,9 +120,10 @@ async def approve(attempt: recoverable.Attempt) -> bool:
 
 async def durable_phase(
     *, base_url: str, mode: str, n: int, concurrency: int, warmup: int, workdir: str,
-    cpu_seconds: Any, rss_mib: Any, posts: Any,
+    cpu_seconds: Any, rss_mib: Any, posts: Any, store_location: str | None = None,
 ) -> dict[str, Any]:
-    store = recoverable.RecoveryStore.open(os.path.join(workdir, "store"))
+    # ``store_location``: a PostgreSQL URL (bench/pg_store.py); default LMDB in workdir.
+    store = recoverable.RecoveryStore.open(store_location or os.path.join(workdir, "store"))
     backend = make_backend(base_url, mode)
     host = TrioHostLog(os.path.join(workdir, "host.log"))
     failed = 0

@@ -79,15 +79,18 @@ def lines(path: Path) -> int:
 
 
 def run_batch(
-    info: dict[str, Any], workers: int, jobs: int, args: argparse.Namespace, seed: int
+    info: dict[str, Any], workers: int, jobs: int, args: argparse.Namespace, seed: int,
+    store: str | None = None,
 ) -> dict[str, Any]:
+    """One ``recoverable batch`` run; ``store``: a PostgreSQL URL (bench/pg_store.py),
+    default a fresh LMDB directory."""
     with tempfile.TemporaryDirectory(prefix="bench-workers-") as tmp:
         root = Path(tmp)
         write_jobs(root / "jobs.jsonl", jobs)
         out = root / "out.jsonl"
         argv = [
             sys.executable, "-m", "recoverable", "batch", str(root / "jobs.jsonl"),
-            "--out", str(out), "--store", str(root / "store"), "--endpoint",
+            "--out", str(out), "--store", store or str(root / "store"), "--endpoint",
             info["http_url"], "--api-key-env", KEY_ENV, "--mode", args.mode,
             "--concurrency", str(args.concurrency), "--workers", str(workers),
         ]

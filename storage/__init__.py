@@ -17,6 +17,13 @@ from recoverable.storage.store import FORMAT_VERSION, TABLES, RecoveryStore, Tab
 
 del _migration
 
+try:  # the PostgreSQL store (recoverable[postgres]) registers postgresql:// URLs
+    from recoverable.storage import pg_store as _pg_store
+except ImportError:  # psycopg is not installed: RecoveryStore.open(url) says so
+    pass
+else:
+    del _pg_store
+
 __all__ = [
     "FORMAT_VERSION",
     "TABLES",

@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import os
 import time
+import urllib.parse
 from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, TypeVar
@@ -66,6 +67,9 @@ __all__ = [
     "WriteTxn",
     "governor_key",
     "operation_key",
+    "redact_url",
+    "register_url_store",
+    "url_scheme",
 ]
 
 Result = TypeVar("Result")
@@ -74,6 +78,48 @@ FORMAT_VERSION: Final = 1
 _MiB: Final = 2**20
 
 _OPEN_STORES: Final[OpenStores[RecoveryStore]] = OpenStores()
+
+# Stores opened by URL (``postgresql://...``: storage/pg_store.py registers itself when
+# ``recoverable.storage`` is imported and psycopg is installed), by URL scheme.
+_URL_STORES: Final[dict[str, Callable[[str, StoreOptions], RecoveryStore]]] = {}
+
+
+def register_url_store(
+    schemes: Iterable[str], opener: Callable[[str, StoreOptions], RecoveryStore]
+) -> None:
+    """Make ``RecoveryStore.open(url)`` open URLs of these schemes with ``opener``."""
+    for scheme in schemes:
+        _URL_STORES[scheme] = opener
+
+
+def redact_url(url: str) -> str:
+    """The URL without its password (``user:***@``) or password-like query values
+    (a directory path is returned as it is)."""
+    if url_scheme(url) is None:
+        return url
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "postgresql://***"
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, _, hostport = netloc.rpartition("@")
+        user = userinfo.split(":", 1)[0]
+        netloc = f"{user}:***@{hostport}" if ":" in userinfo else f"{user}@{hostport}"
+    query = urllib.parse.urlencode(
+        [
+            (name, "***" if name.lower() in ("password", "sslpassword", "passfile") else value)
+            for name, value in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+        ]
+    )
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+
+
+def url_scheme(path: object) -> str | None:
+    """The scheme of a store URL (``postgresql``), None for a directory path."""
+    if isinstance(path, str) and "://" in path:
+        return path.split("://", 1)[0].lower()
+    return None
 
 
 class RecoveryStore(RecordGetters):
@@ -121,7 +167,9 @@ class RecoveryStore(RecordGetters):
         max_record_bytes: int = 128 * _MiB,
         initial_map_size: int | None = None,
     ) -> RecoveryStore:
-        """Open (creating if needed) the store at ``path``.
+        """Open (creating if needed) the store at ``path``: a directory (LMDB), or a
+        ``postgresql://user@host:port/db`` URL (the PostgreSQL store, storage/pg_store.py;
+        ``initial_map_size`` does not apply to it).
 
         A second ``open`` of the same directory in this process returns the same
         object (reference counted: the last ``close`` closes it); with different
@@ -135,6 +183,15 @@ class RecoveryStore(RecordGetters):
         ):
             raise InvalidRequest("initial_map_size must be an integer >= 1 MiB")
         options = StoreOptions(max_bytes, max_record_bytes, initial_map_size)
+        scheme = url_scheme(path)
+        if scheme is not None:
+            opener = _URL_STORES.get(scheme)
+            if opener is None:
+                raise InvalidRequest(
+                    f"no store for {scheme}:// URLs (the PostgreSQL store needs "
+                    "recoverable[postgres]: pip install 'recoverable[postgres]')"
+                )
+            return opener(str(path), options)
         try:
             os.makedirs(path, mode=0o700, exist_ok=True)
             real = os.path.realpath(path)
@@ -413,6 +470,21 @@ class RecoveryStore(RecordGetters):
         if owner_id == self._owner.owner_id:
             return True
         return OwnerLock.is_held(self._owner.owners_dir, owner_id)
+
+    def other_live_owners(self) -> list[str]:
+        """The owners other than this one that a living process holds (this directory
+        is open elsewhere)."""
+        assert self._owner is not None
+        owners_dir = self._owner.owners_dir
+        try:
+            names = os.listdir(owners_dir)
+        except OSError:
+            return []
+        ids = [name[: -len(".lock")] for name in names if name.endswith(".lock")]
+        return [
+            owner for owner in ids
+            if owner != self._owner.owner_id and OwnerLock.is_held(owners_dir, owner)
+        ]
 
     def commands(self, *, after_serial: int = 0) -> list[CommandRecord]:
         """Every readable command with ``serial > after_serial``, in serial order.

@@ -264,6 +264,17 @@ class WriteTxn(RecordGetters, MutationContext):
         self._cache[("meta", name)] = raw
         return value
 
+    def carry_counter(self, name: bytes, at_least: int) -> None:
+        """Raise the command or queue serial to at least ``at_least`` (moving a store's
+        rows to another store, ``storage/copy.py``: new serials must follow the copied
+        ones, or a monitor would miss a command)."""
+        if name not in (META_SERIAL, queue.META_QUEUE_SERIAL):
+            raise InvalidRequest("only the command and queue serials can be carried")
+        if u64(self._get("meta", name)) < at_least:
+            raw = at_least.to_bytes(8, "big")
+            self._lmdb(lambda: self._txn.put(name, raw, db=self._dbs["meta"]))
+            self._cache[("meta", name)] = raw
+
     def _read_record(self, table: Table, operation_id: str) -> Any:
         key = operation_key(operation_id)
         raw = self._get(table, key)

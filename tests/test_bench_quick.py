@@ -155,6 +155,8 @@ def check_sources(out: str) -> None:
     assert [row[0] for row in table_rows(out, "plain") + table_rows(out, "bound")] == [
         "plain", "bound"
     ], out
+
+
 def check_live(out: str) -> None:
     rows = table_rows(out, "sse")
     assert len(rows) == 1, out
@@ -162,6 +164,8 @@ def check_live(out: str) -> None:
     assert row[1] == "40" and float(row[4]) > 0 and float(row[7]) > 0, out  # both ratios
     assert row[-1] == "90", out  # POSTs: one per job (2 x 40, and 2 x 5 warm-up)
     assert re.search(r"^parser: \d+\.\d\d µs per delta event without on_delta", out, re.M), out
+
+
 def check_reattach(out: str) -> None:
     rows = [line.split() for line in out.splitlines()
             if line.split()[:1] in (["faults"], ["cost"])]
@@ -169,6 +173,31 @@ def check_reattach(out: str) -> None:
         ("faults", "no"), ("faults", "yes"), ("cost", "no"), ("cost", "yes")], out
     assert rows[2][3] == rows[3][3] == "1.000", out  # no faults: one POST per job
     assert re.search(r"^checkpoint cost \(no faults, same run\): writes/job ", out, re.M), out
+
+
+def check_pg_cancel(out: str) -> None:
+    for store in ("lmdb", "postgresql"):
+        rows = table_rows(out, store)
+        assert len(rows) == 1, out
+        # 16 streams, 20 samples; "other outcomes", "not cancelled", "ops != 1 POST" zero
+        assert rows[0][1:3] == ["16", "20"] and rows[0][-3:] == ["0", "0", "0"], out
+
+
+def check_pg_store(out: str) -> None:
+    library = {row[0]: row for row in (table_rows(out, "lmdb") + table_rows(out, "postgresql"))
+               if len(row) == 9}
+    assert set(library) == {"lmdb", "postgresql"}, out
+    assert float(library["postgresql"][2]) > 0  # the ratio to LMDB
+    fleet = [row for row in table_rows(out, "lmdb") + table_rows(out, "postgresql")
+             if len(row) == 6]
+    assert sorted((row[0], row[1]) for row in fleet) == [
+        ("lmdb", "1"), ("lmdb", "2"), ("postgresql", "1"), ("postgresql", "2")
+    ], out
+    assert all(row[4] == row[5] == "100" for row in fleet), out  # one POST, one line a job
+    if importlib.util.find_spec("dbos") is None:
+        assert "DBOS: not installed" in out, out
+    else:
+        assert "recoverable on PostgreSQL / DBOS on PostgreSQL = " in out, out
 
 
 ENTRY_POINTS = [
@@ -187,6 +216,8 @@ ENTRY_POINTS = [
     ("transport.py", check_transport),
     ("workers.py", check_workers),
     ("reattach.py", check_reattach),
+    ("pg_cancel.py", check_pg_cancel),
+    ("pg_store.py", check_pg_store),
 ]
 
 

@@ -51,11 +51,12 @@ import random
 import shutil
 import tempfile
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
+import pytest
 import trio
 import trio.testing
 from hypothesis import HealthCheck, given, settings
@@ -64,6 +65,8 @@ from recoverable.transport.base import token_fingerprint
 
 import recoverable
 from recoverable.testing import FixtureProvider, Reply
+from tests.pg.cluster import Cluster
+from tests.pg.fixtures import new_database
 
 ACCOUNT = recoverable.AccountBinding("acct-model", "api-key")
 OTHER = recoverable.AccountBinding("acct-other", "api-key")
@@ -73,6 +76,9 @@ POLICY = recoverable.RetryPolicy(initial_backoff=0.0, maximum_backoff=0.0)
 LIMITS = recoverable.StreamLimits(idle_timeout=60.0, connect_timeout=30.0)
 STEP_GUARD = 30.0  # no single step may take this long: that would be a hang
 EXAMPLES = int(os.environ.get("RECOVERABLE_MODEL_EXAMPLES", "100"))
+PG_EXAMPLES = int(os.environ.get("RECOVERABLE_MODEL_PG_EXAMPLES", "15"))
+STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
+_PG_CLUSTER: list[Cluster | None] = [None]
 STEPS = int(os.environ.get("RECOVERABLE_MODEL_STEPS", "30"))
 
 
@@ -335,7 +341,9 @@ class Model:
 
 
 async def run_example(data: st.DataObject, workdir: str, stats: Counter[str]) -> Model:
-    store = recoverable.RecoveryStore.open(os.path.join(workdir, "store"))
+    cluster = _PG_CLUSTER[0]  # the PostgreSQL run: a fresh database per example
+    location = cluster.url(new_database(cluster)) if cluster else os.path.join(workdir, "store")
+    store = recoverable.RecoveryStore.open(location)
     try:
         async with FixtureProvider.serve() as provider, trio.open_nursery() as nursery:
             model = Model(store, provider, stats)
@@ -592,6 +600,27 @@ async def retry_step(
     model.ops[child] = ModelOp(children[0], maximum, m.account)
 
 
+@pytest.fixture
+def model_store(store_kind: str, request: pytest.FixtureRequest) -> Iterator[None]:
+    """One suite, two stores (issue 17): the PostgreSQL run gives each example a fresh
+    database (a third of a second each: PG_EXAMPLES examples). The example function's
+    source stays as it was (Hypothesis seeds ``derandomize`` from it): the store and the
+    count are switched through module state."""
+    global EXAMPLES
+    if store_kind != "postgresql":
+        yield
+        return
+    saved = EXAMPLES
+    _PG_CLUSTER[0] = request.getfixturevalue("pg_cluster")
+    EXAMPLES = PG_EXAMPLES
+    try:
+        yield
+    finally:
+        _PG_CLUSTER[0] = None
+        EXAMPLES = saved
+
+
+@pytest.mark.usefixtures("model_store")
 def test_random_interleavings_keep_every_invariant() -> None:
     stats: Counter[str] = Counter()
 

@@ -221,9 +221,11 @@ async def _phase(
     counter = CommitCounter()
     sa.event.listen(sa.engine.Engine, "commit", counter)
     db_path = os.path.join(workdir, "dbos.sqlite")
+    # BENCH_DBOS_DATABASE_URL: DBOS's system database on PostgreSQL (bench/pg_store.py).
+    database_url = os.environ.get("BENCH_DBOS_DATABASE_URL") or f"sqlite:///{db_path}"
     config: DBOSConfig = {
         "name": "recoverable-bench",
-        "system_database_url": f"sqlite:///{db_path}",
+        "system_database_url": database_url,
         "log_level": "WARNING",
     }
     DBOS(config=config)
@@ -262,8 +264,10 @@ async def _phase(
         await bridge.stop()
         DBOS.destroy()
         host.file.close()
-    with sa.create_engine(f"sqlite:///{db_path}").connect() as conn:
-        journal = conn.execute(sa.text("PRAGMA journal_mode")).scalar()
+    journal = "postgresql"
+    if database_url.startswith("sqlite"):
+        with sa.create_engine(database_url).connect() as conn:
+            journal = conn.execute(sa.text("PRAGMA journal_mode")).scalar()
     return result_record(
         elapsed, latencies, cpu, rss_mib(), posts=post_count, failed=failed, sqlite_commits=commits,
         host_fsyncs=host_fsyncs, journal_mode=str(journal),

@@ -31,6 +31,9 @@ from .cli_helpers import REPO, child_env, cli_command, job_line, read_results, w
 
 JOBS = 200
 SEED = 14
+# One suite, two stores (issue 17): the workers share an LMDB directory or, as machines
+# of a fleet would, one PostgreSQL database.
+STORE_KINDS = ("lmdb", "postgresql")
 
 
 def worker_pids(parent: int) -> set[int]:
@@ -82,10 +85,12 @@ def provider() -> Iterator[dict[str, Any]]:
             proc.kill()
 
 
-def batch_args(tmp_path: Path, provider: dict[str, Any], *extra: str) -> list[str]:
+def batch_args(
+    tmp_path: Path, provider: dict[str, Any], *extra: str, store: str | None = None
+) -> list[str]:
     return cli_command(
         "batch", str(tmp_path / "jobs.jsonl"), "--out", str(tmp_path / "out.jsonl"),
-        "--store", str(tmp_path / "store"), "--endpoint", provider["http_url"],
+        "--store", store or str(tmp_path / "store"), "--endpoint", provider["http_url"],
         "--mode", "sse", "--api-key-env", "BATCH_WORKERS_KEY", "--concurrency", "8",
         "--max-attempts", "8", "--workers", "2", *extra,
     )
@@ -108,14 +113,14 @@ def provider_log(provider: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def test_batch_workers_survive_sigkills_and_commit_every_job_once(
-    tmp_path: Path, provider: dict[str, Any]
+    tmp_path: Path, provider: dict[str, Any], store_location: str
 ) -> None:
     write_jobs(tmp_path / "jobs.jsonl", [job_line(i) for i in range(JOBS)])
     out = tmp_path / "out.jsonl"
     rng = random.Random(SEED)
     kill_at = sorted(rng.sample(range(5, JOBS - 40), 4))  # lines committed at each kill
     batch = subprocess.Popen(
-        batch_args(tmp_path, provider, "--worker-restarts", "10"),
+        batch_args(tmp_path, provider, "--worker-restarts", "10", store=store_location),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env(),
     )
     kills = 0
@@ -155,7 +160,7 @@ def test_batch_workers_survive_sigkills_and_commit_every_job_once(
         attempt_id = request["attempt_id"]
         assert attempt_id is not None
         by_operation[attempt_id.rsplit(".", 1)[0]].append(attempt_id)
-    store = recoverable.RecoveryStore.open(str(tmp_path / "store"))
+    store = recoverable.RecoveryStore.open(store_location)
     try:
         for line in results:
             operation_id = line["operation_id"]
@@ -176,8 +181,8 @@ def test_batch_workers_survive_sigkills_and_commit_every_job_once(
 
     # A rerun changes nothing: no POST, the output byte for byte the same.
     before = out.read_bytes()
-    rerun = subprocess.run(batch_args(tmp_path, provider), capture_output=True, text=True,
-                           cwd=REPO, env=env(), timeout=120)
+    rerun = subprocess.run(batch_args(tmp_path, provider, store=store_location),
+                           capture_output=True, text=True, cwd=REPO, env=env(), timeout=120)
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     assert out.read_bytes() == before
     assert len(provider_log(provider)) == len(log)

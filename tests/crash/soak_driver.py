@@ -334,11 +334,18 @@ def run_soak(
     idle_timeout: float = 1.0,
     deadline: float = 600.0,
     log: Any = None,
+    store: str | None = None,
+    kill_backends: Any = None,
 ) -> SoakResult:
-    """Run the whole soak in ``workdir`` and return what the checks found."""
+    """Run the whole soak in ``workdir`` and return what the checks found.
+
+    ``store``: the store's location (default ``workdir/store``, LMDB; a PostgreSQL URL
+    runs the same soak on that database). ``kill_backends``: called before each SIGKILL
+    of the host (a PostgreSQL store: it terminates the backends serving the host's
+    connections); the host must go on until the next progress before it is killed."""
     rng = random.Random(seed)
     started = time.monotonic()
-    store_path = workdir / "store"
+    store_path = store or str(workdir / "store")
     host_db = workdir / "host.db"
     provider = ProviderProcess(f"{faults},seed={seed}" if faults else f"seed={seed}")
     try:
@@ -365,6 +372,15 @@ def run_soak(
                     host.kill()
                     raise TimeoutError("the soak made no progress before its deadline")
                 time.sleep(0.01)
+            if kill_backends is not None and host.poll() is None:
+                kill_backends()
+                # The host survives losing its connections: it must make progress again.
+                after = _committed_count(host_db) + 1
+                while host.poll() is None and _committed_count(host_db) < after:
+                    if time.monotonic() - started > deadline:
+                        host.kill()
+                        raise TimeoutError("no progress after the backends were killed")
+                    time.sleep(0.01)
             time.sleep(rng.uniform(0.0, 0.03))
             if host.poll() is None:
                 host.send_signal(signal.SIGKILL)
@@ -385,7 +401,8 @@ def run_soak(
                 raise RuntimeError(f"final host failed ({final.returncode}): "
                                    f"{final.stderr[-3000:]}")
         return _check(workdir, provider.requests(), jobs=jobs, max_attempts=max_attempts,
-                      kills=done_kills, starts=starts, seconds=time.monotonic() - started)
+                      kills=done_kills, starts=starts, seconds=time.monotonic() - started,
+                      location=store_path)
     finally:
         provider.close()
 
@@ -399,6 +416,7 @@ def _check(
     kills: int,
     starts: int,
     seconds: float,
+    location: str,
 ) -> SoakResult:
     db = sqlite3.connect(workdir / "host.db")
     try:
@@ -409,7 +427,7 @@ def _check(
         (adopted,) = db.execute("SELECT COALESCE(SUM(orphans_adopted), 0) FROM starts").fetchone()
     finally:
         db.close()
-    store = recoverable.RecoveryStore.open(str(workdir / "store"))
+    store = recoverable.RecoveryStore.open(location)
     try:
         records, unreadable = store.inventory()
         problems = store.check_integrity() + [f"unreadable: {u}" for u in unreadable]

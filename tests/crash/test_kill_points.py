@@ -90,12 +90,19 @@ REPLACEMENT: dict[str, Expect] = {
     "acknowledge.marker_saved": Expect((1, 2), 2),
 }
 FIRST_FAILS = [{"kind": "disconnect", "after_events": 2}]
+# One suite, two stores (issue 17): every boundary of the table runs on LMDB (both
+# transports, RUNS times) and on PostgreSQL (SSE, once: the kill points are deterministic
+# and the transport does not touch the store; this keeps the suite within its time).
 CASES = [
-    pytest.param(scenario, transport, spec, run, id=f"{scenario}-{transport}-{spec}-{run}")
+    pytest.param(
+        kind, scenario, transport, spec, run,
+        id=f"{kind}-{scenario}-{transport}-{spec}-{run}",
+    )
+    for kind, runs, transports in (("lmdb", RUNS, TRANSPORTS), ("postgresql", 1, ("sse",)))
     for scenario, table in (("first", FIRST), ("replacement", REPLACEMENT))
-    for transport in TRANSPORTS
+    for transport in transports
     for spec in table
-    for run in range(RUNS)
+    for run in range(runs)
 ]
 
 
@@ -123,14 +130,14 @@ def provider_process() -> Iterator[dict[str, Any]]:
 
 
 def run_driver(
-    tmp: Path, base_url: str, mode: str, job: str, kill_at: str | None
+    tmp: Path, base_url: str, mode: str, job: str, kill_at: str | None, store: str
 ) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
     env.pop("RECOVERABLE_KILL_AT", None)
     if kill_at is not None:
         env["RECOVERABLE_KILL_AT"] = kill_at
     return subprocess.run(
-        [sys.executable, DRIVER, "--store", str(tmp / "store"), "--host-db", str(tmp / "host.db"),
+        [sys.executable, DRIVER, "--store", store, "--host-db", str(tmp / "host.db"),
          "--base-url", base_url, "--mode", mode, "--job", job,
          "--max-attempts", str(MAX_ATTEMPTS)],
         env=env, capture_output=True, text=True, timeout=60,
@@ -147,31 +154,34 @@ def script(base_url: str, replies: list[dict[str, Any]]) -> None:
     httpx.post(f"{root}/_fixture/script", json=replies, timeout=10).raise_for_status()
 
 
-@pytest.mark.parametrize("scenario,transport,spec,run", CASES)
+@pytest.mark.parametrize("kind,scenario,transport,spec,run", CASES)
 def test_sigkill_at_boundary_then_resume_commits_exactly_once(
-    provider_process: dict[str, Any], tmp_path: Path, scenario: str, transport: str, spec: str,
-    run: int,
+    provider_process: dict[str, Any], tmp_path: Path, kind: str, scenario: str,
+    transport: str, spec: str, run: int, request: pytest.FixtureRequest,
 ) -> None:
+    location = (
+        str(request.getfixturevalue("pg_url")) if kind == "postgresql" else str(tmp_path / "store")
+    )
     expect = (FIRST if scenario == "first" else REPLACEMENT)[spec]
     point = spec.partition("@")[0]
     base_url = provider_process["http_url"]
     job = f"job-{scenario}-{transport}-{spec}-{run}"
     script(base_url, FIRST_FAILS if scenario == "replacement" else [])
-    killed = run_driver(tmp_path, base_url, transport, job, spec)
+    killed = run_driver(tmp_path, base_url, transport, job, spec, location)
     assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr[-2000:])
-    store = recoverable.RecoveryStore.open(str(tmp_path / "store"))
+    store = recoverable.RecoveryStore.open(location)
     try:
         before = {r.operation_id: r.attempts_used for r in store.inventory()[0]}
     finally:
         store.close()
-    finished = run_driver(tmp_path, base_url, transport, job, None)
+    finished = run_driver(tmp_path, base_url, transport, job, None, location)
     assert finished.returncode == 0, finished.stderr[-3000:]
     operation_id = json.loads(finished.stdout.strip().splitlines()[-1])["operation_id"]
 
     db = sqlite3.connect(tmp_path / "host.db")
     commits = db.execute("SELECT COUNT(*) FROM commit_log WHERE job=?", (job,)).fetchone()[0]
     db.close()
-    store = recoverable.RecoveryStore.open(str(tmp_path / "store"))
+    store = recoverable.RecoveryStore.open(location)
     try:
         records, unreadable = store.inventory()
         problems = store.check_integrity()
@@ -202,7 +212,7 @@ def test_sigkill_at_boundary_then_resume_commits_exactly_once(
         "orphan adopted": point != "prepare.saved" or operation_id in before,
     }
     violations = [name for name, ok in checks.items() if not ok]
-    key = f"{scenario}/{transport}/{spec}"
+    key = f"{kind}/{scenario}/{transport}/{spec}"
     SUMMARY.setdefault(key, [0, 0])
     SUMMARY[key][0] += 1
     SUMMARY[key][1] += len(violations)

@@ -13,16 +13,39 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from .soak_driver import run_soak
 
+# One suite, two stores (issue 17). On PostgreSQL, before each SIGKILL of the host, the
+# backends serving its writer and read connections are terminated (pg_terminate_backend):
+# the host must reconnect and make progress before it is killed.
+STORE_KINDS = ("lmdb", "postgresql")
+
+
+def _backend_killer(url: str) -> object:
+    def kill() -> int:
+        with psycopg.connect(url, autocommit=True) as admin:
+            rows = admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname ="
+                " current_database() AND application_name IN"
+                " ('recoverable-writer', 'recoverable-read')"
+            ).fetchall()
+        return len(rows)
+
+    return kill
+
 
 @pytest.mark.parametrize("seed", [11])
 def test_soak_sigkill_restart_every_job_committed_once_within_budget(
-    tmp_path: Path, seed: int
+    tmp_path: Path, seed: int, store_kind: str, store_location: str
 ) -> None:
-    result = run_soak(tmp_path, jobs=150, concurrency=30, kills=5, seed=seed, deadline=50.0)
+    postgres = store_kind == "postgresql"
+    result = run_soak(
+        tmp_path, jobs=150, concurrency=30, kills=5, seed=seed, deadline=50.0,
+        store=store_location, kill_backends=_backend_killer(store_location) if postgres else None,
+    )
     print("\nsoak:", result.summary())
     assert result.violations == [], result.summary()
     assert result.kills == 5, result.summary()

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -68,8 +67,10 @@ def mode(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[recoverable.RecoveryStore]:
-    s = recoverable.RecoveryStore.open(str(tmp_path / "store"))
+def store(store_location: str) -> Iterator[recoverable.RecoveryStore]:
+    # tmp_path/"store" (LMDB), or a fresh PostgreSQL database in the modules that list
+    # STORE_KINDS = ("lmdb", "postgresql") (issue 17: one suite, two stores).
+    s = recoverable.RecoveryStore.open(store_location)
     try:
         yield s
     finally:

@@ -26,6 +26,9 @@ from recoverable.testing import FaultSpec, FixtureProvider, Reply
 from .cancel_child import Answer
 
 CHILD = str(Path(__file__).with_name("cancel_child.py"))
+# One suite, two stores (issue 17): the second process is another machine's worker on
+# the same PostgreSQL database.
+STORE_KINDS = ("lmdb", "postgresql")
 ACCOUNT = recoverable.AccountBinding("acct-cancel", "api-key")
 # Seconds. Not a latency target (p99 is ~50 ms; the bench measures it): a lost cancel is
 # never observed at all, so a bound this far above the target tells the two apart even on
@@ -68,9 +71,9 @@ async def _observed(lines: LineReader) -> dict[str, Any]:
 
 @pytest.mark.parametrize("mode", ["sse", "websocket"])
 async def test_cancel_from_another_process_stops_the_stalled_stream_at_once(
-    tmp_path: Path, mode: str
+    store_location: str, mode: str
 ) -> None:
-    store_path = str(tmp_path / "store")
+    store_path = store_location
     env = dict(os.environ)
     env.pop("RECOVERABLE_KILL_AT", None)
     async with FixtureProvider.serve() as provider:
@@ -132,10 +135,10 @@ async def test_cancel_from_another_process_stops_the_stalled_stream_at_once(
 
 
 async def test_a_second_send_after_a_cross_process_cancel_is_refused_without_a_post(
-    tmp_path: Path,
+    store_location: str,
 ) -> None:
     """The cancel is durable: reopening the operation in a fresh runtime never POSTs."""
-    store_path = str(tmp_path / "store")
+    store_path = store_location
     env = dict(os.environ)
     env.pop("RECOVERABLE_KILL_AT", None)
     async with FixtureProvider.serve() as provider:
@@ -182,11 +185,11 @@ async def test_a_second_send_after_a_cross_process_cancel_is_refused_without_a_p
 
 
 async def test_every_cross_process_cancel_is_observed_without_any_later_commit(
-    tmp_path: Path,
+    store_location: str,
 ) -> None:
     """Sequential cancels with nothing else committing: each must reach the child."""
     count = 12
-    store_path = str(tmp_path / "store")
+    store_path = store_location
     env = dict(os.environ)
     env.pop("RECOVERABLE_KILL_AT", None)
     async with FixtureProvider.serve(faults=FaultSpec.parse("stall=1.0")) as provider:

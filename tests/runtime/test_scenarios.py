@@ -24,6 +24,8 @@ from .conftest import (
     make_backend,
 )
 
+STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
+
 FAST = recoverable.RetryPolicy(initial_backoff=0.0, maximum_backoff=0.0)
 
 

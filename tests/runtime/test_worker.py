@@ -13,6 +13,8 @@ from recoverable.testing import FixtureProvider
 
 from .conftest import ACCOUNT, OTHER, REQUEST, Answer, generation_requests, make_backend
 
+STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
+
 
 async def approve(attempt: recoverable.Attempt) -> bool:
     return True

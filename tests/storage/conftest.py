@@ -17,7 +17,7 @@ def store_path(tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def store(store_path: str) -> Iterator[RecoveryStore]:
-    with RecoveryStore.open(store_path) as opened:
+def store(store_location: str) -> Iterator[RecoveryStore]:
+    with RecoveryStore.open(store_location) as opened:
         yield opened
     assert opened.closed

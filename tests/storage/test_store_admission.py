@@ -20,6 +20,8 @@ from recoverable.errors import AdmissionChanged
 from recoverable.records import AttemptRecord, PendingAttempt
 from recoverable.types import RetryPolicy, SourceRef
 
+STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
+
 # A different value for every admission field (a field the record gains later must be
 # added here: the test below fails until it is).
 CHANGED: dict[str, Any] = {

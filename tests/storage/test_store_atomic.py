@@ -8,6 +8,8 @@ from storage_helpers import make_op
 
 from recoverable.errors import FenceMismatch, StorageUnavailable
 
+STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
+
 
 async def test_a_mutation_that_swallows_a_helper_error_is_rolled_back_whole(
     store: RecoveryStore,

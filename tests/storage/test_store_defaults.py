@@ -10,6 +10,8 @@ from recoverable.storage.store import WriteTxn
 
 import recoverable
 
+STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
+
 MiB = 2**20
 
 

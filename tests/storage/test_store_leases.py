@@ -24,6 +24,8 @@ from recoverable.errors import (
 )
 from recoverable.records import LeaseRecord
 
+STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
+
 
 async def test_acquisition_increments_the_fence_and_a_second_task_is_busy(
     store: RecoveryStore,
@@ -93,9 +95,13 @@ async def test_a_stale_owners_fenced_write_is_refused_after_a_newer_acquisition(
         await store.write(lambda t: t.put_operation(make_op("new"), expect_fence=0))
 
 
-def test_a_lease_of_a_sigkilled_process_is_free_at_once(store: RecoveryStore) -> None:
+def test_a_lease_of_a_sigkilled_process_is_free_at_once(
+    store: RecoveryStore, store_kind: str
+) -> None:
     store.write_sync(lambda t: t.put_operation(make_op("shared")))
     child = spawn_child("hold-lease", store.path, "shared")
+    lmdb = store_kind == "lmdb"
+    lock_file = os.path.join(store.path, "owners")
     try:
         line = read_line(child)
         assert line.startswith("ready ")
@@ -106,12 +112,20 @@ def test_a_lease_of_a_sigkilled_process_is_free_at_once(store: RecoveryStore) ->
         with pytest.raises(OperationBusy):
             store.write_sync(lambda t: acquire_lease(t, "shared", 2.0))
         lock_file = os.path.join(store.path, "owners", f"{theirs.owner_id}.lock")
-        assert os.path.exists(lock_file)
+        assert os.path.exists(lock_file) or not lmdb
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait(30)
     assert child.returncode == -signal.SIGKILL
-    assert os.path.exists(lock_file)  # nobody cleaned it: liveness does not need that
+    if lmdb:
+        assert os.path.exists(lock_file)  # nobody cleaned it: liveness does not need that
+    else:
+        # PostgreSQL: the owner's advisory lock goes with its connection, which the server
+        # closes when it reads the dead process's EOF (milliseconds; the owner's heartbeat
+        # expiry, 10 s, is not waited for). Generous bound: a loaded 2-core machine.
+        deadline = time.monotonic() + 5.0
+        while store.lease_is_live(theirs) and time.monotonic() < deadline:
+            time.sleep(0.01)
     assert not store.lease_is_live(theirs)
     ours = store.write_sync(lambda t: acquire_lease(t, "shared", 3.0))
     assert ours.fence == 2 and ours.owner_id == store.owner_id

@@ -14,6 +14,8 @@ from storage_helpers import make_op
 from recoverable import machine
 from recoverable.errors import CorruptRecord
 
+STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
+
 DATA = Path(__file__).resolve().parents[1] / "data"
 
 

@@ -10,6 +10,8 @@ from storage_helpers import make_op
 
 from recoverable.errors import StorageLimitExceeded
 
+STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
+
 CHUNK = 9_000
 
 

@@ -32,6 +32,8 @@ from recoverable.records import (
     RetryReservation,
 )
 
+STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
+
 
 def full_op(op_id: str) -> OperationRecord:
     return make_op(

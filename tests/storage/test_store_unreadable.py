@@ -14,6 +14,8 @@ from recoverable.errors import CorruptRecord, RecoveryError, UnsupportedRecordVe
 from recoverable.records import DispositionRecord, LeaseRecord
 from recoverable.types import AccountBinding
 
+STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
+
 CORRUPT = b"\x85\xa7version\x02\xffnot msgpack at all"
 FUTURE = msgspec.msgpack.encode({"version": 99, "operation_id": "future", "shiny": True})
 # a current version with a missing required field and an unknown one: strict decoding fails

@@ -172,12 +172,25 @@ def build_parser() -> argparse.ArgumentParser:
     _add_source(sub)
     _add_dashboard(sub)
     _add_config(sub)
+    _add_db(sub)
+    migrate = sub.add_parser(
+        "migrate-store",
+        help="copy a store's rows into an empty store (e.g. LMDB -> postgresql://...)",
+    )
+    migrate.add_argument("source", metavar="SRC", help="a store directory or URL")
+    migrate.add_argument("destination", metavar="DST", help="an empty store (DIR or URL)")
     sub.add_parser(
         "fixture-provider",
         help="run the loopback fixture Responses provider",
         add_help=False,
     )
     return parser
+
+
+def _add_db(sub: argparse._SubParsersAction[_Parser]) -> None:
+    db = sub.add_parser("db", help="PostgreSQL store maintenance: db upgrade --store URL")
+    db.add_argument("action", choices=("upgrade",), help="upgrade: migrate the schema")
+    db.add_argument("--store", required=True, metavar="URL", help="postgresql://user@host/db")
 
 
 def _add_batch(sub: argparse._SubParsersAction[_Parser]) -> None:
@@ -193,7 +206,11 @@ def _add_batch(sub: argparse._SubParsersAction[_Parser]) -> None:
     )
     batch.add_argument("jobs", metavar="JOBS.jsonl")
     batch.add_argument("--out", required=True, metavar="RESULTS.jsonl")
-    batch.add_argument("--store", metavar="DIR", help="recovery store (default: <out>.store)")
+    batch.add_argument(
+        "--store", metavar="DIR|URL",
+        help="recovery store: a directory (LMDB) or postgresql://user@host/db "
+        "(default: <out>.store)",
+    )
     batch.add_argument(
         "--endpoint",
         default="fixture",
@@ -322,7 +339,7 @@ def _add_sweep(sub: argparse._SubParsersAction[_Parser]) -> None:
         help="close every operation whose owner is gone (store-wide): each becomes waiting "
         "for adoption or honestly failed (owner_lost, expired)",
     )
-    sweep.add_argument("--store", required=True, metavar="DIR")
+    sweep.add_argument("--store", required=True, metavar="DIR|URL")
     sweep.add_argument(
         "--unclaimed-after", type=_non_negative_float, metavar="SECONDS",
         help="also fail (no_worker) runnable operations no process has run for SECONDS "
@@ -381,7 +398,7 @@ def _add_worker(sub: argparse._SubParsersAction[_Parser]) -> None:
             "authorization: every attempt the operation's saved budget allows."
         ),
     )
-    worker.add_argument("--store", required=True, metavar="DIR")
+    worker.add_argument("--store", required=True, metavar="DIR|URL")
     worker.add_argument(
         "--endpoint", default="fixture", metavar="URL|fixture",
         help="a Responses-compatible base URL, or 'fixture' (an embedded provider)",
@@ -453,7 +470,7 @@ def _add_dashboard(sub: argparse._SubParsersAction[_Parser]) -> None:
 
 def _add_ops_command(sub: argparse._SubParsersAction[_Parser], name: str) -> None:
     command = sub.add_parser(name, help=_OPS_HELP[name])
-    command.add_argument("--store", required=True, metavar="DIR")
+    command.add_argument("--store", required=True, metavar="DIR|URL")
     command.add_argument(
         "--account",
         metavar="ID",

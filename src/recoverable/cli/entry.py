@@ -13,7 +13,9 @@ from recoverable.cli.arguments import build_parser
 from recoverable.cli.batch import run_batch
 from recoverable.cli.config import DEFAULT_RETRY_PROVIDER_CODES, BatchConfig
 from recoverable.cli.dashboard import run_dashboard
+from recoverable.cli.db import run_db
 from recoverable.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, UsageError
+from recoverable.cli.migrate import run_migrate
 from recoverable.cli.ops import run_ops
 from recoverable.cli.settings import run_config
 from recoverable.cli.source import run_source
@@ -68,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
             return run_dashboard(args, out, sys.stderr)
         if args.command == "config":
             return run_config(args, out, sys.stderr)
+        if args.command == "db":
+            return run_db(args, out, sys.stderr)
+        if args.command == "migrate-store":
+            return run_migrate(args, out, sys.stderr)
         return run_ops(args, out, sys.stderr)
     except UsageError as exc:
         _usage_error(args.command, exc, getattr(args, "json", False))

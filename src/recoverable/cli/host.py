@@ -29,7 +29,7 @@ from recoverable.cli.report import BatchSummary, ErrorLog, JobError, failure_rea
 from recoverable.cli.result_log import ResultLog, encode_batch_output_line, encode_result_line
 from recoverable.records import OperationRecord
 from recoverable.storage.sources import supersede_revisions
-from recoverable.storage.store import RecoveryStore
+from recoverable.storage.store import RecoveryStore, redact_url
 from recoverable.transitions import FINISHED
 from recoverable.types import AccountBinding, Attempt, Handle, RetryPolicy
 
@@ -329,7 +329,7 @@ class BatchHost:
             suggested = self.rt.status_of(operation_id).suggested_actions
         except Exception:  # a hint must never fail the job report
             suggested = ()
-        store = self.config.store_path
+        store = redact_url(self.config.store_path)  # a URL's password is never printed
         account = self.account.account_id
         if "manual_retry" in suggested:
             return (

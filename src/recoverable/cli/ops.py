@@ -21,7 +21,7 @@ from recoverable.cli.formatting import (
     format_status,
     receipt_json,
 )
-from recoverable.storage.store import RecoveryStore
+from recoverable.storage.store import RecoveryStore, url_scheme
 from recoverable.transport.base import StaticCredentials
 from recoverable.types import AccountBinding, Handle, Status
 
@@ -60,13 +60,18 @@ def run_ops(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
 
 
 def open_store(path: str) -> RecoveryStore:
-    """The store at ``path``; a missing or unopenable store is a usage error (exit 2)."""
-    if not os.path.isdir(path) or not os.path.exists(os.path.join(path, "data.mdb")):
+    """The store at ``path`` (a directory, or a ``postgresql://`` URL); a missing or
+    unopenable store is a usage error (exit 2). A URL is named redacted in errors."""
+    is_url = url_scheme(path) is not None
+    if not is_url and (
+        not os.path.isdir(path) or not os.path.exists(os.path.join(path, "data.mdb"))
+    ):
         raise UsageError(f"no recovery store at {path}")
     try:
         return RecoveryStore.open(path)
     except errors.RecoveryError as exc:
-        raise UsageError(f"cannot open the store at {path}: {exc}") from exc
+        where = "the PostgreSQL store" if is_url else f"the store at {path}"
+        raise UsageError(f"cannot open {where}: {exc}") from exc
 
 
 def _check_exists(store: RecoveryStore, operation_id: str) -> None:

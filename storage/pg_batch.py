@@ -1,0 +1,245 @@
+"""The writer's view of a batch: a process-local row cache and buffered writes.
+
+Every statement of the writer is a round trip (and, on a busy host, a wait for the GIL
+after it), so the writer avoids the ones it can prove it does not need:
+
+- **Row cache.** The rows as this process last committed or read them under the writers'
+  lock. Every batch of every process increments the ``commits`` counter in ``meta`` and
+  logs the keys it wrote in ``recoverable_changes`` (the last :data:`CHANGES_KEPT`
+  commits); right after taking the writers' lock the writer reads the counter and the
+  log since its own last commit, and evicts exactly the rows others changed (a gap in
+  the log, or a batch too large to log, drops the whole cache). What remains is the
+  database's state, and reads are served from it. An unknown commit outcome or any
+  failure drops the cache too, and it is bounded (:data:`CACHE_ROWS`).
+- **Rows of one operation together.** A read the cache cannot answer of a row keyed by
+  an operation id (its record, command, lease, disposition, payloads, queue membership)
+  fetches all of that operation's rows in one statement: a mutation reads several of them
+  and each would otherwise be a round trip (absent rows are cached as absent).
+- **Buffered writes.** A mutation's writes are kept in memory (its reads see them) and
+  sent at the end of the batch, one statement per table (``unnest`` arrays). A scan
+  (``cursor``, ``stat``) first sends what is buffered, so SQL sees every write.
+
+Savepoints (a batch run again with each mutation alone, ``pg_writer``): the writer calls
+:meth:`BatchSnapshot.flush` before each ``SAVEPOINT`` and :meth:`end_mutation` after the
+mutation, so a mutation rolled back to its savepoint takes only its own writes with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Final
+
+import psycopg
+from recoverable.storage.base import TABLES
+from recoverable.storage.keys import PAYLOAD_KINDS
+from recoverable.storage.pg_sql import SqlCursor, SqlSnapshot, sql_table
+from recoverable.storage.queue import MEMBER
+
+__all__ = ["CACHE_ROWS", "CHANGES_KEPT", "BatchSnapshot", "RowCache", "changed_keys"]
+
+CACHE_ROWS: Final = 200_000
+MAX_LOGGED_KEYS: Final = 4096  # a batch writing more logs None (the others drop their cache)
+CHANGES_KEPT: Final = 256  # commits kept in recoverable_changes
+SQL_TABLES: Final[tuple[str, ...]] = tuple(sql_table(table) for table in TABLES)
+TABLE_INDEX: Final[dict[str, int]] = {name: index for index, name in enumerate(SQL_TABLES)}
+_META: Final = sql_table("meta")
+_DELETED: Final = None  # a buffered delete (and, in the cache, a row known to be absent)
+_BY_OPERATION: Final = frozenset(
+    sql_table(table) for table in ("operations", "commands", "leases", "dispositions")
+)
+_PAYLOADS: Final = sql_table("payloads")
+_QUEUE: Final = sql_table("queue")
+_KINDS: Final = tuple(sorted(kind.encode() for kind in PAYLOAD_KINDS))
+_ONE_OPERATION: Final = " UNION ALL ".join(
+    [f"SELECT '{table}', key, value FROM {table} WHERE key = %(op)s" for table in sorted(
+        _BY_OPERATION)]
+    + [f"SELECT '{_PAYLOADS}', key, value FROM {_PAYLOADS} WHERE key = ANY(%(payloads)s)",
+       f"SELECT '{_QUEUE}', key, value FROM {_QUEUE} WHERE key = %(member)s"]
+)
+
+
+def _operation_of(db: str, key: bytes) -> bytes | None:
+    """The operation key a row belongs to, when its table is keyed by operation."""
+    if db in _BY_OPERATION:
+        return key
+    if db == _PAYLOADS:
+        operation, separator, _kind = key.rpartition(b"\0")
+        return operation if separator else None
+    if db == _QUEUE and key.startswith(MEMBER):
+        return key[len(MEMBER):]
+    return None
+
+
+class RowCache:
+    """Rows by (SQL table, key) as committed, and the commit count they are valid at."""
+
+    def __init__(self) -> None:
+        self.rows: dict[tuple[str, bytes], bytes | None] = {}
+        self.valid_at: int | None = None  # the commits counter after our last commit
+
+    def clear(self) -> None:
+        self.rows.clear()
+        self.valid_at = None
+
+    def seed(self, db: str, rows: dict[bytes, bytes]) -> None:
+        """Rows read under the writers' lock (committed state): cache them."""
+        for key, value in rows.items():
+            self.rows[(db, key)] = value
+
+    def adopt(self, current: int, changes: list[tuple[int, list[bytes] | None]]) -> None:
+        """Under the writers' lock: ``current`` is the commit count now, ``changes`` the
+        rows of ``recoverable_changes`` after ours (commit, changed keys). The cache keeps
+        every row nobody else changed since our last commit; it is dropped whole when
+        that cannot be told (a gap in the log, a batch too large to log its keys)."""
+        since = self.valid_at
+        self.valid_at = current
+        if since == current:
+            return
+        if since is None or [commit for commit, _ in changes] != list(
+            range(since + 1, current + 1)
+        ):
+            self.rows.clear()
+            return
+        rows = self.rows
+        for _, keys in changes:
+            if keys is None:
+                rows.clear()
+                return
+            for entry in keys:
+                rows.pop((SQL_TABLES[entry[0]], bytes(entry[1:])), None)
+
+
+def changed_keys(written: Iterable[tuple[str, bytes]]) -> list[bytes] | None:
+    """The keys a batch wrote, for ``recoverable_changes`` (None: too many to log)."""
+    entries = [
+        bytes((TABLE_INDEX[db],)) + key for db, key in written if db != _META
+    ]
+    return None if len(entries) > MAX_LOGGED_KEYS else entries
+
+
+class BatchSnapshot(SqlSnapshot):
+    """``SqlSnapshot`` for one writer batch: cached reads, buffered writes."""
+
+    def __init__(self, conn: psycopg.Connection[Any], cache: RowCache) -> None:
+        super().__init__(conn)
+        self._cache = cache
+        self._batch: dict[tuple[str, bytes], bytes | None] = {}  # this batch's writes
+        self._unsent: dict[tuple[str, bytes], bytes | None] = {}  # not yet sent
+        self._mutation: dict[tuple[str, bytes], bytes | None] = {}  # the running mutation's
+
+    # -- reads ------------------------------------------------------------------------
+
+    def get(self, key: bytes, db: str) -> bytes | None:
+        where = (db, key)
+        for layer in (self._mutation, self._batch):
+            if where in layer:
+                return layer[where]
+        rows = self._cache.rows
+        if where in rows:
+            return rows[where]
+        operation = _operation_of(db, key)
+        if operation is not None and len(rows) < CACHE_ROWS:
+            self._fetch_operation(operation)
+            if where in rows:
+                return rows[where]
+        value = super().get(key, db)
+        if len(rows) < CACHE_ROWS:
+            rows[where] = value  # committed state: no write of ours to this key yet
+        return value
+
+    def _fetch_operation(self, operation: bytes) -> None:
+        """Cache every row of one operation (committed state; absent ones as absent),
+        except those this batch wrote (its layers answer for them)."""
+        found: dict[tuple[str, bytes], bytes | None] = {
+            (db, operation): None for db in _BY_OPERATION
+        }
+        payloads = [operation + b"\0" + kind for kind in _KINDS]
+        for key in payloads:
+            found[(_PAYLOADS, key)] = None
+        found[(_QUEUE, MEMBER + operation)] = None
+        for db, key, value in self._rows(
+            _ONE_OPERATION,
+            {"op": operation, "payloads": payloads, "member": MEMBER + operation},
+        ):
+            found[(db, bytes(key))] = value
+        rows = self._cache.rows
+        for where, value in found.items():
+            if where not in self._batch and where not in self._mutation:
+                rows[where] = value
+
+    def cursor(self, db: str) -> SqlCursor:
+        self.flush()
+        return super().cursor(db)
+
+    def stat(self, db: str) -> dict[str, int]:
+        self.flush()
+        return super().stat(db)
+
+    # -- writes -----------------------------------------------------------------------
+
+    def replace(self, key: bytes, value: bytes, db: str) -> bytes | None:
+        old = self.get(key, db)
+        self.put(key, value, db)
+        return old
+
+    def put(self, key: bytes, value: bytes, db: str) -> bool:
+        self.written.add(db)
+        self._mutation[(db, key)] = value
+        return True
+
+    def pop(self, key: bytes, db: str) -> bytes | None:
+        old = self.get(key, db)
+        if old is not None:
+            self.written.add(db)
+            self._mutation[(db, key)] = _DELETED
+        return old
+
+    # -- the batch --------------------------------------------------------------------
+
+    def end_mutation(self, keep: bool) -> None:
+        """The mutation finished (``keep``) or was rolled back: its writes join the batch
+        or are forgotten."""
+        if keep:
+            self._batch.update(self._mutation)
+            self._unsent.update(self._mutation)
+        self._mutation = {}
+
+    def flush(self) -> None:
+        """Send every buffered write (the batch's and the running mutation's)."""
+        pending = {**self._unsent, **self._mutation}
+        if not pending:
+            return
+        upserts: dict[str, tuple[list[bytes], list[bytes]]] = {}
+        deletes: dict[str, list[bytes]] = {}
+        for (db, key), value in pending.items():
+            if value is _DELETED:
+                deletes.setdefault(db, []).append(key)
+            else:
+                keys, values = upserts.setdefault(db, ([], []))
+                keys.append(key)
+                values.append(value)
+        for db, keys in deletes.items():
+            self._execute(f"DELETE FROM {db} WHERE key = ANY(%s)", (keys,))
+        for db, (keys, values) in upserts.items():
+            self._execute(
+                f"INSERT INTO {db} (key, value) SELECT * FROM unnest(%s::bytea[], %s::bytea[]) "
+                "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+                (keys, values),
+            )
+        self._unsent = {}
+        # The running mutation's writes are sent; they stay in its layer for its reads
+        # (and are sent again, harmlessly, if it ends kept and the batch flushes again).
+
+    @property
+    def written_keys(self) -> list[tuple[str, bytes]]:
+        """Every (table, key) this batch wrote so far."""
+        return list(self._batch)
+
+    def committed(self, commits: int) -> None:
+        """The batch committed as commit number ``commits``: the cache takes its writes."""
+        rows = self._cache.rows
+        if len(rows) + len(self._batch) > CACHE_ROWS:
+            self._cache.clear()
+            return
+        rows.update(self._batch)
+        self._cache.valid_at = commits

@@ -1,0 +1,142 @@
+"""The PostgreSQL store's schema: a versioned, idempotent migration.
+
+``recoverable_schema`` holds one row, the schema version. :func:`upgrade` takes an
+advisory lock (two processes upgrading at once take turns), applies each missing step in
+one transaction, and refuses a database whose schema is newer than this code
+(``UnsupportedRecordVersion``: nothing is touched). ``RecoveryStore.open(url)`` runs it;
+so does ``recoverable db upgrade --store URL``.
+
+Version 1: one ``(key bytea PRIMARY KEY, value bytea)`` table per logical table (the
+bytes the LMDB store writes, see ``storage/pg_sql.py``), the ``meta`` counters, the
+owners (one row per opened store: its advisory-lock key and its heartbeat expiry in
+server time) and the transaction log (the last batch id of each owner: a commit whose
+acknowledgement was lost is resolved by reading it back, never guessed).
+Version 2: the ``sources`` table (issue 16's source manifest and its index).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import psycopg
+from recoverable.storage.base import TABLES
+from recoverable.storage.keys import META_BYTES, META_FORMAT, META_SERIAL
+from recoverable.storage.pg_sql import describe, sql_table
+from recoverable.storage.queue import META_QUEUE_SERIAL
+
+from recoverable.errors import StorageUnavailable, UnsupportedRecordVersion
+
+__all__ = ["LOCK_NAMESPACE", "META_COMMITS", "SCHEMA_VERSION", "schema_version", "upgrade"]
+
+SCHEMA_VERSION: Final = 2
+FORMAT_VERSION: Final = 1  # the record format in meta, as in the LMDB store
+# Advisory locks of this library: (LOCK_NAMESPACE, n). n = 0: the writers' lock (one
+# write transaction at a time, fleet-wide, as LMDB has one writer); n = -1: migrations;
+# n > 0: an owner's liveness lock (held by its session for its whole life).
+LOCK_NAMESPACE: Final = 0x5245  # "RE"
+WRITER_LOCK: Final = 0
+MIGRATION_LOCK: Final = -1
+META_COMMITS: Final = b"commits"  # moves on every committed batch (the monitor's poll)
+
+
+# The logical tables version 1 created (a later table is created by its own step, so an
+# existing version-1 database gains it when it is upgraded).
+_V1_TABLES: Final = (
+    "operations", "payloads", "commands", "leases", "schedule", "hosts", "dispositions",
+    "governor", "meta", "queue",
+)
+
+
+def _step_1(conn: psycopg.Connection[Any]) -> None:
+    for table in _V1_TABLES:
+        conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {sql_table(table)} "
+            "(key bytea PRIMARY KEY, value bytea NOT NULL)"
+        )
+    for key in (META_BYTES, META_SERIAL, META_QUEUE_SERIAL, META_COMMITS):
+        conn.execute(
+            f"INSERT INTO {sql_table('meta')} (key, value) VALUES (%s, %s) "
+            "ON CONFLICT (key) DO NOTHING",
+            (key, (0).to_bytes(8, "big")),
+        )
+    conn.execute(
+        f"INSERT INTO {sql_table('meta')} (key, value) VALUES (%s, %s) "
+        "ON CONFLICT (key) DO NOTHING",
+        (META_FORMAT, FORMAT_VERSION.to_bytes(8, "big")),
+    )
+    conn.execute("CREATE SEQUENCE IF NOT EXISTS recoverable_owner_lock MAXVALUE 2147483647 CYCLE")
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS recoverable_owners ("
+        " owner_id text PRIMARY KEY,"
+        " lock_key integer NOT NULL,"
+        " started_at timestamptz NOT NULL DEFAULT now(),"
+        " expires_at timestamptz NOT NULL)"
+    )
+    # ``owned``: computed by the writer in its last statement before COMMIT (its owner's
+    # advisory lock held, its heartbeat not expired); false fails the CHECK, so a batch
+    # of an owner the others may consider dead never commits (storage/pg_writer.py).
+    # The keys each batch wrote, by commit count (the writers' row caches, pg_batch.py).
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS recoverable_changes ("
+        " commit bigint PRIMARY KEY, keys bytea[])"
+    )
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS recoverable_txn_log ("
+        " owner_id text PRIMARY KEY, txn_id text NOT NULL,"
+        " owned boolean NOT NULL CONSTRAINT recoverable_txn_log_owned CHECK (owned))"
+    )
+
+
+def _step_2(conn: psycopg.Connection[Any]) -> None:
+    """Version 2: the source manifest of issue 16 (``storage/sources.py``)."""
+    conn.execute(
+        f"CREATE TABLE IF NOT EXISTS {sql_table('sources')} "
+        "(key bytea PRIMARY KEY, value bytea NOT NULL)"
+    )
+
+
+_STEPS: Final = {1: _step_1, 2: _step_2}
+assert set(_V1_TABLES) | {"sources"} == set(TABLES), "a new logical table needs a step"
+
+
+def schema_version(conn: psycopg.Connection[Any]) -> int:
+    """The database's schema version (0: never migrated)."""
+    row = conn.execute(
+        "SELECT to_regclass('recoverable_schema') IS NOT NULL"
+    ).fetchone()
+    if not row or not row[0]:
+        return 0
+    found = conn.execute("SELECT version FROM recoverable_schema").fetchone()
+    return 0 if found is None else int(found[0])
+
+
+def upgrade(conn: psycopg.Connection[Any]) -> tuple[int, int]:
+    """Bring the schema to :data:`SCHEMA_VERSION`: ``(before, after)``. Idempotent.
+
+    ``conn`` is in autocommit mode; each call is one transaction under the migration
+    lock. A newer schema than this code raises ``UnsupportedRecordVersion``.
+    """
+    try:
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_NAMESPACE, MIGRATION_LOCK))
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS recoverable_schema ("
+                " singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),"
+                " version integer NOT NULL)"
+            )
+            before = schema_version(conn)
+            if before > SCHEMA_VERSION:
+                raise UnsupportedRecordVersion(
+                    f"the database's recoverable schema is version {before}; this library "
+                    f"reads version {SCHEMA_VERSION} (upgrade recoverable)"
+                )
+            for version in range(before + 1, SCHEMA_VERSION + 1):
+                _STEPS[version](conn)
+            conn.execute(
+                "INSERT INTO recoverable_schema (singleton, version) VALUES (true, %s) "
+                "ON CONFLICT (singleton) DO UPDATE SET version = EXCLUDED.version",
+                (SCHEMA_VERSION,),
+            )
+    except psycopg.Error as exc:
+        raise StorageUnavailable(f"migrating the schema failed: {describe(exc)}") from exc
+    return before, SCHEMA_VERSION

@@ -1,0 +1,460 @@
+"""The PostgreSQL recovery store: the storage contract on a database a fleet shares.
+
+``RecoveryStore.open("postgresql://user@host:port/db")`` opens one (the dispatch is in
+``storage/store.py``). The records are the LMDB store's bytes in one table per logical
+table (``storage/pg_sql.py``), the write transaction is the LMDB store's ``WriteTxn``
+over SQL, the writer groups the mutations of this process into one PostgreSQL
+transaction per batch (``storage/pg_writer.py``); reads use a small pool of connections,
+each query from one snapshot (REPEATABLE READ, read only).
+
+Owners and leases. An opened store is an *owner*: a ``recoverable_owners`` row (its id,
+an advisory-lock key, a heartbeat expiry in server time) and a session advisory lock held
+by a dedicated connection for the store's whole life. Another owner is live while that
+lock is held (PostgreSQL drops it when the owner's process or connection dies: SIGKILL,
+a killed backend) AND its expiry, renewed by a heartbeat thread, is after the server's
+``now()`` (a hung owner stops renewing). The client clock never decides another owner's
+liveness. Lease rows, fences and their checks are the LMDB store's (``storage/leases.py``,
+``WriteTxn.put_operation(expect_fence=)``), made atomic by the writers' lock.
+
+Failing closed. If this owner's lock connection is lost or its heartbeat finds its row
+expired, the owner is *lost*: every later write is refused (``StorageUnavailable``) and
+none of its leases is live, so nothing is authorized, transmitted or delivered by it
+again; open the store anew. An unreachable database makes every read and write raise
+``StorageUnavailable``. Connection strings are redacted (``postgresql://user:***@...``)
+in ``path``, ``repr`` and every error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, Final, TypeVar
+
+import psycopg
+from recoverable.storage import codec
+from recoverable.storage.keys import META_BYTES, key_str, u64
+from recoverable.storage.leases import LeaseTokens, lease_expired
+from recoverable.storage.pg_listen import CommitListener
+from recoverable.storage.pg_schema import LOCK_NAMESPACE, META_COMMITS, upgrade
+from recoverable.storage.pg_sql import SqlSnapshot, describe, sql_table, table_names
+from recoverable.storage.pg_writer import PgWriter
+from recoverable.storage.registry import OpenStores, StoreOptions
+from recoverable.storage.store import (
+    TABLES,
+    RecoveryStore,
+    Table,
+    redact_url,
+    register_url_store,
+)
+from recoverable.storage.txn import WriteState
+
+from recoverable.errors import CorruptRecord, StorageUnavailable, UnsupportedRecordVersion
+from recoverable.records import CommandRecord, LeaseRecord
+
+__all__ = ["HEARTBEAT_SECONDS", "OWNER_TTL_SECONDS", "PgStore", "redact_url"]
+
+Result = TypeVar("Result")
+
+OWNER_TTL_SECONDS: Final = 10.0  # another owner is dead once its heartbeat is this old
+HEARTBEAT_SECONDS: Final = 1.0
+CONNECT_TIMEOUT: Final = 5
+POOL_SIZE: Final = 4
+WRITER_IDLE_MS: Final = 5000  # idle_in_transaction_session_timeout of the writer's session
+COMMIT_POLL_SECONDS: Final = 0.25  # a monitor's poll when no notification comes
+SCHEMES: Final = ("postgresql", "postgres")
+
+_OPEN: Final[OpenStores[PgStore]] = OpenStores()
+
+
+def _connection_lost(conn: psycopg.Connection[Any], exc: BaseException | None) -> bool:
+    """The statement failed because the connection is gone: the server ended the
+    session (SQLSTATE class 57: a killed backend, a shutdown) or the link broke (08)."""
+    if conn.broken or conn.closed:
+        return True
+    state = getattr(exc, "sqlstate", None) or ""
+    return isinstance(exc, psycopg.OperationalError) and (
+        state.startswith(("57", "08")) or not state
+    )
+
+
+class _OwnerTokens(LeaseTokens):
+    """The active lease tokens of this owner; another owner's liveness from the database."""
+
+    def __init__(self, store: PgStore) -> None:  # no owner lock file: see PgStore
+        self._store = store
+        self._active: set[str] = set()
+        self._lock = threading.Lock()
+
+    def is_live(self, lease: LeaseRecord, now: float | None = None) -> bool:
+        if lease_expired(lease, now):
+            return False
+        if lease.owner_id == self._store.owner_id:
+            if self._store.owner_lost:
+                return False
+            with self._lock:
+                return lease.token in self._active
+        return self._store.owner_is_live(lease.owner_id)
+
+
+class _Pool:
+    """A few autocommit connections for reads, each used by one thread at a time."""
+
+    def __init__(self, connect: Callable[[], psycopg.Connection[Any]], size: int) -> None:
+        self._connect = connect
+        self._size = size
+        self._idle: list[psycopg.Connection[Any]] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+        with self._lock:
+            conn = self._idle.pop() if self._idle else None
+        if conn is None:
+            conn = self._connect()
+        try:
+            yield conn
+        finally:
+            idle = (
+                not conn.closed
+                and not conn.broken
+                and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+            )
+            with self._lock:
+                keep = idle and not self._closed and len(self._idle) < self._size
+                if keep:
+                    self._idle.append(conn)
+            if not keep:
+                conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+
+class PgStore(RecoveryStore):
+    """A PostgreSQL recovery store (see the module docstring). Open it with
+    ``RecoveryStore.open(url)``; the reads, queries, retention and writes are the
+    ``RecoveryStore`` methods, over SQL."""
+
+    def __init__(self, url: str, options: StoreOptions) -> None:
+        # Not RecoveryStore.__init__ (no LMDB files): the attributes its shared
+        # methods use are set here.
+        self._url = url
+        self.path = redact_url(url)
+        self.max_bytes = options.max_bytes
+        self.max_record_bytes = options.max_record_bytes
+        self.max_map_size = 0
+        self._closed = False
+        self._damage = None
+        self._lock_replaced = False
+        self._dbs = table_names()
+        self._owner_id = secrets.token_hex(16)
+        self._owner_conn: psycopg.Connection[Any] | None = None
+        self._lock_key = 0
+        self.owner_lost = False
+        self._stop = threading.Event()
+        self._heartbeat: threading.Thread | None = None
+        self._pool = _Pool(self._connect_reader, POOL_SIZE)
+        self._tokens = self._owner_tokens = _OwnerTokens(self)
+        self._pg_writer: PgWriter | None = None
+        self._writer = None
+        try:
+            self._open_database()
+        except BaseException:
+            self._teardown()
+            raise
+
+    def __repr__(self) -> str:
+        return f"<PgStore {self.path} owner={self._owner_id}>"
+
+    # -- opening and closing --
+
+    @classmethod
+    def open_url(cls, url: str, options: StoreOptions) -> RecoveryStore:
+        """One store per URL per process (reference counted, as the LMDB store)."""
+        return _OPEN.open(url, options, cls)
+
+    def _connect(self, *, autocommit: bool, role: str) -> psycopg.Connection[Any]:
+        """A new connection; ``application_name`` says its role (``recoverable-writer``,
+        ``-owner``, ``-read``, ``-listen``) so an operator can tell them apart."""
+        # The writer: a session stopped inside a transaction (SIGSTOP, a paused VM) would
+        # hold the fleet's writers' lock; the server ends it after a bound (its batch is
+        # rolled back and run again elsewhere or on its return).
+        options = (
+            f"-c idle_in_transaction_session_timeout={WRITER_IDLE_MS}" if role == "writer"
+            else None
+        )
+        try:
+            if options is not None:
+                return psycopg.connect(
+                    self._url,
+                    autocommit=autocommit,
+                    connect_timeout=CONNECT_TIMEOUT,
+                    application_name=f"recoverable-{role}",
+                    options=options,
+                )
+            return psycopg.connect(
+                self._url,
+                autocommit=autocommit,
+                connect_timeout=CONNECT_TIMEOUT,
+                application_name=f"recoverable-{role}",
+            )
+        except psycopg.Error as exc:
+            raise StorageUnavailable(
+                f"cannot connect to the database at {self.path}: {describe(exc)}"
+            ) from None  # the driver's message may echo connection details
+
+    def _connect_reader(self) -> psycopg.Connection[Any]:
+        return self._connect(autocommit=True, role="read")
+
+    def _connect_writer(self) -> psycopg.Connection[Any]:
+        try:
+            return self._connect(autocommit=False, role="writer")
+        except StorageUnavailable as exc:
+            raise psycopg.OperationalError(str(exc)) from None
+
+    def _open_database(self) -> None:
+        conn = self._owner_conn = self._connect(autocommit=True, role="owner")
+        upgrade(conn)
+        try:
+            row = conn.execute(
+                "INSERT INTO recoverable_owners (owner_id, lock_key, expires_at) "
+                "VALUES (%s, nextval('recoverable_owner_lock'), "
+                "now() + make_interval(secs => %s)) RETURNING lock_key",
+                (self._owner_id, OWNER_TTL_SECONDS),
+            ).fetchone()
+            assert row is not None
+            self._lock_key = int(row[0])
+            conn.execute("SELECT pg_advisory_lock(%s, %s)", (LOCK_NAMESPACE, self._lock_key))
+            # The rows of owners that are gone (their lock free and their heartbeat over).
+            conn.execute(
+                "DELETE FROM recoverable_owners o WHERE o.expires_at < now() AND NOT EXISTS ("
+                " SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted"
+                " AND l.database = (SELECT oid FROM pg_database WHERE datname ="
+                " current_database()) AND l.classid = %s::oid"
+                " AND l.objid = o.lock_key::oid AND l.objsubid = 2)",
+                (LOCK_NAMESPACE,),
+            )
+        except psycopg.Error as exc:
+            raise StorageUnavailable(f"cannot register the owner: {describe(exc)}") from exc
+        state = WriteState(
+            self._dbs,
+            max_bytes=self.max_bytes,
+            max_record_bytes=self.max_record_bytes,
+            owner_id=self._owner_id,
+            tokens=self._owner_tokens,
+        )
+        self._pg_writer = self._writer = PgWriter(
+            self._connect_writer,
+            state,
+            owner_id=self._owner_id,
+            lock_key=self._lock_key,
+            refuse=self._refuse_if_lost,
+            lost=self._lose_owner,
+            name=f"recoverable-pg-writer:{self._owner_id[:8]}",
+        )
+        self._heartbeat = threading.Thread(
+            target=self._beat, name="recoverable-pg-heartbeat", daemon=True
+        )
+        self._heartbeat.start()
+
+    def _beat(self) -> None:
+        """Renew this owner's expiry (server time) until closed; a failed renewal, or an
+        expiry found already past (this process was stalled), loses the owner."""
+        while not self._stop.wait(HEARTBEAT_SECONDS):
+            conn = self._owner_conn
+            if conn is None:
+                return
+            try:
+                row = conn.execute(
+                    "UPDATE recoverable_owners SET expires_at = now() + "
+                    "make_interval(secs => %s) WHERE owner_id = %s AND expires_at > now() "
+                    "RETURNING 1",
+                    (OWNER_TTL_SECONDS, self._owner_id),
+                ).fetchone()
+            except psycopg.Error:
+                row = None
+            if row is None:
+                if not self._stop.is_set():
+                    self.owner_lost = True
+                return
+
+    def _lose_owner(self) -> None:
+        self.owner_lost = True
+
+    def _refuse_if_lost(self) -> None:
+        if self._closed:
+            raise StorageUnavailable("the store is closed")
+        if self.owner_lost:
+            raise StorageUnavailable(
+                "this process lost its ownership of the PostgreSQL store (its connection "
+                "or heartbeat failed): every write is refused; open the store again"
+            )
+
+    def _refuse_if_failed(self) -> None:
+        self._refuse_if_lost()
+
+    def close(self) -> None:
+        if _OPEN.release(self._url, self):
+            self._teardown()
+
+    def _teardown(self) -> None:
+        self._closed = True
+        self._stop.set()
+        if self._pg_writer is not None:
+            self._pg_writer.stop()
+        if self._heartbeat is not None and self._heartbeat is not threading.current_thread():
+            self._heartbeat.join()
+        conn, self._owner_conn = self._owner_conn, None
+        if conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                if not conn.broken:
+                    conn.execute(
+                        "DELETE FROM recoverable_owners WHERE owner_id = %s", (self._owner_id,)
+                    )
+            conn.close()  # drops the owner's advisory lock
+        self._pool.close()
+        self._owner_tokens.clear()
+
+    @property
+    def owner_id(self) -> str:
+        return self._owner_id
+
+    # -- reading --
+
+    def _read(self, fn: Callable[[Any], Result]) -> Result:
+        """``fn`` on one snapshot (REPEATABLE READ, read only) of a pooled connection."""
+
+        def snapshot(conn: psycopg.Connection[Any]) -> Result:
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            try:
+                return fn(SqlSnapshot(conn))
+            finally:
+                if not conn.broken:
+                    conn.execute("COMMIT")
+
+        return self._pooled(snapshot)
+
+    def _query(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
+        return self._pooled(lambda conn: conn.execute(sql, params, binary=True).fetchall())
+
+    def _pooled(self, call: Callable[[psycopg.Connection[Any]], Result]) -> Result:
+        """``call`` on a pooled connection. A read is idempotent: one that met a lost
+        connection (a killed backend, a restarted server) is tried once more on a new one."""
+        for last_try in (False, True):
+            if self._closed:
+                raise StorageUnavailable("the store is closed")
+            with self._pool.connection() as conn:
+                try:
+                    return call(conn)
+                except StorageUnavailable as exc:
+                    if last_try or not _connection_lost(conn, exc.__cause__):
+                        raise
+                except psycopg.Error as exc:
+                    if last_try or not _connection_lost(conn, exc):
+                        raise StorageUnavailable(f"reading failed: {describe(exc)}") from exc
+                conn.close()  # not back to the pool
+        raise AssertionError("unreachable")
+
+    def _get(self, table: Table, key: bytes) -> bytes | None:
+        rows = self._query(f"SELECT value FROM {sql_table(table)} WHERE key = %s", (key,))
+        return bytes(rows[0][0]) if rows else None
+
+    def owner_is_live(self, owner_id: str) -> bool:
+        """This owner (unless lost), or another whose advisory lock is held and whose
+        heartbeat expiry is after the server's ``now()``."""
+        if owner_id == self._owner_id:
+            return not self.owner_lost
+        rows = self._query(
+            "SELECT o.expires_at > now() AND EXISTS ("
+            " SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted"
+            " AND l.database = (SELECT oid FROM pg_database WHERE datname ="
+            " current_database()) AND l.classid = %s::oid"
+            " AND l.objid = o.lock_key::oid AND l.objsubid = 2)"
+            " FROM recoverable_owners o WHERE o.owner_id = %s",
+            (LOCK_NAMESPACE, owner_id),
+        )
+        return bool(rows and rows[0][0])
+
+    def other_live_owners(self) -> list[str]:
+        """The other owners whose lock is held and whose heartbeat has not expired."""
+        rows = self._query("SELECT owner_id FROM recoverable_owners", ())
+        return [
+            str(row[0]) for row in rows
+            if row[0] != self._owner_id and self.owner_is_live(str(row[0]))
+        ]
+
+    def commit_listener(self) -> CommitListener:
+        """A LISTEN connection for one lifecycle monitor (``actors/monitor.py`` uses it
+        when a store has this method): woken by every commit that writes a command, with
+        a bounded poll of ``last_txnid`` every ``COMMIT_POLL_SECONDS`` as the fallback."""
+        return CommitListener(
+            lambda: self._connect(autocommit=True, role="listen"), COMMIT_POLL_SECONDS
+        )
+
+    def last_txnid(self) -> int:
+        """The count of committed batches, by every process (moves on every commit)."""
+        return u64(self._get("meta", META_COMMITS))
+
+    def commands_snapshot(
+        self, *, after_serial: int = 0
+    ) -> tuple[int, list[CommandRecord]]:
+        """``(commit count, commands with serial > after_serial)`` from one snapshot: one
+        statement, one round trip (the monitor's scan; unreadable commands are skipped,
+        as ``queries.commands_after`` does)."""
+        rows = self._query(
+            f"SELECT m.value, c.key, c.value FROM {sql_table('meta')} m"
+            f" LEFT JOIN {sql_table('commands')} c ON true WHERE m.key = %s",
+            (META_COMMITS,),
+        )
+        found: list[CommandRecord] = []
+        for _, key, raw in rows:
+            if key is None:
+                continue
+            try:
+                record = codec.decode_command(bytes(raw), operation_id=key_str(bytes(key)))
+            except (CorruptRecord, UnsupportedRecordVersion):
+                continue
+            if record.serial > after_serial:
+                found.append(record)
+        found.sort(key=lambda command: command.serial)
+        return (u64(rows[0][0]) if rows else 0), found
+
+    def stats(self) -> dict[str, int]:
+        """Quota counters and, for this process, commits vs writes (group commit)."""
+
+        def read(snap: SqlSnapshot) -> tuple[int, int]:
+            entries = sum(
+                snap.stat(self._dbs[table])["entries"] for table in TABLES if table != "meta"
+            )
+            return u64(snap.get(META_BYTES, self._dbs["meta"])), entries
+
+        bytes_used, entries = self._read(read)
+        writer = self._pg_writer
+        if self._closed or writer is None:
+            raise StorageUnavailable("the store is closed")
+        return {
+            "bytes_used": bytes_used,
+            "max_bytes": self.max_bytes,
+            "max_record_bytes": self.max_record_bytes,
+            "entries": entries,
+            "commits": writer.commits,
+            "writes": writer.writes,
+            "largest_batch": writer.largest_batch,
+            "map_size": 0,
+            "map_growths": 0,
+            "map_adoptions": 0,
+            "isolated_reruns": writer.isolated_reruns,
+            "reconnects": writer.reconnects,
+            "reruns": writer.reruns,
+            "unknown_commits_resolved": writer.unknown_resolved,
+        }
+
+
+register_url_store(SCHEMES, PgStore.open_url)

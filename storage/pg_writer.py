@@ -1,0 +1,382 @@
+"""The PostgreSQL store's writer: one thread, one connection, group commit.
+
+The submission side (Trio waiters woken once per loop, ``write_sync`` for threads, the
+queue drained batch by batch, the counters) is the LMDB writer's (``storage/writer.py``):
+only how a batch commits differs. A batch is one PostgreSQL transaction:
+
+1. ``pg_advisory_xact_lock(writers)``: one write transaction at a time, fleet-wide, as
+   LMDB has one writer. Under it each READ COMMITTED statement sees every earlier commit
+   and nobody else writes, so a mutation's reads and its conditional writes (a fenced
+   ``put_operation``, a lease taken with its fence incremented) are one atomic step, and
+   the command and queue serials commit in serial order (a poller never misses one).
+2. Every mutation runs straight in the transaction; if one raises, the run is discarded
+   and the batch run again with each mutation in a savepoint, so the failing one is
+   rolled back alone (the LMDB writer's child transactions).
+3. The ``bytes_used`` counter, the commit counter and this owner's ``txn_log`` row (a
+   fresh batch id) are written; ``NOTIFY recoverable`` when commands or the queue
+   changed; ``COMMIT``.
+
+A lost connection before ``COMMIT`` rolled the transaction back: reconnect and run the
+batch again. A lost connection *during* ``COMMIT`` leaves the outcome unknown: reconnect
+and read this owner's ``txn_log`` row: the batch id is there (committed: the callers get
+their results) or it is not (run again). A serialization failure or deadlock (40001 /
+40P01) is a known rollback: run again. After :data:`MAX_TRIES` the callers get
+``StorageUnavailable`` (for an unknown outcome, saying so): never a guess.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from collections.abc import Callable
+from typing import Any, Final, cast
+
+import outcome
+import psycopg
+from recoverable.storage.keys import META_BYTES, u64
+from recoverable.storage.pg_batch import CHANGES_KEPT, BatchSnapshot, RowCache, changed_keys
+from recoverable.storage.pg_listen import CHANNEL
+from recoverable.storage.pg_schema import LOCK_NAMESPACE, META_COMMITS, WRITER_LOCK
+from recoverable.storage.pg_sql import SqlSnapshot, describe, sql_table
+from recoverable.storage.txn import WriteState, WriteTxn
+from recoverable.storage.writer import MapGuard, Writer, _Isolate, _Job
+
+from recoverable.errors import StorageUnavailable
+
+__all__ = ["MAX_TRIES", "PgWriter"]
+
+MAX_TRIES: Final = 5
+_RETRYABLE: Final = frozenset({"40001", "40P01"})
+_NOTIFY_TABLES: Final = frozenset({sql_table("commands"), sql_table("queue")})
+_COMMIT_COUNT: Final = "('x' || encode(value, 'hex'))::bit(64)::int8"  # a meta counter
+OWNED_CHECK: Final = "recoverable_txn_log_owned"  # the CHECK on txn_log.owned (pg_schema)
+OWN_LOCK_HELD: Final = (
+    "SELECT EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted"
+    " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+    " AND l.classid = %s::oid AND l.objid = %s::oid AND l.objsubid = 2)"
+    " AND EXISTS (SELECT 1 FROM recoverable_owners WHERE owner_id = %s AND expires_at > now())"
+)
+
+
+class _Rerun(Exception):
+    """Internal: the transaction was rolled back (known): run the batch again."""
+
+
+class _Unknown(Exception):
+    """Internal: the connection was lost during COMMIT: resolve through the txn log."""
+
+
+class PgWriter(Writer[WriteTxn]):
+    """The writer thread of one PostgreSQL store (see the module docstring)."""
+
+    def __init__(
+        self,
+        connect: Callable[[], psycopg.Connection[Any]],
+        state: WriteState,
+        *,
+        owner_id: str,
+        lock_key: int,
+        refuse: Callable[[], None],
+        lost: Callable[[], None],
+        name: str,
+    ) -> None:
+        self._connect = connect
+        self._conn: psycopg.Connection[Any] | None = None
+        self._state = state
+        self._owner_id = owner_id
+        self._refuse = refuse
+        self._lost = lost
+        self._lock_key = lock_key
+        self._cache = RowCache()  # see storage/pg_batch.py
+        self.reconnects = 0
+        self.unknown_resolved = 0
+        self.reruns = 0
+        self._stop_event = threading.Event()
+        super().__init__(
+            cast(Any, None),  # no LMDB environment: _commit_batch is replaced below
+            MapGuard(),
+            lambda txn: WriteTxn(state, txn),  # unused: batches run in _try_pg_batch
+            max_map_size=0,
+            name=name,
+        )
+
+    def stop(self) -> None:
+        super().stop()
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+    # -- one batch ----------------------------------------------------------------
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        conn = self._conn
+        if conn is not None and not conn.closed and not conn.broken:
+            return conn
+        if conn is not None:
+            conn.close()
+            self.reconnects += 1
+        self._conn = None
+        self._conn = conn = self._connect()
+        return conn
+
+    def _commit_batch(self, batch: list[_Job]) -> None:
+        isolated = False
+        tries = 0
+        while True:
+            txn_id = secrets.token_hex(16)
+            try:
+                self._try_pg_batch(batch, isolated, txn_id)
+                return
+            except _Isolate:
+                self._discard_runs(batch)
+                isolated = True
+                self.isolated_reruns += 1
+                continue
+            except StorageUnavailable as exc:
+                self._discard_runs(batch)
+                for job in batch:
+                    job.result = outcome.Error(exc)
+                return
+            except _Rerun as exc:
+                self._discard_runs(batch)
+                failure: BaseException = exc
+                unknown = False
+            except _Unknown as exc:
+                committed = self._committed(txn_id)
+                if committed:
+                    self.unknown_resolved += 1
+                    self.commits += 1
+                    self.writes += len(batch)
+                    return
+                self._discard_runs(batch)
+                failure = exc
+                unknown = committed is None
+            tries += 1
+            self.reruns += 1
+            if tries >= MAX_TRIES:
+                cause = failure.__cause__ or failure
+                error = StorageUnavailable(
+                    "the database is unreachable: "
+                    + (
+                        "the outcome of the last commit could not be read back, so it is "
+                        "unknown (nothing is assumed)"
+                        if unknown
+                        else "nothing was written"
+                    )
+                    + f" ({describe(cause)})"
+                )
+                error.__cause__ = cause
+                for job in batch:
+                    job.result = outcome.Error(error)
+                return
+            # Before the next try: a short pause, cut short when the store closes.
+            self._stop_event.wait(0.05 * 2**tries)
+
+    def _committed(self, txn_id: str) -> bool | None:
+        """Whether the batch ``txn_id`` committed (None: the database cannot say now)."""
+        for _ in range(MAX_TRIES):
+            try:
+                conn = self._connection()
+                with conn.transaction():
+                    row = conn.execute(
+                        "SELECT txn_id FROM recoverable_txn_log WHERE owner_id = %s",
+                        (self._owner_id,),
+                    ).fetchone()
+                return row is not None and row[0] == txn_id
+            except psycopg.Error:
+                self._stop_event.wait(0.1)
+        return None
+
+    def _try_pg_batch(self, batch: list[_Job], isolated: bool, txn_id: str) -> None:
+        self._refuse()
+        try:
+            conn = self._connection()
+        except psycopg.Error as exc:
+            raise _Rerun from exc
+        snapshot = BatchSnapshot(conn, self._cache)
+        committed_any = False
+        try:
+            try:
+                # One round trip: the lock, then (a statement run once it is granted) has
+                # anyone committed since our last batch? (the row cache, pg_batch.py)
+                # The other meta rows (quota counter, serials) come with it: every batch
+                # reads the quota counter, and they change with every batch of anyone.
+                since = self._cache.valid_at
+                with conn.pipeline():
+                    conn.execute(
+                        "SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_NAMESPACE, WRITER_LOCK)
+                    )
+                    metas = conn.execute(
+                        f"SELECT key, value FROM {sql_table('meta')}", binary=True
+                    )
+                    logged = conn.execute(
+                        "SELECT commit, keys FROM recoverable_changes WHERE commit > %s "
+                        "ORDER BY commit",
+                        (-1 if since is None else since,),
+                        binary=True,
+                    )
+                meta = {bytes(key): bytes(value) for key, value in metas.fetchall()}
+                changes = [] if since is None else [
+                    (int(commit), keys) for commit, keys in logged.fetchall()
+                ]
+                self._cache.adopt(u64(meta.pop(META_COMMITS, None)), changes)
+                self._cache.seed(sql_table("meta"), meta)
+                self._state.batch_bytes = None
+                for index, job in enumerate(batch):
+                    job.result = None
+                    if isolated:
+                        committed_any |= self._run_saved(conn, snapshot, job, index)
+                    else:
+                        self._run_direct(cast(Any, snapshot), job)
+                        self._check(snapshot)
+                        snapshot.end_mutation(True)
+                        committed_any = True
+                if not committed_any:
+                    conn.rollback()
+                    self.writes += len(batch)
+                    return
+                ended = self._end(conn, snapshot, txn_id)  # COMMIT included
+            except psycopg.Error as exc:
+                raise self._classify(exc) from exc
+            except StorageUnavailable:
+                self._check(snapshot)  # a failed statement: classified (a lost link reruns)
+                raise
+            except BaseException:
+                self._rollback(conn)
+                raise
+            commits = ended.fetchone()
+        except _Isolate:
+            raise  # nothing committed; the cache holds committed rows only: still valid
+        except BaseException:
+            self._cache.clear()
+            self._rollback(conn)
+            raise
+        snapshot.committed(u64(None if commits is None else commits[0]))
+        self.commits += 1
+        self.writes += len(batch)
+        self.largest_batch = max(self.largest_batch, len(batch))
+
+    def _check(self, snapshot: SqlSnapshot) -> None:
+        """A statement failed inside the mutation: the transaction is lost whatever the
+        mutation did with the error."""
+        failed = snapshot.failed
+        if failed is not None:
+            assert isinstance(failed, psycopg.Error)
+            raise self._classify(failed) from failed
+
+    def _classify(self, exc: psycopg.Error) -> Exception:
+        if exc.sqlstate in _RETRYABLE or exc.sqlstate is None or isinstance(
+            exc, psycopg.OperationalError
+        ):
+            return _Rerun()
+        return StorageUnavailable(f"the database refused the write: {describe(exc)}")
+
+    @staticmethod
+    def _rollback(conn: psycopg.Connection[Any]) -> None:
+        if not conn.closed and not conn.broken:
+            try:
+                conn.rollback()
+            except psycopg.Error:
+                conn.close()
+
+    def _run_direct(self, parent: Any, job: _Job) -> None:
+        ctx = WriteTxn(self._state, parent)
+        job.ctx = ctx
+        try:
+            value = job.fn(ctx)
+            ctx.finish()
+        except BaseException as exc:
+            self._check(parent)
+            raise _Isolate from exc
+        job.result = outcome.Value(value)
+
+    def _run_saved(
+        self, conn: psycopg.Connection[Any], snapshot: BatchSnapshot, job: _Job, index: int
+    ) -> bool:
+        name = f"m{index}"
+        snapshot.flush()  # the savepoint then covers this mutation's writes only
+        self._check(snapshot)
+        conn.execute(f"SAVEPOINT {name}")
+        bytes_before = self._state.batch_bytes
+        ctx = WriteTxn(self._state, cast(Any, snapshot))  # an LMDB-transaction-shaped view
+        job.ctx = ctx
+        try:
+            value = job.fn(ctx)
+            ctx.finish()
+        except BaseException as exc:
+            self._check(snapshot)
+            snapshot.end_mutation(False)
+            conn.execute(f"ROLLBACK TO SAVEPOINT {name}")
+            self._state.batch_bytes = bytes_before
+            ctx.run_abort_hooks()
+            job.result = outcome.Error(exc)
+            return False
+        self._check(snapshot)
+        snapshot.end_mutation(True)
+        conn.execute(f"RELEASE SAVEPOINT {name}")
+        job.result = outcome.Value(value)
+        return True
+
+    def _end(
+        self, conn: psycopg.Connection[Any], snapshot: BatchSnapshot, txn_id: str
+    ) -> psycopg.Cursor[Any]:
+        """Send the buffered writes, the counters, this owner's batch id, the notification
+        and COMMIT in one round trip (a pipeline); the cursor of the new commit count.
+
+        The ownership check runs on the server, in the transaction: the ``txn_log`` row's
+        ``owned`` column must be true (a CHECK constraint), computed from this owner's
+        advisory lock and heartbeat under the writers' lock. If it is not, the statement
+        fails, COMMIT never runs, and the owner is lost for good: another owner may
+        already have taken its leases."""
+        meta = sql_table("meta")
+        carried = self._state.batch_bytes
+        if carried is not None:
+            snapshot.put(META_BYTES, carried.to_bytes(8, "big"), meta)
+            snapshot.end_mutation(True)
+        try:
+            with conn.pipeline():
+                snapshot.flush()
+                counted = conn.execute(
+                    f"UPDATE {meta} SET value = int8send(("
+                    "'x' || encode(value, 'hex'))::bit(64)::int8 + 1) WHERE key = %s "
+                    "RETURNING value",
+                    (META_COMMITS,),
+                    binary=True,
+                )
+                conn.execute(
+                    "INSERT INTO recoverable_changes (commit, keys) SELECT"
+                    f" {_COMMIT_COUNT}, %s FROM {meta} WHERE key = %s",
+                    (changed_keys(snapshot.written_keys), META_COMMITS),
+                    binary=True,
+                )
+                conn.execute(
+                    f"DELETE FROM recoverable_changes WHERE commit <= (SELECT {_COMMIT_COUNT}"
+                    f" FROM {meta} WHERE key = %s) - {CHANGES_KEPT}",
+                    (META_COMMITS,),
+                    binary=True,
+                )
+                conn.execute(
+                    "INSERT INTO recoverable_txn_log (owner_id, txn_id, owned) "
+                    f"VALUES (%s, %s, ({OWN_LOCK_HELD})) ON CONFLICT (owner_id) DO UPDATE "
+                    "SET txn_id = EXCLUDED.txn_id, owned = EXCLUDED.owned",
+                    (self._owner_id, txn_id, LOCK_NAMESPACE, self._lock_key, self._owner_id),
+                )
+                if snapshot.written & _NOTIFY_TABLES:
+                    conn.execute(f"NOTIFY {CHANNEL}")
+                conn.commit()
+        except psycopg.errors.CheckViolation as exc:
+            if exc.diag.constraint_name != OWNED_CHECK:
+                raise
+            self._lost()
+            raise StorageUnavailable(
+                "this process lost its ownership of the PostgreSQL store: nothing of this "
+                "batch was written"
+            ) from exc
+        except psycopg.Error as exc:
+            if exc.sqlstate is None:
+                # The link broke while the pipeline (COMMIT included) was under way: the
+                # outcome is unknown; the txn log will tell.
+                raise _Unknown from exc
+            raise
+        self._check(snapshot)
+        return counted

@@ -1,0 +1,138 @@
+"""The PostgreSQL store on a real server (issue 17): open, migrate, write, read, fence,
+owners, redaction, failing closed."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import psycopg
+import pytest
+from recoverable.storage import RecoveryStore, acquire_lease
+from recoverable.storage.pg_schema import SCHEMA_VERSION, schema_version, upgrade
+from recoverable.storage.pg_store import PgStore, redact_url
+
+from recoverable.errors import (
+    FenceMismatch,
+    InvalidRequest,
+    StorageUnavailable,
+    UnsupportedRecordVersion,
+)
+from tests.pg.cluster import Cluster
+from tests.pg.fixtures import drop_database, new_database
+from tests.storage.storage_helpers import make_op
+
+
+def test_open_a_url_returns_the_postgresql_store_and_migrates(pg_url: str) -> None:
+    with RecoveryStore.open(pg_url) as store:
+        assert isinstance(store, PgStore)
+        store.write_sync(lambda txn: txn.put_operation(make_op("op-1")))
+        found = store.get_operation("op-1")
+        assert found is not None and found.operation_id == "op-1"
+        assert store.get_operation("missing") is None
+        assert store.check_integrity() == []
+        assert store.stats()["entries"] == 2  # the record and its hosts index entry
+    with psycopg.connect(pg_url) as conn:
+        assert schema_version(conn) == SCHEMA_VERSION
+
+
+async def test_a_stale_fence_cannot_write(pg_url: str) -> None:
+    with RecoveryStore.open(pg_url) as store:
+        await store.write(lambda txn: txn.put_operation(make_op("op-1")))
+        lease = await store.write(lambda txn: acquire_lease(txn, "op-1", time.time()))
+        record = store.get_operation("op-1")
+        assert record is not None and record.fence == lease.fence == 1
+        with pytest.raises(FenceMismatch):
+            await store.write(lambda txn: txn.put_operation(record, expect_fence=0))
+
+
+def test_connection_strings_are_redacted() -> None:
+    assert redact_url("postgresql://alice:s3cret@db.example:5432/jobs") == (
+        "postgresql://alice:***@db.example:5432/jobs"
+    )
+    assert "hunter2" not in redact_url("postgresql://bob@db/jobs?password=hunter2&sslmode=require")
+    assert redact_url("postgresql://bob@db/jobs") == "postgresql://bob@db/jobs"
+
+
+def test_a_password_never_shows_in_the_store_or_its_errors(pg_cluster: Cluster) -> None:
+    url = f"postgresql://postgres:hunter2@127.0.0.1:{pg_cluster.port}/no_such_database"
+    with pytest.raises(StorageUnavailable) as caught:
+        RecoveryStore.open(url)
+    text = f"{caught.value} {caught.value!r} {caught.value.__cause__!r}"
+    assert "hunter2" not in text
+    assert "postgres:***@127.0.0.1" in str(caught.value)
+
+
+def test_an_unreachable_database_is_storage_unavailable() -> None:
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with pytest.raises(StorageUnavailable):
+        RecoveryStore.open(f"postgresql://postgres@127.0.0.1:{port}/db")
+
+
+def test_a_newer_schema_is_refused_and_left_untouched(pg_url: str) -> None:
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("UPDATE recoverable_schema SET version = %s", (SCHEMA_VERSION + 1,))
+    with pytest.raises(UnsupportedRecordVersion):
+        RecoveryStore.open(pg_url)
+    with psycopg.connect(pg_url) as conn:
+        assert schema_version(conn) == SCHEMA_VERSION + 1
+
+
+def test_the_migration_is_idempotent_and_runs_on_an_empty_database(pg_cluster: Cluster) -> None:
+    name = new_database(pg_cluster, template="template0")
+    try:
+        with psycopg.connect(pg_cluster.url(name), autocommit=True) as conn:
+            assert upgrade(conn) == (0, SCHEMA_VERSION)
+            assert upgrade(conn) == (SCHEMA_VERSION, SCHEMA_VERSION)
+    finally:
+        drop_database(pg_cluster, name)
+
+
+def test_an_unknown_url_scheme_is_a_typed_error() -> None:
+    with pytest.raises(InvalidRequest):
+        RecoveryStore.open("mysql://root@localhost/db")
+
+
+def test_a_commit_by_another_process_invalidates_the_writers_row_cache(pg_url: str) -> None:
+    """The writer serves reads from its cache only while nobody else committed since its
+    last batch: a fence taken by another owner is seen, never the cached older one."""
+    mine = RecoveryStore.open(pg_url)
+    other = RecoveryStore.open(pg_url + "?sslmode=disable")  # another owner (machine)
+    try:
+        mine.write_sync(lambda txn: txn.put_operation(make_op("op-1")))
+        cached = mine.write_sync(lambda txn: txn.get_operation("op-1"))
+        assert cached is not None and cached.fence == 0
+        taken = other.write_sync(lambda txn: acquire_lease(txn, "op-1", time.time()))
+        assert taken.fence == 1
+        with pytest.raises(FenceMismatch):
+            mine.write_sync(lambda txn: txn.put_operation(cached, expect_fence=0))
+        seen = mine.write_sync(lambda txn: txn.get_operation("op-1"))
+        assert seen is not None and seen.fence == 1
+        # And the other way round: the other owner sees this one's later writes.
+        mine.write_sync(lambda txn: txn.put_command("op-1", "suspend", 1.0))
+        command = other.write_sync(lambda txn: txn.get_command("op-1"))
+        assert command is not None and command.kind == "suspend"
+    finally:
+        other.close()
+        mine.close()
+
+
+def test_rows_nobody_else_changed_stay_in_the_writers_cache(pg_url: str) -> None:
+    """Another process's commit evicts only the rows it wrote (recoverable_changes)."""
+    mine = RecoveryStore.open(pg_url)
+    other = RecoveryStore.open(pg_url + "?sslmode=disable")
+    try:
+        assert isinstance(mine, PgStore)
+        mine.write_sync(lambda txn: txn.put_operation(make_op("op-1")))
+        mine.write_sync(lambda txn: txn.put_operation(make_op("op-2")))
+        cache = mine._pg_writer._cache  # type: ignore[union-attr]
+        assert ("recoverable_operations", b"op-1") in cache.rows
+        other.write_sync(lambda txn: acquire_lease(txn, "op-2", time.time()))
+        seen = mine.write_sync(lambda txn: txn.get_operation("op-2"))
+        assert seen is not None and seen.fence == 1  # evicted, read again
+        assert ("recoverable_operations", b"op-1") in cache.rows  # untouched: kept
+    finally:
+        other.close()
+        mine.close()
