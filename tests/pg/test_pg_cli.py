@@ -4,6 +4,7 @@ password in anything the CLI prints."""
 from __future__ import annotations
 
 import psycopg
+from recoverable.storage.pg_schema import SCHEMA_VERSION
 
 from tests.cli.cli_helpers import run_cli
 from tests.pg.cluster import Cluster
@@ -16,11 +17,32 @@ def test_db_upgrade_migrates_once_then_reports_up_to_date(pg_cluster: Cluster) -
     try:
         first = run_cli("db", "upgrade", "--store", url)
         assert first.returncode == 0, first.stderr
-        assert "upgraded from version 0 to 1" in first.stdout
+        assert f"upgraded from version 0 to {SCHEMA_VERSION}" in first.stdout
         again = run_cli("db", "upgrade", "--store", url)
         assert again.returncode == 0 and "up to date" in again.stdout
         with psycopg.connect(url) as conn:
-            assert conn.execute("SELECT version FROM recoverable_schema").fetchone() == (1,)
+            assert conn.execute("SELECT version FROM recoverable_schema").fetchone() == (
+                SCHEMA_VERSION,
+            )
+    finally:
+        drop_database(pg_cluster, name)
+
+
+def test_a_version_1_database_gains_the_sources_table(pg_cluster: Cluster) -> None:
+    """A database migrated before the source manifest (issue 16) existed is brought to
+    version 2 by ``db upgrade``: the sources table is created, nothing else changes."""
+    name = new_database(pg_cluster, template="template0")
+    url = pg_cluster.url(name)
+    try:
+        assert run_cli("db", "upgrade", "--store", url).returncode == 0
+        with psycopg.connect(url, autocommit=True) as conn:  # as version 1 left it
+            conn.execute("DROP TABLE recoverable_sources")
+            conn.execute("UPDATE recoverable_schema SET version = 1")
+        done = run_cli("db", "upgrade", "--store", url)
+        assert done.returncode == 0 and "from version 1 to 2" in done.stdout, done
+        with psycopg.connect(url) as conn:
+            found = conn.execute("SELECT to_regclass('recoverable_sources')").fetchone()
+            assert found is not None and found[0] is not None
     finally:
         drop_database(pg_cluster, name)
 
