@@ -202,6 +202,10 @@ def dispatch(
         previous_operation_id=source_id,
         maximum_output_tokens_total=record.maximum_output_tokens_total,
         on_interruption=record.on_interruption,
+        # The same choices as a manual retry's successor (actors/retry.py): the body was
+        # frozen for them (issue 15: background and stored), so they go with it.
+        live=record.live,
+        reattach=record.reattach,
     )
     child = msgspec.structs.replace(child, continuations_used=record.continuations_used + 1)
     if txn.get_operation(child.operation_id) is None and txn.get_disposition(
