@@ -27,6 +27,7 @@ import msgspec
 
 from recoverable.outcome import Interruption
 from recoverable.records import ContinuationRecord, OperationRecord
+from recoverable.types import SupersededReason
 
 __all__ = [
     "ACTION_ID",
@@ -94,6 +95,9 @@ Reason = Literal[
     # cancelled before dispatch
     "cancelled", "suspended", "disabled", "newer_revision", "newer_turn", "manual_retry",
     "disposed", "not_failed", "lease_live", "command_pending",
+    # a source-bound operation's source changed or was deleted (issue 16): a successor
+    # bound to a digest that is no longer current would be superseded at birth
+    "source_changed", "source_deleted",
 ]
 
 ELIGIBLE: Final[frozenset[Reason]] = frozenset(
@@ -202,8 +206,11 @@ def invalidation(
     lease_live: bool,
     newer_revision: bool,
     newer_turn: bool,
+    source_refusal: SupersededReason | None = None,
 ) -> Reason | None:
-    """Why a pending continuation may not be dispatched now (None: it may, if due)."""
+    """Why a pending continuation may not be dispatched now (None: it may, if due).
+    ``source_refusal``: the manifest no longer holds a source-bound operation's digest
+    (``sources_rules.receipt_refusal``)."""
     if rec.phase == "cancelled":
         return "cancelled"
     if rec.phase == "suspended":
@@ -222,6 +229,8 @@ def invalidation(
         return "newer_revision"
     if newer_turn:
         return "newer_turn"
+    if source_refusal is not None:
+        return source_refusal
     if lease_live:
         return "lease_live"
     if budget_left(rec, budget) == 0:
