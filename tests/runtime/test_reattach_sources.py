@@ -1,0 +1,52 @@
+"""Issues 15 with 16: a ``reattach=True`` operation bound to a source. When a manifest
+change supersedes it while its owner streams the background response, the owner is told
+through the cancel path (``storage/sources.supersede_in``): like a cancel, the provider
+is asked to stop the background response (best effort, recorded), since its result can
+never count. Real LMDB store, the fixture provider's background responses on 127.0.0.1."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+import recoverable
+from recoverable import errors
+from recoverable.testing import FixtureProvider
+
+from .conftest import ACCOUNT, REQUEST, Answer, Authorizer, make_backend
+from .test_reattach import FAST, Events, _resumes
+
+
+async def test_superseding_a_streaming_reattach_operation_cancels_it_on_the_server(
+    store: recoverable.RecoveryStore,
+) -> None:
+    events = Events()
+    await store.set_source("doc-1", "sha256:v1")
+    # Slow enough that the manifest change lands mid-stream (200 deltas at 50 ms).
+    async with FixtureProvider.serve(deltas=(200, 200), event_delay=0.05) as provider:
+        async with recoverable.open_runtime(
+            store, make_backend(provider), account=ACCOUNT, telemetry=events
+        ) as rt:
+            handle = await rt.prepare(
+                REQUEST, response=Answer, reattach=True, maximum_attempts=3,
+                retry_policy=FAST, source=recoverable.SourceRef("doc-1", "sha256:v1"),
+            )
+            async with trio.open_nursery() as nursery:
+                async def send() -> None:
+                    with pytest.raises(errors.OperationSuperseded):
+                        await rt.send_recovering(handle, response=Answer,
+                                                 authorize=Authorizer())
+
+                nursery.start_soon(send)
+                await events.wait_for("attempt.checkpointed")  # the response id is saved
+                await store.set_source("doc-1", "sha256:v2")
+            status = await rt.status(handle)
+    assert status.state == "superseded"
+    rid = status.attempts[-1].response_id
+    assert rid is not None
+    cancels = _resumes(provider, "cancel")
+    assert [cancel.response_id for cancel in cancels] == [rid]
+    stored = provider.stored_response(rid)
+    assert stored is not None and stored.status == "cancelled"
+    assert status.attempts[-1].server_cancel == "cancelled"
+    assert [e.fields["result"] for e in events.named("attempt.server_cancel")] == ["cancelled"]
