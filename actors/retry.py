@@ -25,7 +25,7 @@ from recoverable.storage.base import WriteTransaction as WriteTxn
 from recoverable.storage.integrity import verify_body
 from recoverable.storage.migration import upgrade_operation
 
-from recoverable import _killpoints, continuation, errors, machine
+from recoverable import _killpoints, continuation, errors, machine, reattachment
 from recoverable.body import freeze_body
 from recoverable.contract import contract_for
 from recoverable.records import (
@@ -158,6 +158,12 @@ def source_conditions(plan: RetryPlan, view: SourceView) -> OperationRecord:
     lease = view.get_lease(source_id)
     if lease is not None and view.lease_is_live(lease, plan.now):
         raise errors.OperationBusy(operation_id=source_id)
+    if reattachment.can_resume(source, plan.now):  # issue 15: it can still run
+        raise errors.RetryNotAllowed(
+            "its spent attempt can still be resumed from its saved background response "
+            "(reattach=True, no budget needed): resume it instead",
+            operation_id=source_id,
+        )
     machine.check_retry_source(source, now=plan.now, endpoint_id=plan.endpoint_id)
     return source
 
