@@ -24,7 +24,7 @@ import msgspec
 import trio
 from recoverable.actors.host import OperationHost, reattach_client
 from recoverable.actors.operation_core import Cut, Sending
-from recoverable.actors.transmit import Transmitter
+from recoverable.actors.transmit import StoppedAtCheckpoint, Transmitter
 from recoverable.storage.base import WriteTransaction
 from recoverable.transport.base import validate_api_key
 from recoverable.transport.ratelimit import estimate_tokens
@@ -81,7 +81,10 @@ class Reattacher(Transmitter):
                 )
             await self.guard.checkpoint()  # cut by it: stop here (the lease is lost)
 
-        streamed = await self._interruptible(resume())
+        try:
+            streamed = await self._interruptible(resume())
+        except StoppedAtCheckpoint as stopped:
+            return stopped.transition  # persisted; its Stop says why (superseded)
         current = self._checkpointed_record(current, attempt_id, sending)
         result = sending.result
         if result is None:

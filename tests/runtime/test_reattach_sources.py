@@ -6,8 +6,11 @@ never count. Real LMDB store, the fixture provider's background responses on 127
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import trio
+from recoverable.storage.sources import change_source
 
 import recoverable
 from recoverable import errors
@@ -50,3 +53,52 @@ async def test_superseding_a_streaming_reattach_operation_cancels_it_on_the_serv
     assert stored is not None and stored.status == "cancelled"
     assert status.attempts[-1].server_cancel == "cancelled"
     assert [e.fields["result"] for e in events.named("attempt.server_cancel")] == ["cancelled"]
+
+
+async def test_a_checkpoint_write_that_finds_the_operation_superseded_stops_the_stream(
+    store: recoverable.RecoveryStore,
+) -> None:
+    """The race of a manifest change with a checkpoint write: the supersede commits (with
+    its cancel command for the owner) and the owner's next fenced write (a checkpoint)
+    commits before the owner's monitor polled the command table. That write reads the
+    superseded record and deletes the command; the owner must still stop, with the typed
+    error, and not stream the rest of the response for nothing. Reproduced exactly as
+    the store is left by that race: the supersede and the command's removal in one
+    transaction (so no poll can see the command in between)."""
+    events = Events()
+    await store.set_source("doc-1", "sha256:v1")
+    async with FixtureProvider.serve(deltas=(200, 200), event_delay=0.03) as provider:
+        async with recoverable.open_runtime(
+            store, make_backend(provider), account=ACCOUNT, telemetry=events
+        ) as rt:
+            handle = await rt.prepare(
+                REQUEST, response=Answer, reattach=True, maximum_attempts=3,
+                retry_policy=FAST, source=recoverable.SourceRef("doc-1", "sha256:v1"),
+            )
+            op_id = handle.operation_id
+
+            def supersede_then_consume_the_command(txn: Any) -> None:
+                change_source("doc-1", "sha256:v2", rt.now(), txn)
+                assert txn.get_command(op_id) is not None  # the owner would be told...
+                txn.delete_command(op_id)  # ...but a fenced write took it first
+
+            raised: list[Exception] = []
+            async with trio.open_nursery() as nursery:
+                async def send() -> None:
+                    try:
+                        await rt.send_recovering(handle, response=Answer,
+                                                 authorize=Authorizer())
+                    except Exception as exc:  # asserted below
+                        raised.append(exc)
+
+                nursery.start_soon(send)
+                await events.wait_for("attempt.checkpointed")  # the response id is saved
+                await store.write(supersede_then_consume_the_command)
+            status = await rt.status(handle)
+    assert len(raised) == 1 and isinstance(raised[0], errors.OperationSuperseded), raised
+    assert status.state == "superseded"
+    # Stopped at the next checkpoint (every second at most), long before the ~6 s end.
+    checkpoints = events.named("attempt.checkpointed")
+    last = checkpoints[-1].fields["sequence_number"]
+    assert isinstance(last, int) and last < 150, last
+    assert status.attempts[-1].server_cancel == "cancelled"  # and told the provider
