@@ -71,14 +71,22 @@ class Reattacher(Transmitter):
             sending.response_id = report.response_id
             sending.sequence_number = report.sequence_number
 
+        # The attempt is already consumed (its first POST was): a cut is a hard timeout.
+        sending.consumed = machine.Transition(current, None, False)
+        hard = current.attempt_timeout  # issue 16: it bounds every call of the attempt
+
         async def resume() -> None:
             with self.guard.transport():  # the hard deadline: the lease's safety margin
-                sending.result = await self._checkpointed(
+                call = self._checkpointed(
                     attempt_id, on_progress, lambda report: client.resume(
                         action.response_id, after=action.after, attempt_id=attempt_id,
                         token=token, on_progress=report,
                     ),
                 )
+                if hard is None:
+                    sending.result = await call
+                else:
+                    sending.result = await self._within(hard, call, sending)
             await self.guard.checkpoint()  # cut by it: stop here (the lease is lost)
 
         try:

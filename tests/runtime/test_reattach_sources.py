@@ -14,10 +14,11 @@ from recoverable.storage.sources import change_source
 
 import recoverable
 from recoverable import errors
+from recoverable.reattachment import MAX_REATTACHMENTS
 from recoverable.testing import FixtureProvider
 
-from .conftest import ACCOUNT, REQUEST, Answer, Authorizer, make_backend
-from .test_reattach import FAST, Events, _resumes
+from .conftest import ACCOUNT, REQUEST, Answer, Authorizer, generation_requests, make_backend
+from .test_reattach import FAST, Events, _cut, _resumes
 
 
 async def test_superseding_a_streaming_reattach_operation_cancels_it_on_the_server(
@@ -102,3 +103,33 @@ async def test_a_checkpoint_write_that_finds_the_operation_superseded_stops_the_
     last = checkpoints[-1].fields["sequence_number"]
     assert isinstance(last, int) and last < 150, last
     assert status.attempts[-1].server_cancel == "cancelled"  # and told the provider
+
+
+async def test_each_resume_get_is_cut_at_the_hard_attempt_timeout(
+    store: recoverable.RecoveryStore,
+) -> None:
+    """Issue 16's hard ``attempt_timeout`` bounds every provider call of an attempt, the
+    resume GETs of a ``reattach=True`` attempt too (without it, a GET is bounded only by
+    the lease's transport deadline, which each heartbeat renewal moves forward). The
+    response here streams for ~20 s (400 events at 50 ms); the timeout is 0.5 s: the POST
+    is dropped after 5 events, each of the bounded resume GETs is cut at the timeout, then
+    seed 000 decides (one attempt: exhausted). Wall-clock: 0.5 s against ~20 s."""
+    events = Events()
+    await store.set_source("doc-1", "sha256:v1")
+    async with FixtureProvider.serve(deltas=(200, 200), event_delay=0.05) as provider:
+        provider.script([_cut(5)])
+        async with recoverable.open_runtime(
+            store, make_backend(provider), account=ACCOUNT, telemetry=events
+        ) as rt:
+            handle = await rt.prepare(
+                REQUEST, response=Answer, reattach=True, maximum_attempts=1,
+                retry_policy=FAST, source=recoverable.SourceRef("doc-1", "sha256:v1"),
+                attempt_timeout=0.5,
+            )
+            with pytest.raises(errors.AttemptsExhausted) as exhausted:
+                await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
+    last = exhausted.value.last_failure
+    assert last is not None and (last.kind, last.transport_code) == ("timeout", "hard_timeout")
+    assert len(_resumes(provider)) == MAX_REATTACHMENTS
+    assert len(events.named("attempt.hard_timeout")) == MAX_REATTACHMENTS
+    assert len(generation_requests(provider, handle.operation_id)) == 1
