@@ -79,8 +79,11 @@ EXCLUDED_CODES: Final = frozenset({
     "insufficient_quota", "context_length_exceeded", "invalid_api_key", "cyber_policy",
     "content_policy_violation", "content_filter", "safety", "misalignment",
 })
-# Transport codes of a "timeout" that are not a stream going quiet (nothing was read yet).
-_NOT_STREAM_TIMEOUTS: Final = frozenset({"connect_timeout"})
+# Transport codes of a "timeout" that are not a stream going quiet: nothing was read yet
+# (connect), or the host's own elapsed-time bound cut it (issue 16's hard
+# ``attempt_timeout``: a successor has the same bound, so it is never continued).
+_HARD_TIMEOUT: Final = "hard_timeout"
+_NOT_STREAM_TIMEOUTS: Final = frozenset({"connect_timeout", _HARD_TIMEOUT})
 
 Reason = Literal[
     # eligible
@@ -128,7 +131,8 @@ def _is_generic(failure: Interruption) -> bool:
 
 def _is_excluded(failure: Interruption) -> bool:
     return (failure.provider_key in EXCLUDED_CODES or failure.http_status in (401, 403, 429)
-            or failure.is_quota or failure.is_rate_limit)
+            or failure.is_quota or failure.is_rate_limit
+            or (failure.kind == "timeout" and failure.transport_code == _HARD_TIMEOUT))
 
 
 def failure_chain(rec: OperationRecord) -> tuple[Interruption | None, ...]:
