@@ -35,6 +35,7 @@ from recoverable.records import (
     RetryReservation,
     StoredRequest,
 )
+from recoverable.sources_rules import receipt_refusal
 from recoverable.telemetry import Telemetry
 from recoverable.types import (
     AccountBinding,
@@ -56,6 +57,7 @@ class SourceView(Protocol):
     def get_disposition(self, operation_id: str) -> DispositionRecord | None: ...
     def get_lease(self, operation_id: str) -> LeaseRecord | None: ...
     def lease_is_live(self, lease: LeaseRecord, now: float | None = None) -> bool: ...
+    def get_source(self, key: str) -> str | None: ...
 
 
 @attrs.frozen
@@ -165,6 +167,17 @@ def source_conditions(plan: RetryPlan, view: SourceView) -> OperationRecord:
             operation_id=source_id,
         )
     machine.check_retry_source(source, now=plan.now, endpoint_id=plan.endpoint_id)
+    if source.source is not None and receipt_refusal(
+        source, view.get_source(source.source.key)
+    ) is not None:
+        # Issue 16: the successor would be bound to a digest that is no longer current
+        # (refused here, before any reservation is written on the source).
+        raise errors.InvalidParameter(  # the same typed error as put_new_operation's
+            "the source manifest does not hold this digest of the source: set it first "
+            "(store.set_source) or prepare a new operation bound to the current digest",
+            parameter="source",
+            reason="not_current",
+        )
     return source
 
 
