@@ -47,6 +47,7 @@ from recoverable.storage.queue import MAX_SCAN
 
 from recoverable import _killpoints, continuation, errors
 from recoverable.records import ContinuationRecord, OperationRecord, RetryReservation
+from recoverable.sources_rules import receipt_refusal
 from recoverable.telemetry import Telemetry as RuntimeTelemetry
 from recoverable.types import AccountBinding, to_datetime
 
@@ -158,6 +159,10 @@ def dispatch(
         lease_live=lease is not None and txn.lease_is_live(lease, now),
         newer_revision=newer_revision(txn, record),
         newer_turn=is_newer_turn(txn, record),
+        source_refusal=(  # issue 16: the successor would be bound to a stale digest
+            None if record.source is None
+            else receipt_refusal(record, txn.get_source(record.source.key))
+        ),
     )
     if reason is not None:
         return _cancel(txn, record, reason, now)
@@ -202,6 +207,10 @@ def dispatch(
         previous_operation_id=source_id,
         maximum_output_tokens_total=record.maximum_output_tokens_total,
         on_interruption=record.on_interruption,
+        # The same choices as a manual retry's successor (actors/retry.py): the body was
+        # frozen for them (issue 15: background and stored), so they go with it.
+        live=record.live,
+        reattach=record.reattach,
     )
     child = msgspec.structs.replace(child, continuations_used=record.continuations_used + 1)
     if txn.get_operation(child.operation_id) is None and txn.get_disposition(

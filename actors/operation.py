@@ -102,7 +102,9 @@ class OperationActor(Reattacher):
             match transition.action:
                 case machine.Stop(error=error):
                     telemetry.emit_stop(op_id, error)
-                    if isinstance(error, errors.OperationCancelled) and current.reattach:
+                    if current.reattach and isinstance(
+                        error, (errors.OperationCancelled, errors.OperationSuperseded)
+                    ):
                         await self._cancel_on_server(current)  # issue 15: best effort
                     raise error
                 case machine.Deliver():

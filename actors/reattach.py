@@ -24,7 +24,7 @@ import msgspec
 import trio
 from recoverable.actors.host import OperationHost, reattach_client
 from recoverable.actors.operation_core import Cut, Sending
-from recoverable.actors.transmit import Transmitter
+from recoverable.actors.transmit import StoppedAtCheckpoint, Transmitter
 from recoverable.storage.base import WriteTransaction
 from recoverable.transport.base import validate_api_key
 from recoverable.transport.ratelimit import estimate_tokens
@@ -36,6 +36,9 @@ from recoverable.records import OperationRecord
 # A cancel request to the provider after the operation's cancel is durable: bounded, and
 # never allowed to hold the execution up longer than this.
 SERVER_CANCEL_SECONDS = 10.0
+# The terminal phases whose background response is cancelled on the server: cancelled, and
+# superseded (issue 16: a manifest change or a newer revision; its result never counts).
+STOPPED = frozenset({"cancelled", "superseded"})
 
 
 class Reattacher(Transmitter):
@@ -68,17 +71,28 @@ class Reattacher(Transmitter):
             sending.response_id = report.response_id
             sending.sequence_number = report.sequence_number
 
+        # The attempt is already consumed (its first POST was): a cut is a hard timeout.
+        sending.consumed = machine.Transition(current, None, False)
+        hard = current.attempt_timeout  # issue 16: it bounds every call of the attempt
+
         async def resume() -> None:
             with self.guard.transport():  # the hard deadline: the lease's safety margin
-                sending.result = await self._checkpointed(
+                call = self._checkpointed(
                     attempt_id, on_progress, lambda report: client.resume(
                         action.response_id, after=action.after, attempt_id=attempt_id,
                         token=token, on_progress=report,
                     ),
                 )
+                if hard is None:
+                    sending.result = await call
+                else:
+                    sending.result = await self._within(hard, call, sending)
             await self.guard.checkpoint()  # cut by it: stop here (the lease is lost)
 
-        streamed = await self._interruptible(resume())
+        try:
+            streamed = await self._interruptible(resume())
+        except StoppedAtCheckpoint as stopped:
+            return stopped.transition  # persisted; its Stop says why (superseded)
         current = self._checkpointed_record(current, attempt_id, sending)
         result = sending.result
         if result is None:
@@ -110,10 +124,10 @@ class Reattacher(Transmitter):
 
 async def cancel_on_server(host: OperationHost, record: OperationRecord) -> str | None:
     """Ask the provider to cancel the last attempt's background response of a cancelled
-    ``reattach=True`` operation (best effort, bounded, never raises). Returns what the
-    provider answered (``transport.resume.CancelResult``), or ``None`` when there was
-    nothing to cancel."""
-    if record.phase != "cancelled" or not record.reattach or not record.attempts:
+    (or superseded, issue 16: its result can never count) ``reattach=True`` operation
+    (best effort, bounded, never raises). Returns what the provider answered
+    (``transport.resume.CancelResult``), or ``None`` when there was nothing to cancel."""
+    if record.phase not in STOPPED or not record.reattach or not record.attempts:
         return None
     last = record.attempts[-1]
     if last.response_id is None or last.outcome == "completed":
@@ -147,10 +161,11 @@ async def cancel_on_server(host: OperationHost, record: OperationRecord) -> str 
 def record_server_cancel(
     operation_id: str, attempt_id: str, result: str, txn: WriteTransaction
 ) -> None:
-    """Save on the cancelled operation's attempt what the provider answered to the cancel
-    of its background response (the operation is terminal: nothing else writes it)."""
+    """Save on the cancelled (or superseded) operation's attempt what the provider answered
+    to the cancel of its background response (the operation is terminal: nothing else
+    writes it)."""
     record = txn.get_operation(operation_id)
-    if record is None or record.phase != "cancelled" or not record.attempts:
+    if record is None or record.phase not in STOPPED or not record.attempts:
         return
     last = record.attempts[-1]
     if last.attempt_id != attempt_id or last.server_cancel == result:

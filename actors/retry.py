@@ -25,7 +25,7 @@ from recoverable.storage.base import WriteTransaction as WriteTxn
 from recoverable.storage.integrity import verify_body
 from recoverable.storage.migration import upgrade_operation
 
-from recoverable import _killpoints, continuation, errors, machine
+from recoverable import _killpoints, continuation, errors, machine, reattachment
 from recoverable.body import freeze_body
 from recoverable.contract import contract_for
 from recoverable.records import (
@@ -35,6 +35,7 @@ from recoverable.records import (
     RetryReservation,
     StoredRequest,
 )
+from recoverable.sources_rules import receipt_refusal
 from recoverable.telemetry import Telemetry
 from recoverable.types import (
     AccountBinding,
@@ -56,6 +57,7 @@ class SourceView(Protocol):
     def get_disposition(self, operation_id: str) -> DispositionRecord | None: ...
     def get_lease(self, operation_id: str) -> LeaseRecord | None: ...
     def lease_is_live(self, lease: LeaseRecord, now: float | None = None) -> bool: ...
+    def get_source(self, key: str) -> str | None: ...
 
 
 @attrs.frozen
@@ -158,7 +160,24 @@ def source_conditions(plan: RetryPlan, view: SourceView) -> OperationRecord:
     lease = view.get_lease(source_id)
     if lease is not None and view.lease_is_live(lease, plan.now):
         raise errors.OperationBusy(operation_id=source_id)
+    if reattachment.can_resume(source, plan.now):  # issue 15: it can still run
+        raise errors.RetryNotAllowed(
+            "its spent attempt can still be resumed from its saved background response "
+            "(reattach=True, no budget needed): resume it instead",
+            operation_id=source_id,
+        )
     machine.check_retry_source(source, now=plan.now, endpoint_id=plan.endpoint_id)
+    if source.source is not None and receipt_refusal(
+        source, view.get_source(source.source.key)
+    ) is not None:
+        # Issue 16: the successor would be bound to a digest that is no longer current
+        # (refused here, before any reservation is written on the source).
+        raise errors.InvalidParameter(  # the same typed error as put_new_operation's
+            "the source manifest does not hold this digest of the source: set it first "
+            "(store.set_source) or prepare a new operation bound to the current digest",
+            parameter="source",
+            reason="not_current",
+        )
     return source
 
 

@@ -31,6 +31,16 @@ class _NotTransmitted(Exception):
     """Raised from ``before_send``: the recheck at consumption stopped the attempt."""
 
 
+class StoppedAtCheckpoint(Exception):
+    """Raised from a background stream: a checkpoint write found the operation ended
+    meanwhile (issue 16: superseded; the write deleted the cancel command that was to
+    tell the monitor) and persisted a Stop instead; ``transition`` is that Stop."""
+
+    def __init__(self, transition: machine.Transition) -> None:
+        super().__init__(transition.record.phase)
+        self.transition = transition
+
+
 class Transmitter(OperationCore):
     """The actor's core plus the path of one approved attempt to its outcome."""
 
@@ -161,6 +171,8 @@ class Transmitter(OperationCore):
             # Persisted; its Stop says why (command, account, expiry, ...).
             assert sending.consumed is not None
             return sending.consumed
+        except StoppedAtCheckpoint as stopped:
+            return stopped.transition  # persisted; its Stop says why (superseded)
         finally:
             if not sending.reported:
                 # Give up a probe held without a result (cut, cancelled, raised). The ticket
@@ -237,8 +249,14 @@ class Transmitter(OperationCore):
         call: Callable[[Callable[[Progress], None]], Awaitable[Outcome]],
     ) -> Outcome:
         """Run one background stream (``call``) with its checkpoint writer beside it."""
+        stops: list[machine.Transition] = []
+
         async def persist(step: machine.Transition) -> None:
-            await self._persist(step, check_commands=False)
+            written = await self._persist(step, check_commands=False)
+            if isinstance(written.action, machine.Stop):  # ended meanwhile (superseded)
+                stops.append(written)
+                nursery.cancel_scope.cancel()
+                return
             _killpoints.hit("reattach.checkpoint_saved")
             saved = step.record.attempts[-1]
             self.host.telemetry.emit("attempt.checkpointed", self.operation_id,
@@ -274,6 +292,8 @@ class Transmitter(OperationCore):
         self.checkpoint_writes += checkpointer.writes
         if refused:
             raise refused[0]
+        if stops:
+            raise StoppedAtCheckpoint(stops[0])
         if raised:
             raise raised[0]
         assert outcome is not None

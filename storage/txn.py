@@ -73,6 +73,7 @@ ADMISSION_FIELDS: Final[tuple[str, ...]] = tuple(
         "format_hash", "contract_version", "scope", "job_id", "input_revision",
         "on_interruption", "source", "attempt_timeout",
         "reattach",  # issue 15: reattach is chosen at prepare
+        "live",  # issue 16: chosen at prepare (it fixed on_interruption="fail")
     )
     if name in OperationRecord.__struct_fields__
 )

@@ -217,3 +217,20 @@ def test_an_unreadable_preference_reads_as_off() -> None:
     assert read_continuation(Rows(b"\xc1garbage")).enabled is False
     with pytest.raises(errors.CorruptRecord):
         read_continuation(Rows(b"\xc1garbage"), strict=True)
+
+
+HARD_TIMEOUT = Interruption(kind="timeout", transport_code="hard_timeout")
+
+
+@pytest.mark.parametrize("record", [
+    failed(HARD_TIMEOUT, HARD_TIMEOUT),
+    failed(DROP, HARD_TIMEOUT),
+    failed(HARD_TIMEOUT, DROP),
+], ids=["all", "last", "first"])
+def test_the_hosts_own_hard_timeout_is_never_continued(record: OperationRecord) -> None:
+    """Issue 16's hard ``attempt_timeout`` (a source-bound operation always has one) is an
+    elapsed-time bound the host set, not the stream failing (criterion 3 lists
+    disconnects, premature EOF, idle timeouts and stream error events): a successor has
+    the same bound and would be cut again, spending the continuation budget for nothing."""
+    assert not cont.is_stream_failure(HARD_TIMEOUT)
+    assert cont.eligibility(record) == "excluded_failure"

@@ -27,6 +27,7 @@ import msgspec
 
 from recoverable.outcome import Interruption
 from recoverable.records import ContinuationRecord, OperationRecord
+from recoverable.types import SupersededReason
 
 __all__ = [
     "ACTION_ID",
@@ -78,8 +79,11 @@ EXCLUDED_CODES: Final = frozenset({
     "insufficient_quota", "context_length_exceeded", "invalid_api_key", "cyber_policy",
     "content_policy_violation", "content_filter", "safety", "misalignment",
 })
-# Transport codes of a "timeout" that are not a stream going quiet (nothing was read yet).
-_NOT_STREAM_TIMEOUTS: Final = frozenset({"connect_timeout"})
+# Transport codes of a "timeout" that are not a stream going quiet: nothing was read yet
+# (connect), or the host's own elapsed-time bound cut it (issue 16's hard
+# ``attempt_timeout``: a successor has the same bound, so it is never continued).
+_HARD_TIMEOUT: Final = "hard_timeout"
+_NOT_STREAM_TIMEOUTS: Final = frozenset({"connect_timeout", _HARD_TIMEOUT})
 
 Reason = Literal[
     # eligible
@@ -94,6 +98,9 @@ Reason = Literal[
     # cancelled before dispatch
     "cancelled", "suspended", "disabled", "newer_revision", "newer_turn", "manual_retry",
     "disposed", "not_failed", "lease_live", "command_pending",
+    # a source-bound operation's source changed or was deleted (issue 16): a successor
+    # bound to a digest that is no longer current would be superseded at birth
+    "source_changed", "source_deleted",
 ]
 
 ELIGIBLE: Final[frozenset[Reason]] = frozenset(
@@ -124,7 +131,8 @@ def _is_generic(failure: Interruption) -> bool:
 
 def _is_excluded(failure: Interruption) -> bool:
     return (failure.provider_key in EXCLUDED_CODES or failure.http_status in (401, 403, 429)
-            or failure.is_quota or failure.is_rate_limit)
+            or failure.is_quota or failure.is_rate_limit
+            or (failure.kind == "timeout" and failure.transport_code == _HARD_TIMEOUT))
 
 
 def failure_chain(rec: OperationRecord) -> tuple[Interruption | None, ...]:
@@ -202,8 +210,11 @@ def invalidation(
     lease_live: bool,
     newer_revision: bool,
     newer_turn: bool,
+    source_refusal: SupersededReason | None = None,
 ) -> Reason | None:
-    """Why a pending continuation may not be dispatched now (None: it may, if due)."""
+    """Why a pending continuation may not be dispatched now (None: it may, if due).
+    ``source_refusal``: the manifest no longer holds a source-bound operation's digest
+    (``sources_rules.receipt_refusal``)."""
     if rec.phase == "cancelled":
         return "cancelled"
     if rec.phase == "suspended":
@@ -222,6 +233,8 @@ def invalidation(
         return "newer_revision"
     if newer_turn:
         return "newer_turn"
+    if source_refusal is not None:
+        return source_refusal
     if lease_live:
         return "lease_live"
     if budget_left(rec, budget) == 0:

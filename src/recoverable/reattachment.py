@@ -50,6 +50,7 @@ __all__ = [
     "after_failure",
     "at_open",
     "begin",
+    "can_resume",
     "checkpoint",
     "checkpoint_due",
     "ended_checkpoint",
@@ -231,6 +232,17 @@ def checkpoint_due(
     if saved.sequence_number is not None and sequence_number <= saved.sequence_number:
         return False
     return events_since >= CHECKPOINT_EVERY_EVENTS or seconds_since >= CHECKPOINT_EVERY_SECONDS
+
+
+def can_resume(rec: OperationRecord, now: float) -> bool:
+    """The operation can still run by resuming its last attempt's saved response (an
+    execution opening it now would reattach, spending no budget): manual retry refuses
+    it ("resume it instead") even when its attempt budget is spent."""
+    return (
+        rec.phase in ("transmitting", "waiting", "suspended", "authorizing")
+        and not is_expired(rec, now)
+        and reattach_target(rec) is not None
+    )
 
 
 def keeps_through_owner_loss(closed: OperationRecord) -> bool:

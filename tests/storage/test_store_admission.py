@@ -44,6 +44,7 @@ CHANGED: dict[str, Any] = {
     "source": SourceRef("doc-1", "sha256:aaa"),
     "attempt_timeout": 10.0,
     "reattach": True,  # issue 15
+    "live": True,  # issue 16: chosen at prepare (it fixed on_interruption="fail")
 }
 
 
@@ -52,6 +53,8 @@ def test_the_admission_fields_are_the_decided_ones() -> None:
         "account", "endpoint_id", "model", "reasoning_effort", "body_hash",
         "maximum_attempts", "maximum_output_tokens_total", "retry_policy", "expires_at",
         "format_hash", "contract_version", "scope", "job_id", "input_revision",
+        # issues 15 and 16: chosen at prepare, never changed
+        "on_interruption", "source", "attempt_timeout", "reattach", "live",
     }
     assert decided <= set(ADMISSION_FIELDS) <= set(CHANGED)
 

@@ -93,6 +93,16 @@ def _continuation(status: Status) -> str | None:
     return text
 
 
+def _reattach(status: Status) -> str | None:
+    """Issue 15: prepared with ``reattach=True``; its resume GETs; a result by reattachment."""
+    if not status.reattach:
+        return None
+    text = f"yes: {status.reattachments} resume GET(s)"
+    if status.reattached:
+        text += ", the result came by reattachment"
+    return text
+
+
 def format_status(status: Status) -> str:
     failure = status.last_failure
     rows: list[tuple[str, object]] = [
@@ -113,6 +123,7 @@ def format_status(status: Status) -> str:
             f"{status.source.key} @ {status.source.digest}" if status.source else None
         )),
         ("superseded", status.superseded_reason),  # why (issue 16)
+        ("reattach", _reattach(status)),  # issue 15
         ("model", status.model),
         ("next attempt at", status.next_attempt_at.isoformat() if status.next_attempt_at else None),
         ("expires at", status.expires_at.isoformat() if status.expires_at else None),
