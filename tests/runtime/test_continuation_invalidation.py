@@ -18,6 +18,8 @@ from recoverable.testing import FixtureProvider, Reply
 from .conftest import ACCOUNT, REQUEST, Answer, Authorizer, generation_requests, make_backend
 from .test_continuation import DROPS, FAST, record
 
+STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
+
 Action = Callable[[recoverable.Runtime, recoverable.RecoveryStore, recoverable.Handle],
                   Awaitable[object]]
 

@@ -24,6 +24,8 @@ from recoverable.testing import FixtureProvider, Reply
 
 from .conftest import ACCOUNT, REQUEST, Answer, Authorizer, generation_requests, make_backend
 
+STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
+
 DOC = recoverable.SourceRef("doc-1", "sha256:v1")
 ANSWER = {"answer": 42, "note": "six times seven"}
 Action = Callable[[], Awaitable[None]]
