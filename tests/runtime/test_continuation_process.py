@@ -46,6 +46,7 @@ KEY_ENV = {"CONTINUATION_TEST_KEY": "sk-continuation-test"}
 DELAY = 0.3
 DROP = {"kind": "disconnect", "after_events": 2}
 DONE = {"kind": "complete", "payload": {"label": "a", "score": 7}}
+STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
 
 
 @pytest.fixture
@@ -74,7 +75,7 @@ def posts(info: dict[str, Any]) -> Counter[str]:
     return Counter((r["attempt_id"] or "?").rsplit(".", 1)[0] for r in log)
 
 
-def turn_on(store_path: Path) -> None:
+def turn_on(store_path: Path | str) -> None:
     recoverable.RecoveryStore.open(str(store_path)).close()  # a fresh store
     got = run_cli("config", "get", "continuation.enabled", "--store", str(store_path), "--json")
     assert got.returncode == 0, got.stderr
@@ -87,7 +88,7 @@ def turn_on(store_path: Path) -> None:
     assert got.stdout == "continuation.enabled = true\n"
 
 
-def start_worker(store: Path, info: dict[str, Any]) -> subprocess.Popen[str]:
+def start_worker(store: Path | str, info: dict[str, Any]) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
         cli_command("worker", "--store", str(store), "--endpoint", info["http_url"],
                     "--mode", "sse", "--api-key-env", "CONTINUATION_TEST_KEY",
@@ -126,9 +127,9 @@ def test_config_cli_rejects_bad_values_and_missing_stores(tmp_path: Path) -> Non
 
 
 async def test_workers_continue_a_failed_run_once_with_nobody_attached(
-    tmp_path: Path, provider: dict[str, Any]
+    store_location: str, provider: dict[str, Any]
 ) -> None:
-    store_path = tmp_path / "store"
+    store_path = store_location  # a directory (LMDB) or a database URL (PostgreSQL)
     turn_on(store_path)
     backend = recoverable.ResponsesBackend(
         provider["http_url"], mode="sse",
