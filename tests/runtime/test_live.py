@@ -11,7 +11,6 @@ first), durable state and Trio events. No fixed sleep decides anything."""
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
 import msgspec
 import pytest
@@ -53,11 +52,10 @@ def is_prefix_view(shown: object, final: object) -> bool:
     return shown == final
 
 
-# LMDB only: it scans the store's files (data.mdb, stale pages included) for views.
 async def test_a_trio_app_shows_partial_views_then_the_saved_value(
-    tmp_path: Path, mode: str
+    store_location: str, mode: str
 ) -> None:
-    path = tmp_path / "store"
+    path = store_location  # a directory (LMDB) or a database URL (PostgreSQL)
     screen: list[recoverable.PartialView] = []  # what the app showed a person
     async with FixtureProvider.serve() as provider:
         # Two of four deltas, then the stream is silent for a moment (keepalives only).
@@ -125,11 +123,10 @@ async def test_a_slow_consumer_never_blocks_the_transport_nor_misses_the_value(
         assert views[0].partial == msgspec.json.decode(final)
 
 
-# LMDB only: it scans the store's files (data.mdb, stale pages included) for views.
 async def test_an_interruption_is_raised_from_the_loop_and_never_replaced(
-    tmp_path: Path, mode: str
+    store_location: str, mode: str
 ) -> None:
-    path = tmp_path / "store"
+    path = store_location  # a directory (LMDB) or a database URL (PostgreSQL)
     async with FixtureProvider.serve() as provider:
         provider.script([Reply.disconnect(after_events=6), Reply.synthesize()])
         authorize = Authorizer()
