@@ -174,9 +174,9 @@ async def test_workers_continue_a_failed_run_once_with_nobody_attached(
 
 @pytest.mark.parametrize("workers", ["0", "1"])
 def test_batch_finishes_a_job_whose_continuation_recovers(
-    tmp_path: Path, provider: dict[str, Any], workers: str
+    tmp_path: Path, store_location: str, provider: dict[str, Any], workers: str
 ) -> None:
-    store_path = tmp_path / "store"
+    store_path = store_location  # a directory (LMDB) or a database URL (PostgreSQL)
     turn_on(store_path)
     write_jobs(tmp_path / "jobs.jsonl", [job_line(1)])
     out = tmp_path / "out.jsonl"
@@ -198,7 +198,7 @@ def test_batch_finishes_a_job_whose_continuation_recovers(
         assert store.get_disposition(successor) is not None
 
 
-def run_doomed_worker(store_path: Path, info: dict[str, Any], point: str) -> int:
+def run_doomed_worker(store_path: Path | str, info: dict[str, Any], point: str) -> int:
     """A worker that SIGKILLs itself at ``point``; its exit status."""
     doomed = subprocess.run(
         cli_command("worker", "--store", str(store_path), "--endpoint", info["http_url"],
@@ -212,12 +212,12 @@ def run_doomed_worker(store_path: Path, info: dict[str, Any], point: str) -> int
 
 @pytest.mark.parametrize("point", ["continuation.decided", "continuation.dispatched"])
 async def test_a_worker_killed_around_the_dispatch_leaves_exactly_one_continuation(
-    tmp_path: Path, provider: dict[str, Any], point: str
+    store_location: str, provider: dict[str, Any], point: str
 ) -> None:
     """Criterion 5, restarts: a worker SIGKILLed right after the terminal write that
     decided the continuation, or right after its dispatch; another worker finishes with
     exactly one successor and one generation for it."""
-    store_path = tmp_path / "store"
+    store_path = store_location  # a directory (LMDB) or a database URL (PostgreSQL)
     turn_on(store_path)
     done = run_cli("config", "set", "continuation.delay_seconds", "0", "--store",
                    str(store_path))
