@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 
 import httpx
+import pytest
 
 import recoverable
 from recoverable.records import OperationRecord
@@ -21,7 +23,10 @@ from tests.dashboard.helpers import (
     _prepare,
     dashboard,
     signed_in,
+    wait_for,
 )
+from tests.pg.cluster import Cluster
+from tests.pg.proxy import PgProxy
 
 PASSWORD = "pw-never-shown-5521"  # the test cluster trusts 127.0.0.1: it is never checked
 SOURCE_ACCOUNT = recoverable.AccountBinding("acct-cli", "api-key")
@@ -117,3 +122,42 @@ def test_the_dashboard_serves_a_postgresql_store(pg_url: str) -> None:
     status = run_cli("status", "--store", url, "--account", ACCOUNT_ID, idle[0], "--json")
     assert json.loads(status.stdout)["state"] == "suspended"
     assert PASSWORD not in json.dumps({k: v for k, v in info.items() if k != "proc"})
+
+
+@pytest.fixture
+def proxy(pg_cluster: Cluster) -> Iterator[PgProxy]:
+    relay = PgProxy(pg_cluster.port)
+    yield relay
+    relay.close()
+
+
+def test_an_unreachable_database_is_a_typed_503_and_the_dashboard_stays_up(
+    proxy: PgProxy, pg_url: str
+) -> None:
+    """The database goes away under a running dashboard (its connections cut, new ones
+    refused): an action is refused with ``storage_unavailable``, every page is a typed 503,
+    the process keeps serving, and nothing was written."""
+    [idle] = _prepare(pg_url, ACCOUNT, ["idle-1"])
+    relayed = proxy.url(pg_url.rsplit("/", 1)[1])
+    with dashboard(relayed, "--account", ACCOUNT_ID) as info, signed_in(info) as client:
+        assert client.get("/").status_code == 200
+        csrf = re.search(r'name="csrf" value="([^"]+)"', client.get(f"/operations/{idle}").text)
+        assert csrf is not None
+        proxy.down()
+        action = client.post(f"/operations/{idle}/suspend", data={"csrf": csrf.group(1)},
+                             headers={"origin": info["base"]})
+        assert action.status_code == 303
+        assert "storage_unavailable" in action.headers["location"]
+
+        def refused() -> bool:
+            page = client.get("/api/summary")
+            return page.status_code == 503 and page.json()["error"] == "storage_unavailable"
+
+        wait_for(refused, "the summary to report the database's failure")
+        for path in ("/", f"/operations/{idle}"):
+            page = client.get(path)
+            assert page.status_code == 503 and "storage_unavailable" in page.text
+        assert info["proc"].poll() is None  # still serving
+        proxy.up()
+    with recoverable.RecoveryStore.open(pg_url) as store:  # the refused action wrote nothing
+        assert store.get_command(idle) is None
