@@ -91,3 +91,9 @@ async def test_the_continuation_preference_and_the_source_manifest_move_too(
         assert fleet.get_source("doc-1") is not None
         shown = run_cli("config", "get", "continuation.enabled", "--store", pg_url)
         assert shown.stdout == "continuation.enabled = true\n"
+    back = str(tmp_path / "back")  # and back to a directory: the same rows
+    moved = run_cli("migrate-store", pg_url, back)
+    assert moved.returncode == 0, moved.stderr
+    with recoverable.RecoveryStore.open(back) as store:
+        assert recoverable.continuation_preference(store) == on
+        assert store.get_source("doc-1") is not None
