@@ -1,13 +1,14 @@
 """Moving a store's rows to another store (``recoverable migrate-store SRC DST``).
 
-The rows are the same bytes in both stores (LMDB and PostgreSQL), so a move is a raw
-copy, table by table, through the destination's own write path: every row is counted
-against its quotas, and the command and queue serials are carried over (a command
-written afterwards must have a higher serial than every copied one, or a monitor would
-miss it). Refused unless no other process has the source open (its operations would
-go on changing) and the destination holds nothing yet. Leases are copied as they are:
-they name the source's owners, which are dead in the destination, so their operations
-are adopted there with a higher fence, as after a crash.
+The rows are the same bytes in both stores (LMDB and PostgreSQL), so a move is a raw copy,
+table by table, through the destination's own write path: every row is counted against its
+quotas, and the command and queue serials are carried over (a command written afterwards
+must have a higher serial than every copied one, or a monitor would miss it), and so are
+the store-wide preferences (``meta`` rows ``preference.*``, issue 18: a store with
+continuation turned on has it on after the move). Refused unless no other process has the
+source open (its operations would go on changing) and the destination holds nothing yet.
+Leases are copied as they are: they name the source's owners, which are dead in the
+destination, so their operations are adopted there with a higher fence, as after a crash.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from recoverable.errors import InvalidRequest
 __all__ = ["CHUNK_ROWS", "copy_store"]
 
 CHUNK_ROWS: Final = 256  # rows per destination transaction
+_PREFERENCE: Final = b"preference."  # storage/preferences.py: b"preference." + name
 _COPIED: Final[tuple[Table, ...]] = tuple(
     table for table in TABLES if table not in ("meta", "schedule")
 )
@@ -95,9 +97,17 @@ def copy_store(source: RecoveryStore, destination: RecoveryStore) -> dict[str, i
         u64(source.get_raw("meta", META_QUEUE_SERIAL)),
     )
 
+    preferences = [
+        (key.removeprefix(_PREFERENCE).decode("ascii"), value)
+        for chunk in _chunks(source, "meta") for key, value in chunk
+        if key.startswith(_PREFERENCE)
+    ]
+
     def carry(txn: WriteTxn) -> None:
         txn.carry_counter(META_SERIAL, serials[0])
         txn.carry_counter(META_QUEUE_SERIAL, serials[1])
+        for name, value in preferences:
+            txn.put_preference(name, value)
 
     destination.write_sync(carry)
     return counts

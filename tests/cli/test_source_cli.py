@@ -12,6 +12,7 @@ from recoverable.records import OperationRecord
 from .cli_helpers import run_cli
 
 ACCOUNT = recoverable.AccountBinding("acct-cli", "api-key")
+STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
 
 
 def _bound(op_id: str, digest: str) -> OperationRecord:
@@ -23,7 +24,7 @@ def _bound(op_id: str, digest: str) -> OperationRecord:
     )
 
 
-def _store(store_dir: Path) -> None:
+def _store(store_dir: Path | str) -> None:
     with recoverable.RecoveryStore.open(str(store_dir)) as store:
         store.set_source_sync("doc-1", "sha256:v1")
         store.write_sync(lambda txn: (
@@ -32,8 +33,8 @@ def _store(store_dir: Path) -> None:
         ))
 
 
-def test_source_set_supersedes_the_old_digests_operations(tmp_path: Path) -> None:
-    store_dir = tmp_path / "store"
+def test_source_set_supersedes_the_old_digests_operations(store_location: str) -> None:
+    store_dir = store_location  # a directory (LMDB) or a database URL (PostgreSQL)
     _store(store_dir)
     done = run_cli("source", "set", "doc-1", "sha256:v2", "--store", str(store_dir), "--json")
     assert done.returncode == 0, done.stderr
@@ -49,8 +50,8 @@ def test_source_set_supersedes_the_old_digests_operations(tmp_path: Path) -> Non
     assert "doc-1 @ sha256:v1" in status.stdout
 
 
-def test_source_delete_and_bad_input(tmp_path: Path) -> None:
-    store_dir = tmp_path / "store"
+def test_source_delete_and_bad_input(tmp_path: Path, store_location: str) -> None:
+    store_dir = store_location  # a directory (LMDB) or a database URL (PostgreSQL)
     _store(store_dir)
     deleted = run_cli("source", "delete", "doc-1", "--store", str(store_dir))
     assert deleted.returncode == 0, deleted.stderr

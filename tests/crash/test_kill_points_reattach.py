@@ -25,6 +25,7 @@ import recoverable
 
 DRIVER = str(Path(__file__).with_name("host_driver.py"))
 POINT = "reattach.checkpoint_saved"
+STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
 
 
 @pytest.fixture(scope="module")
@@ -49,13 +50,15 @@ def provider_process() -> Iterator[dict[str, Any]]:
             proc.kill()
 
 
-def _driver(tmp: Path, base_url: str, job: str, mode: str, kill_at: str | None) -> Any:
+def _driver(
+    tmp: Path, store: str, base_url: str, job: str, mode: str, kill_at: str | None
+) -> Any:
     env = dict(os.environ)
     env.pop("RECOVERABLE_KILL_AT", None)
     if kill_at is not None:
         env["RECOVERABLE_KILL_AT"] = kill_at
     return subprocess.run(
-        [sys.executable, DRIVER, "--store", str(tmp / "store"), "--host-db", str(tmp / "host.db"),
+        [sys.executable, DRIVER, "--store", store, "--host-db", str(tmp / "host.db"),
          "--base-url", base_url, "--job", job, "--mode", mode, "--max-attempts", "1",
          "--reattach"],
         env=env, capture_output=True, text=True, timeout=120,
@@ -70,12 +73,12 @@ def _log(info: dict[str, Any], which: str, key: str, value: str) -> list[dict[st
 
 @pytest.mark.parametrize("mode", ["sse", "websocket"])
 def test_sigkill_after_the_checkpoint_then_the_restart_reattaches_and_commits_once(
-    provider_process: dict[str, Any], tmp_path: Path, mode: str
+    provider_process: dict[str, Any], tmp_path: Path, store_location: str, mode: str
 ) -> None:
     job = f"reattach-{mode}"
-    killed = _driver(tmp_path, provider_process["http_url"], job, mode, POINT)
+    killed = _driver(tmp_path, store_location, provider_process["http_url"], job, mode, POINT)
     assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr[-2000:])
-    store = recoverable.RecoveryStore.open(str(tmp_path / "store"))
+    store = recoverable.RecoveryStore.open(store_location)
     try:
         [record] = store.inventory()[0]
         op_id = record.operation_id
@@ -88,7 +91,7 @@ def test_sigkill_after_the_checkpoint_then_the_restart_reattaches_and_commits_on
     [post] = _log(provider_process, "requests", "attempt_id", op_id)
     assert post["transport"] == "sse"  # background responses go over HTTP in both modes
 
-    finished = _driver(tmp_path, provider_process["http_url"], job, mode, None)
+    finished = _driver(tmp_path, store_location, provider_process["http_url"], job, mode, None)
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert json.loads(finished.stdout.strip().splitlines()[-1])["operation_id"] == op_id
     assert len(_log(provider_process, "requests", "attempt_id", op_id)) == 1  # zero new POSTs
@@ -101,7 +104,7 @@ def test_sigkill_after_the_checkpoint_then_the_restart_reattaches_and_commits_on
     finally:
         db.close()
     assert commits == 1
-    store = recoverable.RecoveryStore.open(str(tmp_path / "store"))
+    store = recoverable.RecoveryStore.open(store_location)
     try:
         disposition = store.get_disposition(op_id)
         assert disposition is not None and disposition.disposition == "acknowledged"

@@ -28,7 +28,9 @@ ACCOUNT = recoverable.AccountBinding(ACCOUNT_ID, "api-key")
 OTHER = recoverable.AccountBinding(OTHER_ACCOUNT_ID, "api-key")
 
 
-def _prepare(store_dir: Path, account: recoverable.AccountBinding, jobs: list[str]) -> list[str]:
+def _prepare(
+    store_dir: Path | str, account: recoverable.AccountBinding, jobs: list[str]
+) -> list[str]:
     """Operations prepared (never sent) by ``account`` in scope "batch"."""
 
     async def prepare() -> list[str]:
@@ -92,7 +94,7 @@ def copy_store(made: dict[str, Any], root: Path) -> Path:
 
 
 @contextmanager
-def dashboard(store: Path, *extra: str) -> Iterator[dict[str, Any]]:
+def dashboard(store: Path | str, *extra: str) -> Iterator[dict[str, Any]]:
     """``recoverable dashboard`` as a real process; yields its JSON line (+ ``proc``,
     ``base``). At exit: SIGTERM, and it must end with exit code 0."""
     proc = subprocess.Popen(

@@ -70,3 +70,30 @@ async def test_live_operations_move_from_lmdb_to_postgresql(
             assert pg.check_integrity() == []
         finally:
             pg.close()
+
+
+async def test_the_continuation_preference_and_the_source_manifest_move_too(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """Issue 18's store-wide preference (a ``meta`` row) and issue 16's manifest move
+    with the operations: a store that had continuation turned on has it on after the
+    move (before the fix the preference stayed behind and continuation silently stopped)."""
+    lmdb_path = str(tmp_path / "store")
+    with recoverable.RecoveryStore.open(lmdb_path) as store:
+        on = await recoverable.set_continuation_preference(
+            store, enabled=True, delay_seconds=7, budget=4
+        )
+        await store.set_source("doc-1", "sha256:v1")
+    moved = run_cli("migrate-store", lmdb_path, pg_url)
+    assert moved.returncode == 0, moved.stderr
+    with recoverable.RecoveryStore.open(pg_url) as fleet:
+        assert recoverable.continuation_preference(fleet) == on
+        assert fleet.get_source("doc-1") is not None
+        shown = run_cli("config", "get", "continuation.enabled", "--store", pg_url)
+        assert shown.stdout == "continuation.enabled = true\n"
+    back = str(tmp_path / "back")  # and back to a directory: the same rows
+    moved = run_cli("migrate-store", pg_url, back)
+    assert moved.returncode == 0, moved.stderr
+    with recoverable.RecoveryStore.open(back) as store:
+        assert recoverable.continuation_preference(store) == on
+        assert store.get_source("doc-1") is not None

@@ -26,6 +26,8 @@ from recoverable.testing import FixtureProvider, Reply
 
 from .conftest import ACCOUNT, REQUEST, Answer, Authorizer, generation_requests, make_backend
 
+STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
+
 T0 = 1_800_000_000.0
 FAST = recoverable.RetryPolicy(initial_backoff=0.0)
 DROPS = [Reply.disconnect(after_events=2), Reply.disconnect(after_events=2)]
@@ -81,9 +83,9 @@ async def submit(rt: recoverable.Runtime, job: str = "job-1", revision: str = "1
 
 
 async def test_the_preference_is_off_by_default_persists_and_is_reversible(
-    tmp_path: Any,
+    store_location: str,
 ) -> None:
-    path = str(tmp_path / "store")
+    path = store_location  # a directory (LMDB) or a fresh database's URL (PostgreSQL)
     with recoverable.RecoveryStore.open(path) as store:
         assert recoverable.continuation_preference(store).enabled is False  # a fresh store
         on = await recoverable.set_continuation_preference(store, enabled=True,

@@ -4,6 +4,7 @@ bypasses ``authorize`` and never overrides the host."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -15,8 +16,11 @@ import recoverable
 from recoverable import errors
 from recoverable.testing import FixtureProvider, Reply
 
+from ..cli.cli_helpers import run_cli
 from .conftest import ACCOUNT, REQUEST, Answer, Authorizer, generation_requests, make_backend
 from .test_continuation import DROPS, FAST, record
+
+STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
 
 Action = Callable[[recoverable.Runtime, recoverable.RecoveryStore, recoverable.Handle],
                   Awaitable[object]]
@@ -163,3 +167,38 @@ async def test_the_successor_is_authorized_like_any_attempt(
         assert deny.calls[0].operation_id == decided.successor_id
         assert record(store, decided.successor_id).attempts_used == 0
     assert generation_requests(provider, decided.successor_id) == []
+
+
+async def test_a_preference_turned_off_by_another_process_stops_the_dispatch(
+    provider: FixtureProvider, store: recoverable.RecoveryStore, store_location: str
+) -> None:
+    """``recoverable config set continuation.enabled false`` in another process, between the
+    decision and the dispatch: this process's next dispatch reads the rows that process
+    wrote (on PostgreSQL its writer's row cache must not serve the rows it read before)."""
+    await recoverable.set_continuation_preference(store, enabled=True, delay_seconds=0)
+    provider.script(DROPS)
+    async with recoverable.open_runtime(store, make_backend(provider), account=ACCOUNT) as rt:
+        handle = await rt.prepare(REQUEST, response=Answer, maximum_attempts=2,
+                                  retry_policy=FAST, job_id="job", input_revision="1")
+        with pytest.raises(errors.AttemptsExhausted):
+            await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
+        decided = store.get_operation(handle.operation_id)
+        assert decided is not None and decided.continuation is not None
+        assert decided.continuation.state == "pending"
+        off = await trio.to_thread.run_sync(functools.partial(
+            run_cli, "config", "set", "continuation.enabled", "false", "--store", store_location
+        ))
+        assert off.returncode == 0, off.stderr
+        assert rt.backend is not None
+        result = await dispatch_continuation(
+            store, rt.telemetry, handle.operation_id, account=ACCOUNT,
+            endpoint_id=rt.backend.endpoint_id, now=rt.now(),
+        )
+        # Turning it off cancelled the pending one in the CLI's own transaction: this
+        # process's dispatch sees that row, not the one it wrote at the decision.
+        assert result.outcome == "not_pending"
+        found = store.get_operation(handle.operation_id)
+        assert found is not None and found.continuation is not None
+        assert (found.continuation.state, found.continuation.reason) == ("cancelled", "disabled")
+        assert len(store.inventory(ACCOUNT)[0]) == 1  # no successor
+    assert len(generation_requests(provider, handle.operation_id)) == 2

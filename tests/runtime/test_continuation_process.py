@@ -46,6 +46,7 @@ KEY_ENV = {"CONTINUATION_TEST_KEY": "sk-continuation-test"}
 DELAY = 0.3
 DROP = {"kind": "disconnect", "after_events": 2}
 DONE = {"kind": "complete", "payload": {"label": "a", "score": 7}}
+STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
 
 
 @pytest.fixture
@@ -74,7 +75,7 @@ def posts(info: dict[str, Any]) -> Counter[str]:
     return Counter((r["attempt_id"] or "?").rsplit(".", 1)[0] for r in log)
 
 
-def turn_on(store_path: Path) -> None:
+def turn_on(store_path: Path | str) -> None:
     recoverable.RecoveryStore.open(str(store_path)).close()  # a fresh store
     got = run_cli("config", "get", "continuation.enabled", "--store", str(store_path), "--json")
     assert got.returncode == 0, got.stderr
@@ -87,7 +88,7 @@ def turn_on(store_path: Path) -> None:
     assert got.stdout == "continuation.enabled = true\n"
 
 
-def start_worker(store: Path, info: dict[str, Any]) -> subprocess.Popen[str]:
+def start_worker(store: Path | str, info: dict[str, Any]) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
         cli_command("worker", "--store", str(store), "--endpoint", info["http_url"],
                     "--mode", "sse", "--api-key-env", "CONTINUATION_TEST_KEY",
@@ -126,9 +127,9 @@ def test_config_cli_rejects_bad_values_and_missing_stores(tmp_path: Path) -> Non
 
 
 async def test_workers_continue_a_failed_run_once_with_nobody_attached(
-    tmp_path: Path, provider: dict[str, Any]
+    store_location: str, provider: dict[str, Any]
 ) -> None:
-    store_path = tmp_path / "store"
+    store_path = store_location  # a directory (LMDB) or a database URL (PostgreSQL)
     turn_on(store_path)
     backend = recoverable.ResponsesBackend(
         provider["http_url"], mode="sse",
@@ -173,9 +174,9 @@ async def test_workers_continue_a_failed_run_once_with_nobody_attached(
 
 @pytest.mark.parametrize("workers", ["0", "1"])
 def test_batch_finishes_a_job_whose_continuation_recovers(
-    tmp_path: Path, provider: dict[str, Any], workers: str
+    tmp_path: Path, store_location: str, provider: dict[str, Any], workers: str
 ) -> None:
-    store_path = tmp_path / "store"
+    store_path = store_location  # a directory (LMDB) or a database URL (PostgreSQL)
     turn_on(store_path)
     write_jobs(tmp_path / "jobs.jsonl", [job_line(1)])
     out = tmp_path / "out.jsonl"
@@ -197,7 +198,7 @@ def test_batch_finishes_a_job_whose_continuation_recovers(
         assert store.get_disposition(successor) is not None
 
 
-def run_doomed_worker(store_path: Path, info: dict[str, Any], point: str) -> int:
+def run_doomed_worker(store_path: Path | str, info: dict[str, Any], point: str) -> int:
     """A worker that SIGKILLs itself at ``point``; its exit status."""
     doomed = subprocess.run(
         cli_command("worker", "--store", str(store_path), "--endpoint", info["http_url"],
@@ -211,12 +212,12 @@ def run_doomed_worker(store_path: Path, info: dict[str, Any], point: str) -> int
 
 @pytest.mark.parametrize("point", ["continuation.decided", "continuation.dispatched"])
 async def test_a_worker_killed_around_the_dispatch_leaves_exactly_one_continuation(
-    tmp_path: Path, provider: dict[str, Any], point: str
+    store_location: str, provider: dict[str, Any], point: str
 ) -> None:
     """Criterion 5, restarts: a worker SIGKILLed right after the terminal write that
     decided the continuation, or right after its dispatch; another worker finishes with
     exactly one successor and one generation for it."""
-    store_path = tmp_path / "store"
+    store_path = store_location  # a directory (LMDB) or a database URL (PostgreSQL)
     turn_on(store_path)
     done = run_cli("config", "set", "continuation.delay_seconds", "0", "--store",
                    str(store_path))

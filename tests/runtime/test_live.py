@@ -11,7 +11,6 @@ first), durable state and Trio events. No fixed sleep decides anything."""
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
 import msgspec
 import pytest
@@ -24,6 +23,8 @@ from recoverable.testing import FixtureProvider, Reply
 from .conftest import Authorizer, generation_requests
 from .live_child import ACCOUNT, REQUEST, Story
 from .live_scan import assert_views_never_stored
+
+STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
 
 FAST = recoverable.RetryPolicy(initial_backoff=0.0, maximum_backoff=0.0)
 
@@ -52,9 +53,9 @@ def is_prefix_view(shown: object, final: object) -> bool:
 
 
 async def test_a_trio_app_shows_partial_views_then_the_saved_value(
-    tmp_path: Path, mode: str
+    store_location: str, mode: str
 ) -> None:
-    path = tmp_path / "store"
+    path = store_location  # a directory (LMDB) or a database URL (PostgreSQL)
     screen: list[recoverable.PartialView] = []  # what the app showed a person
     async with FixtureProvider.serve() as provider:
         # Two of four deltas, then the stream is silent for a moment (keepalives only).
@@ -97,10 +98,10 @@ async def test_a_trio_app_shows_partial_views_then_the_saved_value(
 
 
 async def test_a_slow_consumer_never_blocks_the_transport_nor_misses_the_value(
-    tmp_path: Path, mode: str
+    store_location: str, mode: str
 ) -> None:
     async with FixtureProvider.serve(deltas=(40, 40)) as provider:
-        with recoverable.RecoveryStore.open(str(tmp_path / "store")) as store:
+        with recoverable.RecoveryStore.open(store_location) as store:
             async with backend(provider, mode) as b, recoverable.open_runtime(
                 store, b, account=ACCOUNT
             ) as rt:
@@ -123,9 +124,9 @@ async def test_a_slow_consumer_never_blocks_the_transport_nor_misses_the_value(
 
 
 async def test_an_interruption_is_raised_from_the_loop_and_never_replaced(
-    tmp_path: Path, mode: str
+    store_location: str, mode: str
 ) -> None:
-    path = tmp_path / "store"
+    path = store_location  # a directory (LMDB) or a database URL (PostgreSQL)
     async with FixtureProvider.serve() as provider:
         provider.script([Reply.disconnect(after_events=6), Reply.synthesize()])
         authorize = Authorizer()
@@ -168,11 +169,11 @@ async def test_an_interruption_is_raised_from_the_loop_and_never_replaced(
 
 @pytest.mark.parametrize("leave", ["break", "cancel"])
 async def test_leaving_the_block_early_stops_a_live_operation_as_failed(
-    tmp_path: Path, leave: str
+    store_location: str, leave: str
 ) -> None:
     async with FixtureProvider.serve() as provider:
         provider.script([Reply.stall(after_events=6)])
-        with recoverable.RecoveryStore.open(str(tmp_path / "store")) as store:
+        with recoverable.RecoveryStore.open(store_location) as store:
             async with backend(provider, "sse") as b, recoverable.open_runtime(
                 store, b, account=ACCOUNT
             ) as rt:
@@ -197,10 +198,10 @@ async def test_leaving_the_block_early_stops_a_live_operation_as_failed(
 
 
 async def test_only_a_live_operation_runs_live_and_a_receipt_is_delivered_as_is(
-    tmp_path: Path,
+    store_location: str,
 ) -> None:
     async with FixtureProvider.serve() as provider:
-        with recoverable.RecoveryStore.open(str(tmp_path / "store")) as store:
+        with recoverable.RecoveryStore.open(store_location) as store:
             async with backend(provider, "sse") as b, recoverable.open_runtime(
                 store, b, account=ACCOUNT
             ) as rt:
@@ -281,7 +282,7 @@ class ErrorAfterOutput:
 
 
 async def test_a_provider_error_after_shown_output_is_not_replaced_either(
-    tmp_path: Path,
+    store_location: str,
 ) -> None:
     """A 5xx error event mid-stream is replaceable for any other operation; after output
     a person may have seen, a live operation fails instead (one POST)."""
@@ -295,7 +296,7 @@ async def test_a_provider_error_after_shown_output_is_not_replaced_either(
             f"http://127.0.0.1:{port}/v1", mode="sse", endpoint_id="fixture",
             credentials=recoverable.StaticCredentials("sk-live-test", account=ACCOUNT),
         )
-        with recoverable.RecoveryStore.open(str(tmp_path / "store")) as store:
+        with recoverable.RecoveryStore.open(store_location) as store:
             async with sse, recoverable.open_runtime(store, sse, account=ACCOUNT) as rt:
                 handle = await rt.prepare(REQUEST, response=Story, maximum_attempts=3,
                                           retry_policy=FAST, live=True)
@@ -315,13 +316,13 @@ async def test_a_provider_error_after_shown_output_is_not_replaced_either(
 
 
 async def test_a_rejection_before_any_output_is_replaced_and_views_restart(
-    tmp_path: Path,
+    store_location: str,
 ) -> None:
     """Nothing was shown: a live operation's 500 before output is replaced as usual, and
     the views of the next attempt start from empty text."""
     async with FixtureProvider.serve() as provider:
         provider.script([Reply.http_error(500), Reply.synthesize()])
-        with recoverable.RecoveryStore.open(str(tmp_path / "store")) as store:
+        with recoverable.RecoveryStore.open(store_location) as store:
             async with backend(provider, "sse") as b, recoverable.open_runtime(
                 store, b, account=ACCOUNT
             ) as rt:

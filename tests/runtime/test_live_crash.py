@@ -41,6 +41,7 @@ from .live_child import ACCOUNT, REQUEST, Story
 from .live_scan import assert_views_never_stored
 
 CHILD = str(Path(__file__).with_name("live_child.py"))
+STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
 LEASE_SECONDS = 3.0  # the child's leases: short, so a test waits ~3 s for an expiry
 BOUND = 60.0  # generous: a loaded 2-core machine may deschedule a process for seconds
 
@@ -118,9 +119,9 @@ async def _continue_with_a_successor(
 
 @pytest.mark.parametrize("mode", ["sse", "websocket"])
 async def test_sigkill_mid_stream_the_sweep_fails_it_then_a_successor_continues(
-    tmp_path: Path, mode: str
+    store_location: str, mode: str
 ) -> None:
-    path = tmp_path / "store"
+    path = store_location  # a directory (LMDB) or a database URL (PostgreSQL)
     async with FixtureProvider.serve() as provider:
         provider.script([Reply.stall(after_events=6), Reply.synthesize()])
         with recoverable.RecoveryStore.open(str(path)) as store:
@@ -158,9 +159,9 @@ async def test_sigkill_mid_stream_the_sweep_fails_it_then_a_successor_continues(
 
 @pytest.mark.parametrize("stop_at", ["mid_stream", "receipt.before_save"])
 async def test_a_stopped_live_owner_is_failed_by_the_sweep_and_fenced_out(
-    tmp_path: Path, stop_at: str
+    store_location: str, stop_at: str
 ) -> None:
-    path = tmp_path / "store"
+    path = store_location  # a directory (LMDB) or a database URL (PostgreSQL)
     async with FixtureProvider.serve() as provider:
         first = Reply.stall(after_events=6) if stop_at == "mid_stream" else Reply.synthesize()
         provider.script([first, Reply.synthesize()])

@@ -16,6 +16,8 @@ from recoverable.testing import FixtureProvider, Reply
 
 from .conftest import ACCOUNT, REQUEST, Answer, Authorizer, make_backend
 
+STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
+
 
 async def test_live_fixes_the_fail_policy(
     provider: FixtureProvider, store: recoverable.RecoveryStore

@@ -28,6 +28,8 @@ from recoverable.testing import FixtureProvider, Reply, ResumeFault
 
 from .conftest import ACCOUNT, REQUEST, Answer, Authorizer, generation_requests, make_backend
 
+STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
+
 FAST = recoverable.RetryPolicy(initial_backoff=0.0, maximum_backoff=0.0)
 LONG = {"answer": 42, "note": "n" * 400}  # with deltas=(200, 200): 200 delta events
 EXPECTED = Answer(answer=42, note="n" * 400)

@@ -27,6 +27,7 @@ from recoverable.testing import FixtureProvider, Reply
 CHILD = str(Path(__file__).with_name("reattach_child.py"))
 ACCOUNT = recoverable.AccountBinding("acct-reattach", "api-key")
 LONG = {"answer": 7, "note": "k" * 400}  # 200 delta events with deltas=(200, 200)
+STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
 
 
 class Answer(msgspec.Struct, frozen=True):
@@ -84,9 +85,9 @@ async def _kill_after_checkpoint(
 
 @pytest.mark.parametrize("finished", [False, True], ids=["mid_generation", "finished"])
 async def test_sigkill_mid_stream_then_the_rerun_reattaches_with_zero_new_posts(
-    tmp_path: Path, finished: bool
+    store_location: str, finished: bool
 ) -> None:
-    store_path = str(tmp_path / "store")
+    store_path = store_location  # a directory (LMDB) or a database URL (PostgreSQL)
     # The stream is slow enough to be killed mid-way (200 deltas, 20 ms apart: about 4 s).
     async with FixtureProvider.serve(deltas=(200, 200), event_delay=0.02) as provider:
         provider.script([Reply.complete(LONG)])
@@ -131,11 +132,11 @@ async def test_sigkill_mid_stream_then_the_rerun_reattaches_with_zero_new_posts(
 
 
 async def test_a_kill_after_the_reattachment_is_counted_is_one_more_try_of_the_bound(
-    tmp_path: Path,
+    store_location: str,
 ) -> None:
     """The rerun is itself killed at ``reattach.saved`` (its reattachment is counted and
     saved, its GET not sent): the next rerun reattaches again, still with zero new POSTs."""
-    store_path = str(tmp_path / "store")
+    store_path = store_location
     async with FixtureProvider.serve(deltas=(200, 200), event_delay=0.02) as provider:
         provider.script([Reply.complete(LONG)])
         operation_id = await _kill_after_checkpoint(provider, store_path, finished=False)

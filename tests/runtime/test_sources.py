@@ -22,7 +22,10 @@ from recoverable import errors
 from recoverable.outcome import Outcome, Progress
 from recoverable.testing import FixtureProvider, Reply
 
+from ..cli.cli_helpers import run_cli
 from .conftest import ACCOUNT, REQUEST, Answer, Authorizer, generation_requests, make_backend
+
+STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
 
 DOC = recoverable.SourceRef("doc-1", "sha256:v1")
 ANSWER = {"answer": 42, "note": "six times seven"}
@@ -354,3 +357,67 @@ async def test_a_retry_successor_inherits_the_binding_and_only_while_current(
         assert record is not None and record.source == DOC and record.attempt_timeout == 20.0
         value = await rt.send_recovering(successor, response=Answer, authorize=Authorizer())
         assert value == Answer(**ANSWER)
+
+
+def _source_set_elsewhere(store_location: str, digest: str) -> None:
+    """``recoverable source set`` in another process (a CLI on another machine)."""
+    done = run_cli("source", "set", "doc-1", digest, "--store", store_location)
+    assert done.returncode == 0, done.stderr
+
+
+async def test_a_source_change_by_another_process_refuses_the_completion(
+    store: recoverable.RecoveryStore, store_location: str, provider: FixtureProvider
+) -> None:
+    """The change is committed by another process after this one read the manifest (at
+    prepare and at the attempt's start) and before its receipt write: that write reads the
+    new row (on PostgreSQL the writer's row cache must not serve the old one)."""
+    provider.script([Reply.complete(ANSWER)])
+    await store.set_source("doc-1", "sha256:v1")
+    async with make_backend(provider) as backend, recoverable.open_runtime(
+        store, (hooked := Hooked(backend)), account=ACCOUNT
+    ) as rt:
+        handle = await _prepare(rt)
+
+        async def elsewhere() -> None:
+            await trio.to_thread.run_sync(_source_set_elsewhere, store_location, "sha256:v2")
+
+        hooked.after_stream = elsewhere
+        with pytest.raises(errors.OperationSuperseded) as superseded:
+            await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
+        assert superseded.value.reason == "source_changed"
+    record = store.get_operation(handle.operation_id)
+    assert record is not None and record.phase == "superseded" and not record.has_completion
+    assert store.get_payload(handle.operation_id, "completion") is None
+    assert len(generation_requests(provider, handle.operation_id)) == 1
+
+
+async def test_a_streaming_owner_is_cut_by_a_source_change_in_another_process(
+    store: recoverable.RecoveryStore, store_location: str, provider: FixtureProvider
+) -> None:
+    """The cancel command the change writes reaches this process's monitor from another
+    process (LMDB: the poll of the commit id; PostgreSQL: NOTIFY, or the bounded poll)."""
+    provider.script([Reply.stall(after_events=2)])
+    await store.set_source("doc-1", "sha256:v1")
+    async with make_backend(provider) as backend, recoverable.open_runtime(
+        store, backend, account=ACCOUNT
+    ) as rt:
+        handle = await _prepare(rt)
+        outcome: list[BaseException] = []
+
+        async def run() -> None:
+            try:
+                await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
+            except errors.RecoveryError as exc:
+                outcome.append(exc)
+
+        with trio.fail_after(60):  # generous: a loaded 2-core machine; a guard, no barrier
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(run)
+                await provider.wait_for_requests(1)
+                await trio.to_thread.run_sync(_source_set_elsewhere, store_location,
+                                              "sha256:v2")
+        assert len(outcome) == 1 and isinstance(outcome[0], errors.OperationSuperseded)
+    record = store.get_operation(handle.operation_id)
+    assert record is not None and record.phase == "superseded"
+    assert record.attempts[-1].outcome == "interrupted" and record.attempts[-1].usage is None
+    assert store.get_lease(handle.operation_id) is None

@@ -34,6 +34,7 @@ from .lease_child import ACCOUNT, Answer
 CHILD = str(Path(__file__).with_name("lease_child.py"))
 BOUND = 60.0  # generous: a loaded 2-core machine may deschedule a process for seconds
 DOC = recoverable.SourceRef("doc-1", "sha256:v1")
+STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
 
 
 class Pinned:
@@ -68,9 +69,9 @@ def _spawn(store: str, provider: FixtureProvider, op: str, report: Path) -> subp
 
 @pytest.mark.parametrize("bound", [True, False], ids=["derivative", "plain"])
 async def test_a_dead_workers_derivative_lease_is_reclaimed_only_after_expiry(
-    tmp_path: Path, bound: bool
+    tmp_path: Path, store_location: str, bound: bool
 ) -> None:
-    store_path = str(tmp_path / "store")
+    store_path = store_location  # a directory (LMDB) or a database URL (PostgreSQL)
     async with FixtureProvider.serve() as provider:
         provider.script([Reply.stall(after_events=2), Reply.complete({"answer": 2})])
         with recoverable.RecoveryStore.open(store_path) as store:

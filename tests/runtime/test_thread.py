@@ -19,6 +19,8 @@ from recoverable.testing import FixtureProvider, Reply
 from .conftest import ACCOUNT, Answer, Authorizer, generation_requests, make_backend
 from .test_continuation import DROPS, FAST, Wall, record, until
 
+STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
+
 
 def sent_input(provider: FixtureProvider, operation_id: str) -> list[Any]:
     """The ``input`` of the last generation request of an operation, as the provider got it."""

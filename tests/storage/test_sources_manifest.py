@@ -11,6 +11,8 @@ from recoverable import errors
 from recoverable.records import AttemptRecord, DispositionRecord
 from recoverable.types import SourceRef
 
+STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
+
 NOW = 1_700_000_100.0
 DOC = SourceRef("doc-1", "sha256:aaa")
 
