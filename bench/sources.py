@@ -82,7 +82,7 @@ def in_txn(store: RecoveryStore, prefix: str, n: int, bound: bool) -> float:
         start = time.perf_counter()
         for write in writes:
             written = fenced.persist(write, txn)
-            assert written.record.phase == "completed"
+            assert written.transition.record.phase == "completed"
         return time.perf_counter() - start
 
     return store.write_sync(run)
@@ -96,7 +96,7 @@ async def durable(store: RecoveryStore, prefix: str, n: int, bound: bool) -> flo
     async def task(k: int) -> None:
         for write in writes[k::TASKS]:
             written = await store.write(functools.partial(fenced.persist, write))
-            assert written.record.phase == "completed"
+            assert written.transition.record.phase == "completed"
 
     start = time.perf_counter()
     async with trio.open_nursery() as nursery:
