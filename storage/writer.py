@@ -2,7 +2,8 @@
 
 Every mutation is a callable ``fn(txn) -> T``. The writer thread takes every
 mutation queued while its previous commit was syncing (up to ``batch_limit``),
-runs them in one batch transaction — straight in it while none raises; if one does,
+runs them in one batch transaction — straight in it while none raises, all of them in
+one shared mutation context (``MutationContext.next_mutation``); if one does,
 the run is discarded and the batch run again with each mutation in a *nested* child
 transaction (so a mutation that raises is rolled back alone) —, then commits the batch once
 (``sync=True``: one fsync serves the whole batch). Each caller is released only
