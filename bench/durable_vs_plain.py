@@ -171,6 +171,8 @@ EXPERIMENTS = {
     "no-nested-txn": "the writer runs each mutation straight in the batch transaction (no "
     "child transaction; a failing mutation would not be rolled back alone: measurement only)",
     "switch-interval-1ms": "sys.setswitchinterval(0.001) (the GIL is handed over sooner)",
+    "writer-context-per-write": "the writer makes a new mutation context for every write of "
+    "a batch, as before issue 20 wave 2 (measures what one shared context per batch gains)",
     "gc-off": "gc.disable() in the worker (what Python's cyclic garbage collector costs)",
     "gc-freeze": "gc.freeze() after the warm-up and gc.set_threshold(10_000, 10, 10): what a "
     "host can do without touching the library",
@@ -209,6 +211,13 @@ def apply_experiments(names: list[str]) -> None:
                 return True
 
             Writer._run_one = run_one  # type: ignore[method-assign]
+        elif name == "writer-context-per-write":
+            def fresh_context(
+                self: Writer, ctx: Any, job: Any, _run: Any = Writer._run_direct
+            ) -> None:
+                _run(self, self._make_context(ctx._txn), job)
+
+            Writer._run_direct = fresh_context  # type: ignore[method-assign]
         elif name == "switch-interval-1ms":
             sys.setswitchinterval(0.001)
         elif name == "gc-off":

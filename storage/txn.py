@@ -142,6 +142,12 @@ class WriteTxn(RecordGetters, MutationContext):
         # written once, before the batch commits (RecoveryStore._end_batch).
         self._state.batch_bytes = self._bytes_used
 
+    def next_mutation(self) -> None:
+        """The next mutation of the same batch transaction runs in this context: its read
+        caches stay valid (every write of a mutation goes through them, and the run is
+        thrown away whole if one mutation raises); ``bytes_used`` carries on."""
+        self._broken = False
+
     @contextlib.contextmanager
     def _atomic(self) -> Iterator[None]:
         """A composite helper (several keys) is all or nothing.

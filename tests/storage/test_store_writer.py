@@ -214,3 +214,43 @@ def test_a_write_appended_after_the_writer_ended_is_refused_not_stranded(
     store.close()
     with RecoveryStore.open(store_path) as reopened:
         assert reopened.get_payload("late", "body") is None
+
+
+async def test_the_writes_of_one_batch_share_one_context_and_see_each_other(
+    store: RecoveryStore,
+) -> None:
+    """Issue 20 wave 2: a batch run without child transactions hands one mutation context
+    to all its writes (fewer objects per write for the garbage collector). Each write still
+    sees the batch's earlier writes through it, and its per-mutation state starts clean."""
+    entered, release = threading.Event(), threading.Event()
+    contexts: list[int] = []
+    seen: dict[int, object] = {}
+
+    def blocker(txn: WriteTxn) -> None:
+        entered.set()
+        release.wait(30)
+
+    async def one(i: int) -> None:
+        def mutation(txn: WriteTxn) -> None:
+            contexts.append(id(txn))
+            assert not txn._broken  # per-mutation state is reset for every write
+            previous = txn.get_operation(f"s-{i - 1}") if i else None
+            seen[i] = None if previous is None else previous.operation_id
+            txn.put_operation(make_op(f"s-{i}", body_hash=hashlib.sha256(b"x").hexdigest()))
+            txn.put_payload(f"s-{i}", "body", b"x")
+
+        await store.write(mutation)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(store.write, blocker)
+        await trio.to_thread.run_sync(entered.wait, 30)
+        for i in range(12):
+            nursery.start_soon(one, i)
+            await trio.testing.wait_all_tasks_blocked()  # queued in order
+        assert store._writer is not None and store._writer.queued == 12
+        release.set()
+    assert store.stats()["largest_batch"] == 12
+    assert len(contexts) == 12 and len(set(contexts)) == 1  # one context for the batch
+    # Every write read the one queued just before it, written earlier in the same batch.
+    assert seen == {0: None, **{i: f"s-{i - 1}" for i in range(1, 12)}}
+    assert store.check_integrity() == []  # bytes_used carried across the shared context
