@@ -119,7 +119,9 @@ def test_the_dashboard_serves_a_postgresql_store(pg_url: str) -> None:
                            headers={"origin": info["base"]})
         assert done.status_code == 303 and "error" not in done.headers["location"]
         assert _state(client, idle[0]) == "suspended"
-        assert client.get("/api/summary").json()["by_state"]["suspended"] == 1
+        # The summary is rebuilt in the dashboard's thread after a commit: wait for it.
+        wait_for(lambda: client.get("/api/summary").json()["by_state"]["suspended"] == 1,
+                 "the summary to count the suspension")
     status = run_cli("status", "--store", url, "--account", ACCOUNT_ID, idle[0], "--json")
     assert json.loads(status.stdout)["state"] == "suspended"
     assert PASSWORD not in json.dumps({k: v for k, v in info.items() if k != "proc"})
