@@ -35,6 +35,7 @@ from recoverable.contract import ResponseContract, contract_for
 from recoverable.preconditions import is_expired
 from recoverable.records import OperationRecord
 from recoverable.sources_rules import superseded_error
+from recoverable.status import SETTLED_STATES
 from recoverable.telemetry import Telemetry
 from recoverable.transitions import FINISHED
 from recoverable.types import AccountBinding, Handle, JsonSchema, Status, StructuredRequest
@@ -242,8 +243,6 @@ async def wait(
 
 
 Served = set[tuple[str, str, str]]  # (account id, credential source, endpoint id)
-_SETTLED_STATES: Final = frozenset({"completed", "failed", "cancelled", "acknowledged",
-                                    "abandoned", "superseded"})
 
 
 def served_now(store: RecoveryStore) -> Served:
@@ -262,7 +261,7 @@ def with_queue_state(
     """``status`` with its queue state: ``queued``, ``resuming`` or ``waiting_for_worker``
     (queued, and no live worker serves its account and endpoint). Unchanged for an
     operation that is not queued, is settled, or was suspended by a host."""
-    if status.redacted or status.state in _SETTLED_STATES:
+    if status.redacted or status.state in SETTLED_STATES:
         return status
     entry = queue_entry(store, record.operation_id)
     if entry is None or (record.phase == "suspended" and not entry.resume):

@@ -25,9 +25,17 @@ from recoverable.types import (
     to_datetime,
 )
 
-__all__ = ["SUGGESTED_ACTIONS", "derive_status", "redacted_status", "suggested_actions"]
+__all__ = [
+    "SETTLED_STATES", "SUGGESTED_ACTIONS", "derive_status", "redacted_status", "suggested_actions",
+]
 
 # What a host may do next, by availability (first: the usual next step).
+# The states in which nothing more will happen to an operation by itself: its result (or
+# its failure) is settled. ``runtime.wait`` stops at them; the dashboard offers no suspend.
+SETTLED_STATES: Final[frozenset[State]] = frozenset(
+    {"completed", "failed", "cancelled", "superseded", "acknowledged", "abandoned"}
+)
+
 SUGGESTED_ACTIONS: Final[Mapping[Availability, tuple[SuggestedAction, ...]]] = {
     "ready": ("execute", "abandon"),
     "running": ("wait",),

@@ -23,6 +23,7 @@ from recoverable.actors.runtime import Runtime, open_runtime
 from recoverable.cli.dashboard_data import OperationView
 from recoverable.cli.dashboard_pages import ActionButton
 from recoverable.cli.ops import NoGeneration
+from recoverable.status import SETTLED_STATES
 from recoverable.telemetry import TelemetrySink
 from recoverable.types import Handle
 
@@ -30,9 +31,6 @@ __all__ = ["ACTIONS", "ActionRefused", "buttons", "perform"]
 
 ACTIONS: Final = ("suspend", "cancel", "retry", "acknowledge", "abandon")
 _ACTION_ID: Final = re.compile(r"[A-Za-z0-9_-]{8,100}")
-_SETTLED: Final = frozenset(
-    {"completed", "failed", "cancelled", "superseded", "acknowledged", "abandoned"}
-)
 _ENDED_FOR_GOOD: Final = frozenset({"cancelled", "superseded", "acknowledged", "abandoned"})
 DISCARD_WARNING: Final = (
     "Cancel permanently? This operation has a saved, validated completion: cancel DISCARDS "
@@ -86,7 +84,7 @@ def buttons(runtime: Runtime, view: OperationView) -> list[ActionButton]:
     can_retry = "manual_retry" in status.suggested_actions and status.successor_id is None
     return [
         ActionButton("suspend", "Suspend",
-                     disabled=why(state not in _SETTLED and state != "suspended",
+                     disabled=why(state not in SETTLED_STATES and state != "suspended",
                                   f"nothing to suspend: {state}")),
         ActionButton("cancel", "Cancel…", danger=True,
                      disabled=why(state not in _ENDED_FOR_GOOD,
