@@ -373,9 +373,11 @@ class PgWriter(Writer[WriteTxn]):
                 "batch was written"
             ) from exc
         except psycopg.Error as exc:
-            if exc.sqlstate is None:
-                # The link broke while the pipeline (COMMIT included) was under way: the
-                # outcome is unknown; the txn log will tell.
+            if exc.sqlstate is None or isinstance(exc, psycopg.OperationalError):
+                # The link broke, or the server ended the session (a terminated backend
+                # answers 57P01 and may do so after COMMIT was applied), while the pipeline
+                # (COMMIT included) was under way: the outcome is unknown; the txn log
+                # will tell (a batch that did not commit is run again).
                 raise _Unknown from exc
             raise
         self._check(snapshot)
