@@ -83,7 +83,8 @@ class OperationCore:
         try:
             opened = await self.host.store.write(
                 functools.partial(fenced.acquire, op_id, self.host.now(), open_step, False,
-                                  lease_seconds=self.host.leases.lease_seconds)
+                                  lease_seconds=self.host.leases.lease_seconds),
+                touches=(op_id,),
             )
         except fenced.NeedsUpgrade:
             # A version-1 record: rewrite it as current (lazily, once), then take the lease.
@@ -93,7 +94,8 @@ class OperationCore:
             # If it could not be upgraded: still readable, never sent.
             opened = await self.host.store.write(
                 functools.partial(fenced.acquire, op_id, self.host.now(), open_step, True,
-                                  lease_seconds=self.host.leases.lease_seconds)
+                                  lease_seconds=self.host.leases.lease_seconds),
+                touches=(op_id,),
             )
         opening = opened.transition
         self._body = opened.body
@@ -124,7 +126,8 @@ class OperationCore:
         with trio.CancelScope(shield=True):
             try:
                 await self.host.store.write(
-                    functools.partial(fenced.release, self.operation_id, lease.token)
+                    functools.partial(fenced.release, self.operation_id, lease.token),
+                    touches=(self.operation_id,),
                 )
             except errors.RecoveryError:
                 # The lease row names this process; it dies with this store's owner lock.
@@ -170,7 +173,9 @@ class OperationCore:
             now=self.host.now(),
         )
         try:
-            persisted = await self.host.store.write(functools.partial(fenced.persist, write))
+            persisted = await self.host.store.write(
+                functools.partial(fenced.persist, write), touches=(self.operation_id,)
+            )
         except errors.FenceMismatch as exc:
             raise errors.LeaseLost(
                 "a newer owner took the operation over", operation_id=self.operation_id

@@ -138,7 +138,9 @@ async def submit(
         selector=rt.selector, now=rt.now(), lease_seconds=rt.leases.lease_seconds, **options,
     )
     _killpoints.hit("submit.before_save")
-    chosen = await rt.store.write(functools.partial(submit_operation, record, body, stored))
+    chosen = await rt.store.write(
+        functools.partial(submit_operation, record, body, stored), touches=(record,)
+    )
     _killpoints.hit("submit.saved")
     if chosen is record:
         rt.telemetry.emit("operation.prepared", record.operation_id, model=record.model,

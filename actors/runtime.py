@@ -228,7 +228,9 @@ class Runtime:
             now=self.now(),
         )
         _killpoints.hit("prepare.before_save")
-        await self.store.write(functools.partial(create_operation, record, body, stored))
+        await self.store.write(
+            functools.partial(create_operation, record, body, stored), touches=(record,)
+        )
         _killpoints.hit("prepare.saved")
         self.telemetry.emit("operation.prepared", record.operation_id, model=record.model,
                             effort=record.reasoning_effort, maximum_attempts=maximum_attempts)
@@ -488,7 +490,8 @@ class Runtime:
 
     async def _command(self, operation_id: str, kind: CommandKind) -> None:
         command = await self.store.write(
-            functools.partial(write_command, operation_id, kind, self.now(), self.account)
+            functools.partial(write_command, operation_id, kind, self.now(), self.account),
+            touches=(operation_id,),
         )
         if command is not None:
             self.monitor.notify_local(command)
@@ -515,7 +518,8 @@ class Runtime:
 
     async def _dispose(self, operation_id: str, disposition: Disposition) -> None:
         await self.store.write(
-            functools.partial(dispose, operation_id, disposition, self.now(), self.account)
+            functools.partial(dispose, operation_id, disposition, self.now(), self.account),
+            touches=(operation_id,),
         )
         _killpoints.hit("acknowledge.marker_saved")
 

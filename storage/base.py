@@ -40,9 +40,10 @@ from recoverable.types import AccountBinding
 if TYPE_CHECKING:
     from recoverable.storage.queue import QueueEntry, WorkerRow
 
-__all__ = ["TABLES", "RecordReader", "Store", "Table", "WriteTransaction"]
+__all__ = ["TABLES", "RecordReader", "Store", "Table", "Touches", "WriteTransaction"]
 
 Result = TypeVar("Result")
+Touches = Iterable[str | OperationRecord]  # see Store.write
 
 # The named tables of a store. ``get_raw``/``put_raw`` reach the rows that are not typed
 # records (the governor's advisory rows, a version-1 operation's bytes). ``schedule`` is
@@ -169,7 +170,14 @@ class Store(RecordReader, Protocol):
     """An opened recovery store: durable writes, and the queries of the runtime's monitor
     and inventory."""
 
-    async def write(self, fn: Callable[[WriteTransaction], Result]) -> Result: ...
+    async def write(
+        self, fn: Callable[[WriteTransaction], Result], *, touches: Touches = ()
+    ) -> Result:
+        """Run ``fn`` in the next group commit. ``touches``: the operations ``fn`` will
+        read (ids, or records about to be created): a hint a store may use to fetch their
+        rows ahead, together (the PostgreSQL store: one round trip per batch); never
+        needed for correctness."""
+        ...
 
     def commands_snapshot(self, *, after_serial: int = 0) -> tuple[int, list[CommandRecord]]:
         """``(snapshot id, commands with serial > after_serial)`` from one snapshot."""

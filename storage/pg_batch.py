@@ -15,6 +15,12 @@ after it), so the writer avoids the ones it can prove it does not need:
   an operation id (its record, command, lease, disposition, payloads, queue membership)
   fetches all of that operation's rows in one statement: a mutation reads several of them
   and each would otherwise be a round trip (absent rows are cached as absent).
+- **Rows of a whole batch together.** A write may name the operations it will read
+  (``store.write(fn, touches=...)``): the batch's first round trip, pipelined behind the
+  writers' lock, fetches them all at once (:class:`Prefetch`) — every row of an operation
+  not cached, the small rows (record, command, lease, disposition, queue membership) of
+  one that is, since another process may have changed them — so a batch of N such writes
+  costs no read round trip at all instead of N.
 - **Buffered writes.** A mutation's writes are kept in memory (its reads see them) and
   sent at the end of the batch, one statement per table (``unnest`` arrays). A scan
   (``cursor``, ``stat``) first sends what is buffered, so SQL sees every write.
@@ -26,16 +32,21 @@ mutation, so a mutation rolled back to its savepoint takes only its own writes w
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 import psycopg
 from recoverable.storage.base import TABLES
-from recoverable.storage.keys import PAYLOAD_KINDS
+from recoverable.storage.keys import PAYLOAD_KINDS, hosts_key, operation_key
 from recoverable.storage.pg_sql import SqlCursor, SqlSnapshot, sql_table
 from recoverable.storage.queue import MEMBER
 
-__all__ = ["CACHE_ROWS", "CHANGES_KEPT", "BatchSnapshot", "RowCache", "changed_keys"]
+from recoverable.records import OperationRecord
+
+__all__ = [
+    "CACHE_ROWS", "CHANGES_KEPT", "BatchSnapshot", "Prefetch", "RowCache", "Touching",
+    "changed_keys",
+]
 
 CACHE_ROWS: Final = 200_000
 MAX_LOGGED_KEYS: Final = 4096  # a batch writing more logs None (the others drop their cache)
@@ -48,6 +59,7 @@ _BY_OPERATION: Final = frozenset(
     sql_table(table) for table in ("operations", "commands", "leases", "dispositions")
 )
 _PAYLOADS: Final = sql_table("payloads")
+_OPERATIONS: Final = sql_table("operations")
 _QUEUE: Final = sql_table("queue")
 _KINDS: Final = tuple(sorted(kind.encode() for kind in PAYLOAD_KINDS))
 _ONE_OPERATION: Final = " UNION ALL ".join(
@@ -56,6 +68,80 @@ _ONE_OPERATION: Final = " UNION ALL ".join(
     + [f"SELECT '{_PAYLOADS}', key, value FROM {_PAYLOADS} WHERE key = ANY(%(payloads)s)",
        f"SELECT '{_QUEUE}', key, value FROM {_QUEUE} WHERE key = %(member)s"]
 )
+
+_HOSTS: Final = sql_table("hosts")
+_MANY_OPERATIONS: Final = " UNION ALL ".join(
+    [f"SELECT '{table}', key, value FROM {table} WHERE key = ANY(%(ops)s)" for table in sorted(
+        _BY_OPERATION)]
+    + [f"SELECT '{_PAYLOADS}', key, value FROM {_PAYLOADS} WHERE key = ANY(%(payloads)s)",
+       f"SELECT '{_QUEUE}', key, value FROM {_QUEUE} WHERE key = ANY(%(members)s)",
+       f"SELECT '{_HOSTS}', key, value FROM {_HOSTS} WHERE key = ANY(%(hosts)s)"]
+)
+
+
+class Touching:
+    """A mutation with the operations it will read (``store.write(fn, touches=...)``)."""
+
+    __slots__ = ("fn", "touches")
+
+    def __init__(self, fn: Callable[[Any], Any], touches: Iterable[str | OperationRecord]):
+        self.fn = fn
+        self.touches = tuple(touches)
+
+    def __call__(self, txn: Any) -> Any:
+        return self.fn(txn)
+
+
+class Prefetch:
+    """The rows a batch's hinted writes will read, fetched in its first round trip.
+
+    Built before the writers' lock from the row cache as it stands: an operation whose
+    record is not cached gets all its rows (payloads too); one that is gets its small
+    rows, which another process may have changed since (the change log, read in the same
+    round trip, may evict them). A record about to be created also names its hosts
+    index entry. :meth:`seed` caches what came back (absent rows as absent), after the
+    change log was applied: the rows were read under the lock, so they are current."""
+
+    def __init__(self, cache: RowCache, hinted: Iterable[str | OperationRecord]) -> None:
+        rows = cache.rows
+        ops: dict[bytes, None] = {}
+        payloads: list[bytes] = []
+        hosts: list[bytes] = []
+        for touched in hinted:
+            if isinstance(touched, OperationRecord):
+                hosts.append(hosts_key(touched))
+                touched = touched.operation_id
+            key = operation_key(touched)
+            if key in ops:
+                continue
+            ops[key] = None
+            if (_OPERATIONS, key) not in rows:
+                payloads.extend(key + b"\0" + kind for kind in _KINDS)
+        self.params = {
+            "ops": list(ops), "payloads": payloads,
+            "members": [MEMBER + key for key in ops], "hosts": hosts,
+        }
+        self.sql = _MANY_OPERATIONS
+
+    def __bool__(self) -> bool:
+        return bool(self.params["ops"])
+
+    def seed(self, cache: RowCache, fetched: list[Any]) -> None:
+        rows = cache.rows
+        if len(rows) >= CACHE_ROWS:
+            return
+        params = self.params
+        for key in params["ops"]:
+            for db in _BY_OPERATION:
+                rows[(db, key)] = None
+        for key in params["payloads"]:
+            rows[(_PAYLOADS, key)] = None
+        for key in params["members"]:
+            rows[(_QUEUE, key)] = None
+        for key in params["hosts"]:
+            rows[(_HOSTS, key)] = None
+        for db, key, value in fetched:
+            rows[(db, bytes(key))] = value
 
 
 def _operation_of(db: str, key: bytes) -> bytes | None:

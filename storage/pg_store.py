@@ -30,12 +30,14 @@ import contextlib
 import secrets
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, cast
 
 import psycopg
 from recoverable.storage import codec
+from recoverable.storage.base import Touches
 from recoverable.storage.keys import META_BYTES, key_str, u64
 from recoverable.storage.leases import LeaseTokens, lease_expired
+from recoverable.storage.pg_batch import Touching
 from recoverable.storage.pg_listen import CommitListener
 from recoverable.storage.pg_schema import LOCK_NAMESPACE, META_COMMITS, upgrade
 from recoverable.storage.pg_sql import SqlSnapshot, describe, sql_table, table_names
@@ -48,7 +50,7 @@ from recoverable.storage.store import (
     redact_url,
     register_url_store,
 )
-from recoverable.storage.txn import WriteState
+from recoverable.storage.txn import WriteState, WriteTxn
 
 from recoverable.errors import CorruptRecord, StorageUnavailable, UnsupportedRecordVersion
 from recoverable.records import CommandRecord, LeaseRecord
@@ -158,6 +160,7 @@ class PgStore(RecoveryStore):
         self._owner_conn: psycopg.Connection[Any] | None = None
         self._lock_key = 0
         self.owner_lost = False
+        self.liveness_queries = 0  # owner_is_live answered by a query of its own
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
         self._pool = _Pool(self._connect_reader, POOL_SIZE)
@@ -300,6 +303,13 @@ class PgStore(RecoveryStore):
     def _refuse_if_failed(self) -> None:
         self._refuse_if_lost()
 
+    async def write(self, fn: Callable[[WriteTxn], Result], *, touches: Touches = ()) -> Result:
+        """``RecoveryStore.write``; ``touches`` (the operations ``fn`` reads) lets the
+        writer fetch their rows in the batch's first round trip (``pg_batch.Prefetch``)."""
+        if touches:
+            return await super().write(cast(Any, Touching(fn, touches)))
+        return await super().write(fn)
+
     def close(self) -> None:
         if _OPEN.release(self._url, self):
             self._teardown()
@@ -371,6 +381,12 @@ class PgStore(RecoveryStore):
         heartbeat expiry is after the server's ``now()``."""
         if owner_id == self._owner_id:
             return not self.owner_lost
+        writer = self._pg_writer
+        if writer is not None and writer.on_writer_thread():
+            live = writer.live_owners  # read in the running batch's first round trip
+            if live is not None:
+                return owner_id in live
+        self.liveness_queries += 1
         rows = self._query(
             "SELECT o.expires_at > now() AND EXISTS ("
             " SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted"

@@ -5,10 +5,12 @@ queue drained batch by batch, the counters) is the LMDB writer's (``storage/writ
 only how a batch commits differs. A batch is one PostgreSQL transaction:
 
 1. ``pg_advisory_xact_lock(writers)``: one write transaction at a time, fleet-wide, as
-   LMDB has one writer. Under it each READ COMMITTED statement sees every earlier commit
-   and nobody else writes, so a mutation's reads and its conditional writes (a fenced
-   ``put_operation``, a lease taken with its fence incremented) are one atomic step, and
-   the command and queue serials commit in serial order (a poller never misses one).
+   LMDB has one writer. In the same round trip: the change log, and the rows the batch's
+   writes said they will read (``store.write(fn, touches=...)``, ``pg_batch.Prefetch``).
+   Under it each READ COMMITTED statement sees every earlier commit and nobody else
+   writes, so a mutation's reads and its conditional writes (a fenced ``put_operation``,
+   a lease taken with its fence incremented) are one atomic step, and the command and
+   queue serials commit in serial order (a poller never misses one).
 2. Every mutation runs straight in the transaction; if one raises, the run is discarded
    and the batch run again with each mutation in a savepoint, so the failing one is
    rolled back alone (the LMDB writer's child transactions).
@@ -34,7 +36,14 @@ from typing import Any, Final, cast
 import outcome
 import psycopg
 from recoverable.storage.keys import META_BYTES, u64
-from recoverable.storage.pg_batch import CHANGES_KEPT, BatchSnapshot, RowCache, changed_keys
+from recoverable.storage.pg_batch import (
+    CHANGES_KEPT,
+    BatchSnapshot,
+    Prefetch,
+    RowCache,
+    Touching,
+    changed_keys,
+)
 from recoverable.storage.pg_listen import CHANNEL
 from recoverable.storage.pg_schema import LOCK_NAMESPACE, META_COMMITS, WRITER_LOCK
 from recoverable.storage.pg_sql import SqlSnapshot, describe, sql_table
@@ -55,6 +64,14 @@ OWN_LOCK_HELD: Final = (
     " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
     " AND l.classid = %s::oid AND l.objid = %s::oid AND l.objsubid = 2)"
     " AND EXISTS (SELECT 1 FROM recoverable_owners WHERE owner_id = %s AND expires_at > now())"
+)
+# Every owner whose advisory lock is held and whose heartbeat has not expired (server time):
+# read once per batch, under the writers' lock, for the batch's lease checks.
+LIVE_OWNERS: Final = (
+    "SELECT o.owner_id FROM recoverable_owners o WHERE o.expires_at > now() AND EXISTS ("
+    " SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted"
+    " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+    " AND l.classid = %s::oid AND l.objid = o.lock_key::oid AND l.objsubid = 2)"
 )
 
 
@@ -91,6 +108,9 @@ class PgWriter(Writer[WriteTxn]):
         self.reconnects = 0
         self.unknown_resolved = 0
         self.reruns = 0
+        # The owners live at the start of the running batch (None between batches), read
+        # in its first round trip: the batch's lease checks ask this, not the database.
+        self.live_owners: frozenset[str] | None = None
         self._stop_event = threading.Event()
         super().__init__(
             cast(Any, None),  # no LMDB environment: _commit_batch is replaced below
@@ -99,6 +119,9 @@ class PgWriter(Writer[WriteTxn]):
             max_map_size=0,
             name=name,
         )
+
+    def on_writer_thread(self) -> bool:
+        return threading.current_thread() is self._thread
 
     def stop(self) -> None:
         super().stop()
@@ -188,6 +211,12 @@ class PgWriter(Writer[WriteTxn]):
         return None
 
     def _try_pg_batch(self, batch: list[_Job], isolated: bool, txn_id: str) -> None:
+        try:
+            self._run_pg_batch(batch, isolated, txn_id)
+        finally:
+            self.live_owners = None  # known for one batch only
+
+    def _run_pg_batch(self, batch: list[_Job], isolated: bool, txn_id: str) -> None:
         self._refuse()
         try:
             conn = self._connection()
@@ -202,6 +231,10 @@ class PgWriter(Writer[WriteTxn]):
                 # The other meta rows (quota counter, serials) come with it: every batch
                 # reads the quota counter, and they change with every batch of anyone.
                 since = self._cache.valid_at
+                prefetch = Prefetch(self._cache, (
+                    touched for job in batch if isinstance(job.fn, Touching)
+                    for touched in job.fn.touches
+                ))
                 with conn.pipeline():
                     conn.execute(
                         "SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_NAMESPACE, WRITER_LOCK)
@@ -215,12 +248,21 @@ class PgWriter(Writer[WriteTxn]):
                         (-1 if since is None else since,),
                         binary=True,
                     )
+                    owners = conn.execute(LIVE_OWNERS, (LOCK_NAMESPACE,))
+                    # The rows the batch's hinted writes will read (pg_batch.Prefetch).
+                    fetched = (
+                        conn.execute(prefetch.sql, prefetch.params, binary=True)
+                        if prefetch else None
+                    )
                 meta = {bytes(key): bytes(value) for key, value in metas.fetchall()}
                 changes = [] if since is None else [
                     (int(commit), keys) for commit, keys in logged.fetchall()
                 ]
                 self._cache.adopt(u64(meta.pop(META_COMMITS, None)), changes)
                 self._cache.seed(sql_table("meta"), meta)
+                if fetched is not None:
+                    prefetch.seed(self._cache, fetched.fetchall())
+                self.live_owners = frozenset(str(row[0]) for row in owners.fetchall())
                 self._state.batch_bytes = None
                 for index, job in enumerate(batch):
                     job.result = None

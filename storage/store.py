@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import lmdb
 from recoverable.storage import integrity, queries, queue, retention, sources
-from recoverable.storage.base import TABLES, Table
+from recoverable.storage.base import TABLES, Table, Touches
 from recoverable.storage.keys import (
     META_BYTES,
     META_FORMAT,
@@ -368,8 +368,11 @@ class RecoveryStore(RecordGetters):
             raise StorageUnavailable("the store is closed")
         return self._writer
 
-    async def write(self, fn: Callable[[WriteTxn], Result]) -> Result:
+    async def write(self, fn: Callable[[WriteTxn], Result], *, touches: Touches = ()) -> Result:
         """Run ``fn`` in the next group commit; return its result once durable.
+
+        ``touches`` (the operations ``fn`` reads) is a prefetch hint for stores whose
+        reads are round trips (PostgreSQL); LMDB reads are memory reads: ignored here.
 
         The wait is shielded from cancellation (a queued write cannot be undone);
         an exception raised by ``fn`` rolls back ``fn``'s changes alone and is
