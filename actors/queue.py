@@ -3,10 +3,10 @@
 ``submit`` is ``prepare`` plus enqueue, in ONE store transaction, idempotent by
 ``(account, scope, job_id, input_revision)``: the same frozen body again returns the
 same handle (and queues it again if it is not finished); a different body under the
-same key is ``JobConflict`` and changes nothing. ``wait`` watches the operation's record
-(a bounded poll with backoff: one LMDB ``last_txnid`` read per poll; when something
-committed, one queue-row read; the record itself once the operation left the queue, and
-at least once a second) until it is settled: the saved, validated value, or the
+same key is ``JobConflict`` and changes nothing. ``wait`` reads the operation's record
+once the operation left the queue (one poller per runtime watches the queue rows of every
+waited operation at once: ``actors/waiters.py``), and at least once a second, until it
+is settled: the saved, validated value, or the
 operation's typed terminal error. Any process on the store may wait; a worker
 (``actors/worker.py``) runs the operation.
 
@@ -20,11 +20,11 @@ from collections.abc import Callable
 from typing import Any, Final, Protocol, TypeVar
 
 import msgspec
-import trio
 from recoverable.actors.checks import require_owner
 from recoverable.actors.heartbeat import LeaseKeeper
 from recoverable.actors.host import Backend
 from recoverable.actors.prepare import new_admission, put_new_operation
+from recoverable.actors.waiters import QueueWatch
 from recoverable.storage.base import Store as RecoveryStore
 from recoverable.storage.base import WriteTransaction as WriteTxn
 from recoverable.storage.migration import saved_completion
@@ -51,6 +51,7 @@ class Runtime(Protocol):
     now: Callable[[], float]
     telemetry: Telemetry
     leases: LeaseKeeper  # its lease_seconds bounds a hard attempt_timeout (issue 16)
+    queue_watch: QueueWatch  # wakes ``wait`` when the operation leaves the queue
 
 __all__ = [
     "choose_job_operation", "served_now", "settled", "submit", "wait", "with_queue_state",
@@ -58,8 +59,6 @@ __all__ = [
 
 ResultT = TypeVar("ResultT")
 
-POLL_FIRST: Final = 0.005  # seconds: the first re-read after a change
-POLL_MAX: Final = 0.2  # seconds: the longest pause between two polls
 FULL_READ_EVERY: Final = 1.0  # seconds: the record is read at least this often
 _PENDING: Final = object()
 
@@ -208,8 +207,8 @@ async def wait(
     its typed terminal error.
 
     Runs nothing itself: a worker (any process on the store) runs the operation. It
-    polls the store with backoff (``POLL_FIRST`` .. ``POLL_MAX`` seconds; the record is
-    read when it left the queue, and at least every ``FULL_READ_EVERY`` s),
+    reads the record when it left the queue (one poller per runtime watches the queue
+    for every waiter, ``actors/waiters.py``), and at least every ``FULL_READ_EVERY`` s;
     never busy-loops; bound it with ``trio.fail_after``/``move_on_after``. Raises
     ``OperationCancelled``, ``AttemptsExhausted``/``PermanentlyFailed`` (the failed
     record's error), ``StateExpired``, ``OperationSuspended`` (suspended by a host, not
@@ -217,31 +216,14 @@ async def wait(
     ``AccountChanged`` and ``FormatMismatch`` like ``send_recovering``.
     """
     contract = contract_for(response)
-    store: RecoveryStore = rt.store
-    delay = POLL_FIRST
-    last_txnid: int | None = None
-    last_read = 0.0
-    previous: OperationRecord | None = None
     while True:
-        txnid = store.last_txnid()
-        clock = trio.current_time()
-        stale = clock - last_read >= FULL_READ_EVERY
-        if txnid != last_txnid and not stale and previous is not None:
-            # Something committed somewhere. While the operation is still queued a worker
-            # has it (or will): its terminal state removes it from the queue.
-            last_txnid = txnid
-            stale = queue_entry(store, handle.operation_id) is None
-        if stale or last_txnid is None:
-            last_txnid, last_read = txnid, clock
-            value = settled(rt, handle.operation_id, contract)
-            if value is not _PENDING:
-                result: ResultT = value
-                return result
-            current = store.get_operation(handle.operation_id)
-            if current != previous:
-                previous, delay = current, POLL_FIRST  # it moves: look again soon
-        await trio.sleep(delay)
-        delay = min(delay * 2, POLL_MAX)
+        value = settled(rt, handle.operation_id, contract)
+        if value is not _PENDING:
+            result: ResultT = value
+            return result
+        # One poller per runtime wakes this when the operation leaves the queue
+        # (actors/waiters.py); the record is read again then, or after FULL_READ_EVERY.
+        await rt.queue_watch.until_gone(handle.operation_id, FULL_READ_EVERY)
 
 
 Served = set[tuple[str, str, str]]  # (account id, credential source, endpoint id)

@@ -42,6 +42,7 @@ from recoverable.actors.scheduler import Scheduler
 from recoverable.actors.supervisor import Execution, Supervisor
 from recoverable.actors.sweep import sweep_at_open
 from recoverable.actors.thread import Thread, open_thread
+from recoverable.actors.waiters import QueueWatch
 from recoverable.storage.base import Store as RecoveryStore
 from recoverable.storage.leases import lease_blocks, unexpired_derivative
 from recoverable.transport.connect import ConnectBackoff, EndpointGate
@@ -110,6 +111,7 @@ class Runtime:
         self.usage_malformed = 0  # attempts whose reported usage was ignored as malformed
         self.reattachments = 0  # issue 15: resume GETs of background responses that ended
         self.supervisor = Supervisor()  # every active operation: a task of open_runtime's nursery
+        self.queue_watch = QueueWatch(store)  # one poller for every ``wait`` (actors/waiters.py)
         # The leases this runtime holds, renewed by the heartbeat task (actors/heartbeat.py).
         self.leases = leases or LeaseKeeper(store, lease_seconds=30.0, wall_clock=wall_clock)
         self._gates: dict[str, EndpointGate] = {}
@@ -601,6 +603,7 @@ async def open_runtime(
         nursery.start_soon(monitor.run)
         nursery.start_soon(pump.run)
         nursery.start_soon(leases.run)
+        nursery.start_soon(runtime.queue_watch.run)
         runtime.supervisor.open(nursery)
         try:
             # Close what dead owners left behind before anything runs (issue 14).

@@ -179,6 +179,10 @@ class Store(RecordReader, Protocol):
         needed for correctness."""
         ...
 
+    def get_raw_many(self, table: Table, keys: list[bytes]) -> list[bytes | None]:
+        """``get_raw`` of every key, from one snapshot (one round trip on PostgreSQL)."""
+        ...
+
     def commands_snapshot(self, *, after_serial: int = 0) -> tuple[int, list[CommandRecord]]:
         """``(snapshot id, commands with serial > after_serial)`` from one snapshot."""
         ...

@@ -63,19 +63,19 @@ _OPERATIONS: Final = sql_table("operations")
 _QUEUE: Final = sql_table("queue")
 _KINDS: Final = tuple(sorted(kind.encode() for kind in PAYLOAD_KINDS))
 _ONE_OPERATION: Final = " UNION ALL ".join(
-    [f"SELECT '{table}', key, value FROM {table} WHERE key = %(op)s" for table in sorted(
+    [f"SELECT '{table}', key, value FROM {table} WHERE key = %(op)b" for table in sorted(
         _BY_OPERATION)]
-    + [f"SELECT '{_PAYLOADS}', key, value FROM {_PAYLOADS} WHERE key = ANY(%(payloads)s)",
-       f"SELECT '{_QUEUE}', key, value FROM {_QUEUE} WHERE key = %(member)s"]
+    + [f"SELECT '{_PAYLOADS}', key, value FROM {_PAYLOADS} WHERE key = ANY(%(payloads)b)",
+       f"SELECT '{_QUEUE}', key, value FROM {_QUEUE} WHERE key = %(member)b"]
 )
 
 _HOSTS: Final = sql_table("hosts")
 _MANY_OPERATIONS: Final = " UNION ALL ".join(
-    [f"SELECT '{table}', key, value FROM {table} WHERE key = ANY(%(ops)s)" for table in sorted(
+    [f"SELECT '{table}', key, value FROM {table} WHERE key = ANY(%(ops)b)" for table in sorted(
         _BY_OPERATION)]
-    + [f"SELECT '{_PAYLOADS}', key, value FROM {_PAYLOADS} WHERE key = ANY(%(payloads)s)",
-       f"SELECT '{_QUEUE}', key, value FROM {_QUEUE} WHERE key = ANY(%(members)s)",
-       f"SELECT '{_HOSTS}', key, value FROM {_HOSTS} WHERE key = ANY(%(hosts)s)"]
+    + [f"SELECT '{_PAYLOADS}', key, value FROM {_PAYLOADS} WHERE key = ANY(%(payloads)b)",
+       f"SELECT '{_QUEUE}', key, value FROM {_QUEUE} WHERE key = ANY(%(members)b)",
+       f"SELECT '{_HOSTS}', key, value FROM {_HOSTS} WHERE key = ANY(%(hosts)b)"]
 )
 
 
@@ -305,10 +305,10 @@ class BatchSnapshot(SqlSnapshot):
                 keys.append(key)
                 values.append(value)
         for db, keys in deletes.items():
-            self._execute(f"DELETE FROM {db} WHERE key = ANY(%s)", (keys,))
+            self._execute(f"DELETE FROM {db} WHERE key = ANY(%b)", (keys,))
         for db, (keys, values) in upserts.items():
             self._execute(
-                f"INSERT INTO {db} (key, value) SELECT * FROM unnest(%s::bytea[], %s::bytea[]) "
+                f"INSERT INTO {db} (key, value) SELECT * FROM unnest(%b::bytea[], %b::bytea[]) "
                 "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
                 (keys, values),
             )

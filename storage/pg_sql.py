@@ -50,31 +50,31 @@ class _Statements:
     """The SQL of one table, built once."""
 
     def __init__(self, name: str) -> None:
-        self.get = f"SELECT value FROM {name} WHERE key = %s"
-        self.exists = f"SELECT 1 FROM {name} WHERE key = %s"
+        self.get = f"SELECT value FROM {name} WHERE key = %b"
+        self.exists = f"SELECT 1 FROM {name} WHERE key = %b"
         self.put = (
-            f"INSERT INTO {name} (key, value) VALUES (%s, %s) "
+            f"INSERT INTO {name} (key, value) VALUES (%b, %b) "
             "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value"
         )
         # The old value comes back from the same statement (the CTE reads the snapshot
         # before the upsert).
         self.replace = (
-            f"WITH old AS (SELECT value FROM {name} WHERE key = %s) "
-            f"INSERT INTO {name} (key, value) VALUES (%s, %s) "
+            f"WITH old AS (SELECT value FROM {name} WHERE key = %b) "
+            f"INSERT INTO {name} (key, value) VALUES (%b, %b) "
             "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value "
             "RETURNING (SELECT value FROM old)"
         )
-        self.pop = f"DELETE FROM {name} WHERE key = %s RETURNING value"
+        self.pop = f"DELETE FROM {name} WHERE key = %b RETURNING value"
         self.count = f"SELECT count(*) FROM {name}"
-        self.first_from = f"SELECT key FROM {name} WHERE key >= %s ORDER BY key LIMIT 1"
+        self.first_from = f"SELECT key FROM {name} WHERE key >= %b ORDER BY key LIMIT 1"
         self.page_from = (
-            f"SELECT key, value FROM {name} WHERE key >= %s ORDER BY key LIMIT {PAGE_ROWS}"
+            f"SELECT key, value FROM {name} WHERE key >= %b ORDER BY key LIMIT {PAGE_ROWS}"
         )
         self.page_after = (
-            f"SELECT key, value FROM {name} WHERE key > %s ORDER BY key LIMIT {PAGE_ROWS}"
+            f"SELECT key, value FROM {name} WHERE key > %b ORDER BY key LIMIT {PAGE_ROWS}"
         )
-        self.keys_from = f"SELECT key FROM {name} WHERE key >= %s ORDER BY key LIMIT {PAGE_ROWS}"
-        self.keys_after = f"SELECT key FROM {name} WHERE key > %s ORDER BY key LIMIT {PAGE_ROWS}"
+        self.keys_from = f"SELECT key FROM {name} WHERE key >= %b ORDER BY key LIMIT {PAGE_ROWS}"
+        self.keys_after = f"SELECT key FROM {name} WHERE key > %b ORDER BY key LIMIT {PAGE_ROWS}"
 
 
 _STATEMENTS: Final[dict[str, _Statements]] = {

@@ -380,20 +380,20 @@ class PgWriter(Writer[WriteTxn]):
                 snapshot.flush()
                 counted = conn.execute(
                     f"UPDATE {meta} SET value = int8send(("
-                    "'x' || encode(value, 'hex'))::bit(64)::int8 + 1) WHERE key = %s "
+                    "'x' || encode(value, 'hex'))::bit(64)::int8 + 1) WHERE key = %b "
                     "RETURNING value",
                     (META_COMMITS,),
                     binary=True,
                 )
                 conn.execute(
                     "INSERT INTO recoverable_changes (commit, keys) SELECT"
-                    f" {_COMMIT_COUNT}, %s FROM {meta} WHERE key = %s",
+                    f" {_COMMIT_COUNT}, %b FROM {meta} WHERE key = %b",
                     (changed_keys(snapshot.written_keys), META_COMMITS),
                     binary=True,
                 )
                 conn.execute(
                     f"DELETE FROM recoverable_changes WHERE commit <= (SELECT {_COMMIT_COUNT}"
-                    f" FROM {meta} WHERE key = %s) - {CHANGES_KEPT}",
+                    f" FROM {meta} WHERE key = %b) - {CHANGES_KEPT}",
                     (META_COMMITS,),
                     binary=True,
                 )

@@ -1,0 +1,83 @@
+"""``runtime.wait`` on many operations: one poller per runtime reads the queue rows of every
+waited operation at once (``actors/waiters.py``), instead of each waiter polling on its own
+(a round trip each on the PostgreSQL store)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+
+import recoverable
+from recoverable import errors
+
+from .conftest import ACCOUNT, Answer, Authorizer, make_backend
+
+STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
+WAITERS = 24
+
+
+def _request(index: int) -> recoverable.StructuredRequest:
+    return recoverable.StructuredRequest(
+        model="gpt-test", instructions="Answer briefly.", input=f"question {index}"
+    )
+
+
+async def test_many_waiters_share_one_queue_poller(
+    provider: Any, store: recoverable.RecoveryStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    queue_reads: list[bytes] = []
+    get_raw = store.get_raw
+
+    def counting_get_raw(table: Any, key: bytes) -> bytes | None:
+        if table == "queue":
+            queue_reads.append(key)
+        return get_raw(table, key)
+
+    monkeypatch.setattr(store, "get_raw", counting_get_raw)
+    async with recoverable.open_runtime(store, make_backend(provider), account=ACCOUNT) as rt:
+        handles = [
+            await rt.submit(_request(i), response=Answer, job_id=f"j{i}", maximum_attempts=2)
+            for i in range(WAITERS)
+        ]
+        results: dict[str, Answer] = {}
+
+        async def waiter(handle: recoverable.Handle) -> None:
+            results[handle.operation_id] = await rt.wait(handle, response=Answer)
+
+        async with trio.open_nursery() as nursery:
+            for handle in handles:
+                nursery.start_soon(waiter, handle)
+            await trio.testing.wait_all_tasks_blocked()
+            assert results == {}
+            # Run them detached, as a worker does: each leaves the queue when it ends.
+            for handle in handles:
+                execution = rt.start_operation(handle, response=Answer, authorize=Authorizer())
+                await execution.finished.wait()
+        assert sorted(results) == sorted(h.operation_id for h in handles)
+        assert all(isinstance(value, Answer) for value in results.values())
+        # The waiters read no queue row one by one: the poller read them all at once,
+        # far fewer times than there were waiters times commits.
+        assert queue_reads == []
+        assert 1 <= rt.queue_watch.scans <= 2 * WAITERS + 2
+
+
+async def test_a_state_that_keeps_the_operation_queued_is_still_found(
+    provider: Any, store: recoverable.RecoveryStore
+) -> None:
+    """A host's suspend leaves the operation queued (no worker saw it yet): the waiter's
+    bounded full read still finds it and raises the typed error."""
+    async with recoverable.open_runtime(store, make_backend(provider), account=ACCOUNT) as rt:
+        handle = await rt.submit(_request(0), response=Answer, job_id="j", maximum_attempts=2)
+
+        async def suspend_soon() -> None:
+            await trio.testing.wait_all_tasks_blocked()
+            await rt.suspend(handle)
+
+        with trio.fail_after(10):  # generous: the full read comes within a second
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(suspend_soon)
+                with pytest.raises(errors.OperationSuspended):
+                    await rt.wait(handle, response=Answer)
+        assert rt.queue_watch.polls >= 1
