@@ -59,7 +59,6 @@ __all__ = [
 
 ResultT = TypeVar("ResultT")
 
-FULL_READ_EVERY: Final = 1.0  # seconds: the record is read at least this often
 _PENDING: Final = object()
 
 
@@ -208,7 +207,8 @@ async def wait(
 
     Runs nothing itself: a worker (any process on the store) runs the operation. It
     reads the record when it left the queue (one poller per runtime watches the queue
-    for every waiter, ``actors/waiters.py``), and at least every ``FULL_READ_EVERY`` s;
+    for every waiter, ``actors/waiters.py``), or when it may have settled while queued
+    (a host's suspend; looked for once a second for all waiters at once);
     never busy-loops; bound it with ``trio.fail_after``/``move_on_after``. Raises
     ``OperationCancelled``, ``AttemptsExhausted``/``PermanentlyFailed`` (the failed
     record's error), ``StateExpired``, ``OperationSuspended`` (suspended by a host, not
@@ -221,9 +221,9 @@ async def wait(
         if value is not _PENDING:
             result: ResultT = value
             return result
-        # One poller per runtime wakes this when the operation leaves the queue
-        # (actors/waiters.py); the record is read again then, or after FULL_READ_EVERY.
-        await rt.queue_watch.until_gone(handle.operation_id, FULL_READ_EVERY)
+        # One poller per runtime wakes this when the operation leaves the queue or may
+        # have settled while queued (actors/waiters.py); the record is read again then.
+        await rt.queue_watch.until_gone(handle.operation_id)
 
 
 Served = set[tuple[str, str, str]]  # (account id, credential source, endpoint id)

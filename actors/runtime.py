@@ -111,7 +111,7 @@ class Runtime:
         self.usage_malformed = 0  # attempts whose reported usage was ignored as malformed
         self.reattachments = 0  # issue 15: resume GETs of background responses that ended
         self.supervisor = Supervisor()  # every active operation: a task of open_runtime's nursery
-        self.queue_watch = QueueWatch(store)  # one poller for every ``wait`` (actors/waiters.py)
+        self.queue_watch = QueueWatch(store, wall_clock)  # every ``wait``'s poller (waiters.py)
         # The leases this runtime holds, renewed by the heartbeat task (actors/heartbeat.py).
         self.leases = leases or LeaseKeeper(store, lease_seconds=30.0, wall_clock=wall_clock)
         self._gates: dict[str, EndpointGate] = {}

@@ -7,41 +7,66 @@ jobs made thousands of reads per second — each one a round trip on the Postgre
 on the event loop. :class:`QueueWatch` makes it one: a single task reads the commit counter
 (``store.last_txnid()``) with backoff (``POLL_FIRST`` .. ``POLL_MAX``) while anyone waits,
 and when it moved, reads the queue rows of every waited operation in one snapshot
-(``store.get_raw_many``), waking those that left. A waiter still reads its record itself
-at least every ``FULL_READ_EVERY`` seconds (``wait`` bounds each wait), so a state that
-keeps an operation queued (a host's suspend, a cancel a worker has not seen yet) is found
-as before, and a runtime whose watch is not running (no ``open_runtime``) degrades to that
-bounded poll, never to a hang.
+(``store.get_raw_many``), waking those that left. Some states keep an operation queued (a
+host's suspend, a cancel no worker has seen yet, an idle operation past its expiry):
+every ``FULL_READ_EVERY`` seconds the task also reads the records and command rows of
+every waited operation (two reads in all, not two per waiter) and wakes those that may
+have settled (:func:`may_settle`). A waiter wakes on its own at least every
+``SAFETY_READ_EVERY`` seconds, and every ``FULL_READ_EVERY`` seconds when no task runs the
+watch (a runtime not opened with ``open_runtime``): a bounded poll, never a hang.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Final
 
 import trio
 from recoverable.storage.base import Store as RecoveryStore
+from recoverable.storage.keys import operation_key
 from recoverable.storage.queue import member_key
+from recoverable.storage.rows import decode_row
 
-from recoverable.errors import StorageUnavailable
+from recoverable.errors import RecoveryError, StorageUnavailable
+from recoverable.preconditions import is_expired
+from recoverable.records import OperationRecord
+from recoverable.status import SETTLED_STATES
 
-__all__ = ["POLL_FIRST", "POLL_MAX", "QueueWatch"]
+__all__ = ["FULL_READ_EVERY", "POLL_FIRST", "POLL_MAX", "QueueWatch", "may_settle"]
 
 POLL_FIRST: Final = 0.005  # seconds: the first look after a change
 POLL_MAX: Final = 0.2  # seconds: the longest pause between two looks
+FULL_READ_EVERY: Final = 1.0  # seconds: every waited record is looked at this often
+SAFETY_READ_EVERY: Final = 30.0  # seconds: each waiter reads its record at least this often
+_STOPPED: Final = frozenset({*SETTLED_STATES, "suspended"})
+
+
+def may_settle(record: OperationRecord | None, has_command: bool, now: float) -> bool:
+    """Whether ``wait``'s full read could end now for an operation still queued: gone, a
+    lifecycle command standing, a settled or suspended record, or idle past its expiry."""
+    if record is None or has_command or record.phase in _STOPPED:
+        return True
+    idle = record.phase in ("prepared", "waiting")
+    return idle and is_expired(record, now)
 
 
 class QueueWatch:
     """Wakes the waiters of operations that left the store's queue (see the module doc)."""
 
-    def __init__(self, store: RecoveryStore) -> None:
+    def __init__(self, store: RecoveryStore, now: Callable[[], float]) -> None:
         self._store = store
+        self._now = now
         self._waiting: dict[str, list[trio.Event]] = {}
         self._someone_waits = trio.Event()
+        self.running = False
         self.polls = 0  # commit-counter reads
         self.scans = 0  # queue reads of every waited operation at once
+        self.full_scans = 0  # record and command reads of every waited operation at once
 
-    async def until_gone(self, operation_id: str, longest: float) -> bool:
-        """Until ``operation_id`` is no longer queued (True) or ``longest`` s passed (False)."""
+    async def until_gone(self, operation_id: str) -> bool:
+        """Until ``operation_id`` left the queue or may have settled (True), or the
+        waiter's own bound passed (False): see the module doc."""
+        longest = SAFETY_READ_EVERY if self.running else FULL_READ_EVERY
         gone = trio.Event()
         events = self._waiting.setdefault(operation_id, [])
         events.append(gone)
@@ -58,6 +83,13 @@ class QueueWatch:
 
     async def run(self) -> None:
         """The poller (a task of ``open_runtime``'s nursery)."""
+        self.running = True
+        try:
+            await self._run()
+        finally:
+            self.running = False
+
+    async def _run(self) -> None:
         last: int | None = None
         while True:
             if not self._waiting:
@@ -65,6 +97,7 @@ class QueueWatch:
                 await self._someone_waits.wait()
                 last = None  # who waits now has not been looked for yet
             delay = POLL_FIRST
+            full_read_at = trio.current_time() + FULL_READ_EVERY
             while self._waiting:
                 try:
                     txnid = self._store.last_txnid()
@@ -72,10 +105,17 @@ class QueueWatch:
                     if txnid != last:
                         self._wake_gone()
                         last, delay = txnid, POLL_FIRST
+                    if trio.current_time() >= full_read_at and self._waiting:
+                        full_read_at = trio.current_time() + FULL_READ_EVERY
+                        self._wake_stopped()
                 except StorageUnavailable:
                     pass  # each waiter meets the typed error on its own next full read
                 await trio.sleep(delay)
                 delay = min(delay * 2, POLL_MAX)
+
+    def _wake(self, operation_id: str) -> None:
+        for event in self._waiting.pop(operation_id, ()):
+            event.set()
 
     def _wake_gone(self) -> None:
         waited = list(self._waiting)
@@ -83,5 +123,19 @@ class QueueWatch:
         self.scans += 1
         for operation_id, row in zip(waited, rows, strict=True):
             if row is None:
-                for event in self._waiting.pop(operation_id):
-                    event.set()
+                self._wake(operation_id)
+
+    def _wake_stopped(self) -> None:
+        waited = list(self._waiting)
+        keys = [operation_key(op) for op in waited]
+        records = self._store.get_raw_many("operations", keys)
+        commands = self._store.get_raw_many("commands", keys)
+        self.full_scans += 1
+        now = self._now()
+        for operation_id, raw, command in zip(waited, records, commands, strict=True):
+            try:
+                record = None if raw is None else decode_row("operations", raw, operation_id)
+            except RecoveryError:
+                record = None  # unreadable: the waiter's own read raises the typed error
+            if may_settle(record, command is not None, now):
+                self._wake(operation_id)

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Final, TypeVar, cast
 
 import psycopg
-from recoverable.storage import codec
+from recoverable.storage import codec, queue
 from recoverable.storage.base import Touches
 from recoverable.storage.keys import META_BYTES, key_str, u64
 from recoverable.storage.leases import LeaseTokens, lease_expired
@@ -375,6 +375,24 @@ class PgStore(RecoveryStore):
     def _get(self, table: Table, key: bytes) -> bytes | None:
         rows = self._query(f"SELECT value FROM {sql_table(table)} WHERE key = %b", (key,))
         return bytes(rows[0][0]) if rows else None
+
+    def queued(self, *, after_serial: int = 0, limit: int = 1024) -> list[queue.QueueEntry]:
+        """``RecoveryStore.queued`` in one statement (the order rows joined to their
+        membership rows), not a round trip per entry."""
+        table = sql_table("queue")
+        rows = self._query(
+            f"SELECT o.key, o.value, m.value FROM {table} o LEFT JOIN {table} m"
+            f" ON m.key = %b || o.value WHERE o.key >= %b AND o.key < %b"
+            " ORDER BY o.key LIMIT %s",
+            (queue.MEMBER, queue.order_key(after_serial + 1),
+             bytes([queue.ORDER[0] + 1]), min(limit, queue.MAX_SCAN)),
+        )
+        found = (
+            queue.ordered_entry(bytes(order), bytes(operation),
+                                None if member is None else bytes(member))
+            for order, operation, member in rows
+        )
+        return [entry for entry in found if entry is not None]
 
     def get_raw_many(self, table: Table, keys: list[bytes]) -> list[bytes | None]:
         """``get_raw`` of every key: one statement, one round trip."""

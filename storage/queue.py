@@ -48,6 +48,7 @@ __all__ = [
     "entry",
     "member_key",
     "order_key",
+    "ordered_entry",
     "scan",
 ]
 
@@ -160,13 +161,20 @@ def scan(
     for key, value in cursor.iternext():
         if not key.startswith(ORDER) or len(found) >= min(limit, MAX_SCAN):
             break
-        operation_id = key_str(value)
-        raw = txn.get(MEMBER + value, db=db)
-        member = None if raw is None else decode_member(raw)
-        if member is None or member[0] != int.from_bytes(key[1:], "big"):
-            continue
-        found.append(QueueEntry(member[0], operation_id, member[1]))
+        queued = ordered_entry(key, value, txn.get(MEMBER + value, db=db))
+        if queued is not None:
+            found.append(queued)
     return found
+
+
+def ordered_entry(order: bytes, operation: bytes, member: bytes | None) -> QueueEntry | None:
+    """The entry of one order row (its key, its value: the operation key) and the
+    operation's membership row; None when they do not agree (``check_integrity`` names
+    such rows)."""
+    decoded = None if member is None else decode_member(member)
+    if decoded is None or decoded[0] != int.from_bytes(order[1:], "big"):
+        return None
+    return QueueEntry(decoded[0], key_str(operation), decoded[1])
 
 
 def check_entry(txn: lmdb.Transaction[bytes], db: Any, key: bytes, raw: bytes) -> str | None:

@@ -136,3 +136,27 @@ def test_rows_nobody_else_changed_stay_in_the_writers_cache(pg_url: str) -> None
     finally:
         other.close()
         mine.close()
+
+
+def test_the_queue_is_read_in_one_statement_with_lmdbs_rules(pg_url: str) -> None:
+    """``queued`` on PostgreSQL joins the order rows to their membership rows in one
+    statement: same entries, same paging, and an order row whose membership row does not
+    agree is skipped, as the LMDB scan does."""
+    from recoverable.storage import queue
+
+    with RecoveryStore.open(pg_url) as store:
+        assert isinstance(store, PgStore)
+        for index in range(5):
+            store.write_sync(lambda txn, i=index: txn.put_operation(make_op(f"op-{i}")))
+            store.write_sync(lambda txn, i=index: txn.enqueue(f"op-{i}"))
+        store.write_sync(lambda txn: txn.enqueue("op-1", resume=True))  # flagged again
+        entries = store.queued()
+        assert [e.operation_id for e in entries] == [f"op-{i}" for i in range(5)]
+        assert [e.resume for e in entries] == [False, True, False, False, False]
+        page = store.queued(after_serial=entries[1].serial, limit=2)
+        assert [e.operation_id for e in page] == ["op-2", "op-3"]
+        # An order row without its membership row (a damaged row): skipped.
+        store.write_sync(lambda txn: txn.put_raw(
+            "queue", queue.order_key(entries[-1].serial + 10), b"op-9"
+        ))
+        assert [e.operation_id for e in store.queued()] == [f"op-{i}" for i in range(5)]

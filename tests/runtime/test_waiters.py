@@ -6,11 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import pytest
 import trio
+from recoverable.actors.waiters import may_settle
 
 import recoverable
 from recoverable import errors
+from tests.storage.storage_helpers import make_op
 
 from .conftest import ACCOUNT, Answer, Authorizer, make_backend
 
@@ -66,8 +69,9 @@ async def test_many_waiters_share_one_queue_poller(
 async def test_a_state_that_keeps_the_operation_queued_is_still_found(
     provider: Any, store: recoverable.RecoveryStore
 ) -> None:
-    """A host's suspend leaves the operation queued (no worker saw it yet): the waiter's
-    bounded full read still finds it and raises the typed error."""
+    """A host's suspend leaves the operation queued (no worker saw it yet): the watch's
+    look at every waited record (once a second, all at once) finds it, and the waiter
+    raises the typed error."""
     async with recoverable.open_runtime(store, make_backend(provider), account=ACCOUNT) as rt:
         handle = await rt.submit(_request(0), response=Answer, job_id="j", maximum_attempts=2)
 
@@ -80,4 +84,18 @@ async def test_a_state_that_keeps_the_operation_queued_is_still_found(
                 nursery.start_soon(suspend_soon)
                 with pytest.raises(errors.OperationSuspended):
                     await rt.wait(handle, response=Answer)
-        assert rt.queue_watch.polls >= 1
+        assert rt.queue_watch.full_scans >= 1
+
+
+def test_may_settle_names_what_keeps_an_operation_queued() -> None:
+    record = make_op("op-1")
+    assert not may_settle(record, False, now=0.0)
+    assert may_settle(None, False, now=0.0)  # gone (disposed, purged)
+    assert may_settle(record, True, now=0.0)  # a command stands
+    for phase in ("suspended", "cancelled", "completed", "failed", "superseded"):
+        assert may_settle(msgspec.structs.replace(record, phase=phase), False, now=0.0)
+    expiring = msgspec.structs.replace(record, expires_at=100.0)
+    assert not may_settle(expiring, False, now=99.0)
+    assert may_settle(expiring, False, now=100.0)  # idle past its expiry: StateExpired
+    running = msgspec.structs.replace(expiring, phase="transmitting")
+    assert not may_settle(running, False, now=100.0)
