@@ -22,10 +22,10 @@ from collections.abc import Callable
 from typing import Final
 
 import trio
+from recoverable.storage import codec
 from recoverable.storage.base import Store as RecoveryStore
 from recoverable.storage.keys import operation_key
 from recoverable.storage.queue import member_key
-from recoverable.storage.rows import decode_row
 
 from recoverable.errors import RecoveryError, StorageUnavailable
 from recoverable.preconditions import is_expired
@@ -134,7 +134,10 @@ class QueueWatch:
         now = self._now()
         for operation_id, raw, command in zip(waited, records, commands, strict=True):
             try:
-                record = None if raw is None else decode_row("operations", raw, operation_id)
+                record = (
+                    None if raw is None
+                    else codec.decode_operation(raw, operation_id=operation_id)
+                )
             except RecoveryError:
                 record = None  # unreadable: the waiter's own read raises the typed error
             if may_settle(record, command is not None, now):

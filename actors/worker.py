@@ -45,14 +45,17 @@ from recoverable.actors.host import Backend
 from recoverable.actors.operation import Authorize
 from recoverable.actors.supervisor import Execution
 from recoverable.actors.sweep import sweep
+from recoverable.storage import codec
 from recoverable.storage.base import Store as RecoveryStore
 from recoverable.storage.base import WriteTransaction as WriteTxn
+from recoverable.storage.keys import operation_key
+from recoverable.storage.leases import lease_expired
 from recoverable.storage.queue import QueueEntry, WorkerRow
 
 from recoverable import errors
 from recoverable.continuation import is_pending
 from recoverable.preconditions import is_expired
-from recoverable.records import OperationRecord, StoredRequest
+from recoverable.records import LeaseRecord, OperationRecord, StoredRequest
 from recoverable.telemetry import Telemetry
 from recoverable.transitions import FINISHED
 from recoverable.types import AccountBinding, Handle, JsonSchema
@@ -153,6 +156,41 @@ def _flag(operation_ids: list[str], resume: bool, txn: WriteTxn) -> None:
             txn.enqueue(operation_id, resume=resume)
 
 
+def _look(
+    store: RecoveryStore, operation_ids: list[str]
+) -> list[tuple[LeaseRecord | None, OperationRecord | None, bool]]:
+    """``(lease, record, unreadable)`` of each operation: two reads for all of them."""
+    keys = [operation_key(operation_id) for operation_id in operation_ids]
+    leases = store.get_raw_many("leases", keys)
+    records = store.get_raw_many("operations", keys)
+    looked: list[tuple[LeaseRecord | None, OperationRecord | None, bool]] = []
+    for operation_id, raw_lease, raw_record in zip(operation_ids, leases, records, strict=True):
+        try:
+            lease = (
+                None if raw_lease is None
+                else codec.decode_lease(raw_lease, operation_id=operation_id)
+            )
+            record = (
+                None if raw_record is None
+                else codec.decode_operation(raw_record, operation_id=operation_id)
+            )
+        except (errors.CorruptRecord, errors.UnsupportedRecordVersion):
+            looked.append((None, None, True))
+            continue
+        looked.append((lease, record, False))
+    return looked
+
+
+def _live(store: RecoveryStore, lease: LeaseRecord, owners: dict[str, bool]) -> bool:
+    """``store.lease_is_live``, asking about another owner once per claim round."""
+    if lease.owner_id == store.owner_id or lease_expired(lease):
+        return store.lease_is_live(lease)
+    live = owners.get(lease.owner_id)
+    if live is None:
+        live = owners[lease.owner_id] = store.owner_is_live(lease.owner_id)
+    return live
+
+
 class _Worker:
     def __init__(
         self, rt: WorkerRuntime, *, concurrency: int, authorize: Authorize, stop: trio.Event
@@ -242,19 +280,22 @@ class _Worker:
             if not page:
                 break
             after = page[-1].serial
-            for entry in page:
+            candidates = [
+                entry for entry in page
+                if entry.operation_id not in self.running
+                and self.skip.get(entry.operation_id, 0) <= clock
+            ]
+            # The page's leases and records in two reads (not two per entry: each is a
+            # round trip on PostgreSQL), another owner's liveness asked once per round.
+            looked = _look(self.store, [entry.operation_id for entry in candidates])
+            owners_live: dict[str, bool] = {}
+            for entry, (lease, record, unreadable) in zip(candidates, looked, strict=True):
                 operation_id = entry.operation_id
-                if operation_id in self.running or self.skip.get(operation_id, 0) > clock:
-                    continue
-                try:
-                    lease = self.store.get_lease(operation_id)
-                    live = lease is not None and self.store.lease_is_live(lease)
-                    if live:  # running elsewhere: not read again for a moment
-                        self.skip[operation_id] = clock + BUSY_SECONDS
-                        continue
-                    record = self.store.get_operation(operation_id)
-                except (errors.CorruptRecord, errors.UnsupportedRecordVersion):
+                if unreadable:
                     self.skip[operation_id] = clock + SKIP_SECONDS
+                    continue
+                if lease is not None and _live(self.store, lease, owners_live):
+                    self.skip[operation_id] = clock + BUSY_SECONDS  # running elsewhere
                     continue
                 if record is None:
                     done.append(operation_id)  # acknowledged, abandoned or purged
@@ -273,10 +314,12 @@ class _Worker:
                     if len(claims) >= free:
                         break
         if done:
-            self.report.removed += await self.store.write(functools.partial(_dequeue, done))
+            self.report.removed += await self.store.write(
+                functools.partial(_dequeue, done), touches=done
+            )
         resumed = [record.operation_id for record, entry in claims if entry.resume]
         if resumed:  # claimed now: a later host suspension must not be resumed
-            await self.store.write(functools.partial(_flag, resumed, False))
+            await self.store.write(functools.partial(_flag, resumed, False), touches=resumed)
         started = 0
         for operation_id in continuing:
             started += await self._continue(operation_id, clock)
@@ -355,7 +398,7 @@ class _Worker:
                 self.report.failed += 1
             with trio.CancelScope(shield=True):
                 self.report.removed += await self.store.write(
-                    functools.partial(_dequeue, [operation_id])
+                    functools.partial(_dequeue, [operation_id]), touches=(operation_id,)
                 )
             return
         self.report.stopped += 1
@@ -371,7 +414,7 @@ class _Worker:
         with trio.CancelScope(shield=True):
             ids = [execution.operation_id for execution in running]
             try:
-                await self.store.write(functools.partial(_flag, ids, True))
+                await self.store.write(functools.partial(_flag, ids, True), touches=ids)
                 self.report.resumable += len(ids)
             except errors.RecoveryError:
                 pass  # they stay suspended; a host resumes them (send_recovering / submit)

@@ -213,6 +213,11 @@ class Store(RecordReader, Protocol):
         """Every worker row ``(owner id, token, row)``, live or not."""
         ...
 
+    @property
+    def owner_id(self) -> str:
+        """This store opener's owner id (the one a lease taken here names)."""
+        ...
+
     def owner_is_live(self, owner_id: str) -> bool:
         """This store's own owner, or another whose lock a living process holds."""
         ...

@@ -37,9 +37,9 @@ from typing import Any, Final
 
 import psycopg
 from recoverable.storage.base import TABLES
-from recoverable.storage.keys import PAYLOAD_KINDS, hosts_key, operation_key
+from recoverable.storage.keys import PAYLOAD_KINDS, hosts_key, operation_key, u64
 from recoverable.storage.pg_sql import SqlCursor, SqlSnapshot, sql_table
-from recoverable.storage.queue import MEMBER
+from recoverable.storage.queue import MEMBER, META_QUEUE_SERIAL, ORDER
 
 from recoverable.records import OperationRecord
 
@@ -62,11 +62,18 @@ _PAYLOADS: Final = sql_table("payloads")
 _OPERATIONS: Final = sql_table("operations")
 _QUEUE: Final = sql_table("queue")
 _KINDS: Final = tuple(sorted(kind.encode() for kind in PAYLOAD_KINDS))
+# The queue order row an operation's membership row names (its serial: the first 8 bytes).
+_ORDER_ROWS: Final = (
+    f"SELECT '{_QUEUE}', o.key, o.value FROM {_QUEUE} m JOIN {_QUEUE} o"
+    f" ON o.key = '\\x{ORDER.hex()}'::bytea || substring(m.value from 1 for 8)"
+    " WHERE m.key = {members}"
+)
 _ONE_OPERATION: Final = " UNION ALL ".join(
     [f"SELECT '{table}', key, value FROM {table} WHERE key = %(op)b" for table in sorted(
         _BY_OPERATION)]
     + [f"SELECT '{_PAYLOADS}', key, value FROM {_PAYLOADS} WHERE key = ANY(%(payloads)b)",
-       f"SELECT '{_QUEUE}', key, value FROM {_QUEUE} WHERE key = %(member)b"]
+       f"SELECT '{_QUEUE}', key, value FROM {_QUEUE} WHERE key = %(member)b",
+       _ORDER_ROWS.format(members="%(member)b")]
 )
 
 _HOSTS: Final = sql_table("hosts")
@@ -75,6 +82,7 @@ _MANY_OPERATIONS: Final = " UNION ALL ".join(
         _BY_OPERATION)]
     + [f"SELECT '{_PAYLOADS}', key, value FROM {_PAYLOADS} WHERE key = ANY(%(payloads)b)",
        f"SELECT '{_QUEUE}', key, value FROM {_QUEUE} WHERE key = ANY(%(members)b)",
+       _ORDER_ROWS.format(members="ANY(%(members)b)"),
        f"SELECT '{_HOSTS}', key, value FROM {_HOSTS} WHERE key = ANY(%(hosts)b)"]
 )
 
@@ -223,6 +231,12 @@ class BatchSnapshot(SqlSnapshot):
         rows = self._cache.rows
         if where in rows:
             return rows[where]
+        if db == _QUEUE and key[:1] == ORDER and len(key) == 9 and int.from_bytes(
+            key[1:], "big"
+        ) > u64(rows.get((_META, META_QUEUE_SERIAL))):
+            # An order row of a serial above the committed counter (meta rows are read
+            # under the writers' lock at the batch's start): not written yet.
+            return None
         operation = _operation_of(db, key)
         if operation is not None and len(rows) < CACHE_ROWS:
             self._fetch_operation(operation)
