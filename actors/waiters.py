@@ -27,7 +27,7 @@ from recoverable.storage.base import Store as RecoveryStore
 from recoverable.storage.keys import operation_key
 from recoverable.storage.queue import member_key
 
-from recoverable.errors import RecoveryError, StorageUnavailable
+from recoverable.errors import RecoveryError
 from recoverable.preconditions import is_expired
 from recoverable.records import OperationRecord
 from recoverable.status import SETTLED_STATES
@@ -108,8 +108,10 @@ class QueueWatch:
                     if trio.current_time() >= full_read_at and self._waiting:
                         full_read_at = trio.current_time() + FULL_READ_EVERY
                         self._wake_stopped()
-                except StorageUnavailable:
-                    pass  # each waiter meets the typed error on its own next full read
+                except RecoveryError:
+                    # An unreachable or damaged store: each waiter meets the typed error on
+                    # its own next read (the watch must not end the runtime).
+                    pass
                 await trio.sleep(delay)
                 delay = min(delay * 2, POLL_MAX)
 

@@ -377,22 +377,31 @@ class PgStore(RecoveryStore):
         return bytes(rows[0][0]) if rows else None
 
     def queued(self, *, after_serial: int = 0, limit: int = 1024) -> list[queue.QueueEntry]:
-        """``RecoveryStore.queued`` in one statement (the order rows joined to their
-        membership rows), not a round trip per entry."""
+        """``RecoveryStore.queued`` a page of order rows per statement (joined to their
+        membership rows), not a round trip per entry; an order row whose membership row
+        does not agree is skipped and not counted, as the LMDB scan does."""
         table = sql_table("queue")
-        rows = self._query(
-            f"SELECT o.key, o.value, m.value FROM {table} o LEFT JOIN {table} m"
-            f" ON m.key = %b || o.value WHERE o.key >= %b AND o.key < %b"
-            " ORDER BY o.key LIMIT %s",
-            (queue.MEMBER, queue.order_key(after_serial + 1),
-             bytes([queue.ORDER[0] + 1]), min(limit, queue.MAX_SCAN)),
-        )
-        found = (
-            queue.ordered_entry(bytes(order), bytes(operation),
-                                None if member is None else bytes(member))
-            for order, operation, member in rows
-        )
-        return [entry for entry in found if entry is not None]
+        wanted = min(limit, queue.MAX_SCAN)
+        start, end = queue.order_key(after_serial + 1), bytes([queue.ORDER[0] + 1])
+        found: list[queue.QueueEntry] = []
+        while len(found) < wanted:
+            asked = wanted - len(found)
+            rows = self._query(
+                f"SELECT o.key, o.value, m.value FROM {table} o LEFT JOIN {table} m"
+                " ON m.key = %b || o.value WHERE o.key >= %b AND o.key < %b"
+                " ORDER BY o.key LIMIT %s",
+                (queue.MEMBER, start, end, asked),
+            )
+            for order, operation, member in rows:
+                entry = queue.ordered_entry(
+                    bytes(order), bytes(operation), None if member is None else bytes(member)
+                )
+                if entry is not None:
+                    found.append(entry)
+            if len(rows) < asked:
+                break  # no more order rows
+            start = bytes(rows[-1][0]) + b"\0"  # the first key after the last order row
+        return found
 
     def get_raw_many(self, table: Table, keys: list[bytes]) -> list[bytes | None]:
         """``get_raw`` of every key: one statement, one round trip."""

@@ -160,3 +160,15 @@ def test_the_queue_is_read_in_one_statement_with_lmdbs_rules(pg_url: str) -> Non
             "queue", queue.order_key(entries[-1].serial + 10), b"op-9"
         ))
         assert [e.operation_id for e in store.queued()] == [f"op-{i}" for i in range(5)]
+        # Damaged order rows are not counted against the page: the entries after a run of
+        # them are still found (the worker pages on, never stops early).
+        for name in ("op-a", "op-b", "op-c", "op-late"):
+            store.write_sync(lambda txn, name=name: txn.put_operation(make_op(name)))
+            store.write_sync(lambda txn, name=name: txn.enqueue(name))
+        for name in ("op-a", "op-b", "op-c"):  # their membership rows damaged
+            store.write_sync(lambda txn, name=name: txn.put_raw(
+                "queue", queue.member_key(name), b"damaged"
+            ))
+        late = store.queued()[-1].serial
+        page = store.queued(after_serial=entries[-1].serial, limit=2)
+        assert [e.operation_id for e in page] == ["op-late"] and page[0].serial == late
