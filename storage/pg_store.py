@@ -35,7 +35,7 @@ from typing import Any, Final, TypeVar, cast
 import psycopg
 from recoverable.storage import codec, queue
 from recoverable.storage.base import Touches
-from recoverable.storage.keys import META_BYTES, key_str, u64
+from recoverable.storage.keys import key_str, u64
 from recoverable.storage.leases import LeaseTokens, lease_expired
 from recoverable.storage.pg_batch import Touching
 from recoverable.storage.pg_listen import CommitListener
@@ -44,7 +44,6 @@ from recoverable.storage.pg_sql import SqlSnapshot, describe, sql_table, table_n
 from recoverable.storage.pg_writer import PgWriter
 from recoverable.storage.registry import OpenStores, StoreOptions
 from recoverable.storage.store import (
-    TABLES,
     RecoveryStore,
     Table,
     redact_url,
@@ -478,24 +477,12 @@ class PgStore(RecoveryStore):
         found.sort(key=lambda command: command.serial)
         return (u64(rows[0][0]) if rows else 0), found
 
-    def stats(self) -> dict[str, int]:
-        """Quota counters and, for this process, commits vs writes (group commit)."""
-
-        def read(snap: SqlSnapshot) -> tuple[int, int]:
-            entries = sum(
-                snap.stat(self._dbs[table])["entries"] for table in TABLES if table != "meta"
-            )
-            return u64(snap.get(META_BYTES, self._dbs["meta"])), entries
-
-        bytes_used, entries = self._read(read)
+    def _writer_stats(self) -> dict[str, int]:
+        """The writer's counters; no map (``map_*`` are 0), and the database's reruns."""
         writer = self._pg_writer
         if self._closed or writer is None:
             raise StorageUnavailable("the store is closed")
         return {
-            "bytes_used": bytes_used,
-            "max_bytes": self.max_bytes,
-            "max_record_bytes": self.max_record_bytes,
-            "entries": entries,
             "commits": writer.commits,
             "writes": writer.writes,
             "largest_batch": writer.largest_batch,

@@ -553,13 +553,19 @@ class RecoveryStore(RecordGetters):
             return u64(txn.get(META_BYTES, db=self._dbs["meta"])), entries
 
         bytes_used, entries = self._read(read)
-        writer = self._live_writer()
-        map_size: int = self._read(lambda _txn: self._environment().info()["map_size"])
         return {
             "bytes_used": bytes_used,
             "max_bytes": self.max_bytes,
             "max_record_bytes": self.max_record_bytes,
             "entries": entries,
+            **self._writer_stats(),
+        }
+
+    def _writer_stats(self) -> dict[str, int]:
+        """This process's writer counters (and, for LMDB, the map's)."""
+        writer = self._live_writer()
+        map_size: int = self._read(lambda _txn: self._environment().info()["map_size"])
+        return {
             "commits": writer.commits,
             "writes": writer.writes,
             "largest_batch": writer.largest_batch,
