@@ -170,7 +170,7 @@ class OperationCore:
             now=self.host.now(),
         )
         try:
-            persisted = await self.host.store.write(functools.partial(fenced.persist, write))
+            persisted = await self.host.store.write(write)  # the write is the mutation
         except errors.FenceMismatch as exc:
             raise errors.LeaseLost(
                 "a newer owner took the operation over", operation_id=self.operation_id
