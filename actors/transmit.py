@@ -153,7 +153,13 @@ class Transmitter(OperationCore):
         host = self.host
         backend = host.backend
         assert backend is not None
-        ticket = await self._interruptible(gate.admit())
+        if gate.failure is None:
+            # An open gate admits at once, without a checkpoint: nothing could interrupt
+            # it, so no cancel scope of its own (one less per attempt). A closed one may
+            # wait (its shared backoff), interruptibly.
+            ticket: int | Cut = await gate.admit()
+        else:
+            ticket = await self._interruptible(gate.admit())
         if isinstance(ticket, Cut):
             return await self._on_stop(authorized)
         # The attempt's callbacks are methods of one object (no closures: their cells
