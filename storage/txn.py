@@ -17,7 +17,7 @@ from typing import Any, Final, TypeVar
 
 import lmdb
 from recoverable.storage import codec, integrity, queue
-from recoverable.storage.base import Table
+from recoverable.storage.base import TABLES, Table
 from recoverable.storage.keys import (
     COMMAND_KINDS,
     META_BYTES,
@@ -60,6 +60,9 @@ __all__ = ["ADMISSION_FIELDS", "WriteState", "WriteTxn"]
 Result = TypeVar("Result")
 
 _MISSING: Final = object()
+# One byte per table: a read cache's key is the table's tag + the row's key (see WriteTxn).
+_TAG: Final[dict[str, bytes]] = {table: bytes((index,)) for index, table in enumerate(TABLES)}
+_META_TAG: Final = _TAG["meta"]
 
 # What an operation was admitted with (issue 14): fixed by ``prepare``, never changed by a
 # later write of the same record (``put_operation`` refuses it with ``AdmissionChanged``).
@@ -118,8 +121,13 @@ class WriteTxn(RecordGetters, MutationContext):
         self._bytes_used = (
             running if running is not None else u64(txn.get(META_BYTES, db=self._dbs["meta"]))
         )
-        self._cache: dict[tuple[str, bytes], bytes | None] = {}
-        self._decoded: dict[tuple[str, bytes], tuple[bytes, Any]] = {}
+        # Keyed by ``_TAG[table] + key`` (bytes, not a tuple) and holding bytes, None and
+        # ``gc=False`` records only: the collector never tracks these dicts nor their keys
+        # (a tuple key per read was ~25 tracked objects per durable job, alive for the
+        # whole batch: issue 20).
+        self._cache: dict[bytes, bytes | None] = {}
+        self._decoded_raw: dict[bytes, bytes] = {}  # the bytes each record was decoded from
+        self._decoded: dict[bytes, Any] = {}
         self._broken = False
 
     # -- plumbing --
@@ -174,14 +182,15 @@ class WriteTxn(RecordGetters, MutationContext):
     def _get(self, table: Table, key: bytes) -> bytes | None:
         # Values read or written by this mutation are remembered: composite helpers read
         # the same keys several times (old record, quota deltas, index entries).
-        cached = self._cache.get((table, key), _MISSING)
+        slot = _TAG[table] + key
+        cached = self._cache.get(slot, _MISSING)
         if cached is not _MISSING:
             return cached  # type: ignore[return-value]
         try:
             value: bytes | None = self._txn.get(key, db=self._dbs[table])
         except lmdb.Error as exc:
             raise self._lmdb_error(exc) from exc
-        self._cache[(table, key)] = value
+        self._cache[slot] = value
         return value
 
     def _put(
@@ -197,7 +206,8 @@ class WriteTxn(RecordGetters, MutationContext):
                 f"{state.max_record_bytes}"
             )
         db = self._dbs[table]
-        cached = self._cache.get((table, key), _MISSING)
+        slot = _TAG[table] + key
+        cached = self._cache.get(slot, _MISSING)
         try:
             if cached is _MISSING:
                 old: bytes | None = self._txn.replace(key, value, db=db)  # one LMDB call
@@ -226,7 +236,7 @@ class WriteTxn(RecordGetters, MutationContext):
                 self._txn.put(key, value, db=db)
             except lmdb.Error as exc:
                 raise self._lmdb_error(exc) from exc
-        self._cache[(table, key)] = value
+        self._cache[slot] = value
         self._bytes_used += delta
 
     def _undo_replace(self, db: Any, key: bytes, old: bytes | None) -> None:
@@ -240,7 +250,8 @@ class WriteTxn(RecordGetters, MutationContext):
             raise self._lmdb_error(exc) from exc
 
     def _delete(self, table: Table, key: bytes) -> bool:
-        cached = self._cache.get((table, key), _MISSING)
+        slot = _TAG[table] + key
+        cached = self._cache.get(slot, _MISSING)
         if cached is None:
             return False
         try:
@@ -251,7 +262,7 @@ class WriteTxn(RecordGetters, MutationContext):
                 self._txn.delete(key, db=self._dbs[table])
         except lmdb.Error as exc:
             raise self._lmdb_error(exc) from exc
-        self._cache[(table, key)] = None
+        self._cache[slot] = None
         if old is None:
             return False
         self._bytes_used -= len(key) + len(old)
@@ -261,7 +272,7 @@ class WriteTxn(RecordGetters, MutationContext):
         value = u64(self._get("meta", name)) + 1
         raw = value.to_bytes(8, "big")
         self._lmdb(lambda: self._txn.put(name, raw, db=self._dbs["meta"]))
-        self._cache[("meta", name)] = raw
+        self._cache[_META_TAG + name] = raw
         return value
 
     def carry_counter(self, name: bytes, at_least: int) -> None:
@@ -273,7 +284,7 @@ class WriteTxn(RecordGetters, MutationContext):
         if u64(self._get("meta", name)) < at_least:
             raw = at_least.to_bytes(8, "big")
             self._lmdb(lambda: self._txn.put(name, raw, db=self._dbs["meta"]))
-            self._cache[("meta", name)] = raw
+            self._cache[_META_TAG + name] = raw
 
     def _read_record(self, table: Table, operation_id: str) -> Any:
         # The hot read of every named transaction (~24 per durable job): one frame, the
@@ -285,7 +296,7 @@ class WriteTxn(RecordGetters, MutationContext):
             if type(operation_id) is str and operation_id
             else operation_key(operation_id)
         )
-        slot = (table, key)
+        slot = _TAG[table] + key
         cached = self._cache.get(slot, _MISSING)
         if cached is _MISSING:
             try:
@@ -297,11 +308,11 @@ class WriteTxn(RecordGetters, MutationContext):
             raw = cached  # type: ignore[assignment]
         if raw is None:
             return None
-        seen = self._decoded.get(slot)
-        if seen is not None and seen[0] is raw:
-            return seen[1]  # records are frozen: the decoded value can be shared
+        if self._decoded_raw.get(slot) is raw:
+            return self._decoded[slot]  # records are frozen: the decoded value can be shared
         record = decode_row(table, raw, operation_id)
-        self._decoded[slot] = (raw, record)
+        self._decoded_raw[slot] = raw
+        self._decoded[slot] = record
         return record
 
     def put_preference(self, name: str, value: bytes) -> None:
@@ -313,7 +324,7 @@ class WriteTxn(RecordGetters, MutationContext):
             raise InvalidRequest("a preference name is 1..64 characters, its value <= 4 KiB")
         key = b"preference." + name.encode("ascii")
         self._lmdb(lambda: self._txn.put(key, value, db=self._dbs["meta"]))
-        self._cache[("meta", key)] = value
+        self._cache[_META_TAG + key] = value
 
     def put_raw(self, table: Table, key: bytes, value: bytes) -> None:
         """Store bytes as they are (fixtures, repair tools): no decoding, no indexes.

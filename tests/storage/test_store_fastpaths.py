@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import pytest
@@ -157,3 +158,28 @@ async def test_a_fenced_write_refuses_a_changed_admission_field(
         await store.write(_completion_write(stored, fence=2, model="another-model"))
     assert store.get_operation("op-m") == stored
     assert store.get_payload("op-m", "completion") is None
+
+
+async def test_a_write_transactions_read_caches_are_never_tracked_by_the_collector(
+    store: RecoveryStore,
+) -> None:
+    """Issue 20: keyed by bytes and holding bytes, ``None`` and ``gc=False`` records only,
+    the caches of a batch (alive for the whole batch) add nothing for the collector to
+    walk, however many rows a batch reads."""
+    await store.write(lambda txn: txn.put_operation(make_op("op-g", fence=1)))
+    await store.write(lambda txn: txn.put_payload("op-g", "request", b"r"))
+
+    def busy(txn: WriteTxn) -> tuple[bool, ...]:
+        assert txn.get_operation("op-g") is not None
+        txn.get_lease("op-g")
+        txn.get_command("op-g")
+        txn.get_disposition("op-g")
+        txn.get_payload("op-g", "request")
+        txn.put_operation(make_op("op-g", fence=1, attempts_used=1), expect_fence=1)
+        txn.delete_payload("op-g", "request")
+        caches = [value for value in vars(txn).values() if isinstance(value, dict)]
+        assert len(caches) >= 2
+        return tuple(gc.is_tracked(cache) for cache in caches)
+
+    tracked = await store.write(busy)
+    assert tracked and not any(tracked)
