@@ -64,6 +64,21 @@ class Opened(msgspec.Struct, frozen=True, gc=False):
     body: bytes | None
 
 
+class Acquisition(msgspec.Struct, frozen=True, gc=False):
+    """The mutation of :func:`acquire`, handed to ``store.write`` as is (no
+    ``functools.partial`` with its keywords dict per execution; untracked, issue 20)."""
+
+    operation_id: str
+    now: float
+    open_step: OpenStep
+    upgrade_tried: bool
+    lease_seconds: float | None = None
+
+    def __call__(self, txn: WriteTxn) -> Opened:
+        return acquire(self.operation_id, self.now, self.open_step, self.upgrade_tried, txn,
+                       lease_seconds=self.lease_seconds)
+
+
 def acquire(
     operation_id: str,
     now: float,
