@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import attrs
+import msgspec
 from recoverable.actors.checks import check_disposition
 from recoverable.actors.continuation import decide_on_failure
 from recoverable.storage.base import WriteTransaction as WriteTxn
@@ -49,15 +49,34 @@ def saves(transition: machine.Transition) -> bool:
     return transition.record.has_completion and transition.record.phase == "completed"
 
 
-@attrs.frozen
-class Opened:
-    """What :func:`acquire` took and decided."""
+class Opened(msgspec.Struct, frozen=True, gc=False):
+    """What :func:`acquire` took and decided.
+
+    The per-write values of this module (``Opened``, :class:`FencedWrite`,
+    :class:`Persisted`) are ``gc=False`` structs: one of each is alive per write in flight,
+    and nothing they hold refers back to them (no cycle), so the collector need not walk
+    them (issue 20)."""
 
     lease: LeaseRecord | None  # None: read as it is, without a lease (see acquire)
     transition: machine.Transition
     serial: int  # commands up to this serial are accounted for in the record
     final: bool  # the opening ends the execution: the lease is already released
     body: bytes | None
+
+
+class Acquisition(msgspec.Struct, frozen=True, gc=False):
+    """The mutation of :func:`acquire`, handed to ``store.write`` as is (no
+    ``functools.partial`` with its keywords dict per execution; untracked, issue 20)."""
+
+    operation_id: str
+    now: float
+    open_step: OpenStep
+    upgrade_tried: bool
+    lease_seconds: float | None = None
+
+    def __call__(self, txn: WriteTxn) -> Opened:
+        return acquire(self.operation_id, self.now, self.open_step, self.upgrade_tried, txn,
+                       lease_seconds=self.lease_seconds)
 
 
 def acquire(
@@ -116,9 +135,11 @@ def acquire(
     return Opened(lease, opening, serial, final, body)
 
 
-@attrs.frozen
-class FencedWrite:
-    """One write of an execution: a transition, fenced by the lease's generation."""
+class FencedWrite(msgspec.Struct, frozen=True, gc=False, kw_only=True):
+    """One write of an execution: a transition, fenced by the lease's generation.
+
+    It is itself the mutation handed to ``store.write`` (calling it runs :func:`persist`):
+    no ``functools.partial`` per write."""
 
     operation_id: str
     transition: machine.Transition
@@ -130,6 +151,9 @@ class FencedWrite:
     # (issue 18) the writer's wall clock: a record that ends ``failed`` here gets its
     # continuation decided in this same write (``actors/continuation.py``)
     now: float | None = None
+
+    def __call__(self, txn: WriteTxn) -> Persisted:
+        return persist(self, txn)
 
 
 def folds(command: CommandKind, record: OperationRecord) -> bool:
@@ -145,8 +169,7 @@ def folds(command: CommandKind, record: OperationRecord) -> bool:
     return machine.merge_command(command, stands) == stands
 
 
-@attrs.frozen
-class Persisted:
+class Persisted(msgspec.Struct, frozen=True, gc=False):
     """What :func:`persist` wrote: the transition with the record as written (a source-bound
     completion refused becomes the ``superseded`` transition, issue 16; a record ending
     ``failed`` carries its continuation decision, issue 18), and that decision, if any."""

@@ -30,7 +30,7 @@ from recoverable.storage.migration import saved_completion
 from recoverable.transport.base import validate_api_key
 
 from recoverable import _killpoints, errors, machine
-from recoverable.records import OperationRecord
+from recoverable.records import CommandKind, OperationRecord
 from recoverable.types import Attempt
 
 __all__ = ["Authorize", "OperationActor"]
@@ -44,16 +44,11 @@ class OperationActor(Reattacher):
     async def run(
         self, *, expected_contract_version: str | None, check_contract_version: bool
     ) -> Any:
+        self._expected_contract_version = expected_contract_version
+        self._check_contract_version = check_contract_version
         try:
-            opening = await self._acquire(
-                lambda record, cancel, body_available: machine.open_operation(
-                    record,
-                    attrs.evolve(self._ctx(cancel), body_available=body_available),
-                    format_hash=self.contract.format_hash,
-                    expected_contract_version=expected_contract_version,
-                    check_contract_version=check_contract_version,
-                )
-            )
+            # A bound method, not a closure (no cells per execution; issue 20).
+            opening = await self._acquire(self._open_step)
             try:
                 with self.guard.scope:  # cancelled by the heartbeat: the lease is lost
                     return await self._drive(opening)
@@ -64,6 +59,22 @@ class OperationActor(Reattacher):
                 raise
         finally:
             await self._release()
+
+    # What ``run`` was asked to check at the opening (read by ``_open_step``).
+    _expected_contract_version: str | None = None
+    _check_contract_version: bool = False
+
+    def _open_step(
+        self, record: OperationRecord, cancel: CommandKind | None, body_available: bool
+    ) -> machine.Transition:
+        """The opening transition, run inside the acquisition's transaction."""
+        return machine.open_operation(
+            record,
+            attrs.evolve(self._ctx(cancel), body_available=body_available),
+            format_hash=self.contract.format_hash,
+            expected_contract_version=self._expected_contract_version,
+            check_contract_version=self._check_contract_version,
+        )
 
     async def _lease_lost(self) -> errors.LeaseLost:
         """The lease expired or was taken over: close an in-flight attempt honestly and give

@@ -81,22 +81,18 @@ class OperationCore:
         """Take the lease and persist the opening transition (``fenced.acquire``)."""
         op_id = self.operation_id
         try:
-            opened = await self.host.store.write(
-                functools.partial(fenced.acquire, op_id, self.host.now(), open_step, False,
-                                  lease_seconds=self.host.leases.lease_seconds),
-                touches=(op_id,),
-            )
+            opened = await self.host.store.write(fenced.Acquisition(
+                op_id, self.host.now(), open_step, False, self.host.leases.lease_seconds
+            ), touches=(op_id,))
         except fenced.NeedsUpgrade:
             # A version-1 record: rewrite it as current (lazily, once), then take the lease.
             backend = self.host.backend
             if backend is not None:
                 await upgrade_operation(self.host.store, op_id, endpoint_id=backend.endpoint_id)
             # If it could not be upgraded: still readable, never sent.
-            opened = await self.host.store.write(
-                functools.partial(fenced.acquire, op_id, self.host.now(), open_step, True,
-                                  lease_seconds=self.host.leases.lease_seconds),
-                touches=(op_id,),
-            )
+            opened = await self.host.store.write(fenced.Acquisition(
+                op_id, self.host.now(), open_step, True, self.host.leases.lease_seconds
+            ), touches=(op_id,))
         opening = opened.transition
         self._body = opened.body
         self.fence = opened.lease.fence if opened.lease is not None else 0
@@ -173,8 +169,8 @@ class OperationCore:
             now=self.host.now(),
         )
         try:
-            persisted = await self.host.store.write(
-                functools.partial(fenced.persist, write), touches=(self.operation_id,)
+            persisted = await self.host.store.write(  # the write is the mutation
+                write, touches=(self.operation_id,)
             )
         except errors.FenceMismatch as exc:
             raise errors.LeaseLost(

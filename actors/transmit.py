@@ -17,7 +17,7 @@ import trio
 from recoverable.actors.checkpoint import Checkpointer
 from recoverable.actors.host import count_usage, reattach_client
 from recoverable.actors.live import LiveSlot
-from recoverable.actors.operation_core import Cut, OperationCore, Sending
+from recoverable.actors.operation_core import CUT, Cut, OperationCore, Sending
 from recoverable.transport.connect import CONNECT_CODES, ConnectKind, EndpointGate
 from recoverable.transport.ratelimit import estimate_tokens
 
@@ -39,6 +39,53 @@ class StoppedAtCheckpoint(Exception):
     def __init__(self, transition: machine.Transition) -> None:
         super().__init__(transition.record.phase)
         self.transition = transition
+
+
+class _Attempt(Sending):
+    """One connect-and-send try of a :class:`Transmitter`, with its transport callbacks."""
+
+    def __init__(
+        self,
+        ticket: int,
+        actor: Transmitter,
+        gate: EndpointGate,
+        authorized: OperationRecord,
+        attempt_id: str,
+    ) -> None:
+        super().__init__(ticket)
+        self.actor = actor
+        self.gate = gate
+        self.authorized = authorized
+        self.attempt_id = attempt_id
+        self.live = actor.live_slot
+
+    def on_progress(self, report: Progress) -> None:
+        # The first report comes with the first event: the server has produced its
+        # response (the fixture writes it whole), the client has not read its end.
+        # Once per attempt, so ``@N`` names the N-th attempt that streamed.
+        if not self.progressed:
+            _killpoints.hit("stream.completed_unreceived")
+        self.progressed = True
+        self.response_id = report.response_id
+        self.sequence_number = report.sequence_number
+
+    async def before_send(self) -> None:
+        actor = self.actor
+        self.gate.succeeded(self.ticket)
+        self.reported = True
+        with trio.CancelScope(shield=True):  # the consumption write always completes
+            consumed = await actor._advance(
+                functools.partial(actor._approved, self.authorized, self.attempt_id)
+            )
+        self.consumed = consumed
+        if not isinstance(consumed.action, machine.Transmit):
+            raise _NotTransmitted
+        actor.host.attempts_consumed += 1
+        if self.live is not None:
+            self.live.begin(consumed.record.attempts_used)
+        _killpoints.hit("attempt.consumed_saved")
+        actor.host.telemetry.emit("attempt.transmission_authorized", actor.operation_id,
+                                  attempt=consumed.record.attempts_used)
 
 
 class Transmitter(OperationCore):
@@ -106,67 +153,50 @@ class Transmitter(OperationCore):
         host = self.host
         backend = host.backend
         assert backend is not None
-        ticket = await self._interruptible(gate.admit())
+        if gate.failure is None:
+            # An open gate admits at once, without a checkpoint: nothing could interrupt
+            # it, so no cancel scope of its own (one less per attempt). A closed one may
+            # wait (its shared backoff), interruptibly.
+            ticket: int | Cut = await gate.admit()
+        else:
+            ticket = await self._interruptible(gate.admit())
         if isinstance(ticket, Cut):
             return await self._on_stop(authorized)
-        sending = self._sending = Sending(ticket)
-
-        def on_progress(report: Progress) -> None:
-            # The first report comes with the first event: the server has produced its
-            # response (the fixture writes it whole), the client has not read its end.
-            # Once per attempt, so ``@N`` names the N-th attempt that streamed.
-            if not sending.progressed:
-                _killpoints.hit("stream.completed_unreceived")
-            sending.progressed = True
-            sending.response_id = report.response_id
-            sending.sequence_number = report.sequence_number
-
-        async def before_send() -> None:
-            gate.succeeded(ticket)
-            sending.reported = True
-            with trio.CancelScope(shield=True):  # the consumption write always completes
-                consumed = await self._advance(
-                    functools.partial(self._approved, authorized, attempt_id)
-                )
-            sending.consumed = consumed
-            if not isinstance(consumed.action, machine.Transmit):
-                raise _NotTransmitted
-            host.attempts_consumed += 1
-            if live is not None:
-                live.begin(consumed.record.attempts_used)
-            _killpoints.hit("attempt.consumed_saved")
-            host.telemetry.emit("attempt.transmission_authorized", self.operation_id,
-                              attempt=consumed.record.attempts_used)
-
+        # The attempt's callbacks are methods of one object (no closures: their cells
+        # would be ~15 more objects tracked by the collector per attempt in flight).
+        sending = self._sending = _Attempt(ticket, self, gate, authorized, attempt_id)
         estimate = estimate_tokens(body)
-        live = self.live_slot
+        live = sending.live
         # Only a live operation asks the transport for its deltas: no other stream pays.
         deltas: dict[str, Any] = {} if live is None else {"on_delta": live.push}
-
-        async def stream() -> None:
-            async with host.scheduler.transmission_slot():
-                # The rate governor, before connecting: waiting for budget spends nothing.
-                await host.governor.admit(self.operation_id, backend.endpoint_id,
-                                        authorized.account, estimate, self._sleep_until)
-                with self.guard.transport():  # the hard deadline: the lease's safety margin
-                    if authorized.reattach:  # issue 15: a background POST, checkpointed
-                        call = self._background_post(
-                            body, attempt_id, token, on_progress, before_send
-                        )
-                    else:
-                        call = backend.stream(
-                            body, attempt_id=attempt_id, token=token,
-                            on_progress=on_progress, before_send=before_send, **deltas,
-                        )
-                    hard = authorized.attempt_timeout
-                    if hard is None:
-                        sending.result = await call
-                    else:  # issue 16: a hard timeout shorter than the lease
-                        sending.result = await self._within(hard, call, sending)
-                await self.guard.checkpoint()  # cut by it: stop here (the lease is lost)
-
+        streamed: Cut | None = CUT
         try:
-            streamed = await self._interruptible(stream())
+            # The stream, interruptible (``_interruptible`` inline: one coroutine less per
+            # attempt in flight): CUT unless it ran to its end.
+            with self._watch().fresh_scope():
+                async with host.scheduler.transmission_slot():
+                    # The rate governor, before connecting: waiting for budget spends nothing.
+                    await host.governor.admit(self.operation_id, backend.endpoint_id,
+                                              authorized.account, estimate, self._sleep_until)
+                    with self.guard.transport():  # the hard deadline: the lease's safety margin
+                        if authorized.reattach:  # issue 15: a background POST, checkpointed
+                            call = self._background_post(
+                                body, attempt_id, token, sending.on_progress,
+                                sending.before_send,
+                            )
+                        else:
+                            call = backend.stream(
+                                body, attempt_id=attempt_id, token=token,
+                                on_progress=sending.on_progress,
+                                before_send=sending.before_send, **deltas,
+                            )
+                        hard = authorized.attempt_timeout
+                        if hard is None:
+                            sending.result = await call
+                        else:  # issue 16: a hard timeout shorter than the lease
+                            sending.result = await self._within(hard, call, sending)
+                    await self.guard.checkpoint()  # cut by it: stop here (the lease is lost)
+                streamed = None
         except _NotTransmitted:
             # Persisted; its Stop says why (command, account, expiry, ...).
             assert sending.consumed is not None

@@ -40,6 +40,7 @@ __all__ = [
     "payload_key",
     "source_bound_prefix",
     "source_key",
+    "str_operation_key",
     "u64",
 ]
 
@@ -72,6 +73,12 @@ def _operation_key(operation_id: str) -> bytes:
             operation_id=operation_id[:64],
         )
     return key
+
+
+# ``operation_key`` for a caller that already knows the id is a non-empty plain ``str``
+# (the write transaction's hot read, ``storage/txn.py``): the same cached function, its
+# length and NUL checks included, without the Python frame of ``operation_key``.
+str_operation_key: Final = _operation_key
 
 
 def payload_key(operation_id: str, kind: str) -> bytes:

@@ -11,14 +11,13 @@ This is the hot path of every durable step: keep it free of work that is not nee
 
 from __future__ import annotations
 
-import contextlib
 import operator
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
 import lmdb
 from recoverable.storage import codec, integrity, queue
-from recoverable.storage.base import Table
+from recoverable.storage.base import TABLES, Table
 from recoverable.storage.keys import (
     COMMAND_KINDS,
     META_BYTES,
@@ -31,6 +30,7 @@ from recoverable.storage.keys import (
     payload_key,
     source_bound_prefix,
     source_key,
+    str_operation_key,
     u64,
 )
 from recoverable.storage.leases import LeaseTokens
@@ -60,6 +60,9 @@ __all__ = ["ADMISSION_FIELDS", "WriteState", "WriteTxn"]
 Result = TypeVar("Result")
 
 _MISSING: Final = object()
+# One byte per table: a read cache's key is the table's tag + the row's key (see WriteTxn).
+_TAG: Final[dict[str, bytes]] = {table: bytes((index,)) for index, table in enumerate(TABLES)}
+_META_TAG: Final = _TAG["meta"]
 
 # What an operation was admitted with (issue 14): fixed by ``prepare``, never changed by a
 # later write of the same record (``put_operation`` refuses it with ``AdmissionChanged``).
@@ -118,8 +121,13 @@ class WriteTxn(RecordGetters, MutationContext):
         self._bytes_used = (
             running if running is not None else u64(txn.get(META_BYTES, db=self._dbs["meta"]))
         )
-        self._cache: dict[tuple[str, bytes], bytes | None] = {}
-        self._decoded: dict[tuple[str, bytes], tuple[bytes, Any]] = {}
+        # Keyed by ``_TAG[table] + key`` (bytes, not a tuple) and holding bytes, None and
+        # ``gc=False`` records only: the collector never tracks these dicts nor their keys
+        # (a tuple key per read was ~25 tracked objects per durable job, alive for the
+        # whole batch: issue 20).
+        self._cache: dict[bytes, bytes | None] = {}
+        self._decoded_raw: dict[bytes, bytes] = {}  # the bytes each record was decoded from
+        self._decoded: dict[bytes, Any] = {}
         self._broken = False
 
     # -- plumbing --
@@ -148,20 +156,13 @@ class WriteTxn(RecordGetters, MutationContext):
         thrown away whole if one mutation raises); ``bytes_used`` carries on."""
         self._broken = False
 
-    @contextlib.contextmanager
-    def _atomic(self) -> Iterator[None]:
-        """A composite helper (several keys) is all or nothing.
-
-        No nested transaction is needed for that: a mutation that raises is rolled
-        back whole by the writer. If a mutation catches a composite helper's error
-        and carries on, the partial writes would stay — so the mutation is marked
-        and ``finish`` refuses to commit it (fail closed).
-        """
-        try:
-            yield
-        except BaseException:
-            self._broken = True
-            raise
+    # Atomic composite helpers. A helper that writes several keys is all or nothing. No
+    # nested transaction is needed for that: a mutation that raises is rolled back whole by
+    # the writer. If a mutation catches a composite helper's error and carries on, the
+    # partial writes would stay — so each such helper runs its body in
+    # ``try: ... except BaseException: self._broken = True; raise`` (inline: no context
+    # manager object and generator per call on the hot path), and ``finish`` refuses to
+    # commit a broken mutation (fail closed).
 
     def _lmdb(self, call: Callable[[], Result]) -> Result:
         try:
@@ -181,14 +182,15 @@ class WriteTxn(RecordGetters, MutationContext):
     def _get(self, table: Table, key: bytes) -> bytes | None:
         # Values read or written by this mutation are remembered: composite helpers read
         # the same keys several times (old record, quota deltas, index entries).
-        cached = self._cache.get((table, key), _MISSING)
+        slot = _TAG[table] + key
+        cached = self._cache.get(slot, _MISSING)
         if cached is not _MISSING:
             return cached  # type: ignore[return-value]
         try:
             value: bytes | None = self._txn.get(key, db=self._dbs[table])
         except lmdb.Error as exc:
             raise self._lmdb_error(exc) from exc
-        self._cache[(table, key)] = value
+        self._cache[slot] = value
         return value
 
     def _put(
@@ -204,7 +206,8 @@ class WriteTxn(RecordGetters, MutationContext):
                 f"{state.max_record_bytes}"
             )
         db = self._dbs[table]
-        cached = self._cache.get((table, key), _MISSING)
+        slot = _TAG[table] + key
+        cached = self._cache.get(slot, _MISSING)
         try:
             if cached is _MISSING:
                 old: bytes | None = self._txn.replace(key, value, db=db)  # one LMDB call
@@ -233,7 +236,7 @@ class WriteTxn(RecordGetters, MutationContext):
                 self._txn.put(key, value, db=db)
             except lmdb.Error as exc:
                 raise self._lmdb_error(exc) from exc
-        self._cache[(table, key)] = value
+        self._cache[slot] = value
         self._bytes_used += delta
 
     def _undo_replace(self, db: Any, key: bytes, old: bytes | None) -> None:
@@ -247,7 +250,8 @@ class WriteTxn(RecordGetters, MutationContext):
             raise self._lmdb_error(exc) from exc
 
     def _delete(self, table: Table, key: bytes) -> bool:
-        cached = self._cache.get((table, key), _MISSING)
+        slot = _TAG[table] + key
+        cached = self._cache.get(slot, _MISSING)
         if cached is None:
             return False
         try:
@@ -258,7 +262,7 @@ class WriteTxn(RecordGetters, MutationContext):
                 self._txn.delete(key, db=self._dbs[table])
         except lmdb.Error as exc:
             raise self._lmdb_error(exc) from exc
-        self._cache[(table, key)] = None
+        self._cache[slot] = None
         if old is None:
             return False
         self._bytes_used -= len(key) + len(old)
@@ -268,7 +272,7 @@ class WriteTxn(RecordGetters, MutationContext):
         value = u64(self._get("meta", name)) + 1
         raw = value.to_bytes(8, "big")
         self._lmdb(lambda: self._txn.put(name, raw, db=self._dbs["meta"]))
-        self._cache[("meta", name)] = raw
+        self._cache[_META_TAG + name] = raw
         return value
 
     def carry_counter(self, name: bytes, at_least: int) -> None:
@@ -280,18 +284,35 @@ class WriteTxn(RecordGetters, MutationContext):
         if u64(self._get("meta", name)) < at_least:
             raw = at_least.to_bytes(8, "big")
             self._lmdb(lambda: self._txn.put(name, raw, db=self._dbs["meta"]))
-            self._cache[("meta", name)] = raw
+            self._cache[_META_TAG + name] = raw
 
     def _read_record(self, table: Table, operation_id: str) -> Any:
-        key = operation_key(operation_id)
-        raw = self._get(table, key)
+        # The hot read of every named transaction (~24 per durable job): one frame, the
+        # key from the C-level cache for a plain non-empty ``str`` (anything else takes
+        # ``operation_key``'s checks), one dict lookup for the bytes and one for the
+        # decoded record.
+        key = (
+            str_operation_key(operation_id)
+            if type(operation_id) is str and operation_id
+            else operation_key(operation_id)
+        )
+        slot = _TAG[table] + key
+        cached = self._cache.get(slot, _MISSING)
+        if cached is _MISSING:
+            try:
+                raw: bytes | None = self._txn.get(key, db=self._dbs[table])
+            except lmdb.Error as exc:
+                raise self._lmdb_error(exc) from exc
+            self._cache[slot] = raw
+        else:
+            raw = cached  # type: ignore[assignment]
         if raw is None:
             return None
-        seen = self._decoded.get((table, key))
-        if seen is not None and seen[0] is raw:
-            return seen[1]  # records are frozen: the decoded value can be shared
+        if self._decoded_raw.get(slot) is raw:
+            return self._decoded[slot]  # records are frozen: the decoded value can be shared
         record = decode_row(table, raw, operation_id)
-        self._decoded[(table, key)] = (raw, record)
+        self._decoded_raw[slot] = raw
+        self._decoded[slot] = record
         return record
 
     def put_preference(self, name: str, value: bytes) -> None:
@@ -303,7 +324,7 @@ class WriteTxn(RecordGetters, MutationContext):
             raise InvalidRequest("a preference name is 1..64 characters, its value <= 4 KiB")
         key = b"preference." + name.encode("ascii")
         self._lmdb(lambda: self._txn.put(key, value, db=self._dbs["meta"]))
-        self._cache[("meta", key)] = value
+        self._cache[_META_TAG + key] = value
 
     def put_raw(self, table: Table, key: bytes, value: bytes) -> None:
         """Store bytes as they are (fixtures, repair tools): no decoding, no indexes.
@@ -325,7 +346,7 @@ class WriteTxn(RecordGetters, MutationContext):
         key = operation_key(record.operation_id)
         check_next_attempt_at(record)
         data = codec.encode(record)
-        with self._atomic():
+        try:  # atomic: see _broken
             old = self.get_operation(record.operation_id)
             if expect_fence is not None and (old is None or old.fence != expect_fence):
                 raise FenceMismatch(
@@ -349,10 +370,13 @@ class WriteTxn(RecordGetters, MutationContext):
             # Otherwise account, scope and job id are admission fields, unchanged: so is
             # the record's hosts index entry (no key to build or write).
             self._put("operations", key, data)
+        except BaseException:
+            self._broken = True
+            raise
 
     def delete_operation(self, operation_id: str, *, expect_fence: int | None = None) -> bool:
         """Delete the record and its index entry (not its payloads, lease, command)."""
-        with self._atomic():
+        try:  # atomic: see _broken
             old = self.get_operation(operation_id)
             if expect_fence is not None and (old is None or old.fence != expect_fence):
                 raise FenceMismatch(
@@ -369,6 +393,9 @@ class WriteTxn(RecordGetters, MutationContext):
                 )
             self._delete("operations", operation_key(operation_id))
             return True
+        except BaseException:
+            self._broken = True
+            raise
 
     # -- payloads --
 
@@ -397,7 +424,7 @@ class WriteTxn(RecordGetters, MutationContext):
         if kind not in COMMAND_KINDS:
             raise InvalidRequest(f"unknown command kind {kind!r}", operation_id=operation_id)
         key = operation_key(operation_id)
-        with self._atomic():
+        try:  # atomic: see _broken
             existing = self.get_command(operation_id)
             if existing is not None and merge_command(existing.kind, kind) != kind:
                 return existing
@@ -409,6 +436,9 @@ class WriteTxn(RecordGetters, MutationContext):
             )
             self._put("commands", key, codec.encode(record))
             return record
+        except BaseException:
+            self._broken = True
+            raise
 
     def delete_command(self, operation_id: str) -> bool:
         if self.get_command(operation_id) is None:
@@ -499,7 +529,7 @@ class WriteTxn(RecordGetters, MutationContext):
         member = queue.member_key(operation_id)
         raw = self._get("queue", member)
         current = None if raw is None else queue.decode_member(raw)
-        with self._atomic():
+        try:  # atomic: see _broken
             if current is not None:
                 serial, flagged = current
                 if flagged != resume:
@@ -513,6 +543,9 @@ class WriteTxn(RecordGetters, MutationContext):
             self._put("queue", queue.order_key(serial), operation_key(operation_id))
             self._put("queue", member, queue.encode_member(serial, resume=resume))
             return serial
+        except BaseException:
+            self._broken = True
+            raise
 
     def dequeue(self, operation_id: str) -> bool:
         member = queue.member_key(operation_id)
@@ -520,10 +553,13 @@ class WriteTxn(RecordGetters, MutationContext):
         if raw is None:
             return False
         current = queue.decode_member(raw)
-        with self._atomic():
+        try:  # atomic: see _broken
             if current is not None:
                 self._delete("queue", queue.order_key(current[0]))
             self._delete("queue", member)
+        except BaseException:
+            self._broken = True
+            raise
         return True
 
     def register_worker(self, token: str, row: queue.WorkerRow) -> None:

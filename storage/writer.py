@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
 import lmdb
+import msgspec
 import outcome
 import trio
 from recoverable.storage.integrity import storage_error
@@ -118,23 +119,19 @@ class MapGuard:
                 self._cond.notify_all()
 
 
-class _Job:
-    __slots__ = ("ctx", "deliver", "fn", "result", "task", "token")
+class _Job(msgspec.Struct, gc=False, eq=False):
+    """One queued mutation and, once its batch is resolved, its outcome.
 
-    def __init__(
-        self,
-        fn: Callable[[Any], Any],
-        deliver: Callable[[outcome.Outcome[Any]], None] | None = None,
-        *,
-        token: trio.lowlevel.TrioToken | None = None,
-        task: trio.lowlevel.Task | None = None,
-    ):
-        self.fn = fn
-        self.deliver = deliver
-        self.token = token  # Trio waiters are woken together, one callback per loop
-        self.task = task
-        self.result: outcome.Outcome[Any] | None = None
-        self.ctx: MutationContext | None = None
+    Untracked by the collector (``gc=False``; issue 20): one is alive per write in flight
+    and nothing it holds refers back to it (the queue and the batch list hold it, never
+    the reverse). Compared by identity (``eq=False``: ``job in queue``)."""
+
+    fn: Callable[[Any], Any]
+    deliver: Callable[[outcome.Outcome[Any]], None] | None = None
+    token: trio.lowlevel.TrioToken | None = None  # Trio waiters are woken together, one
+    task: trio.lowlevel.Task | None = None  # callback per loop
+    result: outcome.Outcome[Any] | None = None
+    ctx: MutationContext | None = None
 
 
 def _reschedule_all(waiters: list[tuple[trio.lowlevel.Task, outcome.Outcome[Any]]]) -> None:
