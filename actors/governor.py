@@ -123,6 +123,13 @@ class RateGovernor:
         # operation id -> (why, wall-clock time it may go on) while it waits here.
         self.waiting: dict[str, tuple[WaitReason, float]] = {}
         self.waits = 0  # admissions that had to wait (all reasons)
+        # Without limits an admission only reads the shared pause. On a store whose reads
+        # are round trips (PostgreSQL: ``advisory_read_seconds``), the pause read is kept
+        # that long per endpoint+account (a pause another process wrote is seen at most
+        # that late; one this process writes, at once): key -> (paused_until, read at).
+        self._fresh_for = float(getattr(store, "advisory_read_seconds", 0.0))
+        self._pauses: dict[bytes, tuple[float, float]] = {}
+        self.pause_reads = 0  # reads of the shared pause row (no limits configured)
 
     @property
     def limited(self) -> bool:
@@ -199,8 +206,7 @@ class RateGovernor:
                         functools.partial(self._claim, key, tokens, now)
                     )
                 else:
-                    raw = self._store.get_raw("governor", key)
-                    paused = _load(raw).paused_until
+                    paused = self._paused_until(key, now)
                     reason, until = ("paused", paused) if paused > now else (None, now)
                 if reason is None:
                     return
@@ -213,6 +219,17 @@ class RateGovernor:
                 await wait_until(until)
         finally:
             self.waiting.pop(operation_id, None)
+
+    def _paused_until(self, key: bytes, now: float) -> float:
+        """The shared pause of ``key`` (0.0: none), read again once ``_fresh_for`` passed."""
+        seen = self._pauses.get(key)
+        if seen is not None and 0.0 <= now - seen[1] < self._fresh_for:
+            return seen[0]
+        paused = _load(self._store.get_raw("governor", key)).paused_until
+        self.pause_reads += 1
+        if self._fresh_for > 0.0:
+            self._pauses[key] = (paused, now)
+        return paused
 
     # -- settlement ------------------------------------------------------------------
 
@@ -287,5 +304,8 @@ class RateGovernor:
             self._telemetry.emit("governor.unavailable", operation_id, code=exc.code)
             return
         if pause_until > now:
+            seen = self._pauses.get(key)
+            if seen is not None:  # this process's own pause counts at once
+                self._pauses[key] = (max(seen[0], pause_until), seen[1])
             self._telemetry.emit("endpoint.paused", operation_id,
                                  seconds=round(pause_until - now, 3))

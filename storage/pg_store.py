@@ -64,6 +64,9 @@ CONNECT_TIMEOUT: Final = 5
 POOL_SIZE: Final = 4
 WRITER_IDLE_MS: Final = 5000  # idle_in_transaction_session_timeout of the writer's session
 COMMIT_POLL_SECONDS: Final = 0.25  # a monitor's poll when no notification comes
+# How long advisory shared state read from the database (the rate governor's pause row)
+# may be served from a process's memory: each read is a round trip on the event loop.
+ADVISORY_READ_SECONDS: Final = 0.05
 SCHEMES: Final = ("postgresql", "postgres")
 
 _OPEN: Final[OpenStores[PgStore]] = OpenStores()
@@ -301,6 +304,8 @@ class PgStore(RecoveryStore):
 
     def _refuse_if_failed(self) -> None:
         self._refuse_if_lost()
+
+    advisory_read_seconds = ADVISORY_READ_SECONDS  # see actors/governor.py
 
     async def write(self, fn: Callable[[WriteTxn], Result], *, touches: Touches = ()) -> Result:
         """``RecoveryStore.write``; ``touches`` (the operations ``fn`` reads) lets the
