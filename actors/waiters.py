@@ -109,9 +109,10 @@ class QueueWatch:
                         full_read_at = trio.current_time() + FULL_READ_EVERY
                         self._wake_stopped()
                 except RecoveryError:
-                    # An unreachable or damaged store: each waiter meets the typed error on
-                    # its own next read (the watch must not end the runtime).
-                    pass
+                    # An unreachable or damaged store: every waiter reads again now and
+                    # meets the typed error itself (the watch must not end the runtime).
+                    for operation_id in list(self._waiting):
+                        self._wake(operation_id)
                 await trio.sleep(delay)
                 delay = min(delay * 2, POLL_MAX)
 

@@ -160,6 +160,8 @@ def _look(
     store: RecoveryStore, operation_ids: list[str]
 ) -> list[tuple[LeaseRecord | None, OperationRecord | None, bool]]:
     """``(lease, record, unreadable)`` of each operation: two reads for all of them."""
+    if not operation_ids:
+        return []
     keys = [operation_key(operation_id) for operation_id in operation_ids]
     leases = store.get_raw_many("leases", keys)
     records = store.get_raw_many("operations", keys)

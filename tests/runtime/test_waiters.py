@@ -100,3 +100,27 @@ def test_may_settle_names_what_keeps_an_operation_queued() -> None:
     assert may_settle(expiring, False, now=100.0)  # idle past its expiry: StateExpired
     running = msgspec.structs.replace(expiring, phase="transmitting")
     assert not may_settle(running, False, now=100.0)
+
+
+async def test_an_unreachable_store_ends_the_waits_with_the_typed_error_at_once(
+    provider: Any, store: recoverable.RecoveryStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the poller cannot read the store, every waiter reads again at once and meets
+    the typed error itself (not after the watch's long safety bound)."""
+    async with recoverable.open_runtime(store, make_backend(provider), account=ACCOUNT) as rt:
+        handle = await rt.submit(_request(0), response=Answer, job_id="j", maximum_attempts=2)
+
+        def unreachable(*_args: Any, **_kwargs: Any) -> Any:
+            raise errors.StorageUnavailable("the database is unreachable (test)")
+
+        async def cut_soon() -> None:
+            await trio.testing.wait_all_tasks_blocked()
+            monkeypatch.setattr(store, "last_txnid", unreachable)
+            monkeypatch.setattr(store, "get_operation", unreachable)
+
+        with trio.fail_after(5):  # generous: the poller's next look is within 0.2 s
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(cut_soon)
+                with pytest.raises(errors.StorageUnavailable):
+                    await rt.wait(handle, response=Answer)
+        monkeypatch.undo()
