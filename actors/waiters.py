@@ -43,8 +43,9 @@ _STOPPED: Final = frozenset({*SETTLED_STATES, "suspended"})
 
 def may_settle(record: OperationRecord | None, has_command: bool, now: float) -> bool:
     """Whether ``wait``'s full read could end now for an operation still queued: gone, a
-    lifecycle command standing, a settled or suspended record, or idle past its expiry."""
-    if record is None or has_command or record.phase in _STOPPED:
+    lifecycle command standing, a saved completion, a settled or suspended record, or
+    idle past its expiry."""
+    if record is None or has_command or record.has_completion or record.phase in _STOPPED:
         return True
     idle = record.phase in ("prepared", "waiting")
     return idle and is_expired(record, now)

@@ -93,6 +93,7 @@ def test_may_settle_names_what_keeps_an_operation_queued() -> None:
     assert not may_settle(record, False, now=0.0)
     assert may_settle(None, False, now=0.0)  # gone (disposed, purged)
     assert may_settle(record, True, now=0.0)  # a command stands
+    assert may_settle(msgspec.structs.replace(record, completed_at=1.0), False, now=0.0)
     for phase in ("suspended", "cancelled", "completed", "failed", "superseded"):
         assert may_settle(msgspec.structs.replace(record, phase=phase), False, now=0.0)
     expiring = msgspec.structs.replace(record, expires_at=100.0)
