@@ -383,7 +383,9 @@ class PgStore(RecoveryStore):
     def queued(self, *, after_serial: int = 0, limit: int = 1024) -> list[queue.QueueEntry]:
         """``RecoveryStore.queued`` a page of order rows per statement (joined to their
         membership rows), not a round trip per entry; an order row whose membership row
-        does not agree is skipped and not counted, as the LMDB scan does."""
+        does not agree is skipped and not counted, as the LMDB scan does. Normally one
+        statement, one snapshot; only a page with such rows is followed by another
+        statement (its own snapshot: keys only move forward, nothing is listed twice)."""
         table = sql_table("queue")
         wanted = min(limit, queue.MAX_SCAN)
         start, end = queue.order_key(after_serial + 1), bytes([queue.ORDER[0] + 1])
