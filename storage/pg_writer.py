@@ -156,9 +156,7 @@ class PgWriter(Writer[WriteTxn]):
                 self.isolated_reruns += 1
                 continue
             except StorageUnavailable as exc:
-                self._discard_runs(batch)
-                for job in batch:
-                    job.result = outcome.Error(exc)
+                self._fail_batch(batch, exc)
                 return
             except _Rerun as exc:
                 self._discard_runs(batch)
@@ -189,8 +187,7 @@ class PgWriter(Writer[WriteTxn]):
                     + f" ({describe(cause)})"
                 )
                 error.__cause__ = cause
-                for job in batch:
-                    job.result = outcome.Error(error)
+                self._fail_batch(batch, error)
                 return
             # Before the next try: a short pause, cut short when the store closes.
             self._stop_event.wait(0.05 * 2**tries)

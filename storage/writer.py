@@ -269,11 +269,9 @@ class Writer(Generic[Ctx]):
             try:
                 self._commit_batch(batch)
             except BaseException as exc:  # never lose a caller, whatever happened
-                self._discard_runs(batch)
                 failure = StorageUnavailable(f"the writer failed: {exc!r}")
                 failure.__cause__ = exc
-                for job in batch:
-                    job.result = outcome.Error(failure)
+                self._fail_batch(batch, failure)
             self._wake(batch)
 
     @staticmethod
@@ -309,9 +307,9 @@ class Writer(Generic[Ctx]):
                         for job in batch:
                             self._commit_batch([job])
                         return
-                    full = StorageLimitExceeded("the LMDB map is full and at its maximum size")
-                    for job in batch:
-                        job.result = outcome.Error(full)
+                    self._fail_batch(batch, StorageLimitExceeded(
+                        "the LMDB map is full and at its maximum size"
+                    ))
                     return
             except _SplitBatch:
                 self._discard_runs(batch)
@@ -330,17 +328,12 @@ class Writer(Generic[Ctx]):
                     self._env.set_mapsize(0)
                 self.map_adoptions += 1
             except lmdb.Error as exc:
-                self._discard_runs(batch)
-                error = storage_error(exc, "committing a write batch")
-                for job in batch:
-                    job.result = outcome.Error(error)
+                self._fail_batch(batch, storage_error(exc, "committing a write batch"))
                 return
             except StorageUnavailable as exc:
                 # Refused before any mutation ran (begin_batch: e.g. the lock file was
                 # replaced): every caller of the batch gets the typed error, nothing written.
-                self._discard_runs(batch)
-                for job in batch:
-                    job.result = outcome.Error(exc)
+                self._fail_batch(batch, exc)
                 return
 
     def _try_batch(self, batch: list[_Job], isolated: bool) -> None:
@@ -445,6 +438,12 @@ class Writer(Generic[Ctx]):
         if ctx.txn_full:
             raise _SplitBatch
         job.result = outcome.Value(value)
+
+    def _fail_batch(self, batch: list[_Job], error: BaseException) -> None:
+        """Nothing of ``batch`` is written: every caller gets ``error``."""
+        self._discard_runs(batch)
+        for job in batch:
+            job.result = outcome.Error(error)
 
     def _discard_runs(self, batch: list[_Job]) -> None:
         for job in batch:
