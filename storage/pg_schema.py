@@ -26,7 +26,10 @@ from recoverable.storage.queue import META_QUEUE_SERIAL
 
 from recoverable.errors import StorageUnavailable, UnsupportedRecordVersion
 
-__all__ = ["LOCK_NAMESPACE", "META_COMMITS", "SCHEMA_VERSION", "schema_version", "upgrade"]
+__all__ = [
+    "LIVE_OWNERS", "LOCK_NAMESPACE", "META_COMMITS", "SCHEMA_VERSION", "owner_lock_held",
+    "schema_version", "upgrade",
+]
 
 SCHEMA_VERSION: Final = 2
 FORMAT_VERSION: Final = 1  # the record format in meta, as in the LMDB store
@@ -34,6 +37,23 @@ FORMAT_VERSION: Final = 1  # the record format in meta, as in the LMDB store
 # write transaction at a time, fleet-wide, as LMDB has one writer); n = -1: migrations;
 # n > 0: an owner's liveness lock (held by its session for its whole life).
 LOCK_NAMESPACE: Final = 0x5245  # "RE"
+
+
+def owner_lock_held(lock_key: str) -> str:
+    """SQL: the session advisory lock of an owner (its lock key: the SQL expression
+    ``lock_key``) is held in this database. Takes one parameter, ``LOCK_NAMESPACE``."""
+    return (
+        "EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted"
+        " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        f" AND l.classid = %s::oid AND l.objid = {lock_key}::oid AND l.objsubid = 2)"
+    )
+
+
+# Every owner whose advisory lock is held and whose heartbeat has not expired (server time).
+LIVE_OWNERS: Final = (
+    "SELECT o.owner_id FROM recoverable_owners o WHERE o.expires_at > now() AND "
+    + owner_lock_held("o.lock_key")
+)
 WRITER_LOCK: Final = 0
 MIGRATION_LOCK: Final = -1
 META_COMMITS: Final = b"commits"  # moves on every committed batch (the monitor's poll)

@@ -39,7 +39,13 @@ from recoverable.storage.keys import key_str, u64
 from recoverable.storage.leases import LeaseTokens, lease_expired
 from recoverable.storage.pg_batch import Touching
 from recoverable.storage.pg_listen import CommitListener
-from recoverable.storage.pg_schema import LOCK_NAMESPACE, META_COMMITS, upgrade
+from recoverable.storage.pg_schema import (
+    LIVE_OWNERS,
+    LOCK_NAMESPACE,
+    META_COMMITS,
+    owner_lock_held,
+    upgrade,
+)
 from recoverable.storage.pg_sql import SqlSnapshot, describe, sql_table, table_names
 from recoverable.storage.pg_writer import PgWriter
 from recoverable.storage.registry import OpenStores, StoreOptions
@@ -239,11 +245,8 @@ class PgStore(RecoveryStore):
             conn.execute("SELECT pg_advisory_lock(%s, %s)", (LOCK_NAMESPACE, self._lock_key))
             # The rows of owners that are gone (their lock free and their heartbeat over).
             conn.execute(
-                "DELETE FROM recoverable_owners o WHERE o.expires_at < now() AND NOT EXISTS ("
-                " SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted"
-                " AND l.database = (SELECT oid FROM pg_database WHERE datname ="
-                " current_database()) AND l.classid = %s::oid"
-                " AND l.objid = o.lock_key::oid AND l.objsubid = 2)",
+                "DELETE FROM recoverable_owners o WHERE o.expires_at < now() AND NOT "
+                + owner_lock_held("o.lock_key"),
                 (LOCK_NAMESPACE,),
             )
         except psycopg.Error as exc:
@@ -429,16 +432,8 @@ class PgStore(RecoveryStore):
             if live is not None:
                 return owner_id in live
         self.liveness_queries += 1
-        rows = self._query(
-            "SELECT o.expires_at > now() AND EXISTS ("
-            " SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted"
-            " AND l.database = (SELECT oid FROM pg_database WHERE datname ="
-            " current_database()) AND l.classid = %s::oid"
-            " AND l.objid = o.lock_key::oid AND l.objsubid = 2)"
-            " FROM recoverable_owners o WHERE o.owner_id = %s",
-            (LOCK_NAMESPACE, owner_id),
-        )
-        return bool(rows and rows[0][0])
+        rows = self._query(LIVE_OWNERS + " AND o.owner_id = %s", (LOCK_NAMESPACE, owner_id))
+        return bool(rows)
 
     def other_live_owners(self) -> list[str]:
         """The other owners whose lock is held and whose heartbeat has not expired."""

@@ -45,7 +45,13 @@ from recoverable.storage.pg_batch import (
     changed_keys,
 )
 from recoverable.storage.pg_listen import CHANNEL
-from recoverable.storage.pg_schema import LOCK_NAMESPACE, META_COMMITS, WRITER_LOCK
+from recoverable.storage.pg_schema import (
+    LIVE_OWNERS,
+    LOCK_NAMESPACE,
+    META_COMMITS,
+    WRITER_LOCK,
+    owner_lock_held,
+)
 from recoverable.storage.pg_sql import SqlSnapshot, describe, sql_table
 from recoverable.storage.txn import WriteState, WriteTxn
 from recoverable.storage.writer import MapGuard, Writer, _Isolate, _Job
@@ -60,18 +66,8 @@ _NOTIFY_TABLES: Final = frozenset({sql_table("commands"), sql_table("queue")})
 _COMMIT_COUNT: Final = "('x' || encode(value, 'hex'))::bit(64)::int8"  # a meta counter
 OWNED_CHECK: Final = "recoverable_txn_log_owned"  # the CHECK on txn_log.owned (pg_schema)
 OWN_LOCK_HELD: Final = (
-    "SELECT EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted"
-    " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-    " AND l.classid = %s::oid AND l.objid = %s::oid AND l.objsubid = 2)"
-    " AND EXISTS (SELECT 1 FROM recoverable_owners WHERE owner_id = %s AND expires_at > now())"
-)
-# Every owner whose advisory lock is held and whose heartbeat has not expired (server time):
-# read once per batch, under the writers' lock, for the batch's lease checks.
-LIVE_OWNERS: Final = (
-    "SELECT o.owner_id FROM recoverable_owners o WHERE o.expires_at > now() AND EXISTS ("
-    " SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted"
-    " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-    " AND l.classid = %s::oid AND l.objid = o.lock_key::oid AND l.objsubid = 2)"
+    "SELECT " + owner_lock_held("%s")
+    + " AND EXISTS (SELECT 1 FROM recoverable_owners WHERE owner_id = %s AND expires_at > now())"
 )
 
 
@@ -245,6 +241,7 @@ class PgWriter(Writer[WriteTxn]):
                         (-1 if since is None else since,),
                         binary=True,
                     )
+                    # The live owners, for the batch's lease checks (see live_owners).
                     owners = conn.execute(LIVE_OWNERS, (LOCK_NAMESPACE,))
                     # The rows the batch's hinted writes will read (pg_batch.Prefetch).
                     fetched = (
