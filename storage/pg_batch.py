@@ -68,14 +68,6 @@ _ORDER_ROWS: Final = (
     f" ON o.key = '\\x{ORDER.hex()}'::bytea || substring(m.value from 1 for 8)"
     " WHERE m.key = {members}"
 )
-_ONE_OPERATION: Final = " UNION ALL ".join(
-    [f"SELECT '{table}', key, value FROM {table} WHERE key = %(op)b" for table in sorted(
-        _BY_OPERATION)]
-    + [f"SELECT '{_PAYLOADS}', key, value FROM {_PAYLOADS} WHERE key = ANY(%(payloads)b)",
-       f"SELECT '{_QUEUE}', key, value FROM {_QUEUE} WHERE key = %(member)b",
-       _ORDER_ROWS.format(members="%(member)b")]
-)
-
 _HOSTS: Final = sql_table("hosts")
 _MANY_OPERATIONS: Final = " UNION ALL ".join(
     [f"SELECT '{table}', key, value FROM {table} WHERE key = ANY(%(ops)b)" for table in sorted(
@@ -110,7 +102,16 @@ class Prefetch:
     index entry. :meth:`seed` caches what came back (absent rows as absent), after the
     change log was applied: the rows were read under the lock, so they are current."""
 
-    def __init__(self, cache: RowCache, hinted: Iterable[str | OperationRecord]) -> None:
+    def __init__(self, ops: list[bytes], payloads: list[bytes], hosts: list[bytes]) -> None:
+        self.params = {
+            "ops": ops, "payloads": payloads, "members": [MEMBER + key for key in ops],
+            "hosts": hosts,
+        }
+        self.sql = _MANY_OPERATIONS
+
+    @classmethod
+    def for_batch(cls, cache: RowCache, hinted: Iterable[str | OperationRecord]) -> Prefetch:
+        """The rows of the operations the batch's writes name (see the class doc)."""
         rows = cache.rows
         ops: dict[bytes, None] = {}
         payloads: list[bytes] = []
@@ -124,32 +125,37 @@ class Prefetch:
                 continue
             ops[key] = None
             if (_OPERATIONS, key) not in rows:
-                payloads.extend(key + b"\0" + kind for kind in _KINDS)
-        self.params = {
-            "ops": list(ops), "payloads": payloads,
-            "members": [MEMBER + key for key in ops], "hosts": hosts,
-        }
-        self.sql = _MANY_OPERATIONS
+                payloads.extend(_payload_keys(key))
+        return cls(list(ops), payloads, hosts)
+
+    @classmethod
+    def one_operation(cls, operation: bytes) -> Prefetch:
+        """Every row of one operation (a read the row cache could not answer)."""
+        return cls([operation], _payload_keys(operation), [])
 
     def __bool__(self) -> bool:
         return bool(self.params["ops"])
 
-    def seed(self, cache: RowCache, fetched: list[Any]) -> None:
-        rows = cache.rows
-        if len(rows) >= CACHE_ROWS:
-            return
+    def found(self, fetched: Iterable[Any]) -> dict[tuple[str, bytes], bytes | None]:
+        """Every row asked for: those ``fetched``, the others as absent."""
         params = self.params
-        for key in params["ops"]:
-            for db in _BY_OPERATION:
-                rows[(db, key)] = None
-        for key in params["payloads"]:
-            rows[(_PAYLOADS, key)] = None
-        for key in params["members"]:
-            rows[(_QUEUE, key)] = None
-        for key in params["hosts"]:
-            rows[(_HOSTS, key)] = None
+        found: dict[tuple[str, bytes], bytes | None] = {
+            (db, key): None for key in params["ops"] for db in _BY_OPERATION
+        }
+        for db, keys in ((_PAYLOADS, "payloads"), (_QUEUE, "members"), (_HOSTS, "hosts")):
+            for key in params[keys]:
+                found[(db, key)] = None
         for db, key, value in fetched:
-            rows[(db, bytes(key))] = value
+            found[(db, bytes(key))] = value
+        return found
+
+    def seed(self, cache: RowCache, fetched: list[Any]) -> None:
+        if len(cache.rows) < CACHE_ROWS:
+            cache.rows.update(self.found(fetched))
+
+
+def _payload_keys(operation: bytes) -> list[bytes]:
+    return [operation + b"\0" + kind for kind in _KINDS]
 
 
 def _operation_of(db: str, key: bytes) -> bytes | None:
@@ -250,18 +256,8 @@ class BatchSnapshot(SqlSnapshot):
     def _fetch_operation(self, operation: bytes) -> None:
         """Cache every row of one operation (committed state; absent ones as absent),
         except those this batch wrote (its layers answer for them)."""
-        found: dict[tuple[str, bytes], bytes | None] = {
-            (db, operation): None for db in _BY_OPERATION
-        }
-        payloads = [operation + b"\0" + kind for kind in _KINDS]
-        for key in payloads:
-            found[(_PAYLOADS, key)] = None
-        found[(_QUEUE, MEMBER + operation)] = None
-        for db, key, value in self._rows(
-            _ONE_OPERATION,
-            {"op": operation, "payloads": payloads, "member": MEMBER + operation},
-        ):
-            found[(db, bytes(key))] = value
+        one = Prefetch.one_operation(operation)
+        found = one.found(self._rows(one.sql, one.params))
         rows = self._cache.rows
         for where, value in found.items():
             if where not in self._batch and where not in self._mutation:

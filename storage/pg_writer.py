@@ -224,7 +224,7 @@ class PgWriter(Writer[WriteTxn]):
                 # The other meta rows (quota counter, serials) come with it: every batch
                 # reads the quota counter, and they change with every batch of anyone.
                 since = self._cache.valid_at
-                prefetch = Prefetch(self._cache, (
+                prefetch = Prefetch.for_batch(self._cache, (
                     touched for job in batch if isinstance(job.fn, Touching)
                     for touched in job.fn.touches
                 ))
