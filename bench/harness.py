@@ -45,6 +45,7 @@ it writes no results file unless ``--out`` is given. Without the ``bench`` extra
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import math
@@ -201,7 +202,10 @@ def worker_main(args: argparse.Namespace) -> None:
         result = dbos_runner.run(**kwargs, posts=lambda: provider_post_count(args.requests_url))
     else:
         if args.worker == "durable":
-            phase = durable_phase
+            # A PostgreSQL store when bench/pg_store.py asks for one (default: LMDB).
+            phase = functools.partial(
+                durable_phase, store_location=os.environ.get("BENCH_STORE_LOCATION")
+            )
         elif args.worker == "plain":
             from baselines import plain
 

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -71,13 +70,12 @@ def library_row(
         dbname = new_database(cluster, TEMPLATE)
         location = cluster.url(dbname)
     before = server_counters(cluster, dbname) if dbname else (0, 0)
-    result: dict[str, Any] = trio.run(lambda: harness.durable_phase(
-        base_url=info["base_url"], mode=args.mode, n=args.n, concurrency=args.concurrency,
-        warmup=max(1, args.concurrency // 4), workdir=workdir,
-        cpu_seconds=_common.self_cpu_seconds, rss_mib=_common.peak_rss_mib,
-        posts=lambda: harness.provider_post_count(info["requests_url"]),
-        store_location=location,
-    ))
+    # In a fresh worker process, as DBOS runs: a phase run after another in one process
+    # would inherit its heap (and its garbage collector's work).
+    result = harness.run_worker(
+        "durable", args, info, max(1, args.concurrency // 4), workdir,
+        env={"BENCH_STORE_LOCATION": location} if location else None,
+    )
     if dbname:
         after = server_counters(cluster, dbname)
         # Counted over warm-up + timed window (the server counters have no window).

@@ -45,7 +45,7 @@ from recoverable.records import OperationRecord
 
 __all__ = [
     "CACHE_ROWS", "CHANGES_KEPT", "BatchSnapshot", "Prefetch", "RowCache", "Touching",
-    "changed_keys",
+    "changed_keys", "row_id",
 ]
 
 CACHE_ROWS: Final = 200_000
@@ -53,7 +53,12 @@ MAX_LOGGED_KEYS: Final = 4096  # a batch writing more logs None (the others drop
 CHANGES_KEPT: Final = 256  # commits kept in recoverable_changes
 SQL_TABLES: Final[tuple[str, ...]] = tuple(sql_table(table) for table in TABLES)
 TABLE_INDEX: Final[dict[str, int]] = {name: index for index, name in enumerate(SQL_TABLES)}
+# A row's id in the caches and the write buffers: its table's index (one byte), then its
+# key — the form ``recoverable_changes`` logs. Bytes, not a (table, key) tuple: a dict of
+# bytes is never tracked by the garbage collector, and a tuple per read was (issue 17).
+_TAG: Final[dict[str, bytes]] = {name: bytes((index,)) for name, index in TABLE_INDEX.items()}
 _META: Final = sql_table("meta")
+_META_TAG: Final = TABLE_INDEX[_META]
 _DELETED: Final = None  # a buffered delete (and, in the cache, a row known to be absent)
 _BY_OPERATION: Final = frozenset(
     sql_table(table) for table in ("operations", "commands", "leases", "dispositions")
@@ -124,7 +129,7 @@ class Prefetch:
             if key in ops:
                 continue
             ops[key] = None
-            if (_OPERATIONS, key) not in rows:
+            if _TAG[_OPERATIONS] + key not in rows:
                 payloads.extend(_payload_keys(key))
         return cls(list(ops), payloads, hosts)
 
@@ -136,22 +141,27 @@ class Prefetch:
     def __bool__(self) -> bool:
         return bool(self.params["ops"])
 
-    def found(self, fetched: Iterable[Any]) -> dict[tuple[str, bytes], bytes | None]:
-        """Every row asked for: those ``fetched``, the others as absent."""
+    def found(self, fetched: Iterable[Any]) -> dict[bytes, bytes | None]:
+        """Every row asked for, by row id: those ``fetched``, the others as absent."""
         params = self.params
-        found: dict[tuple[str, bytes], bytes | None] = {
-            (db, key): None for key in params["ops"] for db in _BY_OPERATION
-        }
-        for db, keys in ((_PAYLOADS, "payloads"), (_QUEUE, "members"), (_HOSTS, "hosts")):
+        found: dict[bytes, bytes | None] = dict.fromkeys(
+            [tag + key for tag in _BY_OPERATION_TAGS for key in params["ops"]]
+        )
+        for tag, keys in _OTHER_TAGS:
             for key in params[keys]:
-                found[(db, key)] = None
+                found[tag + key] = None
         for db, key, value in fetched:
-            found[(db, bytes(key))] = value
+            found[_TAG[db] + key] = value
         return found
 
     def seed(self, cache: RowCache, fetched: list[Any]) -> None:
         if len(cache.rows) < CACHE_ROWS:
             cache.rows.update(self.found(fetched))
+
+
+def row_id(db: str, key: bytes) -> bytes:
+    """The id of the row ``key`` of SQL table ``db`` (see ``_TAG``)."""
+    return _TAG[db] + key
 
 
 def _payload_keys(operation: bytes) -> list[bytes]:
@@ -170,11 +180,17 @@ def _operation_of(db: str, key: bytes) -> bytes | None:
     return None
 
 
+_BY_OPERATION_TAGS: Final = tuple(_TAG[db] for db in sorted(_BY_OPERATION))
+_OTHER_TAGS: Final = (
+    (_TAG[_PAYLOADS], "payloads"), (_TAG[_QUEUE], "members"), (_TAG[_HOSTS], "hosts")
+)
+
+
 class RowCache:
-    """Rows by (SQL table, key) as committed, and the commit count they are valid at."""
+    """Rows by row id (``row_id``) as committed, and the commit count they are valid at."""
 
     def __init__(self) -> None:
-        self.rows: dict[tuple[str, bytes], bytes | None] = {}
+        self.rows: dict[bytes, bytes | None] = {}
         self.valid_at: int | None = None  # the commits counter after our last commit
 
     def clear(self) -> None:
@@ -183,8 +199,9 @@ class RowCache:
 
     def seed(self, db: str, rows: dict[bytes, bytes]) -> None:
         """Rows read under the writers' lock (committed state): cache them."""
+        tag = _TAG[db]
         for key, value in rows.items():
-            self.rows[(db, key)] = value
+            self.rows[tag + key] = value
 
     def adopt(self, current: int, changes: list[tuple[int, list[bytes] | None]]) -> None:
         """Under the writers' lock: ``current`` is the commit count now, ``changes`` the
@@ -206,14 +223,13 @@ class RowCache:
                 rows.clear()
                 return
             for entry in keys:
-                rows.pop((SQL_TABLES[entry[0]], bytes(entry[1:])), None)
+                rows.pop(bytes(entry), None)  # a row id
 
 
-def changed_keys(written: Iterable[tuple[str, bytes]]) -> list[bytes] | None:
-    """The keys a batch wrote, for ``recoverable_changes`` (None: too many to log)."""
-    entries = [
-        bytes((TABLE_INDEX[db],)) + key for db, key in written if db != _META
-    ]
+def changed_keys(written: Iterable[bytes]) -> list[bytes] | None:
+    """The rows a batch wrote (row ids), for ``recoverable_changes`` (None: too many to
+    log)."""
+    entries = [rid for rid in written if rid[0] != _META_TAG]
     return None if len(entries) > MAX_LOGGED_KEYS else entries
 
 
@@ -223,23 +239,25 @@ class BatchSnapshot(SqlSnapshot):
     def __init__(self, conn: psycopg.Connection[Any], cache: RowCache) -> None:
         super().__init__(conn)
         self._cache = cache
-        self._batch: dict[tuple[str, bytes], bytes | None] = {}  # this batch's writes
-        self._unsent: dict[tuple[str, bytes], bytes | None] = {}  # not yet sent
-        self._mutation: dict[tuple[str, bytes], bytes | None] = {}  # the running mutation's
+        # By row id (``row_id``):
+        self._batch: dict[bytes, bytes | None] = {}  # this batch's writes
+        self._unsent: dict[bytes, bytes | None] = {}  # not yet sent
+        self._mutation: dict[bytes, bytes | None] = {}  # the running mutation's
 
     # -- reads ------------------------------------------------------------------------
 
     def get(self, key: bytes, db: str) -> bytes | None:
-        where = (db, key)
-        for layer in (self._mutation, self._batch):
-            if where in layer:
-                return layer[where]
+        where = _TAG[db] + key
+        if where in self._mutation:
+            return self._mutation[where]
+        if where in self._batch:
+            return self._batch[where]
         rows = self._cache.rows
         if where in rows:
             return rows[where]
         if db == _QUEUE and key[:1] == ORDER and len(key) == 9 and int.from_bytes(
             key[1:], "big"
-        ) > u64(rows.get((_META, META_QUEUE_SERIAL))):
+        ) > u64(rows.get(_TAG[_META] + META_QUEUE_SERIAL)):
             # An order row of a serial above the committed counter (meta rows are read
             # under the writers' lock at the batch's start): not written yet.
             return None
@@ -280,14 +298,14 @@ class BatchSnapshot(SqlSnapshot):
 
     def put(self, key: bytes, value: bytes, db: str) -> bool:
         self.written.add(db)
-        self._mutation[(db, key)] = value
+        self._mutation[_TAG[db] + key] = value
         return True
 
     def pop(self, key: bytes, db: str) -> bytes | None:
         old = self.get(key, db)
         if old is not None:
             self.written.add(db)
-            self._mutation[(db, key)] = _DELETED
+            self._mutation[_TAG[db] + key] = _DELETED
         return old
 
     # -- the batch --------------------------------------------------------------------
@@ -307,7 +325,8 @@ class BatchSnapshot(SqlSnapshot):
             return
         upserts: dict[str, tuple[list[bytes], list[bytes]]] = {}
         deletes: dict[str, list[bytes]] = {}
-        for (db, key), value in pending.items():
+        for rid, value in pending.items():
+            db, key = SQL_TABLES[rid[0]], rid[1:]
             if value is _DELETED:
                 deletes.setdefault(db, []).append(key)
             else:
@@ -327,8 +346,8 @@ class BatchSnapshot(SqlSnapshot):
         # (and are sent again, harmlessly, if it ends kept and the batch flushes again).
 
     @property
-    def written_keys(self) -> list[tuple[str, bytes]]:
-        """Every (table, key) this batch wrote so far."""
+    def written_keys(self) -> list[bytes]:
+        """Every row (row id) this batch wrote so far."""
         return list(self._batch)
 
     def committed(self, commits: int) -> None:

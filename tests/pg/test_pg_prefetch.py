@@ -12,6 +12,7 @@ import pytest
 import trio
 from recoverable.actors.lifecycle import write_command
 from recoverable.storage import RecoveryStore, acquire_lease, pg_sql
+from recoverable.storage.pg_batch import row_id
 from recoverable.storage.pg_store import PgStore
 
 from tests.storage.storage_helpers import ACCOUNT, make_op
@@ -88,7 +89,7 @@ async def test_a_hinted_read_sees_what_another_owner_committed_since(pg_url: str
         assert isinstance(mine, PgStore)
         await mine.write(lambda txn: txn.put_operation(make_op("op-1")), touches=("op-1",))
         cache = mine._pg_writer._cache  # type: ignore[union-attr]
-        assert cache.rows[("recoverable_operations", b"op-1")] is not None
+        assert cache.rows[row_id("recoverable_operations", b"op-1")] is not None
         lease = other.write_sync(lambda txn: acquire_lease(txn, "op-1", time.time()))
         other.write_sync(lambda txn: txn.put_command("op-1", "cancel", 3.0))
         record, command, stored_lease = await mine.write(

@@ -3,12 +3,14 @@ owners, redaction, failing closed."""
 
 from __future__ import annotations
 
+import gc
 import socket
 import time
 
 import psycopg
 import pytest
 from recoverable.storage import RecoveryStore, acquire_lease
+from recoverable.storage.pg_batch import row_id
 from recoverable.storage.pg_schema import SCHEMA_VERSION, schema_version, upgrade
 from recoverable.storage.pg_store import PgStore, redact_url
 
@@ -128,14 +130,33 @@ def test_rows_nobody_else_changed_stay_in_the_writers_cache(pg_url: str) -> None
         mine.write_sync(lambda txn: txn.put_operation(make_op("op-1")))
         mine.write_sync(lambda txn: txn.put_operation(make_op("op-2")))
         cache = mine._pg_writer._cache  # type: ignore[union-attr]
-        assert ("recoverable_operations", b"op-1") in cache.rows
+        assert row_id("recoverable_operations", b"op-1") in cache.rows
         other.write_sync(lambda txn: acquire_lease(txn, "op-2", time.time()))
         seen = mine.write_sync(lambda txn: txn.get_operation("op-2"))
         assert seen is not None and seen.fence == 1  # evicted, read again
-        assert ("recoverable_operations", b"op-1") in cache.rows  # untouched: kept
+        assert row_id("recoverable_operations", b"op-1") in cache.rows  # untouched: kept
     finally:
         other.close()
         mine.close()
+
+
+def test_the_writers_row_cache_is_never_tracked_by_the_garbage_collector(pg_url: str) -> None:
+    """Rows are cached by bytes ids (table index + key) holding bytes or None: the cache
+    dict is never tracked, so it costs the collector nothing however large (issue 17)."""
+    store = RecoveryStore.open(pg_url)
+    try:
+        assert isinstance(store, PgStore)
+        for index in range(20):
+            store.write_sync(lambda txn, i=index: txn.put_operation(make_op(f"op-{i}")))
+        store.write_sync(lambda txn: txn.get_operation("op-missing"))  # cached as absent
+        cache = store._pg_writer._cache  # type: ignore[union-attr]
+        assert row_id("recoverable_operations", b"op-missing") in cache.rows
+        assert cache.rows[row_id("recoverable_operations", b"op-missing")] is None
+        assert len(cache.rows) > 20
+        assert all(type(rid) is bytes for rid in cache.rows)
+        assert not gc.is_tracked(cache.rows)
+    finally:
+        store.close()
 
 
 def test_the_queue_is_read_in_one_statement_with_lmdbs_rules(pg_url: str) -> None:
