@@ -5,11 +5,13 @@ bypasses ``authorize`` and never overrides the host."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 import trio
-from recoverable.actors.continuation import dispatch_continuation
+from recoverable.actors.continuation import DispatchResult, dispatch_continuation
 from recoverable.actors.worker import run_worker
 
 import recoverable
@@ -24,6 +26,33 @@ STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
 
 Action = Callable[[recoverable.Runtime, recoverable.RecoveryStore, recoverable.Handle],
                   Awaitable[object]]
+
+
+@asynccontextmanager
+async def _exhausted(
+    provider: FixtureProvider, store: recoverable.RecoveryStore, **options: Any
+) -> AsyncIterator[tuple[recoverable.Runtime, recoverable.Handle]]:
+    """Continuation on (no delay); one operation (``prepare``'s options) exhausted its two
+    attempts on stream drops. Yields the runtime and its handle."""
+    await recoverable.set_continuation_preference(store, enabled=True, delay_seconds=0)
+    provider.script(DROPS)
+    async with recoverable.open_runtime(store, make_backend(provider), account=ACCOUNT) as rt:
+        handle = await rt.prepare(REQUEST, response=Answer, maximum_attempts=2,
+                                  retry_policy=FAST, **options)
+        with pytest.raises(errors.AttemptsExhausted):
+            await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
+        yield rt, handle
+
+
+async def _dispatch(
+    rt: recoverable.Runtime, store: recoverable.RecoveryStore, handle: recoverable.Handle
+) -> DispatchResult:
+    """Dispatch the operation's continuation now, as this runtime's worker would."""
+    assert rt.backend is not None
+    return await dispatch_continuation(
+        store, rt.telemetry, handle.operation_id, account=ACCOUNT,
+        endpoint_id=rt.backend.endpoint_id, now=rt.now(),
+    )
 
 
 async def _cancel(rt: recoverable.Runtime, store: recoverable.RecoveryStore,
@@ -78,20 +107,10 @@ async def test_newer_intent_cancels_a_pending_continuation(
     provider: FixtureProvider, store: recoverable.RecoveryStore, action: Action,
     reason: str | None,
 ) -> None:
-    await recoverable.set_continuation_preference(store, enabled=True, delay_seconds=0)
-    provider.script(DROPS)
-    async with recoverable.open_runtime(store, make_backend(provider), account=ACCOUNT) as rt:
-        handle = await rt.prepare(REQUEST, response=Answer, maximum_attempts=2,
-                                  retry_policy=FAST, job_id="job", input_revision="1")
-        with pytest.raises(errors.AttemptsExhausted):
-            await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
+    async with _exhausted(provider, store, job_id="job", input_revision="1") as (rt, handle):
         assert [e.operation_id for e in store.queued()] == [handle.operation_id]
         await action(rt, store, handle)
-        assert rt.backend is not None
-        result = await dispatch_continuation(
-            store, rt.telemetry, handle.operation_id, account=ACCOUNT,
-            endpoint_id=rt.backend.endpoint_id, now=rt.now(),
-        )
+        result = await _dispatch(rt, store, handle)
         assert result.outcome != "dispatched"
         found = store.get_operation(handle.operation_id)
         if reason is None:
@@ -116,13 +135,7 @@ async def test_a_suspended_operation_is_never_resumed_by_recovery(
 ) -> None:
     """A worker draining the queue after the host suspended the failed operation: it
     stays as the host left it (no successor, no request)."""
-    await recoverable.set_continuation_preference(store, enabled=True, delay_seconds=0)
-    provider.script(DROPS)
-    async with recoverable.open_runtime(store, make_backend(provider), account=ACCOUNT) as rt:
-        handle = await rt.prepare(REQUEST, response=Answer, maximum_attempts=2,
-                                  retry_policy=FAST)
-        with pytest.raises(errors.AttemptsExhausted):
-            await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
+    async with _exhausted(provider, store) as (rt, handle):
         await rt.suspend(handle)
         stop = trio.Event()
         async with trio.open_nursery() as nursery:
@@ -175,13 +188,7 @@ async def test_a_preference_turned_off_by_another_process_stops_the_dispatch(
     """``recoverable config set continuation.enabled false`` in another process, between the
     decision and the dispatch: this process's next dispatch reads the rows that process
     wrote (on PostgreSQL its writer's row cache must not serve the rows it read before)."""
-    await recoverable.set_continuation_preference(store, enabled=True, delay_seconds=0)
-    provider.script(DROPS)
-    async with recoverable.open_runtime(store, make_backend(provider), account=ACCOUNT) as rt:
-        handle = await rt.prepare(REQUEST, response=Answer, maximum_attempts=2,
-                                  retry_policy=FAST, job_id="job", input_revision="1")
-        with pytest.raises(errors.AttemptsExhausted):
-            await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
+    async with _exhausted(provider, store, job_id="job", input_revision="1") as (rt, handle):
         decided = store.get_operation(handle.operation_id)
         assert decided is not None and decided.continuation is not None
         assert decided.continuation.state == "pending"
@@ -189,11 +196,7 @@ async def test_a_preference_turned_off_by_another_process_stops_the_dispatch(
             run_cli, "config", "set", "continuation.enabled", "false", "--store", store_location
         ))
         assert off.returncode == 0, off.stderr
-        assert rt.backend is not None
-        result = await dispatch_continuation(
-            store, rt.telemetry, handle.operation_id, account=ACCOUNT,
-            endpoint_id=rt.backend.endpoint_id, now=rt.now(),
-        )
+        result = await _dispatch(rt, store, handle)
         # Turning it off cancelled the pending one in the CLI's own transaction: this
         # process's dispatch sees that row, not the one it wrote at the decision.
         assert result.outcome == "not_pending"

@@ -14,65 +14,47 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import attrs
 import msgspec
 import pytest
-import trio
 from recoverable.actors.sweep import sweep
 
 import recoverable
 from recoverable import errors
 from recoverable.reattachment import MAX_REATTACHMENTS
-from recoverable.telemetry import TelemetryEvent
 from recoverable.testing import FixtureProvider, Reply, ResumeFault
 
 from .conftest import ACCOUNT, REQUEST, Answer, Authorizer, generation_requests, make_backend
+from .reattach_helpers import (
+    EXPECTED,
+    FAST,
+    LONG,
+    Events,
+    cut,
+    fixture_runtime,
+    interrupt_at_checkpoint,
+    posts,
+    prepare,
+    resumes,
+    suspended_mid_stream,
+)
 
 STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
 
-FAST = recoverable.RetryPolicy(initial_backoff=0.0, maximum_backoff=0.0)
-LONG = {"answer": 42, "note": "n" * 400}  # with deltas=(200, 200): 200 delta events
-EXPECTED = Answer(answer=42, note="n" * 400)
 
-
-def _cut(after_events: int) -> Reply:
-    """The long answer, its connection dropped after ``after_events`` events (a background
-    response goes on generating on the server)."""
-    return attrs.evolve(Reply.complete(LONG), disconnect_after=after_events)
-
-
-class Events:
-    """A telemetry sink that remembers every event and wakes waiters by name."""
-
-    def __init__(self) -> None:
-        self.seen: list[TelemetryEvent] = []
-        self._changed = trio.Event()
-
-    def __call__(self, event: TelemetryEvent) -> None:
-        self.seen.append(event)
-        self._changed.set()
-        self._changed = trio.Event()
-
-    def named(self, name: str) -> list[TelemetryEvent]:
-        return [event for event in self.seen if event.name == f"recovery.{name}"]
-
-    async def wait_for(self, name: str, count: int = 1) -> None:
-        while len(self.named(name)) < count:
-            await self._changed.wait()
-
-
-def _resumes(provider: FixtureProvider, kind: str = "resume") -> list[Any]:
-    return [retrieval for retrieval in provider.retrievals if retrieval.kind == kind]
-
-
-def _posts(provider: FixtureProvider, operation_id: str) -> int:
-    return len(generation_requests(provider, operation_id))
-
-
-async def _prepare(rt: recoverable.Runtime, **options: Any) -> recoverable.Handle:
-    options.setdefault("maximum_attempts", 3)
-    options.setdefault("retry_policy", FAST)
-    return await rt.prepare(REQUEST, response=Answer, reattach=True, **options)
+async def _send(
+    store: recoverable.RecoveryStore,
+    provider: FixtureProvider,
+    backend: recoverable.ResponsesBackend | None = None,
+    **options: Any,
+) -> tuple[recoverable.Handle, Answer, recoverable.Status]:
+    """Prepare one operation (``prepare``'s options) on a runtime over ``backend`` (the
+    provider's SSE backend unless told), send it to its end: its handle, value and status."""
+    backend = backend or make_backend(provider)
+    async with backend, recoverable.open_runtime(store, backend, account=ACCOUNT) as rt:
+        handle = await prepare(rt, **options)
+        value = await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
+        status = await rt.status(handle)
+    return handle, value, status
 
 
 async def test_a_disconnect_mid_stream_resumes_after_the_saved_cursor(
@@ -80,21 +62,19 @@ async def test_a_disconnect_mid_stream_resumes_after_the_saved_cursor(
 ) -> None:
     events = Events()
     async with FixtureProvider.serve(deltas=(200, 200), event_delay=0.002) as provider:
-        provider.script([_cut(60)])
+        provider.script([cut(60)])
         authorize = Authorizer()
-        async with recoverable.open_runtime(
-            store, make_backend(provider), account=ACCOUNT, telemetry=events
-        ) as rt:
-            handle = await _prepare(rt)
+        async with fixture_runtime(store, provider, events) as rt:
+            handle = await prepare(rt)
             value = await rt.send_recovering(handle, response=Answer, authorize=authorize)
             assert value == EXPECTED
             status = await rt.status(handle)
             receipt = await rt.receipt(handle)
-    assert _posts(provider, handle.operation_id) == 1  # no replacement POST
-    resumes = _resumes(provider)
-    assert len(resumes) == 1
+    assert posts(provider, handle.operation_id) == 1  # no replacement POST
+    resumed = resumes(provider)
+    assert len(resumed) == 1
     # Resumed after the cursor the dropped stream had reached (never from the start).
-    assert resumes[0].starting_after is not None and resumes[0].starting_after >= 50
+    assert resumed[0].starting_after is not None and resumed[0].starting_after >= 50
     assert len(authorize.calls) == 1  # a reattachment asks nobody and spends nothing
     assert status.attempts_used == 1 and status.reattached and status.reattachments == 1
     assert receipt.reattached and receipt.reattachments == 1
@@ -103,7 +83,7 @@ async def test_a_disconnect_mid_stream_resumes_after_the_saved_cursor(
     assert saved == sorted(saved) and saved
     record = store.get_operation(handle.operation_id)
     assert record is not None and record.attempts[-1].sequence_number is not None
-    assert record.attempts[-1].sequence_number > resumes[0].starting_after
+    assert record.attempts[-1].sequence_number > resumed[0].starting_after
 
 
 async def test_a_response_finished_server_side_is_read_with_one_get(
@@ -111,12 +91,10 @@ async def test_a_response_finished_server_side_is_read_with_one_get(
 ) -> None:
     # event_delay 0: the whole response is generated at once, the client reads 5 events.
     async with FixtureProvider.serve(deltas=(200, 200)) as provider:
-        provider.script([_cut(5)])
-        async with recoverable.open_runtime(store, make_backend(provider), account=ACCOUNT) as rt:
-            handle = await _prepare(rt)
-            value = await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
+        provider.script([cut(5)])
+        handle, value, _ = await _send(store, provider)
     assert value == EXPECTED
-    assert _posts(provider, handle.operation_id) == 1
+    assert posts(provider, handle.operation_id) == 1
     assert len(provider.retrievals) == 1 and provider.retrievals[0].kind == "resume"
 
 
@@ -128,13 +106,10 @@ async def test_a_gone_response_falls_back_to_a_replacement_within_budget(
     async with FixtureProvider.serve(deltas=(20, 20)) as provider:
         provider.script([Reply.disconnect(after_events=5), Reply.complete(LONG)])
         provider.script_resumes([fault])
-        async with recoverable.open_runtime(store, make_backend(provider), account=ACCOUNT) as rt:
-            handle = await _prepare(rt)
-            value = await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
-            status = await rt.status(handle)
+        handle, value, status = await _send(store, provider)
     assert value == EXPECTED
-    assert _posts(provider, handle.operation_id) == 2  # seed 000: one replacement
-    assert len(_resumes(provider)) == 1
+    assert posts(provider, handle.operation_id) == 2  # seed 000: one replacement
+    assert len(resumes(provider)) == 1
     assert status.attempts_used == 2 and not status.reattached
     first = status.attempts[0]
     assert first.failure is not None and first.failure.kind == "reattach_unavailable"
@@ -149,12 +124,9 @@ async def test_a_response_failed_on_the_server_falls_back_as_the_table_says(
     async with FixtureProvider.serve(deltas=(20, 20)) as provider:
         provider.script([Reply.failed("server_error", after_events=10, disconnect_after=4),
                          Reply.complete(LONG)])
-        async with recoverable.open_runtime(store, make_backend(provider), account=ACCOUNT) as rt:
-            handle = await _prepare(rt, retry_policy=policy)
-            value = await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
-            status = await rt.status(handle)
+        handle, value, status = await _send(store, provider, retry_policy=policy)
     assert value == EXPECTED
-    assert _posts(provider, handle.operation_id) == 2
+    assert posts(provider, handle.operation_id) == 2
     first = status.attempts[0]
     assert first.failure is not None and first.failure.kind == "provider_failed"
     assert first.failure.provider_code == "server_error"
@@ -165,12 +137,12 @@ async def test_a_server_failure_without_a_replacement_rule_is_terminal(
 ) -> None:
     async with FixtureProvider.serve(deltas=(20, 20)) as provider:
         provider.script([Reply.failed("server_error", after_events=10, disconnect_after=4)])
-        async with recoverable.open_runtime(store, make_backend(provider), account=ACCOUNT) as rt:
-            handle = await _prepare(rt)
+        async with fixture_runtime(store, provider) as rt:
+            handle = await prepare(rt)
             with pytest.raises(errors.ProviderError):
                 await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
-    assert _posts(provider, handle.operation_id) == 1
-    assert len(_resumes(provider)) == 1
+    assert posts(provider, handle.operation_id) == 1
+    assert len(resumes(provider)) == 1
 
 
 async def test_resume_gets_are_bounded_then_seed_000_replaces(
@@ -179,13 +151,10 @@ async def test_resume_gets_are_bounded_then_seed_000_replaces(
     async with FixtureProvider.serve(deltas=(50, 50), event_delay=0.05) as provider:
         provider.script([Reply.disconnect(after_events=3), Reply.complete(LONG)])
         provider.script_resumes([ResumeFault.disconnect(after_events=1)] * MAX_REATTACHMENTS)
-        async with recoverable.open_runtime(store, make_backend(provider), account=ACCOUNT) as rt:
-            handle = await _prepare(rt)
-            value = await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
-            status = await rt.status(handle)
+        handle, value, status = await _send(store, provider)
     assert isinstance(value, Answer)
-    assert len(_resumes(provider)) == MAX_REATTACHMENTS  # then the replacement streamed whole
-    assert _posts(provider, handle.operation_id) == 2
+    assert len(resumes(provider)) == MAX_REATTACHMENTS  # then the replacement streamed whole
+    assert posts(provider, handle.operation_id) == 2
     assert status.attempts[0].reattachments == MAX_REATTACHMENTS
     assert status.attempts[0].outcome == "failed"
 
@@ -193,20 +162,12 @@ async def test_resume_gets_are_bounded_then_seed_000_replaces(
 async def test_cancel_reaches_the_server(store: recoverable.RecoveryStore) -> None:
     events = Events()
     async with FixtureProvider.serve(deltas=(200, 200), event_delay=0.05) as provider:
-        async with recoverable.open_runtime(
-            store, make_backend(provider), account=ACCOUNT, telemetry=events
-        ) as rt:
-            handle = await _prepare(rt)
-            async with trio.open_nursery() as nursery:
-                async def send() -> None:
-                    with pytest.raises(errors.OperationCancelled):
-                        await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
-
-                nursery.start_soon(send)
-                await events.wait_for("attempt.checkpointed")  # the response id is saved
-                await rt.cancel(handle)
+        async with fixture_runtime(store, provider, events) as rt:
+            handle = await prepare(rt)
+            await interrupt_at_checkpoint(rt, handle, events, lambda: rt.cancel(handle),
+                                          errors.OperationCancelled)
             status = await rt.status(handle)
-    cancels = _resumes(provider, "cancel")
+    cancels = resumes(provider, "cancel")
     assert len(cancels) == 1
     rid = status.attempts[-1].response_id
     assert rid is not None and cancels[0].response_id == rid
@@ -221,22 +182,14 @@ async def test_cancel_of_a_suspended_operation_reaches_the_server(
 ) -> None:
     events = Events()
     async with FixtureProvider.serve(deltas=(200, 200), event_delay=0.05) as provider:
-        async with recoverable.open_runtime(
-            store, make_backend(provider), account=ACCOUNT, telemetry=events
-        ) as rt:
-            handle = await _prepare(rt)
-            async with trio.open_nursery() as nursery:
-                async def send() -> None:
-                    with pytest.raises(errors.OperationSuspended):
-                        await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
-
-                nursery.start_soon(send)
-                await events.wait_for("attempt.checkpointed")
-                await rt.suspend(handle)
+        async with fixture_runtime(store, provider, events) as rt:
+            handle = await prepare(rt)
+            await interrupt_at_checkpoint(rt, handle, events, lambda: rt.suspend(handle),
+                                          errors.OperationSuspended)
             assert (await rt.status(handle)).state == "suspended"
             await rt.cancel(handle)  # nobody runs it: the runtime asks the provider itself
             status = await rt.status(handle)
-    assert len(_resumes(provider, "cancel")) == 1
+    assert len(resumes(provider, "cancel")) == 1
     assert status.attempts[-1].server_cancel == "cancelled"
 
 
@@ -247,29 +200,24 @@ async def test_a_stale_owner_cannot_save_the_result_and_the_new_owner_reattaches
     # About 4 s of generation: the sweep takes the fence long before it ends.
     async with FixtureProvider.serve(deltas=(200, 200), event_delay=0.02) as provider:
         provider.script([Reply.complete(LONG)])
-        async with recoverable.open_runtime(
-            store, make_backend(provider), account=ACCOUNT, telemetry=events
-        ) as rt:
-            handle = await _prepare(rt)
-            async with trio.open_nursery() as nursery:
-                async def stale() -> None:
-                    with pytest.raises(errors.LeaseLost):
-                        await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
+        async with fixture_runtime(store, provider, events) as rt:
+            handle = await prepare(rt)
 
-                nursery.start_soon(stale)
-                await events.wait_for("attempt.checkpointed")
+            async def newer_owner() -> None:
                 # A newer owner takes the fence (the sweep judges the lease expired).
                 report = await sweep(store, now=time.time() + 3600.0)
                 assert report.waiting_ids == (handle.operation_id,)
+
+            await interrupt_at_checkpoint(rt, handle, events, newer_owner, errors.LeaseLost)
             record = store.get_operation(handle.operation_id)
             assert record is not None and not record.has_completion  # nothing saved by it
             assert record.phase == "waiting" and record.attempts[-1].response_id is not None
-        async with recoverable.open_runtime(store, make_backend(provider), account=ACCOUNT) as rt:
+        async with fixture_runtime(store, provider) as rt:
             value = await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
             status = await rt.status(handle)
     assert value == EXPECTED
-    assert _posts(provider, handle.operation_id) == 1  # the new owner reattached
-    assert len(_resumes(provider)) >= 1 and status.reattached
+    assert posts(provider, handle.operation_id) == 1  # the new owner reattached
+    assert len(resumes(provider)) >= 1 and status.reattached
 
 
 async def test_a_websocket_backend_sends_reattach_attempts_over_http(
@@ -277,14 +225,11 @@ async def test_a_websocket_backend_sends_reattach_attempts_over_http(
 ) -> None:
     async with FixtureProvider.serve(deltas=(20, 20)) as provider:
         provider.script([Reply.disconnect(after_events=5)])
-        backend = make_backend(provider, "websocket")
-        async with backend, recoverable.open_runtime(store, backend, account=ACCOUNT) as rt:
-            handle = await _prepare(rt)
-            value = await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
+        handle, value, _ = await _send(store, provider, make_backend(provider, "websocket"))
     assert isinstance(value, Answer)
-    posts = generation_requests(provider, handle.operation_id)
-    assert [post.transport for post in posts] == ["sse"]
-    assert len(_resumes(provider)) == 1
+    sent = generation_requests(provider, handle.operation_id)
+    assert [post.transport for post in sent] == ["sse"]
+    assert len(resumes(provider)) == 1
 
 
 async def test_the_default_path_is_unstored_and_never_reattaches(
@@ -293,23 +238,21 @@ async def test_the_default_path_is_unstored_and_never_reattaches(
     events = Events()
     async with FixtureProvider.serve(deltas=(20, 20)) as provider:
         provider.script([Reply.disconnect(after_events=5), Reply.complete(LONG)])
-        async with recoverable.open_runtime(
-            store, make_backend(provider), account=ACCOUNT, telemetry=events
-        ) as rt:
+        async with fixture_runtime(store, provider, events) as rt:
             handle = await rt.prepare(REQUEST, response=Answer, maximum_attempts=3,
                                       retry_policy=FAST)
             await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
-    posts = generation_requests(provider, handle.operation_id)
-    assert len(posts) == 2 and provider.retrievals == []
-    assert all(msgspec.json.decode(post.body)["store"] is False for post in posts)
-    assert all("background" not in msgspec.json.decode(post.body) for post in posts)
+    sent = generation_requests(provider, handle.operation_id)
+    assert len(sent) == 2 and provider.retrievals == []
+    assert all(msgspec.json.decode(post.body)["store"] is False for post in sent)
+    assert all("background" not in msgspec.json.decode(post.body) for post in sent)
     assert not events.named("attempt.checkpointed") and not events.named("attempt.reattaching")
 
 
 async def test_reattach_is_a_checked_bool_and_needs_a_backend_that_can_resume(
     store: recoverable.RecoveryStore, provider: FixtureProvider
 ) -> None:
-    async with recoverable.open_runtime(store, make_backend(provider), account=ACCOUNT) as rt:
+    async with fixture_runtime(store, provider) as rt:
         with pytest.raises(errors.InvalidParameter) as bad:
             await rt.prepare(REQUEST, response=Answer, maximum_attempts=1,
                              reattach="yes")  # type: ignore[arg-type]
@@ -340,43 +283,25 @@ async def test_an_idle_timeout_mid_stream_resumes_the_response(
             # Short, so the test is quick: the stalled stream times out after 0.5 s.
             limits=recoverable.StreamLimits(idle_timeout=0.5),
         )
-        async with backend, recoverable.open_runtime(store, backend, account=ACCOUNT) as rt:
-            handle = await _prepare(rt)
-            value = await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
-            status = await rt.status(handle)
+        handle, value, status = await _send(store, provider, backend)
     assert isinstance(value, Answer)
-    assert _posts(provider, handle.operation_id) == 1
-    assert len(_resumes(provider)) == 1 and status.reattached
+    assert posts(provider, handle.operation_id) == 1
+    assert len(resumes(provider)) == 1 and status.reattached
     assert status.last_failure is not None and status.last_failure.kind == "timeout"
 
 
 async def test_suspend_mid_stream_then_resume_reattaches_with_no_new_post(
     store: recoverable.RecoveryStore,
 ) -> None:
-    events = Events()
-    # About 6 s of generation: the suspension lands long before it ends.
-    async with FixtureProvider.serve(deltas=(200, 200), event_delay=0.03) as provider:
-        provider.script([Reply.complete(LONG)])
-        async with recoverable.open_runtime(
-            store, make_backend(provider), account=ACCOUNT, telemetry=events
-        ) as rt:
-            handle = await _prepare(rt, maximum_attempts=1)
-            async with trio.open_nursery() as nursery:
-                async def send() -> None:
-                    with pytest.raises(errors.OperationSuspended):
-                        await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
-
-                nursery.start_soon(send)
-                await events.wait_for("attempt.checkpointed")
-                await rt.suspend(handle)
-            suspended = await rt.status(handle)
-            assert suspended.state == "suspended" and suspended.availability == "suspended"
-            authorize = Authorizer()
-            value = await rt.send_recovering(handle, response=Answer, authorize=authorize)
-            status = await rt.status(handle)
+    async with suspended_mid_stream(store) as (provider, rt, handle):
+        suspended = await rt.status(handle)
+        assert suspended.state == "suspended" and suspended.availability == "suspended"
+        authorize = Authorizer()
+        value = await rt.send_recovering(handle, response=Answer, authorize=authorize)
+        status = await rt.status(handle)
     assert value == EXPECTED
-    assert _posts(provider, handle.operation_id) == 1 and authorize.calls == []
-    assert len(_resumes(provider)) == 1
+    assert posts(provider, handle.operation_id) == 1 and authorize.calls == []
+    assert len(resumes(provider)) == 1
     assert status.attempts_used == 1 and status.reattached
 
 
@@ -396,7 +321,7 @@ async def test_an_exception_of_a_background_stream_is_raised_as_itself(
     async def refuse(report: Any) -> Any:
         raise Refused
 
-    async with recoverable.open_runtime(store, make_backend(provider), account=ACCOUNT) as rt:
+    async with fixture_runtime(store, provider) as rt:
         actor = OperationActor(rt, "op_x", contract_for(Answer), Authorizer())
         with pytest.raises(Refused):
             await actor._checkpointed("op_x.1", lambda report: None, refuse)

@@ -14,25 +14,28 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
 import trio
 
 import recoverable
 from recoverable.testing import FixtureProvider, Reply
 
+from .reattach_child import ACCOUNT, Answer
+
 CHILD = str(Path(__file__).with_name("reattach_child.py"))
-ACCOUNT = recoverable.AccountBinding("acct-reattach", "api-key")
 LONG = {"answer": 7, "note": "k" * 400}  # 200 delta events with deltas=(200, 200)
 STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
 
 
-class Answer(msgspec.Struct, frozen=True):
-    answer: int
-    note: str
+def _child(provider: FixtureProvider, store_path: str, *options: str) -> list[str]:
+    """The command line of a reattach_child.py host on the store and the provider."""
+    return [sys.executable, CHILD, "--store", store_path, "--base-url", provider.http_url,
+            *options]
 
 
 async def _lines(process: trio.Process) -> Any:
@@ -56,7 +59,7 @@ async def _kill_after_checkpoint(
     until the server finished generating, then SIGKILL it. Returns the operation id."""
     env = dict(os.environ)
     env.pop("RECOVERABLE_KILL_AT", None)
-    argv = [sys.executable, CHILD, "--store", store_path, "--base-url", provider.http_url]
+    argv = _child(provider, store_path)
     operation_id = ""
     rid = ""
     with trio.fail_after(120):  # a guard against a hung child, never a barrier
@@ -83,6 +86,20 @@ async def _kill_after_checkpoint(
     return operation_id
 
 
+@asynccontextmanager
+async def _rerun(
+    provider: FixtureProvider, store: recoverable.RecoveryStore
+) -> AsyncIterator[recoverable.Runtime]:
+    """The rerun: this process's runtime (another owner than the killed child's) on the
+    store, over its own SSE backend."""
+    backend = recoverable.ResponsesBackend(
+        provider.http_url, mode="sse", endpoint_id="fixture",
+        credentials=recoverable.StaticCredentials("sk-rerun", account=ACCOUNT),
+    )
+    async with backend, recoverable.open_runtime(store, backend, account=ACCOUNT) as rt:
+        yield rt
+
+
 @pytest.mark.parametrize("finished", [False, True], ids=["mid_generation", "finished"])
 async def test_sigkill_mid_stream_then_the_rerun_reattaches_with_zero_new_posts(
     store_location: str, finished: bool
@@ -93,15 +110,10 @@ async def test_sigkill_mid_stream_then_the_rerun_reattaches_with_zero_new_posts(
         provider.script([Reply.complete(LONG)])
         operation_id = await _kill_after_checkpoint(provider, store_path, finished=finished)
         assert len(provider.requests) == 1
-        store = recoverable.RecoveryStore.open(store_path)
-        try:
+        with recoverable.RecoveryStore.open(store_path) as store:
             saved = store.get_operation(operation_id)
             assert saved is not None and not saved.has_completion
             assert saved.attempts[-1].response_id is not None
-            backend = recoverable.ResponsesBackend(
-                provider.http_url, mode="sse", endpoint_id="fixture",
-                credentials=recoverable.StaticCredentials("sk-rerun", account=ACCOUNT),
-            )
             commits: list[Answer] = []
             calls: list[recoverable.Attempt] = []
 
@@ -109,7 +121,7 @@ async def test_sigkill_mid_stream_then_the_rerun_reattaches_with_zero_new_posts(
                 calls.append(attempt)
                 return True
 
-            async with backend, recoverable.open_runtime(store, backend, account=ACCOUNT) as rt:
+            async with _rerun(provider, store) as rt:
                 handle = recoverable.Handle(operation_id)
                 value = await rt.send_recovering(handle, response=Answer, authorize=authorize)
                 commits.append(value)
@@ -118,8 +130,6 @@ async def test_sigkill_mid_stream_then_the_rerun_reattaches_with_zero_new_posts(
                 assert await rt.send_recovering(handle, response=Answer,
                                                 authorize=authorize) == value
                 await rt.acknowledge(handle)
-        finally:
-            store.close()
     assert commits == [Answer(**LONG)]
     assert len(provider.requests) == 1  # zero new POSTs
     assert calls == []  # a reattachment authorizes nothing
@@ -141,31 +151,23 @@ async def test_a_kill_after_the_reattachment_is_counted_is_one_more_try_of_the_b
         provider.script([Reply.complete(LONG)])
         operation_id = await _kill_after_checkpoint(provider, store_path, finished=False)
         env = dict(os.environ, RECOVERABLE_KILL_AT="reattach.saved")
-        argv = [sys.executable, CHILD, "--store", store_path, "--base-url", provider.http_url,
-                "--resume", operation_id]
         with trio.fail_after(120):  # a guard against a hung child, never a barrier
-            killed = await trio.run_process(argv, env=env, check=False,
+            killed = await trio.run_process(_child(provider, store_path, "--resume", operation_id),
+                                            env=env, check=False,
                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         assert killed.returncode == -signal.SIGKILL
         assert provider.retrievals == []  # killed before its GET
-        store = recoverable.RecoveryStore.open(store_path)
-        try:
+        with recoverable.RecoveryStore.open(store_path) as store:
             saved = store.get_operation(operation_id)
             assert saved is not None and saved.attempts[-1].reattachments == 1
-            backend = recoverable.ResponsesBackend(
-                provider.http_url, mode="sse", endpoint_id="fixture",
-                credentials=recoverable.StaticCredentials("sk-rerun", account=ACCOUNT),
-            )
 
             async def authorize(attempt: recoverable.Attempt) -> bool:
                 raise AssertionError("a reattachment authorizes nothing")
 
-            async with backend, recoverable.open_runtime(store, backend, account=ACCOUNT) as rt:
+            async with _rerun(provider, store) as rt:
                 handle = recoverable.Handle(operation_id)
                 value = await rt.send_recovering(handle, response=Answer, authorize=authorize)
                 status = await rt.status(handle)
-        finally:
-            store.close()
     assert value == Answer(**LONG)
     assert len(provider.requests) == 1
     assert [r.kind for r in provider.retrievals] == ["resume"]

@@ -8,43 +8,25 @@ the fixture provider's background responses on 127.0.0.1."""
 from __future__ import annotations
 
 import pytest
-import trio
 
 import recoverable
 from recoverable import errors
-from recoverable.testing import FixtureProvider, Reply
 
-from .conftest import ACCOUNT, Answer, Authorizer, make_backend
-from .test_reattach import LONG, Events, _prepare
+from .conftest import ACCOUNT
+from .reattach_helpers import suspended_mid_stream
 
 
 async def test_manual_retry_refuses_an_operation_whose_attempt_can_be_resumed(
     store: recoverable.RecoveryStore,
 ) -> None:
-    events = Events()
-    # About 6 s of generation: the suspension lands long before it ends.
-    async with FixtureProvider.serve(deltas=(200, 200), event_delay=0.03) as provider:
-        provider.script([Reply.complete(LONG)])
-        async with recoverable.open_runtime(
-            store, make_backend(provider), account=ACCOUNT, telemetry=events
-        ) as rt:
-            handle = await _prepare(rt, maximum_attempts=1)
-            async with trio.open_nursery() as nursery:
-                async def send() -> None:
-                    with pytest.raises(errors.OperationSuspended):
-                        await rt.send_recovering(handle, response=Answer,
-                                                 authorize=Authorizer())
-
-                nursery.start_soon(send)
-                await events.wait_for("attempt.checkpointed")
-                await rt.suspend(handle)
-            suspended = await rt.status(handle)
-            # Its one attempt is spent, but it can be resumed: not exhausted.
-            assert suspended.attempts_remaining == 0
-            assert suspended.availability == "suspended"
-            assert "manual_retry" not in suspended.suggested_actions
-            with pytest.raises(errors.RetryNotAllowed):
-                await rt.retry(handle, retry_action_id="user-click", maximum_attempts=1)
-            after = store.get_operation(handle.operation_id)
-            assert after is not None and after.retry_reservation is None
-            assert len(store.inventory(ACCOUNT)[0]) == 1  # no successor
+    async with suspended_mid_stream(store) as (_, rt, handle):
+        suspended = await rt.status(handle)
+        # Its one attempt is spent, but it can be resumed: not exhausted.
+        assert suspended.attempts_remaining == 0
+        assert suspended.availability == "suspended"
+        assert "manual_retry" not in suspended.suggested_actions
+        with pytest.raises(errors.RetryNotAllowed):
+            await rt.retry(handle, retry_action_id="user-click", maximum_attempts=1)
+        after = store.get_operation(handle.operation_id)
+        assert after is not None and after.retry_reservation is None
+        assert len(store.inventory(ACCOUNT)[0]) == 1  # no successor

@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-import trio
 from recoverable.storage.sources import change_source
 
 import recoverable
@@ -17,8 +16,17 @@ from recoverable import errors
 from recoverable.reattachment import MAX_REATTACHMENTS
 from recoverable.testing import FixtureProvider
 
-from .conftest import ACCOUNT, REQUEST, Answer, Authorizer, generation_requests, make_backend
-from .test_reattach import FAST, Events, _cut, _resumes
+from .conftest import Answer, Authorizer, generation_requests
+from .reattach_helpers import (
+    Events,
+    cut,
+    fixture_runtime,
+    interrupt_at_checkpoint,
+    prepare,
+    resumes,
+)
+
+DOC = recoverable.SourceRef("doc-1", "sha256:v1")
 
 
 async def test_superseding_a_streaming_reattach_operation_cancels_it_on_the_server(
@@ -28,27 +36,17 @@ async def test_superseding_a_streaming_reattach_operation_cancels_it_on_the_serv
     await store.set_source("doc-1", "sha256:v1")
     # Slow enough that the manifest change lands mid-stream (200 deltas at 50 ms).
     async with FixtureProvider.serve(deltas=(200, 200), event_delay=0.05) as provider:
-        async with recoverable.open_runtime(
-            store, make_backend(provider), account=ACCOUNT, telemetry=events
-        ) as rt:
-            handle = await rt.prepare(
-                REQUEST, response=Answer, reattach=True, maximum_attempts=3,
-                retry_policy=FAST, source=recoverable.SourceRef("doc-1", "sha256:v1"),
+        async with fixture_runtime(store, provider, events) as rt:
+            handle = await prepare(rt, source=DOC)
+            await interrupt_at_checkpoint(
+                rt, handle, events, lambda: store.set_source("doc-1", "sha256:v2"),
+                errors.OperationSuperseded,
             )
-            async with trio.open_nursery() as nursery:
-                async def send() -> None:
-                    with pytest.raises(errors.OperationSuperseded):
-                        await rt.send_recovering(handle, response=Answer,
-                                                 authorize=Authorizer())
-
-                nursery.start_soon(send)
-                await events.wait_for("attempt.checkpointed")  # the response id is saved
-                await store.set_source("doc-1", "sha256:v2")
             status = await rt.status(handle)
     assert status.state == "superseded"
     rid = status.attempts[-1].response_id
     assert rid is not None
-    cancels = _resumes(provider, "cancel")
+    cancels = resumes(provider, "cancel")
     assert [cancel.response_id for cancel in cancels] == [rid]
     stored = provider.stored_response(rid)
     assert stored is not None and stored.status == "cancelled"
@@ -69,13 +67,8 @@ async def test_a_checkpoint_write_that_finds_the_operation_superseded_stops_the_
     events = Events()
     await store.set_source("doc-1", "sha256:v1")
     async with FixtureProvider.serve(deltas=(200, 200), event_delay=0.03) as provider:
-        async with recoverable.open_runtime(
-            store, make_backend(provider), account=ACCOUNT, telemetry=events
-        ) as rt:
-            handle = await rt.prepare(
-                REQUEST, response=Answer, reattach=True, maximum_attempts=3,
-                retry_policy=FAST, source=recoverable.SourceRef("doc-1", "sha256:v1"),
-            )
+        async with fixture_runtime(store, provider, events) as rt:
+            handle = await prepare(rt, source=DOC)
             op_id = handle.operation_id
 
             def supersede_then_consume_the_command(txn: Any) -> None:
@@ -83,20 +76,11 @@ async def test_a_checkpoint_write_that_finds_the_operation_superseded_stops_the_
                 assert txn.get_command(op_id) is not None  # the owner would be told...
                 txn.delete_command(op_id)  # ...but a fenced write took it first
 
-            raised: list[Exception] = []
-            async with trio.open_nursery() as nursery:
-                async def send() -> None:
-                    try:
-                        await rt.send_recovering(handle, response=Answer,
-                                                 authorize=Authorizer())
-                    except Exception as exc:  # asserted below
-                        raised.append(exc)
-
-                nursery.start_soon(send)
-                await events.wait_for("attempt.checkpointed")  # the response id is saved
-                await store.write(supersede_then_consume_the_command)
+            await interrupt_at_checkpoint(
+                rt, handle, events, lambda: store.write(supersede_then_consume_the_command),
+                errors.OperationSuperseded,
+            )
             status = await rt.status(handle)
-    assert len(raised) == 1 and isinstance(raised[0], errors.OperationSuperseded), raised
     assert status.state == "superseded"
     # Stopped at the next checkpoint (every second at most), long before the ~6 s end.
     checkpoints = events.named("attempt.checkpointed")
@@ -117,19 +101,13 @@ async def test_each_resume_get_is_cut_at_the_hard_attempt_timeout(
     events = Events()
     await store.set_source("doc-1", "sha256:v1")
     async with FixtureProvider.serve(deltas=(200, 200), event_delay=0.05) as provider:
-        provider.script([_cut(5)])
-        async with recoverable.open_runtime(
-            store, make_backend(provider), account=ACCOUNT, telemetry=events
-        ) as rt:
-            handle = await rt.prepare(
-                REQUEST, response=Answer, reattach=True, maximum_attempts=1,
-                retry_policy=FAST, source=recoverable.SourceRef("doc-1", "sha256:v1"),
-                attempt_timeout=0.5,
-            )
+        provider.script([cut(5)])
+        async with fixture_runtime(store, provider, events) as rt:
+            handle = await prepare(rt, maximum_attempts=1, source=DOC, attempt_timeout=0.5)
             with pytest.raises(errors.AttemptsExhausted) as exhausted:
                 await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
     last = exhausted.value.last_failure
     assert last is not None and (last.kind, last.transport_code) == ("timeout", "hard_timeout")
-    assert len(_resumes(provider)) == MAX_REATTACHMENTS
+    assert len(resumes(provider)) == MAX_REATTACHMENTS
     assert len(events.named("attempt.hard_timeout")) == MAX_REATTACHMENTS
     assert len(generation_requests(provider, handle.operation_id)) == 1

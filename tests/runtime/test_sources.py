@@ -9,7 +9,9 @@ saved): barriers, never sleeps.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -76,14 +78,82 @@ async def _prepare(rt: recoverable.Runtime, **options: Any) -> recoverable.Handl
     return await rt.prepare(REQUEST, response=Answer, maximum_attempts=3, source=DOC, **options)
 
 
+@asynccontextmanager
+async def _runtime(
+    store: recoverable.RecoveryStore, provider: FixtureProvider, mode: str = "sse",
+    **options: Any,
+) -> AsyncIterator[recoverable.Runtime]:
+    """A runtime over the provider's backend (``mode``), DOC current in the manifest."""
+    await store.set_source("doc-1", "sha256:v1")
+    async with make_backend(provider, mode) as backend, recoverable.open_runtime(
+        store, backend, account=ACCOUNT, **options
+    ) as rt:
+        yield rt
+
+
+@asynccontextmanager
+async def _hooked_runtime(
+    store: recoverable.RecoveryStore, provider: FixtureProvider, mode: str = "sse"
+) -> AsyncIterator[tuple[recoverable.Runtime, Hooked]]:
+    """``_runtime`` over a :class:`Hooked` backend, with the hooks to set."""
+    await store.set_source("doc-1", "sha256:v1")
+    async with make_backend(provider, mode) as backend, recoverable.open_runtime(
+        store, (hooked := Hooked(backend)), account=ACCOUNT
+    ) as rt:
+        yield rt, hooked
+
+
+async def _superseded_after_stream(
+    store: recoverable.RecoveryStore,
+    provider: FixtureProvider,
+    change: Callable[[recoverable.Handle], Awaitable[None]],
+) -> recoverable.Handle:
+    """One operation whose stream ends, then ``change`` changes its source before its
+    receipt is saved: the send is refused as superseded (``source_changed``). Returns its
+    handle once the runtime is closed."""
+    provider.script([Reply.complete(ANSWER)])
+    async with _hooked_runtime(store, provider) as (rt, hooked):
+        handle = await _prepare(rt)
+        hooked.after_stream = functools.partial(change, handle)
+        with pytest.raises(errors.OperationSuperseded) as superseded:
+            await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
+        assert superseded.value.reason == "source_changed"
+    return handle
+
+
+async def _cut_while_streaming(
+    rt: recoverable.Runtime, handle: recoverable.Handle, change: Action
+) -> None:
+    """Send ``handle`` in the background while ``change`` (it waits for the owner to
+    stream, then changes the source) runs: the send ends superseded."""
+    outcome: list[BaseException] = []
+
+    async def run() -> None:
+        try:
+            await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
+        except errors.RecoveryError as exc:
+            outcome.append(exc)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run)
+        await change()
+    assert len(outcome) == 1 and isinstance(outcome[0], errors.OperationSuperseded)
+
+
+def _assert_cut_and_superseded(store: recoverable.RecoveryStore, operation_id: str) -> None:
+    """Cut mid-stream by a source change: superseded, the attempt closed, the lease gone."""
+    record = store.get_operation(operation_id)
+    assert record is not None and record.phase == "superseded"
+    assert record.attempts[-1].outcome == "interrupted"  # closed, nothing invented
+    assert record.attempts[-1].usage is None
+    assert store.get_lease(operation_id) is None
+
+
 async def test_a_result_is_saved_while_its_digest_is_current(
     store: recoverable.RecoveryStore, provider: FixtureProvider, mode: str
 ) -> None:
     provider.script([Reply.complete(ANSWER)])
-    await store.set_source("doc-1", "sha256:v1")
-    async with make_backend(provider, mode) as backend, recoverable.open_runtime(
-        store, backend, account=ACCOUNT
-    ) as rt:
+    async with _runtime(store, provider, mode) as rt:
         handle = await _prepare(rt)
         value = await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
         assert value == Answer(**ANSWER)
@@ -116,10 +186,7 @@ async def test_prepare_refuses_a_digest_the_manifest_does_not_hold(
 async def test_the_hard_timeout_must_be_shorter_than_the_lease(
     store: recoverable.RecoveryStore, provider: FixtureProvider
 ) -> None:
-    await store.set_source("doc-1", "sha256:v1")
-    async with make_backend(provider) as backend, recoverable.open_runtime(
-        store, backend, account=ACCOUNT, lease_seconds=30.0
-    ) as rt:
+    async with _runtime(store, provider, lease_seconds=30.0) as rt:
         for too_long in (30.0, 45.0, float("inf"), 0.0, -1.0, True):
             with pytest.raises(errors.InvalidParameter) as refused:
                 await _prepare(rt, attempt_timeout=too_long)
@@ -141,10 +208,7 @@ async def test_a_source_change_during_the_attempt_refuses_its_completion(
     """Mutation (or deletion) between the attempt's start and its completion: the
     completion is never saved, the operation is superseded, the caller gets a typed error."""
     provider.script([Reply.complete(ANSWER)])
-    await store.set_source("doc-1", "sha256:v1")
-    async with make_backend(provider, mode) as backend, recoverable.open_runtime(
-        store, (hooked := Hooked(backend)), account=ACCOUNT
-    ) as rt:
+    async with _hooked_runtime(store, provider, mode) as (rt, hooked):
         handle = await _prepare(rt)
 
         async def mutate() -> None:
@@ -186,22 +250,12 @@ async def test_the_receipt_write_itself_checks_the_manifest(
     """Defense in depth: the manifest row alone changes (no index scan supersedes the
     operation first); the transaction that would save the completion reads it and writes
     ``superseded`` instead."""
-    provider.script([Reply.complete(ANSWER)])
-    await store.set_source("doc-1", "sha256:v1")
-    async with make_backend(provider) as backend, recoverable.open_runtime(
-        store, (hooked := Hooked(backend)), account=ACCOUNT
-    ) as rt:
-        handle = await _prepare(rt)
+    async def manifest_row_only(handle: recoverable.Handle) -> None:
+        await store.write(lambda txn: txn.put_source("doc-1", "sha256:v9"))
+        record = store.get_operation(handle.operation_id)
+        assert record is not None and record.phase == "transmitting"  # not superseded yet
 
-        async def manifest_row_only() -> None:
-            await store.write(lambda txn: txn.put_source("doc-1", "sha256:v9"))
-            record = store.get_operation(handle.operation_id)
-            assert record is not None and record.phase == "transmitting"  # not superseded yet
-
-        hooked.after_stream = manifest_row_only
-        with pytest.raises(errors.OperationSuperseded) as superseded:
-            await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
-        assert superseded.value.reason == "source_changed"
+    handle = await _superseded_after_stream(store, provider, manifest_row_only)
     record = store.get_operation(handle.operation_id)
     assert record is not None and record.phase == "superseded"
     assert store.get_payload(handle.operation_id, "completion") is None
@@ -213,10 +267,7 @@ async def test_a_change_after_the_receipt_before_acknowledgement_invalidates_it(
     store: recoverable.RecoveryStore, provider: FixtureProvider
 ) -> None:
     provider.script([Reply.complete(ANSWER)])
-    await store.set_source("doc-1", "sha256:v1")
-    async with make_backend(provider) as backend, recoverable.open_runtime(
-        store, backend, account=ACCOUNT
-    ) as rt:
+    async with _runtime(store, provider) as rt:
         handle = await _prepare(rt)
         await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
         assert store.get_payload(handle.operation_id, "completion") is not None
@@ -246,37 +297,22 @@ async def test_a_streaming_owner_is_cut_by_a_source_change(
     the record and writes a cancel command, so the owner's monitor cuts the stream; the
     record says superseded, not cancelled."""
     provider.script([Reply.stall(after_events=2)])
-    await store.set_source("doc-1", "sha256:v1")
     streaming = trio.Event()
-    async with make_backend(provider, mode) as backend, recoverable.open_runtime(
-        store, (hooked := Hooked(backend)), account=ACCOUNT
-    ) as rt:
+    async with _hooked_runtime(store, provider, mode) as (rt, hooked):
         handle = await _prepare(rt)
 
         async def consumed() -> None:
             streaming.set()
 
-        hooked.after_send = consumed
-        outcome: list[BaseException] = []
-
-        async def run() -> None:
-            try:
-                await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
-            except errors.RecoveryError as exc:
-                outcome.append(exc)
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(run)
+        async def mutate() -> None:
             await streaming.wait()
             await provider.wait_for_requests(1)
             change = await store.set_source("doc-1", "sha256:v2")
             assert change.superseded == (handle.operation_id,)
-        assert len(outcome) == 1 and isinstance(outcome[0], errors.OperationSuperseded)
-    record = store.get_operation(handle.operation_id)
-    assert record is not None and record.phase == "superseded"
-    assert record.attempts[-1].outcome == "interrupted"  # closed, nothing invented
-    assert record.attempts[-1].usage is None
-    assert store.get_lease(handle.operation_id) is None
+
+        hooked.after_send = consumed
+        await _cut_while_streaming(rt, handle, mutate)
+    _assert_cut_and_superseded(store, handle.operation_id)
     assert store.get_command(handle.operation_id) is None  # folded by nobody: removed
 
 
@@ -288,10 +324,7 @@ async def test_a_hung_attempt_ends_at_its_hard_timeout_and_the_budget_bounds_it(
     # A real 0.2 s timeout (the stream stalls forever, so only the timeout can end it;
     # nothing depends on how long anything else takes).
     provider.script([Reply.stall(after_events=2), Reply.stall(after_events=2)])
-    await store.set_source("doc-1", "sha256:v1")
-    async with make_backend(provider) as backend, recoverable.open_runtime(
-        store, backend, account=ACCOUNT
-    ) as rt:
+    async with _runtime(store, provider) as rt:
         handle = await rt.prepare(
             REQUEST, response=Answer, maximum_attempts=2, source=DOC, attempt_timeout=0.2,
             retry_policy=recoverable.RetryPolicy(initial_backoff=0.0, maximum_backoff=0.0),
@@ -309,10 +342,7 @@ async def test_a_provider_failure_is_a_bounded_terminal_failure(
     store: recoverable.RecoveryStore, provider: FixtureProvider
 ) -> None:
     provider.script([Reply.quota_exceeded()])
-    await store.set_source("doc-1", "sha256:v1")
-    async with make_backend(provider) as backend, recoverable.open_runtime(
-        store, backend, account=ACCOUNT
-    ) as rt:
+    async with _runtime(store, provider) as rt:
         handle = await _prepare(rt)
         with pytest.raises(errors.ProviderError) as failed:
             await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
@@ -340,10 +370,7 @@ async def test_a_retry_successor_inherits_the_binding_and_only_while_current(
     """A failed derivative is not superseded (no result to protect); its manual retry
     inherits the source binding, and is refused while the digest is not current."""
     provider.script([Reply.quota_exceeded(), Reply.complete(ANSWER)])
-    await store.set_source("doc-1", "sha256:v1")
-    async with make_backend(provider) as backend, recoverable.open_runtime(
-        store, backend, account=ACCOUNT
-    ) as rt:
+    async with _runtime(store, provider) as rt:
         handle = await _prepare(rt)
         with pytest.raises(errors.ProviderError):
             await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
@@ -371,20 +398,10 @@ async def test_a_source_change_by_another_process_refuses_the_completion(
     """The change is committed by another process after this one read the manifest (at
     prepare and at the attempt's start) and before its receipt write: that write reads the
     new row (on PostgreSQL the writer's row cache must not serve the old one)."""
-    provider.script([Reply.complete(ANSWER)])
-    await store.set_source("doc-1", "sha256:v1")
-    async with make_backend(provider) as backend, recoverable.open_runtime(
-        store, (hooked := Hooked(backend)), account=ACCOUNT
-    ) as rt:
-        handle = await _prepare(rt)
+    async def elsewhere(handle: recoverable.Handle) -> None:
+        await trio.to_thread.run_sync(_source_set_elsewhere, store_location, "sha256:v2")
 
-        async def elsewhere() -> None:
-            await trio.to_thread.run_sync(_source_set_elsewhere, store_location, "sha256:v2")
-
-        hooked.after_stream = elsewhere
-        with pytest.raises(errors.OperationSuperseded) as superseded:
-            await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
-        assert superseded.value.reason == "source_changed"
+    handle = await _superseded_after_stream(store, provider, elsewhere)
     record = store.get_operation(handle.operation_id)
     assert record is not None and record.phase == "superseded" and not record.has_completion
     assert store.get_payload(handle.operation_id, "completion") is None
@@ -397,27 +414,13 @@ async def test_a_streaming_owner_is_cut_by_a_source_change_in_another_process(
     """The cancel command the change writes reaches this process's monitor from another
     process (LMDB: the poll of the commit id; PostgreSQL: NOTIFY, or the bounded poll)."""
     provider.script([Reply.stall(after_events=2)])
-    await store.set_source("doc-1", "sha256:v1")
-    async with make_backend(provider) as backend, recoverable.open_runtime(
-        store, backend, account=ACCOUNT
-    ) as rt:
+    async with _runtime(store, provider) as rt:
         handle = await _prepare(rt)
-        outcome: list[BaseException] = []
 
-        async def run() -> None:
-            try:
-                await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
-            except errors.RecoveryError as exc:
-                outcome.append(exc)
+        async def elsewhere() -> None:
+            await provider.wait_for_requests(1)
+            await trio.to_thread.run_sync(_source_set_elsewhere, store_location, "sha256:v2")
 
         with trio.fail_after(60):  # generous: a loaded 2-core machine; a guard, no barrier
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(run)
-                await provider.wait_for_requests(1)
-                await trio.to_thread.run_sync(_source_set_elsewhere, store_location,
-                                              "sha256:v2")
-        assert len(outcome) == 1 and isinstance(outcome[0], errors.OperationSuperseded)
-    record = store.get_operation(handle.operation_id)
-    assert record is not None and record.phase == "superseded"
-    assert record.attempts[-1].outcome == "interrupted" and record.attempts[-1].usage is None
-    assert store.get_lease(handle.operation_id) is None
+            await _cut_while_streaming(rt, handle, elsewhere)
+    _assert_cut_and_superseded(store, handle.operation_id)
