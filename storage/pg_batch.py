@@ -32,7 +32,7 @@ mutation, so a mutation rolled back to its savepoint takes only its own writes w
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any, Final
 
 import psycopg
@@ -44,8 +44,8 @@ from recoverable.storage.queue import MEMBER, META_QUEUE_SERIAL, ORDER
 from recoverable.records import OperationRecord
 
 __all__ = [
-    "CACHE_ROWS", "CHANGES_KEPT", "BatchSnapshot", "Prefetch", "RowCache", "Touching",
-    "changed_keys", "row_id",
+    "CACHE_ROWS", "CHANGES_KEPT", "BatchSnapshot", "Prefetch", "RowCache", "changed_keys",
+    "row_id",
 ]
 
 CACHE_ROWS: Final = 200_000
@@ -82,19 +82,6 @@ _MANY_OPERATIONS: Final = " UNION ALL ".join(
        _ORDER_ROWS.format(members="ANY(%(members)b)"),
        f"SELECT '{_HOSTS}', key, value FROM {_HOSTS} WHERE key = ANY(%(hosts)b)"]
 )
-
-
-class Touching:
-    """A mutation with the operations it will read (``store.write(fn, touches=...)``)."""
-
-    __slots__ = ("fn", "touches")
-
-    def __init__(self, fn: Callable[[Any], Any], touches: Iterable[str | OperationRecord]):
-        self.fn = fn
-        self.touches = tuple(touches)
-
-    def __call__(self, txn: Any) -> Any:
-        return self.fn(txn)
 
 
 class Prefetch:

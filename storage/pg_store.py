@@ -30,14 +30,12 @@ import contextlib
 import secrets
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any, Final, TypeVar, cast
+from typing import Any, Final, TypeVar
 
 import psycopg
 from recoverable.storage import codec, queue
-from recoverable.storage.base import Touches
 from recoverable.storage.keys import key_str, u64
 from recoverable.storage.leases import LeaseTokens, lease_expired
-from recoverable.storage.pg_batch import Touching
 from recoverable.storage.pg_listen import CommitListener
 from recoverable.storage.pg_schema import (
     LIVE_OWNERS,
@@ -55,7 +53,7 @@ from recoverable.storage.store import (
     redact_url,
     register_url_store,
 )
-from recoverable.storage.txn import WriteState, WriteTxn
+from recoverable.storage.txn import WriteState
 
 from recoverable.errors import CorruptRecord, StorageUnavailable, UnsupportedRecordVersion
 from recoverable.records import CommandRecord, LeaseRecord
@@ -309,13 +307,6 @@ class PgStore(RecoveryStore):
         self._refuse_if_lost()
 
     advisory_read_seconds = ADVISORY_READ_SECONDS  # see actors/governor.py
-
-    async def write(self, fn: Callable[[WriteTxn], Result], *, touches: Touches = ()) -> Result:
-        """``RecoveryStore.write``; ``touches`` (the operations ``fn`` reads) lets the
-        writer fetch their rows in the batch's first round trip (``pg_batch.Prefetch``)."""
-        if touches:
-            return await super().write(cast(Any, Touching(fn, touches)))
-        return await super().write(fn)
 
     def close(self) -> None:
         if _OPEN.release(self._url, self):

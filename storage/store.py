@@ -380,7 +380,7 @@ class RecoveryStore(RecordGetters):
         must not have side effects outside the transaction.
         """
         try:
-            return await self._live_writer().write(fn)
+            return await self._live_writer().write(fn, touches)
         except StoreDamaged as exc:
             self._note_damage(exc)
             raise

@@ -26,7 +26,7 @@ import collections
 import concurrent.futures
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
 import lmdb
@@ -127,6 +127,9 @@ class _Job(msgspec.Struct, gc=False, eq=False):
     the reverse). Compared by identity (``eq=False``: ``job in queue``)."""
 
     fn: Callable[[Any], Any]
+    # The operations ``fn`` will read (``store.write(fn, touches=...)``): a prefetch hint
+    # the PostgreSQL writer reads for its batch (``pg_batch.Prefetch``); LMDB ignores it.
+    touches: Iterable[Any] = ()
     deliver: Callable[[outcome.Outcome[Any]], None] | None = None
     token: trio.lowlevel.TrioToken | None = None  # Trio waiters are woken together, one
     task: trio.lowlevel.Task | None = None  # callback per loop
@@ -197,11 +200,11 @@ class Writer(Generic[Ctx]):
 
     # -- submission -------------------------------------------------------------
 
-    async def write(self, fn: Callable[[Ctx], Result]) -> Result:
+    async def write(self, fn: Callable[[Ctx], Result], touches: Iterable[Any] = ()) -> Result:
         """Queue ``fn`` and wait (shielded from cancellation) for its durable outcome."""
         task = trio.lowlevel.current_task()
         token = trio.lowlevel.current_trio_token()
-        self._enqueue(_Job(fn, token=token, task=task))
+        self._enqueue(_Job(fn, touches, token=token, task=task))
         value: Result = await trio.lowlevel.wait_task_rescheduled(_refuse_cancel)
         return value
 
@@ -217,7 +220,7 @@ class Writer(Generic[Ctx]):
             else:
                 future.set_result(result.unwrap())
 
-        self._enqueue(_Job(fn, deliver))
+        self._enqueue(_Job(fn, deliver=deliver))
         return future.result()
 
     def _enqueue(self, job: _Job) -> None:
