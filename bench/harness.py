@@ -35,9 +35,9 @@ PNG bar chart next to it when matplotlib is installed. The table has the CPU sha
 provider process (``/proc/<pid>/stat`` utime + stime read at the edges of the
 window), so a reader can see which side is bound.
 
-``--quick``: a smoke run of a few seconds through the same path (N=100,
-concurrency 25, the faults and realistic scenarios, every system, a 10-job crash soak
-with 1 kill);
+``--quick``: a smoke run of a few seconds through the same path (N=50,
+concurrency 25, the faults and realistic scenarios (the latter streamed in 20-50 deltas),
+every system, a 10-job crash soak with 1 kill);
 it writes no results file unless ``--out`` is given. Without the ``bench`` extra
 (DBOS, matplotlib) the DBOS row and the PNG are skipped and the output says so.
 """
@@ -435,7 +435,7 @@ def write_png(results: dict[tuple[str, str], dict[str, Any]], n: int, path: Path
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, help="jobs per run (default 5000; quick 100)")
+    parser.add_argument("--n", type=int, help="jobs per run (default 5000; quick 50)")
     parser.add_argument("--concurrency", type=int, default=None, help="1000; quick 25")
     parser.add_argument("--mode", choices=["websocket", "sse"], default="websocket")
     parser.add_argument("--faults", default=DEFAULT_FAULTS,
@@ -448,9 +448,10 @@ def main() -> None:
                         help="a smoke run of a few seconds through the same path (no file)")
     parser.add_argument("--out", default=None,
                         help="results file (default bench/results/harness.md; quick: none)")
-    parser.add_argument("--realistic", default="200:500", metavar="LOW:HIGH",
+    parser.add_argument("--realistic", default=None, metavar="LOW:HIGH",
                         help="the realistic scenario: ~1,400-character answers streamed in "
-                        "LOW..HIGH delta events, no faults ('' to skip it; default 200:500)")
+                        "LOW..HIGH delta events, no faults ('' to skip it; default 200:500; "
+                        "quick 20:50)")
     parser.add_argument("--no-png", action="store_true")
     parser.add_argument("--count-fsyncs", action="store_true",
                         help="instead: count sync syscalls per job under strace (runs n and 4n, "
@@ -486,7 +487,9 @@ def main() -> None:
         ]))
         print(f"wrote {out}")
         return
-    args.n = args.n or (100 if args.quick else 5000)
+    args.n = args.n or (50 if args.quick else 5000)
+    if args.realistic is None:
+        args.realistic = "20:50" if args.quick else "200:500"
     soak_jobs = args.soak_jobs or (10 if args.quick else 1000)
     soak_kills = args.soak_kills if args.soak_kills is not None else (1 if args.quick else 20)
     warmup = args.warmup if args.warmup is not None else max(1, args.concurrency // 4)

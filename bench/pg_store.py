@@ -113,10 +113,10 @@ def main() -> None:
     parser.add_argument("--mode", choices=("websocket", "sse"), default="websocket")
     parser.add_argument("--no-dbos", action="store_true")
     parser.add_argument("--quick", action="store_true",
-                        help="100 jobs, concurrency 50; batches of 100 jobs")
+                        help="50 jobs, concurrency 25; batches of 30 jobs")
     args = parser.parse_args()
     if args.quick:
-        args.n, args.concurrency, args.batch_jobs = 100, 50, 100
+        args.n, args.concurrency, args.batch_jobs = 50, 25, 30
     _common.raise_fd_limit()
     cluster = start_cluster()
     try:

@@ -130,9 +130,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--mode", choices=("websocket", "sse"), default="websocket")
     parser.add_argument("--kills", type=int, default=0)
-    parser.add_argument("--quick", action="store_true", help="200 jobs (the suite's check)")
+    parser.add_argument("--quick", action="store_true", help="50 jobs (the suite's check)")
     args = parser.parse_args()
-    jobs = 200 if args.quick else args.jobs
+    jobs = 50 if args.quick else args.jobs
     counts = args.workers or [0, 1, 2]
     print(f"{jobs} jobs per run, --concurrency {args.concurrency}, {args.mode}, "
           f"{os.cpu_count()} cores, provider in its own process"

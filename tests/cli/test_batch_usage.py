@@ -111,6 +111,12 @@ def test_a_bad_price_file_is_a_usage_error_before_anything_runs(
     assert proc.returncode == 2
     assert "--prices" in proc.stderr and needle in proc.stderr
     assert not out.exists() and not Path(str(out) + ".store").exists()
+
+
+def test_a_missing_price_file_is_a_usage_error(tmp_path: Path) -> None:
+    # Once, not in every case above: it reads no content, so the content never mattered.
+    jobs = write_jobs(tmp_path / "jobs.jsonl", [job_line(0)])
+    out = tmp_path / "out.jsonl"
     missing = run_cli("batch", str(jobs), "--out", str(out), "--prices", str(tmp_path / "no"))
     assert missing.returncode == 2 and "cannot read the price file" in missing.stderr
 

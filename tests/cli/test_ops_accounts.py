@@ -5,10 +5,12 @@ account given by ``--account``; ``recoverable retry`` links a new budget to a sp
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 from pathlib import Path
 
 import msgspec
+import pytest
 
 import recoverable
 
@@ -24,8 +26,11 @@ def _stat(summary: str, name: str) -> str:
     raise AssertionError(f"{name!r} not in the summary:\n{summary}")
 
 
-def _saved_but_uncommitted(tmp_path: Path) -> tuple[str, str]:
-    """(store, operation id) of a job killed right after its receipt was saved."""
+@pytest.fixture(scope="module")
+def _killed_batch_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """(store, operation id) of a job killed right after its receipt was saved. Made once
+    per module (a batch process and its SIGKILL); each test works on a copy of it."""
+    tmp_path = tmp_path_factory.mktemp("killed-batch")
     store_dir = tmp_path / "store"
     jobs = write_jobs(tmp_path / "saved.jsonl", [job_line(3)])
     killed = run_cli("batch", str(jobs), "--out", str(tmp_path / "out.jsonl"), "--store",
@@ -34,11 +39,25 @@ def _saved_but_uncommitted(tmp_path: Path) -> tuple[str, str]:
     listing = run_cli("inventory", "--store", str(store_dir), *ACCOUNT, "--json")
     (status,) = msgspec.json.decode(listing.stdout, type=recoverable.Inventory).operations
     assert status.has_saved_completion
-    return str(store_dir), status.operation_id
+    return store_dir, status.operation_id
 
 
-def test_ops_commands_act_only_within_the_given_account(tmp_path: Path) -> None:
-    s, op_id = _saved_but_uncommitted(tmp_path)
+@pytest.fixture
+def saved_but_uncommitted(
+    _killed_batch_store: tuple[Path, str], tmp_path: Path
+) -> tuple[str, str]:
+    """A fresh copy of that store (the writer was SIGKILLed and is gone: the files are
+    what it left), and the operation id."""
+    original, op_id = _killed_batch_store
+    store_dir = tmp_path / "store"
+    shutil.copytree(original, store_dir)
+    return str(store_dir), op_id
+
+
+def test_ops_commands_act_only_within_the_given_account(
+    saved_but_uncommitted: tuple[str, str]
+) -> None:
+    s, op_id = saved_but_uncommitted
     # Read-only status without --account: redacted (it exists, nothing more).
     bare = run_cli("status", "--store", s, op_id, "--json")
     assert bare.returncode == 0, bare.stderr
@@ -72,8 +91,8 @@ def test_ops_commands_act_only_within_the_given_account(tmp_path: Path) -> None:
     assert run_cli("receipt", "--store", s, *ACCOUNT, op_id).returncode == 0
 
 
-def test_cancel_of_a_saved_result_needs_force(tmp_path: Path) -> None:
-    s, op_id = _saved_but_uncommitted(tmp_path)
+def test_cancel_of_a_saved_result_needs_force(saved_but_uncommitted: tuple[str, str]) -> None:
+    s, op_id = saved_but_uncommitted
     refused = run_cli("cancel", "--store", s, *ACCOUNT, op_id)
     assert refused.returncode == 2
     assert "saved, validated result" in refused.stderr and "--force" in refused.stderr

@@ -75,13 +75,13 @@ def posts(info: dict[str, Any]) -> Counter[str]:
     return Counter((r["attempt_id"] or "?").rsplit(".", 1)[0] for r in log)
 
 
-def turn_on(store_path: Path | str) -> None:
+def turn_on(store_path: Path | str, delay: float = DELAY) -> None:
     recoverable.RecoveryStore.open(str(store_path)).close()  # a fresh store
     got = run_cli("config", "get", "continuation.enabled", "--store", str(store_path), "--json")
     assert got.returncode == 0, got.stderr
     assert json.loads(got.stdout)["value"] is False  # off by default
     for key, value in (("continuation.enabled", "true"),
-                       ("continuation.delay_seconds", str(DELAY))):
+                       ("continuation.delay_seconds", str(delay))):
         done = run_cli("config", "set", key, value, "--store", str(store_path))
         assert done.returncode == 0, done.stderr
     got = run_cli("config", "get", "continuation.enabled", "--store", str(store_path))
@@ -218,10 +218,7 @@ async def test_a_worker_killed_around_the_dispatch_leaves_exactly_one_continuati
     decided the continuation, or right after its dispatch; another worker finishes with
     exactly one successor and one generation for it."""
     store_path = store_location  # a directory (LMDB) or a database URL (PostgreSQL)
-    turn_on(store_path)
-    done = run_cli("config", "set", "continuation.delay_seconds", "0", "--store",
-                   str(store_path))
-    assert done.returncode == 0
+    turn_on(store_path, delay=0)
     backend = recoverable.ResponsesBackend(
         provider["http_url"], mode="sse",
         credentials=recoverable.StaticCredentials("sk-continuation-test", account=ACCOUNT),
@@ -271,11 +268,9 @@ def test_an_interrupted_batch_counts_a_pending_continuation_unfinished_and_a_rer
     tmp_path: Path, provider: dict[str, Any]
 ) -> None:
     store_path = tmp_path / "store"
-    turn_on(store_path)
     # Long enough to interrupt the batch while it waits (the due time is persisted at the
     # decision), short enough for the rerun to wait it out.
-    assert run_cli("config", "set", "continuation.delay_seconds", "8", "--store",
-                   str(store_path)).returncode == 0
+    turn_on(store_path, delay=8)
     write_jobs(tmp_path / "jobs.jsonl", [job_line(1)])
     out = tmp_path / "out.jsonl"
     args = ("batch", str(tmp_path / "jobs.jsonl"), "--out", str(out), "--store",
