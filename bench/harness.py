@@ -20,9 +20,10 @@ with ``--faults`` (default ``disconnect=0.05,rate_limited=0.05,seed=1``) and onc
 for the realistic scenario (``--realistic 200:500``: answers of ~1,400 characters, each
 streamed in 200-500 delta events, no faults; the tiny scenarios stream 4). Every
 (scenario, system) runs in its own fresh worker process (so peak RSS is per
-system) after an untimed warm-up of concurrency/4 jobs. (a), (c) and (d) make
-the same host commit per job: a line in a group-committed, fsynced JSON-lines
-log. DBOS needs ``pip install -e '.[bench]'``; without it (c) is reported as
+system) after an untimed warm-up of as many jobs as the concurrency (so that every
+timed window starts with all its connections open; concurrency/4 until 2026-12-01).
+(a), (c) and (d) make the same host commit per job: a line in a group-committed, fsynced
+JSON-lines log. DBOS needs ``pip install -e '.[bench]'``; without it (c) is reported as
 not installed.
 
 Duplicates after random kills are measured for (a) only, with the crash soak
@@ -457,7 +458,9 @@ def main() -> None:
                         help="instead: count sync syscalls per job under strace (runs n and 4n, "
                              "no faults; default n=250) and write bench/results/harness_fsyncs.md")
     parser.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
-    parser.add_argument("--warmup", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--warmup", type=int, default=None,
+                        help="untimed jobs first, at the same concurrency (default: the "
+                        "concurrency, so every connection is open when the window starts)")
     parser.add_argument("--base-url", help=argparse.SUPPRESS)
     parser.add_argument("--requests-url", help=argparse.SUPPRESS)
     parser.add_argument("--dir", help=argparse.SUPPRESS)
@@ -492,7 +495,9 @@ def main() -> None:
         args.realistic = "20:50" if args.quick else "200:500"
     soak_jobs = args.soak_jobs or (10 if args.quick else 1000)
     soak_kills = args.soak_kills if args.soak_kills is not None else (1 if args.quick else 20)
-    warmup = args.warmup if args.warmup is not None else max(1, args.concurrency // 4)
+    # As many untimed jobs as the concurrency, for every system: each timed window starts
+    # with all its connections open (the steady state of a long-running host).
+    warmup = args.warmup if args.warmup is not None else args.concurrency
     systems = args.system or list(SYSTEMS)
     # (name, provider faults, more provider options, worker environment)
     scenarios: list[tuple[str, str | None, list[str], dict[str, str]]] = [
