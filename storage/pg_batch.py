@@ -58,7 +58,7 @@ TABLE_INDEX: Final[dict[str, int]] = {name: index for index, name in enumerate(S
 # bytes is never tracked by the garbage collector, and a tuple per read was (issue 17).
 _TAG: Final[dict[str, bytes]] = {name: bytes((index,)) for name, index in TABLE_INDEX.items()}
 _META: Final = sql_table("meta")
-_META_TAG: Final = TABLE_INDEX[_META]
+_META_INDEX: Final = TABLE_INDEX[_META]  # a row id's first byte, as an int
 _DELETED: Final = None  # a buffered delete (and, in the cache, a row known to be absent)
 _BY_OPERATION: Final = frozenset(
     sql_table(table) for table in ("operations", "commands", "leases", "dispositions")
@@ -216,7 +216,7 @@ class RowCache:
 def changed_keys(written: Iterable[bytes]) -> list[bytes] | None:
     """The rows a batch wrote (row ids), for ``recoverable_changes`` (None: too many to
     log)."""
-    entries = [rid for rid in written if rid[0] != _META_TAG]
+    entries = [rid for rid in written if rid[0] != _META_INDEX]
     return None if len(entries) > MAX_LOGGED_KEYS else entries
 
 

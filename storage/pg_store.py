@@ -428,11 +428,8 @@ class PgStore(RecoveryStore):
 
     def other_live_owners(self) -> list[str]:
         """The other owners whose lock is held and whose heartbeat has not expired."""
-        rows = self._query("SELECT owner_id FROM recoverable_owners", ())
-        return [
-            str(row[0]) for row in rows
-            if row[0] != self._owner_id and self.owner_is_live(str(row[0]))
-        ]
+        rows = self._query(LIVE_OWNERS, (LOCK_NAMESPACE,))  # one statement for them all
+        return [str(row[0]) for row in rows if row[0] != self._owner_id]
 
     def commit_listener(self) -> CommitListener:
         """A LISTEN connection for one lifecycle monitor (``actors/monitor.py`` uses it
