@@ -193,3 +193,19 @@ def test_the_queue_is_read_in_one_statement_with_lmdbs_rules(pg_url: str) -> Non
         late = store.queued()[-1].serial
         page = store.queued(after_serial=entries[-1].serial, limit=2)
         assert [e.operation_id for e in page] == ["op-late"] and page[0].serial == late
+
+
+def test_other_live_owners_lists_another_open_owner_until_it_closes(pg_url: str) -> None:
+    """``other_live_owners`` (``migrate-store`` refuses a source someone else has open):
+    the other owner while its advisory lock is held, never this one, none once it closed."""
+    mine = RecoveryStore.open(pg_url)
+    other = RecoveryStore.open(pg_url + "?sslmode=disable")
+    try:
+        assert isinstance(mine, PgStore) and isinstance(other, PgStore)
+        assert mine.other_live_owners() == [other.owner_id]
+        assert other.other_live_owners() == [mine.owner_id]
+        other.close()
+        assert mine.other_live_owners() == []
+    finally:
+        other.close()
+        mine.close()
