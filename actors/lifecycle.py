@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import attrs
 import msgspec
-from recoverable.actors.checks import check_disposition, require_owner
+from recoverable.actors.checks import check_disposition, require_owner, require_signed_in
 from recoverable.storage.base import WriteTransaction as WriteTxn
 from recoverable.storage.leases import lease_blocks
 from recoverable.storage.migration import saved_completion
@@ -92,7 +92,13 @@ def dispose(
         if not existing.removal_complete:
             disposition_marker(existing, txn, operation_id)  # a repeat completes a removal
         return
-    record = txn.get_operation(operation_id)
+    try:
+        record = txn.get_operation(operation_id)
+    except (errors.CorruptRecord, errors.UnsupportedRecordVersion):
+        if disposition != "abandoned":
+            raise  # only a deliberate abandon may remove what cannot be read
+        abandon_unreadable(operation_id, now, account, txn)
+        return
     if record is None:
         raise errors.StateUnavailable("no such operation", operation_id=operation_id)
     require_owner(account, record.account, operation_id)
@@ -129,6 +135,34 @@ def dispose(
             maximum_attempts=record.maximum_attempts,
             usage=record.usage,
         ),
+        txn,
+        operation_id,
+    )
+
+
+def abandon_unreadable(
+    operation_id: str, now: float, account: AccountBinding | None, txn: WriteTxn
+) -> None:
+    """Abandon an operation whose record no longer decodes: the operator's documented
+    repair (``recoverable abandon``). Nothing can be read of it, so nothing of it is
+    ever delivered or generated again; the account's job index, written while it was
+    readable, proves it is this account's. Its content and rows are removed and an
+    ``abandoned`` marker saved, in one transaction (the rerun of its job then prepares
+    a new operation)."""
+    owner = require_signed_in(account, "abandoning needs the operation's account")
+    lease = txn.get_lease(operation_id)
+    if lease is not None and txn.lease_is_live(lease, now):
+        raise errors.OperationBusy(
+            "stop and await the active execution first", operation_id=operation_id
+        )
+    if not txn.remove_unreadable_operation(operation_id, owner):
+        raise errors.AccountChanged(
+            "this account's job index does not name the unreadable operation",
+            operation_id=operation_id,
+        )
+    disposition_marker(
+        DispositionRecord(operation_id=operation_id, disposition="abandoned", at=now,
+                          account=owner),
         txn,
         operation_id,
     )

@@ -87,10 +87,10 @@ def submit_operation(
     queued unless finished."""
     existing = []
     for operation_id in txn.operation_ids_by_job(record.account, record.scope, record.job_id):
-        try:
-            found = txn.get_operation(operation_id)
-        except (errors.CorruptRecord, errors.UnsupportedRecordVersion):
-            continue
+        # An unreadable operation of the job raises its typed error (CorruptRecord,
+        # UnsupportedRecordVersion): it may hold this revision's saved result or spent
+        # budget, so nothing new is prepared for the job until it is restored or abandoned.
+        found = txn.get_operation(operation_id)
         if found is not None and found.input_revision == record.input_revision:
             existing.append(found)
     chosen = choose_job_operation(existing)
@@ -126,7 +126,10 @@ async def submit(
     Submitting the same job and revision again with the same frozen body returns the
     same handle, whatever state the operation is in (nothing is generated again); with
     another body it raises ``JobConflict``. A job whose operation was acknowledged or
-    abandoned is gone from the store: submitting it again creates a new operation.
+    abandoned is gone from the store: submitting it again creates a new operation. A job
+    with an operation whose record cannot be read raises that record's ``CorruptRecord``
+    or ``UnsupportedRecordVersion`` and creates nothing (restore the store, or abandon
+    that operation: an operator's decision).
     """
     if not isinstance(job_id, str):
         raise errors.InvalidRequest("submit needs a job_id (the key of its idempotency)")

@@ -154,6 +154,12 @@ class WriteTransaction(RecordReader, Protocol):
         view, its own writes included)."""
         ...
 
+    def remove_unreadable_operation(self, operation_id: str, account: AccountBinding) -> bool:
+        """Remove a record that no longer decodes and the index entries naming it, when
+        ``account``'s job index names it (False, nothing changed, when it does not): the
+        operator's abandon of a damaged record, whose own account cannot be read."""
+        ...
+
     def enqueue(self, operation_id: str, *, resume: bool = False) -> int:
         """Queue the operation for workers (``storage/queue.py``); an operation already
         queued keeps its serial (only its resume flag is set as given). Returns the serial."""

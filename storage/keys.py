@@ -31,8 +31,10 @@ __all__ = [
     "META_FORMAT",
     "META_SERIAL",
     "PAYLOAD_KINDS",
+    "SOURCE_BOUND",
     "check_next_attempt_at",
     "governor_key",
+    "hosts_account_prefix",
     "hosts_key",
     "hosts_prefix",
     "key_str",
@@ -108,10 +110,16 @@ def _digest(*parts: str | None) -> bytes:
     return digest.digest()
 
 
+def hosts_account_prefix(account: AccountBinding) -> bytes:
+    """The prefix of every index entry of one account (then the scope, the job id and
+    the operation id: :func:`hosts_prefix`)."""
+    return _digest(account.account_id, account.source)
+
+
 def hosts_prefix(
     account: AccountBinding, scope: str | None, job_id: str | None = None, *, with_job: bool
 ) -> bytes:
-    prefix = _digest(account.account_id, account.source) + _digest(scope)
+    prefix = hosts_account_prefix(account) + _digest(scope)
     return prefix + _digest(job_id) if with_job else prefix
 
 
@@ -126,9 +134,12 @@ def source_key(key: str) -> bytes:
     return b"m" + key.encode("utf-8")
 
 
+SOURCE_BOUND: Final = b"b"  # the sources table's bindings (b"m": the manifest rows)
+
+
 def source_bound_prefix(key: str) -> bytes:
     """The prefix of the index entries of the operations bound to a source key."""
-    return b"b" + _digest("source", key)
+    return SOURCE_BOUND + _digest("source", key)
 
 
 def governor_key(endpoint_id: str, account: AccountBinding) -> bytes:

@@ -20,9 +20,12 @@ from recoverable.storage import codec, integrity, queue
 from recoverable.storage.base import TABLES, Table
 from recoverable.storage.keys import (
     COMMAND_KINDS,
+    HASH_BYTES,
     META_BYTES,
     META_SERIAL,
+    SOURCE_BOUND,
     check_next_attempt_at,
+    hosts_account_prefix,
     hosts_key,
     hosts_prefix,
     key_str,
@@ -499,10 +502,33 @@ class WriteTxn(RecordGetters, MutationContext):
     def unbind_source(self, key: str, operation_id: str) -> bool:
         return self._delete("sources", source_bound_prefix(key) + operation_key(operation_id))
 
-    def _scan(self, table: Table, prefix: bytes) -> list[str]:
-        """The key suffixes (operation ids) after ``prefix`` in ``table``."""
-        skip = len(prefix)
-        found: list[str] = []
+    def remove_unreadable_operation(self, operation_id: str, account: AccountBinding) -> bool:
+        """Remove an operation record that no longer decodes, and the index entries that
+        name it, when ``account``'s job index names it; False (nothing changed) when it
+        does not (another account's, or not indexed).
+
+        The operator's repair of a damaged record (``abandon``): its own fields cannot be
+        read, so the index entry written while it was readable says whose it was. The
+        payloads and control rows are the caller's to remove (by operation id)."""
+        key = operation_key(operation_id)
+        skip = 3 * HASH_BYTES  # account, scope and job id digests, then the operation key
+        entries = [
+            entry for entry in self._keys("hosts", hosts_account_prefix(account))
+            if entry[skip:] == key
+        ]
+        if not entries or self._get("operations", key) is None:
+            return False
+        for entry in entries:
+            self._delete("hosts", entry)
+        for entry in self._keys("sources", SOURCE_BOUND):  # its source binding, if any
+            if entry.endswith(key) and len(entry) == len(SOURCE_BOUND) + HASH_BYTES + len(key):
+                self._delete("sources", entry)
+        self._delete("operations", key)
+        return True
+
+    def _keys(self, table: Table, prefix: bytes) -> list[bytes]:
+        """The whole keys that start with ``prefix`` in ``table``."""
+        found: list[bytes] = []
 
         def scan() -> None:
             cursor = self._txn.cursor(db=self._dbs[table])
@@ -511,10 +537,15 @@ class WriteTxn(RecordGetters, MutationContext):
             for key in cursor.iternext(values=False):
                 if not key.startswith(prefix):
                     return
-                found.append(key_str(key[skip:]))
+                found.append(key)
 
         self._lmdb(scan)
         return found
+
+    def _scan(self, table: Table, prefix: bytes) -> list[str]:
+        """The key suffixes (operation ids) after ``prefix`` in ``table``."""
+        skip = len(prefix)
+        return [key_str(key[skip:]) for key in self._keys(table, prefix)]
 
     # -- the queue (storage/queue.py) and the job index --
 

@@ -19,6 +19,7 @@ from typing import Final, Literal, Protocol
 import msgspec
 
 __all__ = [
+    "CLASSIFIED_REASONS",
     "QUOTA_CODES",
     "RATE_LIMIT_NAMES",
     "RETRYABLE_STATUSES",
@@ -50,6 +51,13 @@ FailureReason = Literal[
     "expired",  # the recovery sweep found its owner gone after expires_at
     "no_worker",  # no worker claimed it within the sweep's unclaimed_after bound
 ]
+
+# The reasons :func:`classify` gives: the provider's answer decided them. The execution
+# that meets one raises ``ProviderError`` with the attempt's failure.
+CLASSIFIED_REASONS: Final[frozenset[FailureReason]] = frozenset({
+    "tool_activity", "quota", "response_too_large", "rejected", "provider_failed",
+    "incomplete", "invalid_output",
+})
 
 # HTTP statuses replaced by default (the seed's failure table: 429 follows the retry
 # policy, other statuses only when configured): request timeout, conflict, rate limit and

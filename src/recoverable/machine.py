@@ -51,7 +51,7 @@ from __future__ import annotations
 import msgspec
 
 from recoverable import errors, reattachment
-from recoverable.failure_policy import TRANSPORT_KINDS, backoff_delay, classify
+from recoverable.failure_policy import CLASSIFIED_REASONS, TRANSPORT_KINDS, backoff_delay, classify
 from recoverable.lifecycle import (
     apply_command,
     caller_cancelled,
@@ -148,6 +148,7 @@ __all__ = [
     "completion_validated",
     "credentials_unavailable",
     "derive_status",
+    "ended_error",
     "endpoint_blocked",
     "endpoint_matches",
     "endpoint_unreachable",
@@ -226,6 +227,16 @@ def _terminal_error(rec: OperationRecord) -> errors.RecoveryError:
 
 def terminal_error(rec: OperationRecord) -> errors.RecoveryError:
     """The typed error a failed record stands for (what reopening it raises)."""
+    return _terminal_error(rec)
+
+
+def ended_error(rec: OperationRecord) -> errors.RecoveryError:
+    """What the execution that failed ``rec`` raised: a ``ProviderError`` when the provider's
+    answer decided it (``CLASSIFIED_REASONS``), else what reopening raises (a host told
+    later, through ``wait``, reports it as ``send_recovering``'s caller would have)."""
+    if rec.failure_reason in CLASSIFIED_REASONS and rec.last_failure is not None:
+        return errors.ProviderError(rec.failure_reason, operation_id=rec.operation_id,
+                                    interruption=rec.last_failure)
     return _terminal_error(rec)
 
 

@@ -33,9 +33,9 @@ from typing import Any, Final
 
 import trio
 
-from recoverable import errors
+from recoverable import errors, machine
 from recoverable.cli.host import BatchHost, _JobFailed
-from recoverable.cli.jobs import BATCH_SCOPE, Job
+from recoverable.cli.jobs import Job
 from recoverable.cli.provider import batch_account
 from recoverable.records import OperationRecord
 from recoverable.types import Handle
@@ -147,15 +147,7 @@ class WorkersHost(BatchHost):
         adopted = self.find_existing(job) is not None  # raises revision_conflict
         await self.supersede_older(job)  # issue 16: older revisions of the job
         try:
-            handle = await self.rt.submit(
-                job.request,
-                response=job.response,
-                job_id=job.id,
-                input_revision=job.revision,
-                maximum_attempts=job.max_attempts or self.config.max_attempts,
-                retry_policy=self.policy,
-                scope=BATCH_SCOPE,
-            )
+            handle = await self.rt.submit(job.request, **self.admission(job))
         except errors.JobConflict:
             raise _JobFailed(
                 "revision_conflict",
@@ -168,8 +160,23 @@ class WorkersHost(BatchHost):
         return handle
 
     async def run_operation(self, handle: Handle, job: Job) -> Any:
-        """A worker process runs it; this waits for its saved value (or typed error)."""
-        return await self.rt.wait(handle, response=job.response)
+        """A worker process runs it; this waits for its saved value (or typed error).
+
+        A failure is reported as the execution that ended it raised it (``--workers 0``
+        reports it so): ``wait`` raises the record's reopening error."""
+        try:
+            return await self.rt.wait(handle, response=job.response)
+        except errors.PermanentlyFailed as exc:
+            record = None if exc.operation_id is None else self._record(exc.operation_id)
+            if record is None or record.phase != "failed":
+                raise
+            raise machine.ended_error(record) from None
+
+    def _record(self, operation_id: str) -> OperationRecord | None:
+        try:
+            return self.store.get_operation(operation_id)
+        except errors.RecoveryError:
+            return None
 
     def lanes(self, todo: int) -> int:
         return min(todo, MAX_WAITERS)

@@ -50,6 +50,14 @@ class _JobFailed(Exception):
         self.detail = detail
 
 
+class _Unreadable(Exception):
+    """An operation of the job's id cannot be read: the job waits for an operator."""
+
+    def __init__(self, error: errors.RecoveryError) -> None:
+        super().__init__(error.code)
+        self.error = error
+
+
 @attrs.frozen
 class _Sent:
     """A job whose operation returned its validated result."""
@@ -142,8 +150,11 @@ class BatchHost:
                 if self.store.get_disposition(op_id) is not None:
                     continue
                 record = self.store.get_operation(op_id)
-            except (errors.CorruptRecord, errors.UnsupportedRecordVersion):
-                continue
+            except (errors.CorruptRecord, errors.UnsupportedRecordVersion) as exc:
+                # Fail closed: whatever it held (a saved result, a spent budget, another
+                # revision) is unknown, so nothing is prepared or sent for this job until
+                # an operator decides (restore the store, or abandon the operation).
+                raise _Unreadable(exc) from None
             if record is None:
                 continue
             revision = record.input_revision
@@ -197,18 +208,22 @@ class BatchHost:
         if op_id is not None:
             self.summary.adopted += 1
             return Handle(op_id)
-        handle = await self.rt.prepare(
-            job.request,
-            response=job.response,
-            maximum_attempts=job.max_attempts or self.config.max_attempts,
-            retry_policy=self.policy,
-            scope=BATCH_SCOPE,
-            job_id=job.id,
-            input_revision=job.revision,
-            on_interruption=self.config.on_interruption,
-        )
+        handle = await self.rt.prepare(job.request, **self.admission(job))
         self.summary.prepared += 1
         return handle
+
+    def admission(self, job: Job) -> dict[str, Any]:
+        """What a new operation of this job is prepared (or submitted) with: the same
+        options whether this process runs it or a worker does (``--workers N``)."""
+        return {
+            "response": job.response,
+            "maximum_attempts": job.max_attempts or self.config.max_attempts,
+            "retry_policy": self.policy,
+            "scope": BATCH_SCOPE,
+            "job_id": job.id,
+            "input_revision": job.revision,
+            "on_interruption": self.config.on_interruption,
+        }
 
     async def run_operation(self, handle: Handle, job: Job) -> Any:
         """Run the job's operation here, to its validated value (``--workers 0``).
@@ -252,6 +267,8 @@ class BatchHost:
             return _Sent(handle, value, self._count_tokens(handle.operation_id))
         except _JobFailed as failed:
             self._failed(job, failed.reason, failed.detail)
+        except _Unreadable as unreadable:
+            self._unreadable(job, unreadable.error)
         except errors.OperationSuspended:
             self.summary.unfinished += 1
             self.say(f"job {job.id!r} (line {job.lineno}): suspended from outside; rerun to resume")
@@ -322,6 +339,25 @@ class BatchHost:
         except errors.RecoveryError as exc:
             # The line is durable: a rerun acknowledges it without writing again.
             self.say(f"warning: job {job.id!r}: acknowledge failed ({exc.code}); rerun to finish")
+
+    def _unreadable(self, job: Job, error: errors.RecoveryError) -> None:
+        """A job whose operation cannot be read: unfinished, told, never prepared again."""
+        self.summary.unfinished += 1
+        op_id = error.operation_id
+        store = redact_url(self.config.store_path)
+        hint = (
+            f"restore the store from a backup, or give the operation up with `recoverable "
+            f"abandon --store {store} --account {self.account.account_id} {op_id}` (a rerun "
+            "then prepares the job anew and generates it again)"
+        )
+        if self.errors_log is not None:
+            self.errors_log.write(JobError(
+                job_id=job.id, revision=job.revision, lineno=job.lineno, code=error.code,
+                reason=error.code, message=str(error), operation_id=op_id, hint=hint,
+            ))
+        self.say(f"job {job.id!r} revision {job.revision!r} (line {job.lineno}): not run: its "
+                 f"operation {op_id} cannot be read ({error.code}); nothing is prepared or "
+                 f"sent for it until you decide: {hint}")
 
     def _suggestion(self, operation_id: str) -> str | None:
         """What to do about a failed operation, as one instruction (or None)."""
@@ -444,8 +480,8 @@ class BatchHost:
                     Handle(op_id), retry_action_id=action,
                     maximum_attempts=status.maximum_attempts,
                 )
-            except _JobFailed:
-                continue  # the run reports it (revision_conflict)
+            except (_JobFailed, _Unreadable):
+                continue  # the run reports it (revision_conflict, an unreadable record)
             except errors.RecoveryError as exc:
                 self.say(f"job {job.id!r} revision {job.revision!r} (line {job.lineno}): "
                          f"--retry-failed: no successor created ({exc.code}: {exc})")
