@@ -279,14 +279,22 @@ def _stalled_batch(tmp_path: Path) -> Iterator[tuple[Path, Path, str]]:
             proc.wait()
 
 
-def test_a_job_another_process_runs_is_reported_as_such(tmp_path: Path) -> None:
+def test_a_second_batch_on_a_running_store_is_refused_and_suspend_is_requested(
+    tmp_path: Path,
+) -> None:
+    """A second batch on the store of a running one, with another result log, is refused
+    before anything runs (one store, one result log), naming the first's; the first keeps
+    running. ``suspend`` next to it is requested, never "is now running"."""
     with _stalled_batch(tmp_path) as (jobs, store_dir, op_id):
-        second = run_cli("batch", str(jobs), "--out", str(tmp_path / "b.jsonl"),
-                         "--store", str(store_dir))
-        assert second.returncode == 1
-        assert "another process is running" in second.stderr
-        assert "abandon" not in second.stderr
-        assert _stat(second.stdout, "unfinished") == "1"
+        other = tmp_path / "b.jsonl"
+        second = run_cli("batch", str(jobs), "--out", str(other), "--store", str(store_dir))
+        assert second.returncode == 2, second.stderr
+        assert f"in {tmp_path / 'a.jsonl'}" in second.stderr
+        assert "another --store" in second.stderr and "abandon" not in second.stderr
+        assert other.read_bytes() == b""  # nothing was run or written
+        listing = run_cli("inventory", "--store", str(store_dir), *ACCOUNT, "--json")
+        (operation,) = json.loads(listing.stdout)["operations"]
+        assert operation["availability"] == "running"  # the first batch still holds it
         # suspend/cancel next to the running process: requested, never "is now running".
         suspended = run_cli("suspend", "--store", str(store_dir), *ACCOUNT, op_id)
         assert suspended.returncode == 0, suspended.stderr

@@ -24,16 +24,18 @@ from recoverable import errors
 from recoverable.actors.runtime import Runtime, open_runtime
 from recoverable.cli.batch_workers import WorkersHost
 from recoverable.cli.config import BatchConfig
-from recoverable.cli.exits import EXIT_INTERRUPTED, EXIT_USAGE
+from recoverable.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE
 from recoverable.cli.gc_tuning import tuned_collector
 from recoverable.cli.host import BatchHost
 from recoverable.cli.jobs import Job, JobsFile, read_jobs
+from recoverable.cli.output_files import BatchFiles, check_batch_files
 from recoverable.cli.progress import Messages, ProgressDisplay, Terminal
 from recoverable.cli.provider import FIXTURE_NOTICE, batch_account, open_backend
 from recoverable.cli.report import BatchSummary, ErrorLog, JobError
-from recoverable.cli.result_log import ResultLog, ResultLogError, check_output_path
+from recoverable.cli.result_log import ResultLog, ResultLogError
+from recoverable.cli.store_binding import bind_result_log
 from recoverable.pricing import builtin_prices
-from recoverable.storage.store import RecoveryStore
+from recoverable.storage.store import RecoveryStore, redact_url, url_scheme
 from recoverable.transport.base import validate_api_key
 from recoverable.transport.connect import EndpointGate
 
@@ -180,7 +182,11 @@ def _usage_problem(config: BatchConfig, jobs_file: JobsFile) -> str | None:
     if config.revision is not None and jobs_file.format == "recoverable":
         return ("--revision applies to OpenAI Batch API lines only; the job lines of this "
                 "file carry their own revision")
-    problem = check_output_path(config.jobs_path, config.out_path)
+    problem = check_batch_files(BatchFiles(
+        jobs=config.jobs_path, out=config.out_path, store=config.store_path,
+        errors=config.errors_path, prices=config.prices_path,
+        store_is_directory=url_scheme(config.store_path) is None,
+    ))
     if problem is not None:
         return problem
     if config.endpoint != "fixture":
@@ -193,11 +199,6 @@ def _usage_problem(config: BatchConfig, jobs_file: JobsFile) -> str | None:
         except errors.InvalidCredentials as exc:
             # Before any store or output is touched: a key that cannot be sent is a usage error.
             return str(exc)
-    path = config.errors_path
-    if path is not None and os.path.abspath(path) in (
-        os.path.abspath(config.out_path), os.path.abspath(config.jobs_path)
-    ):
-        return f"--errors {path} is the jobs or the output file: use another"
     return None
 
 
@@ -242,24 +243,38 @@ def _run_logged(
                            f"{exc.strerror or exc}")
             return EXIT_USAGE
         summary.errors_path = config.errors_path
+    started = False
     try:
         try:
             store = RecoveryStore.open(config.store_path)
         except errors.RecoveryError as exc:
             terminal.error(f"recoverable batch: cannot open the store: {exc}")
             return EXIT_USAGE
-        messages = Messages(terminal, live=terminal.isatty())
-        run = _BatchRun(config, jobs_file.jobs, log, store, summary, messages, errors_log)
         try:
-            trio.run(run.run, restrict_keyboard_interrupt_to_checkpoints=True)
-        except BaseException as exc:
-            if not _only(exc, KeyboardInterrupt):
-                raise
-            summary.interrupted = True  # Ctrl-C before the signal watcher was installed
+            try:
+                refused = bind_result_log(store, batch_account(config), log.path,
+                                          store_name=redact_url(config.store_path))
+            except errors.RecoveryError as exc:
+                terminal.error(f"recoverable batch: cannot use the store: {exc.code}: {exc}")
+                return EXIT_FAILED
+            if refused is not None:
+                terminal.error(f"recoverable batch: {refused}")
+                return EXIT_USAGE
+            messages = Messages(terminal, live=terminal.isatty())
+            run = _BatchRun(config, jobs_file.jobs, log, store, summary, messages, errors_log)
+            started = True
+            try:
+                trio.run(run.run, restrict_keyboard_interrupt_to_checkpoints=True)
+            except BaseException as exc:
+                if not _only(exc, KeyboardInterrupt):
+                    raise
+                summary.interrupted = True  # Ctrl-C before the signal watcher was installed
         finally:
             store.close()
     finally:
-        if errors_log is not None:
+        if errors_log is not None and not started:
+            errors_log.discard()  # refused before it ran: the errors file stays as it was
+        elif errors_log is not None:
             errors_log.close()
             summary.errors_written = errors_log.written
     return None

@@ -43,6 +43,7 @@ class BatchConfig:
     # default replaces none); ``--retry-provider-codes`` overrides, "" disables.
     retry_provider_codes: frozenset[str] = DEFAULT_RETRY_PROVIDER_CODES
     prices: PriceTable | None = None  # --prices FILE (None: the dated built-in estimate)
+    prices_path: str | None = None  # that FILE (an input the outputs must not be)
     # Issue 19.5: the shape of the --out lines ("recoverable" or "openai-batch"), the
     # --errors file, --retry-failed, and the --revision of Batch API lines.
     output_format: str = "recoverable"

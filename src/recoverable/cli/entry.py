@@ -135,6 +135,7 @@ def _batch_config(args: argparse.Namespace) -> BatchConfig:
             else DEFAULT_RETRY_PROVIDER_CODES
         ),
         prices=prices,
+        prices_path=args.prices,
         output_format=args.output_format,
         errors_path=None if args.errors is None else os.path.abspath(args.errors),
         retry_failed=args.retry_failed,

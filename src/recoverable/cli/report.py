@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 from collections import Counter
 from collections.abc import Callable
 from typing import IO, Any
@@ -15,7 +16,9 @@ from recoverable import errors
 from recoverable.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from recoverable.pricing import PriceTable, TokenLedger
 
-__all__ = ["BatchSummary", "ErrorLog", "JobError", "failure_reason"]
+__all__ = ["TEMPORARY_SUFFIX", "BatchSummary", "ErrorLog", "JobError", "failure_reason"]
+
+TEMPORARY_SUFFIX = ".recoverable-tmp"  # an errors file being written (renamed at the end)
 
 
 def failure_reason(exc: errors.RecoveryError) -> str:
@@ -131,15 +134,29 @@ class JobError:
 
 class ErrorLog:
     """The ``--errors`` file: one JSON line per failed job (and per skipped job line) of
-    this run, written as it happens; rewritten by every run. A write failure is told
-    once and never stops the batch."""
+    this run; replaced by every run. The lines are written to a new file beside the path
+    as they happen, and that file is renamed over the path when the run ends
+    (:meth:`close`): a file already at the path is never truncated or written through,
+    and a link there is replaced, not followed (``cli/output_files.py`` checked that
+    whatever is there is an errors file). A write failure is told once and never stops
+    the batch; a run refused before it started leaves the path as it was
+    (:meth:`discard`)."""
 
     def __init__(self, path: str, output_format: str, say: Callable[[str], None]) -> None:
         self.path = path
         self.output_format = output_format
         self.say = say
         self.written = 0
-        self._fh: IO[bytes] | None = open(path, "wb")  # closed by close()
+        directory, name = os.path.split(os.path.abspath(path))
+        _remove_orphans(directory, name)
+        fd, temporary = tempfile.mkstemp(
+            prefix=f".{name}.{os.getpid()}.", suffix=TEMPORARY_SUFFIX, dir=directory
+        )
+        self._temporary: str | None = temporary
+        mask = os.umask(0)
+        os.umask(mask)
+        os.fchmod(fd, 0o666 & ~mask)  # as open() would have made it
+        self._fh: IO[bytes] | None = os.fdopen(fd, "wb")  # closed by close()
 
     def write(self, error: JobError) -> None:
         if self._fh is None:
@@ -177,17 +194,66 @@ class ErrorLog:
                 }
 
     def close(self) -> None:
-        if self._fh is None:
+        """Put the lines written at the path (one rename, then the directory synced)."""
+        if self._fh is not None:
+            try:
+                self._fh.flush()
+                os.fsync(self._fh.fileno())
+            except (OSError, ValueError) as exc:
+                self.say(f"warning: cannot sync the errors file {self.path} ({exc})")
+            self._close_quietly()
+        temporary, self._temporary = self._temporary, None
+        if temporary is None:
             return
         try:
-            self._fh.flush()
-            os.fsync(self._fh.fileno())
-        except (OSError, ValueError) as exc:
-            self.say(f"warning: cannot sync the errors file {self.path} ({exc})")
+            os.replace(temporary, self.path)
+            directory = os.open(os.path.dirname(os.path.abspath(self.path)),
+                                os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                os.fsync(directory)
+            finally:
+                os.close(directory)
+        except OSError as exc:
+            self.say(f"warning: cannot write the errors file {self.path} ({exc.strerror}); "
+                     "the failures are still counted in the summary")
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+
+    def discard(self) -> None:
+        """Leave the path as it was: the run did not start."""
         self._close_quietly()
+        temporary, self._temporary = self._temporary, None
+        if temporary is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
 
     def _close_quietly(self) -> None:
         fh, self._fh = self._fh, None
         if fh is not None:
             with contextlib.suppress(OSError, ValueError):
                 fh.close()
+
+
+def _remove_orphans(directory: str, name: str) -> None:
+    """Remove the errors files being written by runs that were killed (their process is
+    gone): ``.NAME.PID.XXXXXXXX.recoverable-tmp``, ours by name."""
+    prefix = f".{name}."
+    with contextlib.suppress(OSError):
+        for entry in os.listdir(directory):
+            if not (entry.startswith(prefix) and entry.endswith(TEMPORARY_SUFFIX)):
+                continue
+            pid = entry[len(prefix):].split(".", 1)[0]
+            if not (pid.isascii() and pid.isdigit()) or _alive(int(pid)):
+                continue
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(directory, entry))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # it exists (another user's): leave its file alone
+    return True

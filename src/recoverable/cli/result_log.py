@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import stat
 from typing import Any, Final
 
 import attrs
@@ -29,7 +28,6 @@ __all__ = [
     "ResultLine",
     "ResultLog",
     "ResultLogError",
-    "check_output_path",
     "encode_batch_output_line",
     "encode_result_line",
 ]
@@ -369,25 +367,3 @@ def _is_torn_result_line(data: bytes, output_format: str = "recoverable") -> boo
         pos += 1
     rest = data[pos:]
     return any(tag.startswith(rest[: len(tag)]) for tag in tails)
-
-
-def check_output_path(jobs_path: str, out_path: str) -> str | None:
-    """Why ``out_path`` cannot be the batch's commit log, if it cannot (checked before
-    anything is sent): not a regular file (``/dev/null``, a directory, a FIFO), or the
-    jobs file itself (same inode, also through another name or a link)."""
-    try:
-        out_stat = os.stat(out_path)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        return f"cannot use {out_path}: {exc.strerror}"
-    if not stat.S_ISREG(out_stat.st_mode):
-        return (f"--out {out_path} is not a regular file: the results must be kept in a "
-                "file (a rerun reads them back)")
-    try:
-        jobs_stat = os.stat(jobs_path)
-    except OSError:
-        return None
-    if (jobs_stat.st_dev, jobs_stat.st_ino) == (out_stat.st_dev, out_stat.st_ino):
-        return f"--out {out_path} is the jobs file itself: use another --out file"
-    return None
