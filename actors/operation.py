@@ -39,6 +39,10 @@ __all__ = ["Authorize", "OperationActor"]
 class OperationActor(Reattacher):
     """One execution of an operation: the loop over the machine's actions."""
 
+    # The authorization callback is a standing policy with no caller to tell (a detached
+    # execution: a worker's): a failure of it is saved as the operation's failure.
+    standing_policy: bool = False
+
     # --- the loop -------------------------------------------------------------------
 
     async def run(
@@ -147,9 +151,30 @@ class OperationActor(Reattacher):
             # A callback exception escapes unchanged: nothing spent, no renewal, no retry.
             # A plain ``def`` is accepted too: it runs inline and cannot be interrupted.
             reply = self.authorize(attempt)
-            return bool(await reply if inspect.isawaitable(reply) else reply)
+            answer = await reply if inspect.isawaitable(reply) else reply
+            if type(answer) is not bool:  # only True authorizes; "yes" is a host defect
+                raise errors.AuthorizationFailed(
+                    f"it returned {type(answer).__name__}", operation_id=self.operation_id,
+                    attempt_id=attempt.attempt_id,
+                )
+            return answer
 
-        approved = await self._interruptible(ask())
+        try:
+            approved = await self._interruptible(ask())
+        except Exception as exc:
+            if not self.standing_policy:
+                raise
+            # A worker's policy: nobody would hear the error, so it is saved (nothing spent).
+            detail = (
+                exc.args[0] if isinstance(exc, errors.AuthorizationFailed)
+                else f"it raised {type(exc).__name__}"
+            )
+            failed = await self._advance(
+                lambda _: machine.authorization_failed(current, attempt.attempt_id, detail)
+            )
+            assert isinstance(failed.action, machine.Stop)
+            host.telemetry.emit_stop(self.operation_id, failed.action.error)
+            raise failed.action.error from exc
         if isinstance(approved, Cut) or self._watch().account_stop is not None:
             # A late answer after a sign-out authorizes nothing (nothing is spent).
             return await self._on_stop(current)

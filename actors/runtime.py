@@ -294,6 +294,7 @@ class Runtime:
         """
         contract: ResponseContract = contract_for(response)
         actor = OperationActor(self, handle.operation_id, contract, authorize)
+        actor.standing_policy = not attached
         run: Callable[[], Awaitable[Any]] = functools.partial(
             actor.run,
             expected_contract_version=(

@@ -45,6 +45,7 @@ TOP_LEVEL = {
     "contract": CORE,
     "error_base": CORE,
     "errors": CORE,
+    "failure_errors": CORE,
     "failure_text": CORE,
     "failure_policy": CORE,
     "lifecycle": CORE,

@@ -1303,3 +1303,22 @@ def test_status_terminal_states_win_over_an_endpoint_failure() -> None:
                       endpoint_failure="connect_refused")
     s = m.derive_status(failed, now=T0, lease_live=False, viewer=ALICE)
     assert s.availability == "exhausted" and s.endpoint_failure is None
+
+
+
+def test_a_failed_standing_authorization_is_a_terminal_failure_with_nothing_spent() -> None:
+    """A worker's policy that raised: saved as ``authorization_failed``, the pending
+    attempt dropped, no budget spent; reopening raises the same typed error."""
+    rec = _authorizing()
+    attempt_id = rec.pending.attempt_id if rec.pending is not None else ""
+    step = m.authorization_failed(rec, attempt_id, "it raised RuntimeError")
+    failed = step.record
+    assert (failed.phase, failed.failure_reason, failed.pending) == (
+        "failed", "authorization_failed", None,
+    )
+    assert failed.attempts_used == rec.attempts_used
+    assert isinstance(step.action, m.Stop)
+    assert isinstance(step.action.error, errors.AuthorizationFailed)
+    assert step.action.error.attempt_id == attempt_id
+    assert isinstance(m.terminal_error(failed), errors.AuthorizationFailed)
+    assert isinstance(m.ended_error(failed), errors.AuthorizationFailed)

@@ -40,6 +40,7 @@ EVENTS: dict[m.Event, Callable[[OperationRecord], Transition]] = {
     "open": lambda rec: open_(rec),
     "wake": lambda rec: m.wake(rec, ctx()),
     "authorization_answered": lambda rec: m.authorization_answered(rec, ATTEMPT, True, ctx()),
+    "authorization_failed": lambda rec: m.authorization_failed(rec, ATTEMPT, "it raised"),
     "endpoint_unreachable": lambda rec: m.endpoint_unreachable(rec, ATTEMPT, "connect_refused"),
     "credentials_unavailable": lambda rec: m.credentials_unavailable(rec, ATTEMPT),
     "progress": lambda rec: m.progress(rec, ATTEMPT, "resp_1", 3),

@@ -21,6 +21,7 @@ __all__ = [
     "AttemptNotAuthorized",
     "AttemptsExhausted",
     "AuthenticationRequired",
+    "AuthorizationFailed",
     "CompletionUnavailable",
     "ConfigurationUnavailable",
     "CorruptRecord",
@@ -151,6 +152,38 @@ class AttemptNotAuthorized(RecoveryError):
 
     def _todo(self) -> str:
         return "call send_recovering again when the attempt may be sent, or abandon the operation"
+
+
+class AuthorizationFailed(RecoveryError):
+    """The host's authorization callback did not answer: it raised, or returned something
+    other than ``True`` or ``False``. Only ``True`` authorizes. Nothing was spent.
+
+    ``send_recovering``'s own callback that raises still raises its own exception
+    unchanged; this error is raised there for an answer that is not a bool, and the
+    operation keeps its pending attempt (call again). A worker's standing policy
+    (``run_worker(authorize=)``, ``recoverable worker --authorizer``) has nobody to tell,
+    so a failure of it is saved as the operation's terminal failure
+    (``failure_reason="authorization_failed"``), which ``wait`` and ``status`` report.
+    """
+
+    code = "authorization_failed"
+
+    def __init__(
+        self, message: str = "", *, operation_id: str | None = None, attempt_id: str | None = None
+    ) -> None:
+        super().__init__(message, operation_id=operation_id)
+        self.attempt_id = attempt_id
+
+    def _what(self) -> str:
+        which = f"attempt {self.attempt_id}" if self.attempt_id else "an attempt"
+        return with_detail(
+            f"the authorization callback did not answer True or False for {which}; nothing "
+            "was spent", self._detail,
+        )
+
+    def _todo(self) -> str:
+        return ("fix the callback; a worker's failed operation needs a manual retry: "
+                "runtime.retry(handle, retry_action_id=..., maximum_attempts=...)")
 
 
 class PermanentlyFailed(_EndedWithFailure):

@@ -50,6 +50,9 @@ FailureReason = Literal[
     "owner_lost",  # the recovery sweep found its owner gone, and no replacement may follow
     "expired",  # the recovery sweep found its owner gone after expires_at
     "no_worker",  # no worker claimed it within the sweep's unclaimed_after bound
+    # a worker's standing authorization policy raised (or did not answer True/False):
+    # nothing was spent; nobody else would hear of it (docs/workers.md)
+    "authorization_failed",
 ]
 
 # The reasons :func:`classify` gives: the provider's answer decided them. The execution

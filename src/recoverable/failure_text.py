@@ -71,6 +71,12 @@ REASONS: Final[Mapping[str, tuple[str, str]]] = {
         "the process that owned it was lost after its attempt permission (expires_at) ran out",
         f"create a manual retry with a later expiry: {_RETRY}",
     ),
+    "authorization_failed": (
+        "the worker's authorization policy did not answer (it raised, or returned "
+        "something other than True or False); nothing was spent",
+        f"fix the policy (recoverable worker --authorizer), then create a manual retry with "
+        f"{_RETRY}",
+    ),
     "no_worker": (
         "no worker claimed it within the sweep's unclaimed-after bound (no live worker "
         "serves its account and endpoint)",

@@ -51,7 +51,8 @@ from __future__ import annotations
 import msgspec
 
 from recoverable import errors, reattachment
-from recoverable.failure_policy import CLASSIFIED_REASONS, TRANSPORT_KINDS, backoff_delay, classify
+from recoverable.failure_errors import ended_error, terminal_error
+from recoverable.failure_policy import TRANSPORT_KINDS, backoff_delay, classify
 from recoverable.lifecycle import (
     apply_command,
     caller_cancelled,
@@ -133,6 +134,7 @@ __all__ = [
     "attempt_failed",
     "attempt_id_for",
     "authorization_answered",
+    "authorization_failed",
     "backoff_delay",
     "caller_cancelled",
     "cancel_fences",
@@ -201,45 +203,6 @@ def _body_error(rec: OperationRecord, ctx: Context) -> errors.RecoveryError:
     )
 
 
-def _terminal_error(rec: OperationRecord) -> errors.RecoveryError:
-    operation_id = rec.operation_id
-    match rec.failure_reason:
-        case "exhausted":
-            return errors.AttemptsExhausted(
-                operation_id=operation_id, last_failure=rec.last_failure
-            )
-        case "authentication_required":
-            return errors.AuthenticationRequired(operation_id=operation_id)
-        case "expired":
-            return errors.StateExpired(operation_id=operation_id)
-        case "token_budget_exhausted":
-            return errors.TokenBudgetExhausted(
-                f"{rec.usage.output_tokens} output tokens reported, "
-                f"maximum_output_tokens_total {rec.maximum_output_tokens_total}",
-                operation_id=operation_id,
-                last_failure=rec.last_failure,
-            )
-        case reason:
-            return errors.PermanentlyFailed(
-                str(reason), operation_id=operation_id, last_failure=rec.last_failure
-            )
-
-
-def terminal_error(rec: OperationRecord) -> errors.RecoveryError:
-    """The typed error a failed record stands for (what reopening it raises)."""
-    return _terminal_error(rec)
-
-
-def ended_error(rec: OperationRecord) -> errors.RecoveryError:
-    """What the execution that failed ``rec`` raised: a ``ProviderError`` when the provider's
-    answer decided it (``CLASSIFIED_REASONS``), else what reopening raises (a host told
-    later, through ``wait``, reports it as ``send_recovering``'s caller would have)."""
-    if rec.failure_reason in CLASSIFIED_REASONS and rec.last_failure is not None:
-        return errors.ProviderError(rec.failure_reason, operation_id=rec.operation_id,
-                                    interruption=rec.last_failure)
-    return _terminal_error(rec)
-
-
 def _budget_spent(rec: OperationRecord) -> FailureReason | None:
     """Which saved budget forbids another attempt: the attempts, then the output tokens."""
     if rec.attempts_remaining == 0:
@@ -264,7 +227,7 @@ def _next_step(rec: OperationRecord, ctx: Context) -> Transition:
     spent = _budget_spent(rec)
     if spent is not None:
         failed = evolve(rec, phase="failed", failure_reason=spent, pending=None)
-        return stopped(rec, failed, _terminal_error(failed))
+        return stopped(rec, failed, terminal_error(failed))
     if is_expired(rec, ctx.now):
         return stopped(rec, rec, errors.StateExpired(operation_id=rec.operation_id))
     if rec.next_attempt_at is not None and rec.next_attempt_at > ctx.now:
@@ -331,7 +294,7 @@ def open_operation(
         completed = evolve(rec, phase="completed") if rec.phase != "completed" else rec
         return moved(rec, completed, Deliver())
     if rec.phase == "failed" and rec.failure_reason != "authentication_required":
-        return stopped(rec, rec, _terminal_error(rec))
+        return stopped(rec, rec, terminal_error(rec))
     if endpoint_blocked(rec, ctx.endpoint_id):
         return stopped(rec, rec, errors.ConfigurationUnavailable(
             "the operation was prepared for another endpoint", operation_id=operation_id
@@ -350,7 +313,7 @@ def open_operation(
     # the operation under on_interruption="fail").
     work = close_interrupted(work, "owner_lost")
     if work.phase == "failed":
-        return stopped(rec, work, _terminal_error(work))
+        return stopped(rec, work, terminal_error(work))
     if work.phase in ("authorizing", "transmitting", "suspended"):
         work = evolve(work, phase=idle_phase(work))
     step = _next_step(work, ctx)
@@ -389,7 +352,7 @@ def authorization_answered(
     spent = _budget_spent(rec)
     if spent is not None:
         failed = evolve(rec, phase="failed", failure_reason=spent, pending=None)
-        return stopped(rec, failed, _terminal_error(failed))
+        return stopped(rec, failed, terminal_error(failed))
     consumed = AttemptRecord(
         attempt_id=pending.attempt_id,
         number=pending.number,
@@ -408,6 +371,18 @@ def authorization_answered(
     )
     renew = pending.reason == "authentication_reissue"
     return moved(rec, transmitting, Transmit(pending.attempt_id, renew))
+
+
+def authorization_failed(rec: OperationRecord, attempt_id: str, detail: str) -> Transition:
+    """A worker's standing authorization policy raised or did not answer True/False.
+
+    Nobody waits on a detached execution to hear the error, so it is saved: the operation
+    fails (``authorization_failed``), nothing spent, the pending attempt dropped."""
+    require_pending("authorization_failed", rec, attempt_id)
+    failed = evolve(rec, phase="failed", failure_reason="authorization_failed", pending=None)
+    return stopped(rec, failed, errors.AuthorizationFailed(
+        detail, operation_id=rec.operation_id, attempt_id=attempt_id
+    ))
 
 
 def endpoint_unreachable(rec: OperationRecord, attempt_id: str, kind: str) -> Transition:
@@ -500,7 +475,7 @@ def attempt_failed(
         # reported included), is spent: no replacement is authorized.
         new = evolve(new, phase="failed", failure_reason=spent, renew_next=False,
                      next_attempt_at=None)
-        terminal = _terminal_error(new)
+        terminal = terminal_error(new)
     if ctx.command == "cancel":
         return command_on_top(new, "cancel")
     if terminal is not None:

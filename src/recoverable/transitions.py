@@ -30,6 +30,7 @@ Event = Literal[
     "open",  # send_recovering took the lease
     "wake",  # the persisted next_attempt_at was reached
     "authorization_answered",  # the host approved or denied the pending attempt
+    "authorization_failed",  # a worker's standing authorization policy did not answer
     "endpoint_unreachable",  # connecting for the approved attempt failed; nothing sent
     "credentials_unavailable",  # renewal for a 401 reissue failed; nothing sent
     "progress",  # response id / cursor of the attempt in flight
@@ -51,6 +52,7 @@ EVENT_PHASES: Final[Mapping[Event, frozenset[Phase]]] = {
     "open": EVERY_PHASE,
     "wake": frozenset({"waiting"}),
     "authorization_answered": frozenset({"authorizing"}),
+    "authorization_failed": frozenset({"authorizing"}),
     "endpoint_unreachable": frozenset({"authorizing"}),
     "credentials_unavailable": frozenset({"authorizing"}),
     "progress": frozenset({"transmitting"}),
