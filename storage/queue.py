@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import attrs
 import msgspec
-from recoverable.storage.keys import key_str, operation_key
+from recoverable.storage.keys import MAX_ID_BYTES, key_str, operation_key
 
 if TYPE_CHECKING:
     import lmdb
@@ -47,6 +47,7 @@ __all__ = [
     "encode_member",
     "entry",
     "member_key",
+    "member_problem",
     "order_key",
     "ordered_entry",
     "scan",
@@ -113,12 +114,24 @@ def workers(txn: lmdb.Transaction[bytes], db: Any) -> list[tuple[str, str, Worke
     for key, value in cursor.iternext():
         if not key.startswith(WORKER):
             break
+        named = _worker_names(key)
         row = decode_worker(value)
-        owner, separator, token = key[1:].partition(b"\0")
-        if row is not None and separator:
-            found.append((owner.decode("ascii", "replace"), token.decode("ascii", "replace"),
-                          row))
+        if row is not None and named is not None:
+            found.append((*named, row))
     return found
+
+
+def _worker_names(key: bytes) -> tuple[str, str] | None:
+    """``(owner id, token)`` of a worker row's key, None for a damaged key: one that could
+    not be written back (``worker_key`` is ASCII), so that removing the row of a dead
+    worker never fails on it (``check_integrity`` names it)."""
+    owner, separator, token = key[1:].partition(b"\0")
+    if not separator:
+        return None
+    try:
+        return owner.decode("ascii"), token.decode("ascii")
+    except UnicodeDecodeError:
+        return None
 
 
 def order_key(serial: int) -> bytes:
@@ -138,6 +151,21 @@ def decode_member(raw: bytes) -> tuple[int, bool] | None:
     if len(raw) != 9 or raw[8:] not in (QUEUED, RESUME):
         return None
     return int.from_bytes(raw[:8], "big"), raw[8:] == RESUME
+
+
+def member_problem(
+    member: tuple[int, bool] | None, order: bytes | None, operation: bytes
+) -> str | None:
+    """What is wrong with an operation's stored membership row (None: nothing), given
+    its decoded value (None: it does not decode), the order row its serial names, and the
+    operation's key: a row that does not decode, or whose serial names no order row of this
+    operation (a damaged serial: no worker would ever see the operation)."""
+    if member is None:
+        return "the membership row does not decode (not 8 serial bytes and a state q or r)"
+    if order != operation:
+        return (f"the membership row's serial {member[0]} names no order row of this "
+                "operation (a damaged serial)")
+    return None
 
 
 def entry(reader: RecordReader, operation_id: str) -> QueueEntry | None:
@@ -169,19 +197,33 @@ def scan(
 
 def ordered_entry(order: bytes, operation: bytes, member: bytes | None) -> QueueEntry | None:
     """The entry of one order row (its key, its value: the operation key) and the
-    operation's membership row; None when they do not agree (``check_integrity`` names
-    such rows)."""
+    operation's membership row; None when they do not agree, or the value cannot be an
+    operation id (damage: skipped, never handed to a worker as an id; ``check_integrity``
+    names such rows)."""
     decoded = None if member is None else decode_member(member)
-    if decoded is None or decoded[0] != int.from_bytes(order[1:], "big"):
+    if (decoded is None or decoded[0] != int.from_bytes(order[1:], "big")
+            or not _is_operation_key(operation)):
         return None
     return QueueEntry(decoded[0], key_str(operation), decoded[1])
+
+
+def _is_operation_key(raw: bytes) -> bool:
+    """Whether ``raw`` is a key ``operation_key`` could have written (non-empty UTF-8 of at
+    most ``MAX_ID_BYTES`` bytes, no NUL)."""
+    if not raw or len(raw) > MAX_ID_BYTES or b"\0" in raw:
+        return False
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def check_entry(txn: lmdb.Transaction[bytes], db: Any, key: bytes, raw: bytes) -> str | None:
     """Why a ``queue`` row is malformed (None: it is well formed). A row naming an
     operation that no longer exists is not a problem (removed lazily)."""
     if key.startswith(ORDER):
-        if len(key) != 9 or not raw:
+        if len(key) != 9 or not _is_operation_key(raw):
             return "malformed queue order row"
         member = txn.get(MEMBER + raw, db=db)
         decoded = None if member is None else decode_member(member)
@@ -196,5 +238,6 @@ def check_entry(txn: lmdb.Transaction[bytes], db: Any, key: bytes, raw: bytes) -
             return "queue membership row without its order row"
         return None
     if key.startswith(WORKER) and b"\0" in key:
-        return None if decode_worker(raw) is not None else "malformed worker row"
+        ok = decode_worker(raw) is not None and _worker_names(key) is not None
+        return None if ok else "malformed worker row"
     return "unknown queue row"

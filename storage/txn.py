@@ -42,6 +42,7 @@ from recoverable.storage.writer import MutationContext
 
 from recoverable.errors import (
     AdmissionChanged,
+    CorruptRecord,
     FenceMismatch,
     InvalidRequest,
     StorageLimitExceeded,
@@ -559,17 +560,23 @@ class WriteTxn(RecordGetters, MutationContext):
     def enqueue(self, operation_id: str, *, resume: bool = False) -> int:
         member = queue.member_key(operation_id)
         raw = self._get("queue", member)
-        current = None if raw is None else queue.decode_member(raw)
         try:  # atomic: see _broken
-            if current is not None:
+            if raw is not None:
+                current = queue.decode_member(raw)
+                order = None if current is None else self._get(
+                    "queue", queue.order_key(current[0])
+                )
+                problem = queue.member_problem(current, order, member[1:])
+                if problem is not None or current is None:
+                    # Damage to a stored row, never the caller's request: the row is left
+                    # as it is (check_integrity lists it too).
+                    raise CorruptRecord(
+                        f"queue table, row {member!r}: {problem}", operation_id=operation_id
+                    )
                 serial, flagged = current
                 if flagged != resume:
                     self._put("queue", member, queue.encode_member(serial, resume=resume))
                 return serial
-            if raw is not None:
-                raise InvalidRequest(
-                    "the operation's queue row is unreadable", operation_id=operation_id
-                )
             serial = self._counter_next(queue.META_QUEUE_SERIAL)
             self._put("queue", queue.order_key(serial), operation_key(operation_id))
             self._put("queue", member, queue.encode_member(serial, resume=resume))
@@ -585,7 +592,11 @@ class WriteTxn(RecordGetters, MutationContext):
             return False
         current = queue.decode_member(raw)
         try:  # atomic: see _broken
-            if current is not None:
+            # Only the order row that names this operation: a damaged serial must not
+            # take another operation's place in the queue with it.
+            if current is not None and self._get(
+                "queue", queue.order_key(current[0])
+            ) == member[1:]:
                 self._delete("queue", queue.order_key(current[0]))
             self._delete("queue", member)
         except BaseException:

@@ -36,6 +36,7 @@ __all__ = [
     "MAX_MODEL_CHARS",
     "MAX_OUTPUT_TOKENS",
     "MAX_TOP_LOGPROBS",
+    "MESSAGE_ROLES",
     "PROMPT_CACHE_RETENTIONS",
     "REASONING_CONTEXTS",
     "REASONING_EFFORTS",
@@ -63,6 +64,9 @@ PROMPT_CACHE_RETENTIONS = frozenset({"in_memory", "24h"})
 PROMPT_CACHE_MODES = frozenset({"implicit", "explicit"})
 PROMPT_CACHE_TTLS = frozenset({"30m"})
 MODERATION_MODES = frozenset({"score", "block"})
+# The roles of a Responses input message (EasyInputMessage / ResponseInputItem.Message;
+# an assistant message replays an earlier answer).
+MESSAGE_ROLES = frozenset({"user", "assistant", "system", "developer"})
 # ``include`` values that need no tool; the others name tool outputs and are refused.
 INCLUDABLES = frozenset(
     {"message.input_image.image_url", "message.output_text.logprobs", "reasoning.encrypted_content"}
@@ -430,7 +434,8 @@ _THREAD_ITEMS = frozenset({"item_reference", "reasoning", "compaction", "compact
 
 
 def _check_input_item(index: int, item: dict[str, Any]) -> None:
-    """Only messages are accepted (``type: "message"``, or no type and a ``role``).
+    """Only messages are accepted (``type: "message"``, or no type and a ``role``), and a
+    message's ``role`` must be one of :data:`MESSAGE_ROLES` (``InvalidParameter``).
 
     Every other Responses input item replays tool history (``function_call``,
     ``function_call_output``, ``computer_call``, ``shell_call_output``, ``mcp_call``,
@@ -464,6 +469,17 @@ def _check_input_item(index: int, item: dict[str, Any]) -> None:
         raise UnsupportedInputItem(
             f"input item {index} is not a message (it has neither a type nor a role)",
             item_index=index, item_type=None,
+        )
+    role = item.get("role")
+    if not isinstance(role, str) or role not in MESSAGE_ROLES:
+        has = (
+            "no role" if role is None
+            else f"role {repr(role)[:40] if isinstance(role, str) else type(role).__name__}"
+        )
+        raise InvalidParameter(
+            f"input item {index} has {has}: a message's role is one of "
+            f"{', '.join(sorted(MESSAGE_ROLES))}",
+            parameter="input",
         )
 
 

@@ -10,6 +10,10 @@ Prices are per one million tokens, per model: ``input``, ``cached_input`` (defau
 
     {"gpt-4o-mini": {"input": 0.15, "cached_input": 0.075, "output": 0.60}}
 
+A UTF-8 byte order mark at its start is skipped. A model (or a model's field) named twice
+is refused, naming it (a JSON decoder would silently keep the last one), and so is a
+``cached_input`` above ``input`` (a cached token never costs more than an uncached one).
+
 Without one, a tiny built-in table of a few public list prices is used. It is an
 ESTIMATE, dated, and goes stale: the provider's price page (and your contract, tier,
 batch or flex discounts) is the truth. A model with no price shows as such, never as 0.
@@ -17,10 +21,11 @@ batch or flex discounts) is the truth. A model with no price shows as such, neve
 
 from __future__ import annotations
 
+import json
 import math
 import re
-from collections.abc import Iterable, Mapping
-from typing import Final
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, Final
 
 import attrs
 import msgspec
@@ -45,6 +50,7 @@ MAX_PRICE_FILE_BYTES: Final = 1 << 20
 MAX_MODELS: Final = 1000
 MAX_MODEL_CHARS: Final = 256
 MAX_PRICE_PER_MILLION: Final = 1_000_000.0
+UTF8_BOM: Final = b"\xef\xbb\xbf"
 
 # Public list prices in USD per 1M tokens, standard tier, as published by the provider
 # on the date below. An estimate only: check the provider's pricing page.
@@ -115,6 +121,13 @@ def load_prices(path: str) -> PriceTable:
         raise errors.InvalidRequest(f"cannot read the price file: {exc.strerror}") from None
     if len(data) > MAX_PRICE_FILE_BYTES:
         raise errors.InvalidRequest(f"the price file is larger than {MAX_PRICE_FILE_BYTES} bytes")
+    # A UTF-8 byte order mark (as some editors save JSON) is accepted and skipped.
+    data = data.removeprefix(UTF8_BOM)
+    repeated = _repeated_key(data)
+    if repeated is not None:
+        raise errors.InvalidRequest(
+            f"price file: {repeated} is given twice (which one is meant? name it once)"
+        )
     try:
         raw = msgspec.json.decode(data, type=dict[str, _PriceLine])
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
@@ -137,8 +150,44 @@ def load_prices(path: str) -> PriceTable:
                 raise errors.InvalidRequest(
                     f"price file: {model}.{field} must be a number in 0..{MAX_PRICE_PER_MILLION:g}"
                 )
+        if cached > line.input:
+            raise errors.InvalidRequest(
+                f"price file: {model}.cached_input ({cached:g}) is above {model}.input "
+                f"({line.input:g}): a cached input token never costs more than an uncached one"
+            )
         prices[model] = ModelPrice(line.input, cached, line.output)
     return PriceTable(prices, source=f"{path} (built-in estimate for other models)")
+
+
+class _Object(list[tuple[str, Any]]):
+    """A JSON object as its key-value pairs, in order, repeats kept."""
+
+
+def _repeats(pairs: _Object) -> Iterator[str]:
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            yield key
+        seen.add(key)
+
+
+def _repeated_key(data: bytes) -> str | None:
+    """The first name given twice in the price file: ``model 'm'`` or ``'f' of model 'm'``
+    (None: none, or the file is not JSON, which the typed decode reports). A JSON decoder
+    keeps the last of two equal keys without a word: one of two prices would be dropped."""
+    try:
+        tree = json.loads(data.decode("utf-8"), object_pairs_hook=_Object)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(tree, _Object):
+        return None
+    for model in _repeats(tree):
+        return f"model {model[:64]!r}"
+    for model, line in tree:
+        if isinstance(line, _Object):
+            for field in _repeats(line):
+                return f"{field[:64]!r} of model {model[:64]!r}"
+    return None
 
 
 @attrs.define

@@ -4,15 +4,28 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from typing import Final, NoReturn
 
 from recoverable import errors
+from recoverable.actors.governor import RATE_MARGIN
+from recoverable.actors.worker import MAX_CONCURRENCY
 from recoverable.cli.config import DEFAULT_RETRY_PROVIDER_CODES, MINIMUM_RPS
 from recoverable.cli.exits import UsageError
+from recoverable.cli.jobs import id_problem
 from recoverable.outcome import bounded_code
+from recoverable.preconditions import MAX_ATTEMPTS
 from recoverable.transport.fixture import FaultSpec
 
-__all__ = ["NEEDS_ACCOUNT", "OPS_COMMANDS", "build_parser"]
+__all__ = [
+    "NEEDS_ACCOUNT",
+    "OPS_COMMANDS",
+    "ascii_decimal",
+    "ascii_int",
+    "ascii_number",
+    "build_parser",
+    "rate_bucket_problem",
+]
 
 OPS_COMMANDS: Final = (
     "status",
@@ -45,6 +58,9 @@ _NEEDS_ID: Final = frozenset(
 # it shows only the redacted status (that the operation exists).
 NEEDS_ACCOUNT: Final = frozenset(OPS_COMMANDS) - {"status"}
 MAXIMUM_RPS: Final = 100_000.0
+MAXIMUM_WORKERS: Final = 64  # batch --workers: worker processes
+MAXIMUM_PER_MINUTE: Final = 1e12  # --rpm/--tpm (as the governor's validate_limits)
+MAXIMUM_BURST_SECONDS: Final = 3600.0  # --rate-burst-seconds (as validate_limits)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -55,31 +71,85 @@ class _Parser(argparse.ArgumentParser):
 
 
 # -- value checks ---------------------------------------------------------------------------
+#
+# Numbers are ASCII: ``int()`` and ``float()`` alone also take other scripts' digits
+# (Arabic-Indic U+0663, fullwidth U+FF13), underscores ("1_000"), surrounding spaces and
+# words ("nan", "inf").
+# Each bounded option states its one real range, whatever side its value falls out on.
+
+_ASCII_INTEGER: Final = re.compile(r"-?[0-9]+")
+_ASCII_DECIMAL: Final = re.compile(r"-?[0-9]+(?:\.[0-9]+)?")
+_ASCII_NUMBER: Final = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
+_MAX_DIGITS: Final = 18  # beyond every range here; int() of a longer text is not needed
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
+def ascii_int(text: str) -> int | None:
+    """``text`` as an integer written in ASCII digits (an optional leading ``-``), else
+    None. A number of more than 18 digits reads as ±10**18, outside every range."""
+    if not _ASCII_INTEGER.fullmatch(text):
+        return None
+    if len(text.lstrip("-")) > _MAX_DIGITS:
+        return -(10**_MAX_DIGITS) if text.startswith("-") else 10**_MAX_DIGITS
+    return int(text)
+
+
+def ascii_decimal(text: str) -> float | None:
+    """``text`` as a plain ASCII decimal (``120``, ``1.5``, an optional leading ``-``; no
+    exponent, no ``nan``/``inf``), else None."""
+    return float(text) if _ASCII_DECIMAL.fullmatch(text) else None
+
+
+def ascii_number(text: str) -> float | None:
+    """``text`` as an ASCII number, with an optional exponent (``1e6``), else None. A
+    value too large for a float reads as infinite (outside every range)."""
+    return float(text) if _ASCII_NUMBER.fullmatch(text) else None
+
+
+def _int_in(text: str, low: int, high: int, unit: str = "") -> int:
+    value = ascii_int(text)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"not an integer (ASCII digits): {text!r}")
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"must be in {low}..{high}{unit}: {text!r}")
     return value
+
+
+def _number(text: str) -> float:
+    value = ascii_number(text)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"not a number (ASCII digits): {text!r}")
+    return value
+
+
+def _shown(value: float) -> str:
+    return f"{value:g}".replace("e+", "e")  # 1e12, not 1e+12
+
+
+def _number_in(text: str, low: float, high: float, unit: str = "") -> float:
+    """A number in ``low..high``; ``low == 0`` means above 0."""
+    value = _number(text)
+    if not (low < value if low == 0 else low <= value) or not value <= high:
+        where = (f"above 0 and at most {_shown(high)}" if low == 0
+                 else f"in {_shown(low)}..{_shown(high)}")
+        raise argparse.ArgumentTypeError(f"must be a number {where}{unit}: {text!r}")
+    return value
+
+
+def _concurrency(text: str) -> int:
+    return _int_in(text, 1, MAX_CONCURRENCY)  # what a runtime's worker accepts
+
+
+# ``recoverable worker --concurrency`` (``_add_worker``) takes the same check by this name.
+_positive_int = _concurrency
 
 
 def _attempts(text: str) -> int:
-    value = _positive_int(text)
-    if value > 1000:
-        raise argparse.ArgumentTypeError("must be in 1..1000")
-    return value
+    return _int_in(text, 1, MAX_ATTEMPTS)
 
 
 def _finite(text: str, *, zero: bool) -> float:
     """A finite number above zero (or at least zero, with ``zero``)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    value = _number(text)
     if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
         what = "a non-negative" if zero else "a positive"
         raise argparse.ArgumentTypeError(f"must be {what} number: {text!r}")
@@ -103,49 +173,62 @@ def _provider_codes(text: str) -> frozenset[str]:
 
 
 def _rps(text: str) -> float:
-    value = _positive_float(text)
-    if not MINIMUM_RPS <= value <= MAXIMUM_RPS:
-        raise argparse.ArgumentTypeError(
-            f"must be in {MINIMUM_RPS:g}..{MAXIMUM_RPS:g} POSTs per second: {text!r}"
-        )
-    return value
+    return _number_in(text, MINIMUM_RPS, MAXIMUM_RPS, " POSTs per second")
 
 
 def _workers(text: str) -> int:
-    value = _non_negative_int(text)
-    if value > 64:
-        raise argparse.ArgumentTypeError(f"must be in 0..64: {text!r}")
-    return value
+    return _int_in(text, 0, MAXIMUM_WORKERS)
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0 or value > 10_000:
-        raise argparse.ArgumentTypeError(f"must be in 0..10000: {text!r}")
-    return value
+def _worker_restarts(text: str) -> int:
+    return _int_in(text, 0, 10_000)
 
 
 def _revision(text: str) -> str:
-    if not 1 <= len(text) <= 256 or any(ord(char) < 32 for char in text):
-        raise argparse.ArgumentTypeError("must be 1..256 characters without control characters")
+    problem = id_problem(text)  # the one rule for ids (cli/jobs.py)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
     return text
 
 
 def _per_minute(text: str) -> float:
-    value = _positive_float(text)
-    if value > 1e12:
-        raise argparse.ArgumentTypeError(f"must be at most 1e12 per minute: {text!r}")
-    return value
+    # The lower bound depends on --rate-burst-seconds too: see ``rate_bucket_problem``.
+    return _number_in(text, 0, MAXIMUM_PER_MINUTE, " per minute")
 
 
 def _burst_seconds(text: str) -> float:
-    value = _positive_float(text)
-    if value > 3600:
-        raise argparse.ArgumentTypeError(f"must be at most 3600 seconds: {text!r}")
-    return value
+    return _number_in(text, 0, MAXIMUM_BURST_SECONDS, " seconds")
+
+
+def rate_bucket_problem(
+    rpm: float | None, tpm: float | None, burst_seconds: float
+) -> str | None:
+    """Why ``--rpm``/``--tpm`` with ``--rate-burst-seconds`` could never admit a request
+    (None: they can).
+
+    The governor (``actors/governor.py``, docs/rate-limits.md) admits a request only when
+    its requests bucket holds one whole request; a bucket holds at most
+    ``limit * (1 - RATE_MARGIN) * burst_seconds / 60`` (the margin is 5%), so a smaller
+    one never admits anything. A request costs at least one token too (a quarter of its
+    frozen body's bytes), so the tokens bucket gets the same bound. The limit must be at
+    least ``60 / (0.95 * burst_seconds)``: 1.06 per minute with the default 60 s, 0.018
+    with the longest burst (3600 s). Computed in the governor's order, so that every
+    accepted value gives a bucket of at least 1.
+    """
+    for option, limit, what in (("--rpm", rpm, "request"), ("--tpm", tpm, "token")):
+        if limit is None:
+            continue
+        capacity = limit * (1.0 - RATE_MARGIN) * burst_seconds / 60.0
+        if capacity < 1.0:
+            least = 60.0 / ((1.0 - RATE_MARGIN) * burst_seconds)
+            return (
+                f"{option} {_shown(limit)} with --rate-burst-seconds {_shown(burst_seconds)}: "
+                f"its bucket holds {capacity:.3g} {what}s ({option[2:]} x 0.95 x seconds / 60), "
+                f"less than one whole {what}, so no request could ever be admitted; give "
+                f"{option} at least {_shown(math.ceil(least * 1000) / 1000)} (or a longer "
+                "--rate-burst-seconds)"
+            )
+    return None
 
 
 def _fault_spec(text: str) -> FaultSpec:
@@ -230,7 +313,10 @@ def _add_batch(sub: argparse._SubParsersAction[_Parser]) -> None:
         "else 'default')",
     )
     batch.add_argument("--mode", choices=("websocket", "sse"), default="websocket")
-    batch.add_argument("--concurrency", type=_positive_int, default=64, metavar="N")
+    batch.add_argument(
+        "--concurrency", type=_concurrency, default=64, metavar="N",
+        help=f"operations run at once (1..{MAX_CONCURRENCY}, default 64)",
+    )
     batch.add_argument(
         "--rps", type=_rps, metavar="R",
         help=f"max POSTs per second ({MINIMUM_RPS:g}..{MAXIMUM_RPS:g})",
@@ -317,11 +403,11 @@ def _add_batch(sub: argparse._SubParsersAction[_Parser]) -> None:
     )
     batch.add_argument(
         "--workers", type=_workers, default=0, metavar="N",
-        help="run the jobs in N `recoverable worker` processes on the store (many cores; "
+        help="run the jobs in N (0..64) `recoverable worker` processes on the store (many cores; "
         "--concurrency is then per worker); 0 (default): in this process",
     )
     batch.add_argument(
-        "--worker-restarts", type=_non_negative_int, metavar="N",
+        "--worker-restarts", type=_worker_restarts, metavar="N",
         help="replace a worker process that dies at most N times in all (default: 4 per "
         "worker), then stop with worker_restarts_exhausted",
     )
@@ -434,13 +520,7 @@ def _add_worker(sub: argparse._SubParsersAction[_Parser]) -> None:
 
 
 def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be in 0..65535: {text!r}")
-    return value
+    return _int_in(text, 0, 65535)
 
 
 def _add_dashboard(sub: argparse._SubParsersAction[_Parser]) -> None:

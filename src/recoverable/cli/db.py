@@ -13,6 +13,7 @@ from typing import IO
 
 from recoverable import errors
 from recoverable.cli.exits import EXIT_FAILED, EXIT_OK, UsageError
+from recoverable.cli.formatting import safe_text
 from recoverable.storage.store import redact_url, url_scheme
 
 __all__ = ["run_db"]
@@ -45,7 +46,7 @@ def run_db(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         )
         return EXIT_FAILED
     except errors.RecoveryError as exc:
-        err.write(f"recoverable db upgrade: {exc.code}: {exc}\n")
+        err.write(f"recoverable db upgrade: {exc.code}: {safe_text(exc)}\n")
         return EXIT_FAILED
     if before == after:
         out.write(f"{where}: schema version {after}, up to date\n")

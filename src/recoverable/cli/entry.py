@@ -9,12 +9,13 @@ import sys
 from typing import IO
 
 from recoverable import errors
-from recoverable.cli.arguments import build_parser
+from recoverable.cli.arguments import build_parser, rate_bucket_problem
 from recoverable.cli.batch import run_batch
 from recoverable.cli.config import DEFAULT_RETRY_PROVIDER_CODES, BatchConfig
 from recoverable.cli.dashboard import run_dashboard
 from recoverable.cli.db import run_db
 from recoverable.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, UsageError
+from recoverable.cli.formatting import safe_text
 from recoverable.cli.migrate import run_migrate
 from recoverable.cli.ops import run_ops
 from recoverable.cli.settings import run_config
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     except errors.RecoveryError as exc:
         # Last resort (a damaged store met outside an operation, issue 11.3): the typed
         # code and message, never a traceback.
-        sys.stderr.write(f"recoverable {args.command}: {exc.code}: {exc}\n")
+        sys.stderr.write(f"recoverable {args.command}: {exc.code}: {safe_text(exc)}\n")
         return EXIT_FAILED
     except KeyboardInterrupt:
         # Before or after the batch's own signal handling (startup, shutdown, ops).
@@ -146,6 +147,9 @@ def _batch_config(args: argparse.Namespace) -> BatchConfig:
     if args.workers and (args.rps is not None or args.rpm is not None or args.tpm is not None):
         raise UsageError("--rps/--rpm/--tpm are not available with --workers yet "
                          "(each worker would need them); use --workers 0")
+    bucket_problem = rate_bucket_problem(args.rpm, args.tpm, args.rate_burst_seconds)
+    if bucket_problem is not None:
+        raise UsageError(bucket_problem)
     if args.faults is not None and args.endpoint != "fixture":
         raise UsageError("--faults only applies to --endpoint fixture")
     if args.endpoint != "fixture":

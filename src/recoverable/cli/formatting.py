@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 
@@ -12,6 +13,7 @@ from recoverable.pricing import attempts_usage_text, usage_text
 from recoverable.types import Inventory, Receipt, Status
 
 __all__ = [
+    "UNSAFE_CHARACTERS",
     "encode_json",
     "format_inventory",
     "format_receipt",
@@ -19,7 +21,22 @@ __all__ = [
     "printable_inventory",
     "receipt_json",
     "safe_text",
+    "unsafe_character",
 ]
+
+# The characters never shown raw on a terminal and never accepted in an id (a job line's
+# ``id``/``revision``/``custom_id``, ``--revision``): C0 control characters (escape
+# sequences start with ESC), DEL, C1 control characters (U+0080..U+009F: CSI is one),
+# the bidirectional formatting characters (marks U+061C, U+200E, U+200F; embeddings and
+# overrides U+202A..U+202E; isolates U+2066..U+2069: they make text read in another order
+# than it is stored), the line and paragraph separators U+2028/U+2029, and lone
+# surrogates (not text: a damaged store's bytes read back with ``surrogateescape``).
+_ABOVE_C0: Final = (
+    "\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff"
+)
+UNSAFE_CHARACTERS: Final = re.compile(f"[\x00-\x1f{_ABOVE_C0}]")
+# In ``json.dumps`` output, whose strings already escape C0 (its newlines are layout).
+_UNSAFE_IN_JSON: Final = re.compile(f"[{_ABOVE_C0}]")
 
 
 def encode_json(value: Any) -> str:
@@ -29,29 +46,51 @@ def encode_json(value: Any) -> str:
     return msgspec.json.encode(value).decode() + "\n"
 
 
-def safe_text(text: str) -> str:
-    """``text`` with what cannot be encoded (lone surrogates) as backslash escapes."""
+def unsafe_character(text: str) -> str | None:
+    """The first character of ``text`` that :data:`UNSAFE_CHARACTERS` refuses, as
+    ``U+XXXX`` (None: there is none)."""
+    found = UNSAFE_CHARACTERS.search(text)
+    return None if found is None else f"U+{ord(found.group()):04X}"
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+def safe_text(text: object) -> str:
+    """Untrusted text (read back from a store, or from a user's file) as it may be shown
+    on a terminal: every :data:`UNSAFE_CHARACTERS` character as a backslash escape
+    (``\\x1b``, ``\\u202e``, ``\\udcff``), so that no control character, terminal
+    escape sequence or bidirectional override reaches the terminal. The one helper for
+    showing stored or user-given text; JSON output (``--json``) is encoded instead."""
+    return UNSAFE_CHARACTERS.sub(_escape, text if isinstance(text, str) else str(text))
+
+
+def _encodable(text: str) -> str:
+    """``text`` with what cannot be encoded (lone surrogates) as backslash escapes: for
+    JSON output, which escapes control characters itself."""
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _printable_status(status: Status) -> Status:
     return msgspec.structs.replace(
         status,
-        operation_id=safe_text(status.operation_id),
-        job_id=None if status.job_id is None else safe_text(status.job_id),
+        operation_id=_encodable(status.operation_id),
+        job_id=None if status.job_id is None else _encodable(status.job_id),
         input_revision=(
-            None if status.input_revision is None else safe_text(status.input_revision)
+            None if status.input_revision is None else _encodable(status.input_revision)
         ),
-        scope=None if status.scope is None else safe_text(status.scope),
+        scope=None if status.scope is None else _encodable(status.scope),
     )
 
 
 def printable_inventory(inventory: Inventory) -> Inventory:
     """Ids read back from a damaged store may not be text (lone surrogates): escaped,
-    so that printing or encoding them never crashes."""
+    so that encoding them as JSON never crashes."""
     return Inventory(
         operations=tuple(_printable_status(status) for status in inventory.operations),
-        unreadable=tuple(safe_text(op_id) for op_id in inventory.unreadable),
+        unreadable=tuple(_encodable(op_id) for op_id in inventory.unreadable),
     )
 
 
@@ -68,7 +107,7 @@ def receipt_json(receipt: Receipt) -> str:
 def _rows(rows: Sequence[tuple[str, object]]) -> str:
     shown = [(name, value) for name, value in rows if value not in (None, "", (), frozenset())]
     width = max(len(name) for name, _ in shown)
-    return "".join(f"{name.ljust(width)}  {value}\n" for name, value in shown)
+    return "".join(f"{name.ljust(width)}  {safe_text(value)}\n" for name, value in shown)
 
 
 def _failure(failure: Any) -> str:
@@ -154,7 +193,7 @@ def format_status(status: Status) -> str:
 def format_inventory(inventory: Inventory) -> str:
     header = ("OPERATION", "STATE", "AVAILABILITY", "ATTEMPTS", "JOB", "REVISION", "OWNER")
     rows = [
-        (
+        tuple(safe_text(cell) for cell in (
             status.operation_id,
             status.state,
             status.availability,
@@ -162,7 +201,7 @@ def format_inventory(inventory: Inventory) -> str:
             status.job_id or "-",
             status.input_revision or "-",
             (status.lease_owner or "-")[:12],  # the live lease's owner id, shortened
-        )
+        ))
         for status in inventory.operations
     ]
     table = [header, *rows]
@@ -174,13 +213,15 @@ def format_inventory(inventory: Inventory) -> str:
     text = "\n".join(lines) + "\n"
     text += f"{len(rows)} operation(s)\n"
     for op_id in inventory.unreadable:
-        text += f"unreadable record: {op_id}\n"
-    return safe_text(text)
+        text += f"unreadable record: {safe_text(op_id)}\n"
+    return text
 
 
 def format_receipt(receipt: Receipt) -> str:
     try:
         result = json.dumps(msgspec.json.decode(receipt.payload), indent=2, ensure_ascii=False)
+        # The model's text: inside JSON strings, so a JSON escape keeps it valid JSON.
+        result = _UNSAFE_IN_JSON.sub(lambda found: f"\\u{ord(found.group()):04x}", result)
     except msgspec.DecodeError:
         result = "<not JSON>"
     rows: list[tuple[str, object]] = [

@@ -10,6 +10,7 @@ body); a bad line is a :class:`JobLineError`, reported while the other jobs run.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterator
 from typing import IO, Any, Final, NamedTuple, TypeVar
 
@@ -18,6 +19,7 @@ import msgspec
 
 from recoverable import errors, machine
 from recoverable.body import body_hash, freeze_body, parameters_from_wire
+from recoverable.cli.formatting import safe_text, unsafe_character
 from recoverable.contract import contract_for
 from recoverable.types import JsonSchema, RetryPolicy, StructuredRequest
 
@@ -30,6 +32,7 @@ __all__ = [
     "JobsFile",
     "LinePair",
     "batch_revision",
+    "id_problem",
     "line_format",
     "parse_batch_api_line",
     "parse_job_line",
@@ -50,6 +53,7 @@ class JobLineError(Exception):
     """A job line that cannot be run; the batch reports it and goes on."""
 
     def __init__(self, lineno: int, reason: str, *, job_id: str | None = None) -> None:
+        reason = safe_text(reason)  # it may quote the line (a field name, a value)
         super().__init__(f"line {lineno}: {reason}")
         self.lineno = lineno
         self.reason = reason
@@ -132,18 +136,64 @@ def _decode_line(line: str, lineno: int, kind: type[_LineT], invalid: str) -> _L
     try:
         return msgspec.json.decode(line, type=kind)
     except msgspec.ValidationError as exc:
-        raise JobLineError(lineno, f"{invalid}: {exc}") from None
+        # The typed decode stops at the first field it cannot place, which may come
+        # before what makes the line no JSON at all (``NaN``, ``1e999``): name that.
+        raise JobLineError(lineno, _json_problem(line) or f"{invalid}: {exc}") from None
     except msgspec.DecodeError as exc:
-        raise JobLineError(lineno, f"not a JSON object: {exc}") from None
+        raise JobLineError(lineno, _json_problem(line) or f"not a JSON object: {exc}") from None
     except RecursionError:
         raise JobLineError(lineno, "the JSON is nested too deeply") from None
 
 
+_AT_BYTE: Final = re.compile(r"\(byte (\d+)\)")
+_NOT_NUMBERS: Final = (b"NaN", b"-Infinity", b"Infinity", b"-NaN")
+
+
+def _json_problem(line: str) -> str | None:
+    """Why ``line`` is not valid JSON, naming a number that is not finite (``NaN``,
+    ``Infinity``: not JSON) or out of range (``1e999``: not a finite number), as the API
+    would refuse it; None when it is valid JSON (the problem is its shape)."""
+    try:
+        msgspec.json.decode(line)
+    except msgspec.ValidationError as exc:  # "Number out of range"
+        if "out of range" in str(exc):
+            return ("not valid JSON for the API: a number is out of range (such as 1e999: "
+                    "every number must be finite)")
+        return f"not valid JSON: {exc}"
+    except msgspec.DecodeError as exc:
+        at = _AT_BYTE.search(str(exc))
+        if at is not None:
+            data = line.encode("utf-8", "surrogatepass")
+            start = int(at.group(1))
+            if start > 0 and data[start - 1:start] == b"-":
+                start -= 1
+            word = next((bad for bad in _NOT_NUMBERS if data.startswith(bad, start)), None)
+            if word is not None:
+                return (f"not valid JSON for the API: {word.decode()} (byte {start}) is not a "
+                        "JSON number (every number must be finite)")
+        return f"not a JSON object: {exc}"
+    except RecursionError:
+        return "the JSON is nested too deeply"
+    return None
+
+
+def id_problem(value: str) -> str | None:
+    """Why ``value`` cannot be a job id or revision (None: it can): 1..256 characters
+    without control characters, DEL or bidirectional formatting characters (the one rule
+    for ids: a job line's ``id``/``revision``, a Batch line's ``custom_id``,
+    ``--revision``; see ``formatting.UNSAFE_CHARACTERS``)."""
+    rule = (f"must be 1..{MAX_ID_CHARS} characters without control characters, DEL or "
+            "bidirectional formatting characters (U+202A..U+202E, U+2066..U+2069, ...)")
+    if not value or len(value) > MAX_ID_CHARS:
+        return f"{rule}; it has {len(value)} characters"
+    found = unsafe_character(value)
+    return None if found is None else f"{rule}; it has {found}"
+
+
 def _check_id(lineno: int, name: str, value: str) -> None:
-    if not value or len(value) > MAX_ID_CHARS or any(ord(char) < 32 for char in value):
-        raise JobLineError(
-            lineno, f"{name} must be 1..{MAX_ID_CHARS} characters without control characters"
-        )
+    problem = id_problem(value)
+    if problem is not None:
+        raise JobLineError(lineno, f"{name} {problem}")
 
 
 def _frozen_hash(
@@ -297,6 +347,11 @@ def _batch_api_job(raw: _BatchApiLine, lineno: int, revision: str | None) -> Job
             lineno, f"url {raw.url[:80]!r}: only {BATCH_URL} (the Responses API) is supported"
         )
     body = dict(raw.body)
+    if "input" not in body:  # StructuredRequest's default ("") would send an empty prompt
+        raise JobLineError(
+            lineno, "body.input is missing: a job needs input (a string or a list of input "
+            "items)"
+        )
     text_format = _text_format(body, lineno)
     job_revision = revision if revision is not None else batch_revision(raw.body)
     response = JsonSchema(text_format.name, text_format.schema)

@@ -13,6 +13,7 @@ from typing import IO
 
 from recoverable import errors
 from recoverable.cli.exits import EXIT_FAILED, EXIT_OK, UsageError
+from recoverable.cli.formatting import safe_text
 from recoverable.cli.ops import open_store
 from recoverable.storage.copy import copy_store
 from recoverable.storage.store import RecoveryStore, redact_url
@@ -32,7 +33,7 @@ def run_migrate(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         try:
             counts = copy_store(source, destination)
         except errors.RecoveryError as exc:
-            err.write(f"recoverable migrate-store: {exc.code}: {exc}\n")
+            err.write(f"recoverable migrate-store: {exc.code}: {safe_text(exc)}\n")
             return EXIT_FAILED
         finally:
             destination.close()

@@ -20,6 +20,7 @@ from recoverable.cli.formatting import (
     format_receipt,
     format_status,
     receipt_json,
+    safe_text,
 )
 from recoverable.storage.store import RecoveryStore, url_scheme
 from recoverable.transport.base import StaticCredentials
@@ -140,7 +141,7 @@ class _StoreCommand:
                     self.err.write(json.dumps({"error": exc.code, "message": str(exc),
                                                "operation_id": exc.operation_id}) + "\n")
                 else:
-                    self.err.write(f"recoverable {self.command}: {exc.code}: {exc}\n")
+                    self.err.write(f"recoverable {self.command}: {exc.code}: {safe_text(exc)}\n")
                 return EXIT_FAILED
 
     async def _dispatch(self, rt: Runtime) -> int:
@@ -242,7 +243,7 @@ def _purge(
     try:
         result = store.purge_account(account, scope=args.scope)
     except errors.RecoveryError as exc:
-        err.write(f"recoverable purge: {exc.code}: {exc}\n")
+        err.write(f"recoverable purge: {exc.code}: {safe_text(exc)}\n")
         return EXIT_FAILED
     if args.json:
         out.write(encode_json(result))
@@ -251,5 +252,5 @@ def _purge(
         out.write(f"; skipped {len(result.skipped)} (busy or unreadable)\n"
                   if result.skipped else "\n")
         for op_id in result.skipped:
-            out.write(f"  skipped {op_id}\n")
+            out.write(f"  skipped {safe_text(op_id)}\n")
     return EXIT_OK

@@ -22,8 +22,9 @@ from recoverable.actors.continuation import (
     continuation_preference,
     set_continuation_preference,
 )
+from recoverable.cli.arguments import ascii_decimal, ascii_int
 from recoverable.cli.exits import EXIT_FAILED, EXIT_OK, UsageError
-from recoverable.cli.formatting import encode_json
+from recoverable.cli.formatting import encode_json, safe_text
 from recoverable.cli.ops import open_store
 
 __all__ = ["run_config"]
@@ -40,11 +41,20 @@ def _parse(key: str, text: str) -> dict[str, Any]:
         if text.lower() not in _TRUE:
             raise UsageError(f"{key} takes true or false, not {text!r}")
         return {"enabled": _TRUE[text.lower()]}
-    try:
-        value: float = float(text) if field == "delay_seconds" else int(text)
-    except ValueError:
-        raise UsageError(f"{key}: not a number: {text!r}") from None
-    return {field: value}
+    # ASCII only: float() and int() alone also take other scripts' digits (U+0663,
+    # fullwidth U+FF13), underscores, spaces, "nan" and exponents.
+    if field == "delay_seconds":
+        seconds = ascii_decimal(text)
+        if seconds is None:
+            raise UsageError(
+                f"{key}: not a plain decimal number of seconds in ASCII digits (such as 120 "
+                f"or 1.5): {text!r}"
+            )
+        return {field: seconds}
+    count = ascii_int(text)
+    if count is None:
+        raise UsageError(f"{key}: not an integer in ASCII digits: {text!r}")
+    return {field: count}
 
 
 def _value(preference: ContinuationPreference, key: str) -> object:
@@ -69,7 +79,7 @@ def run_config(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         if args.json:
             err.write(encode_json({"error": exc.code, "message": str(exc)}))
         else:
-            err.write(f"recoverable config: {exc.code}: {exc}\n")
+            err.write(f"recoverable config: {exc.code}: {safe_text(exc)}\n")
         return EXIT_FAILED
     finally:
         store.close()

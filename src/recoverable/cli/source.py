@@ -32,7 +32,7 @@ def run_source(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
             err.write(encode_json({"error": exc.code, "message": str(exc),
                                    "operation_id": exc.operation_id}))
         else:
-            err.write(f"recoverable source {args.source_action}: {exc.code}: {exc}\n")
+            err.write(f"recoverable source {args.source_action}: {exc.code}: {safe_text(exc)}\n")
         return EXIT_FAILED
     finally:
         store.close()
