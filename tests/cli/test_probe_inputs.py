@@ -447,3 +447,17 @@ def test_a_queue_row_no_operation_or_worker_could_have_is_skipped_and_named(
         assert [entry.operation_id for entry in store.queued()] == ["op_a"]
         assert store.workers() == []
         assert any(named in problem for problem in store.check_integrity())
+
+
+def test_a_jobs_text_in_the_batch_summary_and_messages_is_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A model name is the job's own text: the summary's cost row quotes it, and a job's
+    message may quote it; neither reaches the terminal raw."""
+    hostile = "gpt-\x1b[2J\u202etest"
+    jobs = write_jobs(tmp_path / "jobs.jsonl", [job_line(0, model=hostile)])
+    assert main(["batch", str(jobs), "--out", str(tmp_path / "out.jsonl")]) == 0
+    captured = capsys.readouterr()
+    assert "\x1b[2J" not in captured.out + captured.err
+    assert "\u202e" not in captured.out + captured.err
+    assert "gpt-\\x1b[2J\\u202etest" in captured.out  # "no price for ..." in the summary

@@ -8,6 +8,7 @@ from typing import IO, TYPE_CHECKING
 
 import trio
 
+from recoverable.cli.formatting import safe_text
 from recoverable.pricing import PriceTable, TokenLedger
 
 if TYPE_CHECKING:
@@ -116,7 +117,7 @@ class Messages:
     def say(self, message: str) -> None:
         if self.live and self.out.broken is None:
             self.out.write("\r\x1b[K")
-        self.out.error(message)
+        self.out.error(safe_text(message))  # it may quote a job's or provider's text
 
 
 class ProgressDisplay:

@@ -14,6 +14,7 @@ import msgspec
 
 from recoverable import errors
 from recoverable.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
+from recoverable.cli.formatting import safe_text
 from recoverable.pricing import PriceTable, TokenLedger
 
 __all__ = ["TEMPORARY_SUFFIX", "BatchSummary", "ErrorLog", "JobError", "failure_reason"]
@@ -115,7 +116,8 @@ class BatchSummary:
         if self.interrupted:
             rows.append(("interrupted", "yes (rerun to resume)"))
         width = max(len(name) for name, _ in rows)
-        return "\n".join(f"{name.ljust(width)}  {value}" for name, value in rows)
+        # A value may quote a job's text (a model name): never raw on a terminal.
+        return "\n".join(f"{name.ljust(width)}  {safe_text(value)}" for name, value in rows)
 
 
 @attrs.frozen
