@@ -160,9 +160,12 @@ class WriteTransaction(RecordReader, Protocol):
         operator's abandon of a damaged record, whose own account cannot be read."""
         ...
 
-    def enqueue(self, operation_id: str, *, resume: bool = False) -> int:
+    def enqueue(self, operation_id: str, *, resume: bool | None = None) -> int:
         """Queue the operation for workers (``storage/queue.py``); an operation already
-        queued keeps its serial (only its resume flag is set as given). Returns the serial."""
+        queued keeps its serial. ``resume`` sets its resume flag (a stopping worker's mark:
+        the next worker resumes it); ``None`` keeps the flag it has (False for a new row):
+        submitting a job again must not strand what a stopped worker marked. Returns the
+        serial."""
         ...
 
     def dequeue(self, operation_id: str) -> bool: ...

@@ -557,7 +557,7 @@ class WriteTxn(RecordGetters, MutationContext):
         index (this transaction's own writes included)."""
         return self._scan("hosts", hosts_prefix(account, scope, job_id, with_job=True))
 
-    def enqueue(self, operation_id: str, *, resume: bool = False) -> int:
+    def enqueue(self, operation_id: str, *, resume: bool | None = None) -> int:
         member = queue.member_key(operation_id)
         raw = self._get("queue", member)
         try:  # atomic: see _broken
@@ -574,12 +574,12 @@ class WriteTxn(RecordGetters, MutationContext):
                         f"queue table, row {member!r}: {problem}", operation_id=operation_id
                     )
                 serial, flagged = current
-                if flagged != resume:
+                if resume is not None and flagged != resume:
                     self._put("queue", member, queue.encode_member(serial, resume=resume))
                 return serial
             serial = self._counter_next(queue.META_QUEUE_SERIAL)
             self._put("queue", queue.order_key(serial), operation_key(operation_id))
-            self._put("queue", member, queue.encode_member(serial, resume=resume))
+            self._put("queue", member, queue.encode_member(serial, resume=bool(resume)))
             return serial
         except BaseException:
             self._broken = True
