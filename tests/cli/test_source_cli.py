@@ -40,7 +40,8 @@ def test_source_set_supersedes_the_old_digests_operations(store_location: str) -
     assert done.returncode == 0, done.stderr
     change = json.loads(done.stdout)
     assert change == {"key": "doc-1", "previous": "sha256:v1", "current": "sha256:v2",
-                      "superseded": ["op-old", "op-other"], "unreadable": []}
+                      "superseded": ["op-old", "op-other"], "superseded_total": 2,
+                      "unreadable": [], "unreadable_total": 0}
     again = run_cli("source", "set", "doc-1", "sha256:v2", "--store", str(store_dir))
     assert again.returncode == 0, again.stderr
     assert again.stdout == "source doc-1: sha256:v2 -> sha256:v2; superseded 0 operation(s)\n"

@@ -13,6 +13,7 @@ from recoverable.actors.worker import MAX_CONCURRENCY
 from recoverable.cli.config import DEFAULT_RETRY_PROVIDER_CODES, MINIMUM_RPS
 from recoverable.cli.exits import UsageError
 from recoverable.cli.jobs import id_problem
+from recoverable.cli.paging import DEFAULT_LIMIT, MAX_LIMIT
 from recoverable.outcome import bounded_code
 from recoverable.preconditions import MAX_ATTEMPTS
 from recoverable.transport.fixture import FaultSpec
@@ -450,6 +451,27 @@ def _add_source(sub: argparse._SubParsersAction[_Parser]) -> None:
     for parser in (set_parser, delete_parser):
         parser.add_argument("--store", required=True, metavar="DIR")
         parser.add_argument("--json", action="store_true", help="machine output (JSON)")
+        _add_paging(parser, SUPERSEDED_LIMIT, cursor=False)
+
+
+SUPERSEDED_LIMIT: Final = 100  # superseded ids a source change prints unless --limit says
+
+
+def _limit(text: str) -> int:
+    return _int_in(text, 0, MAX_LIMIT)
+
+
+def _add_paging(parser: argparse.ArgumentParser, default: int, *, cursor: bool) -> None:
+    """``--limit N`` (and ``--after ID``): a long listing is printed a page at a time."""
+    parser.add_argument(
+        "--limit", type=_limit, default=default, metavar="N",
+        help=f"print at most N operation ids (default {default}; 0: all), with the total",
+    )
+    if cursor:
+        parser.add_argument(
+            "--after", metavar="OPERATION_ID",
+            help="the next page: only the operations after this id (printed as the cursor)",
+        )
 
 
 CONFIG_KEYS = ("continuation.enabled", "continuation.delay_seconds", "continuation.budget")
@@ -582,4 +604,6 @@ def _add_ops_command(sub: argparse._SubParsersAction[_Parser], name: str) -> Non
                 "--selection", choices=("preserve", "reselect"), default="preserve",
                 help="preserve the frozen request (default) or rebuild it from the saved one",
             )
+    if name == "inventory":
+        _add_paging(command, DEFAULT_LIMIT, cursor=True)
     command.add_argument("--json", action="store_true", help="machine output (JSON)")

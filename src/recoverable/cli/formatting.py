@@ -190,7 +190,16 @@ def format_status(status: Status) -> str:
     return _rows(rows)
 
 
-def format_inventory(inventory: Inventory) -> str:
+def format_inventory(
+    inventory: Inventory,
+    *,
+    total: int | None = None,
+    next_after: str | None = None,
+    unreadable_total: int | None = None,
+) -> str:
+    """An inventory, or one page of it (``cli/paging.py``: ``total`` operations in all,
+    ``next_after`` the cursor of the next page, ``unreadable_total`` unreadable records in
+    all): a row per operation, the counts, and the unreadable records' ids."""
     header = ("OPERATION", "STATE", "AVAILABILITY", "ATTEMPTS", "JOB", "REVISION", "OWNER")
     rows = [
         tuple(safe_text(cell) for cell in (
@@ -211,9 +220,17 @@ def format_inventory(inventory: Inventory) -> str:
         for row in table
     ]
     text = "\n".join(lines) + "\n"
-    text += f"{len(rows)} operation(s)\n"
+    if total is None or total == len(rows):
+        text += f"{len(rows)} operation(s)\n"
+    else:
+        text += f"{len(rows)} of {total} operation(s) shown"
+        text += (f"; next page: --after {safe_text(next_after)}\n"
+                 if next_after is not None else "\n")
     for op_id in inventory.unreadable:
         text += f"unreadable record: {safe_text(op_id)}\n"
+    hidden = (unreadable_total or 0) - len(inventory.unreadable)
+    if hidden > 0:
+        text += f"... and {hidden} more unreadable record(s) (--limit 0 shows all)\n"
     return text
 
 

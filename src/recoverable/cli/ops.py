@@ -8,6 +8,7 @@ import json
 import os
 from typing import IO, Any, Final
 
+import msgspec
 import trio
 
 from recoverable import errors
@@ -19,12 +20,14 @@ from recoverable.cli.formatting import (
     format_inventory,
     format_receipt,
     format_status,
+    printable_inventory,
     receipt_json,
     safe_text,
 )
+from recoverable.cli.paging import page
 from recoverable.storage.store import RecoveryStore, url_scheme
 from recoverable.transport.base import StaticCredentials
-from recoverable.types import AccountBinding, Handle, Status
+from recoverable.types import AccountBinding, Handle, Inventory, Status
 
 __all__ = ["NoGeneration", "open_store", "resolve_account", "run_ops"]
 
@@ -147,7 +150,21 @@ class _StoreCommand:
     async def _dispatch(self, rt: Runtime) -> int:
         if self.command == "inventory":
             inventory = await rt.inventory(scope=self.args.scope)
-            self.out.write(encode_json(inventory) if self.as_json else format_inventory(inventory))
+            shown = page(inventory.operations, _operation_id, limit=self.args.limit,
+                         after=self.args.after)
+            unreadable = page(inventory.unreadable, str, limit=self.args.limit)
+            paged = Inventory(operations=shown.items, unreadable=unreadable.items)
+            if self.as_json:
+                self.out.write(encode_json({
+                    **msgspec.to_builtins(printable_inventory(paged)),
+                    "total": shown.total, "unreadable_total": unreadable.total,
+                    "next_after": shown.next_after,
+                }))
+            else:
+                self.out.write(format_inventory(
+                    paged, total=shown.total, next_after=shown.next_after,
+                    unreadable_total=unreadable.total,
+                ))
             return EXIT_OK
         operation_id = self.operation_id
         assert operation_id is not None
@@ -254,3 +271,7 @@ def _purge(
         for op_id in result.skipped:
             out.write(f"  skipped {safe_text(op_id)}\n")
     return EXIT_OK
+
+
+def _operation_id(status: Status) -> str:
+    return status.operation_id

@@ -16,6 +16,7 @@ from recoverable import errors
 from recoverable.cli.exits import EXIT_FAILED, EXIT_OK
 from recoverable.cli.formatting import encode_json, safe_text
 from recoverable.cli.ops import open_store
+from recoverable.cli.paging import page
 from recoverable.storage.sources import SourceChange
 
 __all__ = ["format_change", "run_source"]
@@ -36,24 +37,32 @@ def run_source(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         return EXIT_FAILED
     finally:
         store.close()
+    superseded = page(change.superseded, str, limit=args.limit)
+    unreadable = page(change.unreadable, str, limit=args.limit)
     if args.json:
         out.write(encode_json({
             "key": change.key, "previous": change.previous, "current": change.current,
-            "superseded": list(change.superseded), "unreadable": list(change.unreadable),
+            "superseded": list(superseded.items), "superseded_total": superseded.total,
+            "unreadable": list(unreadable.items), "unreadable_total": unreadable.total,
         }))
     else:
-        out.write(format_change(change))
+        out.write(format_change(change, limit=args.limit))
     return EXIT_OK
 
 
-def format_change(change: SourceChange) -> str:
-    """The change for people: the digests, then the superseded ids."""
+def format_change(change: SourceChange, *, limit: int = 0) -> str:
+    """The change for people: the digests, then the superseded ids (at most ``limit`` of
+    each list: ``cli/paging.py``; 0: all)."""
     now = "deleted" if change.current is None else safe_text(change.current)
     was = "none" if change.previous is None else safe_text(change.previous)
     lines = [
         f"source {safe_text(change.key)}: {was} -> {now}; superseded "
         f"{len(change.superseded)} operation(s)"
     ]
-    lines += [f"  superseded {safe_text(op_id)}" for op_id in change.superseded]
-    lines += [f"  unreadable {safe_text(op_id)} (left as is)" for op_id in change.unreadable]
+    for what, ids, note in (("superseded", change.superseded, ""),
+                            ("unreadable", change.unreadable, " (left as is)")):
+        shown = page(ids, str, limit=limit)
+        lines += [f"  {what} {safe_text(op_id)}{note}" for op_id in shown.items]
+        if shown.more:
+            lines.append(f"  ... and {shown.more} more {what} (--limit 0 shows all)")
     return "\n".join(lines) + "\n"
