@@ -76,7 +76,7 @@ def _split(url: str) -> tuple[str, str | None, str] | None:
 
 
 def _redact_query(text: str) -> str:
-    return _QUERY_SECRET.sub(lambda m: m.group(1) + REDACTED, text)
+    return _QUERY_SECRET.sub(lambda found: found.group(1) + REDACTED, text)
 
 
 def redact_url(url: str) -> str:
@@ -85,7 +85,7 @@ def redact_url(url: str) -> str:
     directory path as it is."""
     parts = _split(url)
     if parts is None:
-        return _KEYWORD_SECRET.sub(lambda m: m.group(1) + REDACTED, url)
+        return _KEYWORD_SECRET.sub(lambda found: found.group(1) + REDACTED, url)
     prefix, userinfo, rest = parts
     rest = _redact_query(rest)
     if userinfo is None:
@@ -140,7 +140,7 @@ def secrets_of(url: str) -> frozenset[str]:
     found: list[str | None] = []
     parts = _split(url)
     if parts is None:
-        found += [m.group(2).strip("'") for m in _KEYWORD_SECRET.finditer(url)]
+        found += [hit.group(2).strip("'") for hit in _KEYWORD_SECRET.finditer(url)]
     else:
         found.append(_password(parts[1]))
         found.append(_password(_libpq_userinfo(url)))
@@ -148,8 +148,8 @@ def secrets_of(url: str) -> frozenset[str]:
             found.append(urllib.parse.urlsplit(url).password)
         except ValueError:
             pass
-        found += [m.group(2) for m in _QUERY_SECRET.finditer(url.partition("?")[2])]
-        found += [m.group(2) for m in _QUERY_SECRET.finditer(parts[2])]
+        found += [hit.group(2) for hit in _QUERY_SECRET.finditer(url.partition("?")[2])]
+        found += [hit.group(2) for hit in _QUERY_SECRET.finditer(parts[2])]
     secrets: set[str] = set()
     for value in found:
         if value:
@@ -182,8 +182,8 @@ def scrub(text: str, url: str | None = None) -> str:
         secrets |= secrets_of(url)
     for secret in sorted(secrets, key=len, reverse=True):
         text = text.replace(secret, REDACTED)
-    text = _KEYWORD_SECRET.sub(lambda m: m.group(1) + REDACTED, text)
-    return _URL_IN_TEXT.sub(lambda m: redact_url(m.group()), text)
+    text = _KEYWORD_SECRET.sub(lambda found: found.group(1) + REDACTED, text)
+    return _URL_IN_TEXT.sub(lambda found: redact_url(found.group()), text)
 
 
 def brief(text: str, limit: int = MAX_REASON) -> str:
