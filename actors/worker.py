@@ -247,6 +247,7 @@ class _Worker:
             nursery.start_soon(self._watch_stop)
             delay = POLL_FIRST
             while not self.stop.is_set():
+                self._check_owner()
                 self.changed = trio.Event()
                 started = await self._claim_round(nursery)
                 delay = POLL_FIRST if started else min(delay * 2, POLL_MAX)
@@ -256,6 +257,16 @@ class _Worker:
             await self._shutdown()
             nursery.cancel_scope.cancel()
         return self.report
+
+    def _check_owner(self) -> None:
+        """A store that lost this process's ownership (the PostgreSQL store: its session
+        or heartbeat failed) refuses every write for good: the worker can run nothing
+        more, so it stops with the typed error rather than idle on (restart it)."""
+        if not self.store.owner_is_live(self.store.owner_id):
+            raise errors.StorageUnavailable(
+                "this worker lost its ownership of the store (its database session or "
+                "heartbeat failed): it can write nothing more; start it again"
+            )
 
     async def _watch_stop(self) -> None:
         await self.stop.wait()

@@ -10,9 +10,10 @@ psycopg connection. So the write transaction (``storage/txn.py``), the queries, 
 queue scan and the integrity check are the very code the LMDB store runs: the records,
 their typed errors, the quotas and the indexes behave the same on both stores.
 
-A failing statement raises ``StorageUnavailable`` (its SQLSTATE, never the server's text,
-which may name hosts or users) and is remembered in :attr:`SqlSnapshot.failed`: the writer
-then knows the transaction is lost whatever the mutation did with the error.
+A failing statement raises ``StorageUnavailable`` (its class, SQLSTATE and the first line
+of the server's or libpq's reason, scrubbed of every password: :func:`describe`) and is
+remembered in :attr:`SqlSnapshot.failed`: the writer then knows the transaction is lost
+whatever the mutation did with the error.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Iterator
 from typing import Any, Final
 
 import psycopg
+from recoverable.storage import redact
 from recoverable.storage.base import TABLES, Table
 
 from recoverable.errors import StorageUnavailable
@@ -40,10 +42,18 @@ def table_names() -> dict[Table, Any]:
     return {table: sql_table(table) for table in TABLES}
 
 
-def describe(exc: BaseException) -> str:
-    """A database error as text that names no host, user or password: class and SQLSTATE."""
+def describe(exc: BaseException, url: str | None = None) -> str:
+    """A database error as it may be shown: its class, SQLSTATE, and the first line of its
+    reason ("connection refused", "password authentication failed for user ...") with no
+    password of ``url`` (the URL it was connecting with, if any) or of any URL this
+    process connected with, bounded (``storage/redact.py``)."""
     state = getattr(exc, "sqlstate", None)
-    return f"{type(exc).__name__}" + (f" (SQLSTATE {state})" if state else "")
+    reason = redact.brief(redact.scrub(str(exc), url))
+    return (
+        f"{type(exc).__name__}"
+        + (f" (SQLSTATE {state})" if state else "")
+        + (f": {reason}" if reason else "")
+    )
 
 
 class _Statements:

@@ -20,8 +20,9 @@ Failing closed. If this owner's lock connection is lost or its heartbeat finds i
 expired, the owner is *lost*: every later write is refused (``StorageUnavailable``) and
 none of its leases is live, so nothing is authorized, transmitted or delivered by it
 again; open the store anew. An unreachable database makes every read and write raise
-``StorageUnavailable``. Connection strings are redacted (``postgresql://user:***@...``)
-in ``path``, ``repr`` and every error.
+``StorageUnavailable``. Connection strings are redacted (``postgresql://user:***@...``,
+from the raw text: ``storage/redact.py``) in ``path``, ``repr`` and every error, and the
+driver's reasons in errors are scrubbed of the password.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Final, TypeVar
 
 import psycopg
-from recoverable.storage import codec, queue
+from recoverable.storage import codec, queue, redact
 from recoverable.storage.keys import key_str, u64
 from recoverable.storage.leases import LeaseTokens, lease_expired
 from recoverable.storage.pg_listen import CommitListener
@@ -155,6 +156,7 @@ class PgStore(RecoveryStore):
         # methods use are set here.
         self._url = url
         self.path = redact_url(url)
+        redact.remember(url)  # its password is scrubbed from every later driver message
         self.max_bytes = options.max_bytes
         self.max_record_bytes = options.max_record_bytes
         self.max_map_size = 0
@@ -216,8 +218,8 @@ class PgStore(RecoveryStore):
             )
         except psycopg.Error as exc:
             raise StorageUnavailable(
-                f"cannot connect to the database at {self.path}: {describe(exc)}"
-            ) from None  # the driver's message may echo connection details
+                f"cannot connect to the database at {self.path}: {describe(exc, self._url)}"
+            ) from None  # the driver's exception may echo connection details
 
     def _connect_reader(self) -> psycopg.Connection[Any]:
         return self._connect(autocommit=True, role="read")

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Generic, TypeVar
 
 import msgspec
+from recoverable.storage.redact import redact_url
 
 __all__ = ["OpenStores", "StoreOptions"]
 
@@ -51,7 +52,7 @@ class OpenStores(Generic[Opened]):
             if entry is not None:
                 if entry.options != options:
                     raise ValueError(
-                        f"the store at {path} is already open in this process with "
+                        f"the store at {redact_url(path)} is already open in this process with "
                         f"different options ({entry.options} != {options})"
                     )
                 entry.references += 1

@@ -25,7 +25,6 @@ from __future__ import annotations
 import functools
 import os
 import time
-import urllib.parse
 from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, TypeVar
@@ -42,6 +41,7 @@ from recoverable.storage.keys import (
     u64,
 )
 from recoverable.storage.leases import LeaseTokens, OwnerLock
+from recoverable.storage.redact import redact_url
 from recoverable.storage.registry import OpenStores, StoreOptions
 from recoverable.storage.rows import RecordGetters
 from recoverable.storage.txn import WriteState, WriteTxn
@@ -90,29 +90,6 @@ def register_url_store(
     """Make ``RecoveryStore.open(url)`` open URLs of these schemes with ``opener``."""
     for scheme in schemes:
         _URL_STORES[scheme] = opener
-
-
-def redact_url(url: str) -> str:
-    """The URL without its password (``user:***@``) or password-like query values
-    (a directory path is returned as it is)."""
-    if url_scheme(url) is None:
-        return url
-    try:
-        parts = urllib.parse.urlsplit(url)
-    except ValueError:
-        return "postgresql://***"
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, _, hostport = netloc.rpartition("@")
-        user = userinfo.split(":", 1)[0]
-        netloc = f"{user}:***@{hostport}" if ":" in userinfo else f"{user}@{hostport}"
-    query = urllib.parse.urlencode(
-        [
-            (name, "***" if name.lower() in ("password", "sslpassword", "passfile") else value)
-            for name, value in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
-        ]
-    )
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, ""))
 
 
 def url_scheme(path: object) -> str | None:

@@ -8,6 +8,7 @@ store's records, the provider's request log), never sleeps.
 
 from __future__ import annotations
 
+import io
 import json
 import signal
 import subprocess
@@ -23,6 +24,8 @@ import trio
 from recoverable.storage.queue import entry as queue_entry
 
 import recoverable
+from recoverable.cli import main
+from recoverable.cli import worker as worker_cli
 
 from .cli_helpers import REPO, SMALL_SCHEMA, child_env, cli_command
 
@@ -272,3 +275,97 @@ def test_lease_seconds_out_of_bounds_is_a_usage_error(tmp_path: Path) -> None:
         assert done.returncode == 2, (value, done.stderr)
         assert "--lease-seconds" in done.stderr
     assert not (tmp_path / "s").exists()  # refused before the store was created
+
+
+async def test_a_store_failing_under_a_worker_ends_it_with_one_typed_line(
+    tmp_path: Path, provider: dict[str, Any]
+) -> None:
+    """Issue 28 item 5: lock.mdb removed under a running worker. Every read and write of
+    its store is refused from then on; the worker says so in ONE line (the typed code),
+    never a traceback, and exits 1. It got the store from ``--store-env``."""
+    path = tmp_path / "store"
+    store = recoverable.RecoveryStore.open(str(path))
+    worker: subprocess.Popen[str] | None = None
+    try:
+        async with recoverable.open_runtime(store, backend(provider), account=ACCOUNT) as rt:
+            handles = await submit_all(rt, 4)
+        worker = subprocess.Popen(  # noqa: ASYNC220 (started, not awaited)
+            cli_command(
+                "worker", "--store-env", "TEST_WORKER_STORE", "--endpoint",
+                provider["http_url"], "--mode", "sse", "--api-key-env", "WORKER_TEST_KEY",
+                "--account", ACCOUNT.account_id, "--concurrency", "4",
+            ),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+            env={**child_env(), **KEY_ENV, "TEST_WORKER_STORE": str(path)},
+        )
+        await phases_reach(store, handles, {"transmitting"}, 1)  # it is running them
+        store.close()  # this process's own copy: only the worker has it open now
+        (path / "lock.mdb").unlink()
+        with trio.fail_after(30):  # generous: it fails at its next read or write
+            await trio.to_thread.run_sync(worker.wait)
+        _, err = worker.communicate(timeout=10)
+    finally:
+        if worker is not None and worker.poll() is None:
+            worker.kill()
+            worker.wait()
+        store.close()
+    assert worker.returncode == 1, err
+    assert "Traceback" not in err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("recoverable worker: store_lock_replaced: "), err
+
+
+def test_exactly_one_of_store_and_store_env_is_a_usage_rule(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = str(tmp_path / "s")
+    monkeypatch.setenv("TEST_WORKER_STORE", store)
+    monkeypatch.delenv("TEST_WORKER_STORE_UNSET", raising=False)
+    cases = [
+        ((), "one of the arguments --store --store-env is required"),
+        (("--store", store, "--store-env", "TEST_WORKER_STORE"), "not allowed with argument"),
+        (("--store-env", "TEST_WORKER_STORE_UNSET"), "TEST_WORKER_STORE_UNSET (--store-env) "
+                                                     "is not set"),
+    ]
+    for args, message in cases:
+        assert main(["worker", *args]) == 2, args  # in process: no worker is started
+        err = capsys.readouterr().err
+        assert message in err, (args, err)
+        assert "Traceback" not in err
+    assert not (tmp_path / "s").exists()  # refused before any store was opened
+
+
+def test_an_unexpected_worker_error_is_one_line_naming_its_type(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A defect (not a typed error), wrapped by Trio's nurseries as it would be: one line
+    with its type and a hint to report it; its traceback only with RECOVERABLE_DEBUG=1."""
+    try:
+        raise ExceptionGroup("nursery", [
+            ExceptionGroup("inner", [recoverable.errors.StorageUnavailable("lost")]),
+            ValueError("boom\nsecond line"),
+        ])
+    except ExceptionGroup as raised:  # with its traceback, as trio.run raises it
+        failure = raised
+    monkeypatch.delenv("RECOVERABLE_DEBUG", raising=False)
+    lines: list[str] = []
+    err = io.StringIO()
+    assert worker_cli._failure(failure, lines.append, err) == 1
+    assert lines == [
+        "recoverable worker: internal_error: ValueError: boom (a defect of recoverable: "
+        "please report it; RECOVERABLE_DEBUG=1 prints the traceback)"
+    ]
+    assert err.getvalue() == ""
+    monkeypatch.setenv("RECOVERABLE_DEBUG", "1")
+    assert worker_cli._failure(failure, lines.append, err) == 1
+    assert "Traceback" in err.getvalue() and "ValueError: boom" in err.getvalue()
+    typed = ExceptionGroup("nursery", [
+        recoverable.errors.StoreLockReplaced("gone"),
+        ExceptionGroup("inner", [recoverable.errors.StorageUnavailable("lost")]),
+    ])
+    lines.clear()
+    assert worker_cli._failure(typed, lines.append, None) == 1
+    assert len(lines) == 1
+    assert lines[0].startswith("recoverable worker: store_lock_replaced: ")
+    assert lines[0].endswith("(also: storage_unavailable)")

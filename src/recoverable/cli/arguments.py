@@ -506,7 +506,13 @@ def _add_worker(sub: argparse._SubParsersAction[_Parser]) -> None:
             "authorization: every attempt the operation's saved budget allows."
         ),
     )
-    worker.add_argument("--store", required=True, metavar="DIR|URL")
+    where = worker.add_mutually_exclusive_group(required=True)  # exactly one (else exit 2)
+    where.add_argument("--store", metavar="DIR|URL", help="the store: a directory or a URL")
+    where.add_argument(
+        "--store-env", metavar="VAR",
+        help="read the store's directory or URL from the environment variable VAR (what "
+        "batch --workers passes: a URL's password stays out of the process list)",
+    )
     worker.add_argument(
         "--endpoint", default="fixture", metavar="URL|fixture",
         help="a Responses-compatible base URL, or 'fixture' (an embedded provider)",

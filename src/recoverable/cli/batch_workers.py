@@ -25,10 +25,11 @@ put on a command line).
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
 import trio
@@ -40,20 +41,37 @@ from recoverable.cli.provider import batch_account
 from recoverable.records import OperationRecord
 from recoverable.types import Handle
 
-__all__ = ["RESTARTS_PER_WORKER", "WorkerPool", "WorkersHost", "worker_command"]
+__all__ = [
+    "RESTARTS_PER_WORKER", "STORE_ENV", "WorkerCommand", "WorkerPool", "WorkersHost",
+    "worker_command",
+]
 
 RESTARTS_PER_WORKER: Final = 4
 MAX_WAITERS: Final = 10_000  # jobs waited for at once (each a cheap poll of the store)
 
 
-def worker_command(host: WorkersHost) -> list[str]:
-    """The ``recoverable worker`` command line of this batch's workers."""
+STORE_ENV: Final = "RECOVERABLE_WORKER_STORE"  # the store location, in a worker's environment
+
+
+class WorkerCommand(list[str]):
+    """A worker's command line, and what its environment adds: the store location, which
+    never goes on a command line (``ps`` and ``/proc/PID/cmdline`` show those to every
+    user of the machine, and a ``postgresql://`` URL may hold a password)."""
+
+    def __init__(self, argv: Iterable[str], env: Mapping[str, str]) -> None:
+        super().__init__(argv)
+        self.env = dict(env)
+
+
+def worker_command(host: WorkersHost) -> WorkerCommand:
+    """The ``recoverable worker`` command line of this batch's workers; the store is
+    passed in their environment (``--store-env``)."""
     config = host.config
     backend = host.rt.backend
     assert backend is not None
     command = [
         sys.executable, "-m", "recoverable", "worker",
-        "--store", config.store_path,
+        "--store-env", STORE_ENV,
         "--account", batch_account(config).account_id,
         "--mode", config.mode,
         "--concurrency", str(config.concurrency),
@@ -63,11 +81,14 @@ def worker_command(host: WorkersHost) -> list[str]:
         command += ["--fixture-url", getattr(backend, "base_url")]  # noqa: B009
     else:
         command += ["--endpoint", config.endpoint, "--api-key-env", config.api_key_env]
-    return command
+    return WorkerCommand(command, {STORE_ENV: config.store_path})
 
 
 class WorkerPool:
-    """N supervised worker processes; a dead one is replaced within a bound."""
+    """N supervised worker processes; a dead one is replaced within a bound.
+
+    Each runs ``command`` with this process's environment plus ``env`` (by default a
+    :class:`WorkerCommand`'s own)."""
 
     def __init__(
         self,
@@ -77,8 +98,12 @@ class WorkerPool:
         max_restarts: int,
         say: Callable[[str], None],
         on_exhausted: Callable[[str], None],
+        env: Mapping[str, str] | None = None,
     ) -> None:
-        self.command = command
+        self.command = list(command)
+        if env is None:
+            env = command.env if isinstance(command, WorkerCommand) else {}
+        self.env = dict(env)
         self.count = count
         self.max_restarts = max_restarts
         self.say = say
@@ -112,10 +137,12 @@ class WorkerPool:
     async def _run_one(self) -> int:
         process: trio.Process | None = None
 
+        env = {**os.environ, **self.env} if self.env else None  # None: inherit ours
+
         async def run(task_status: trio.TaskStatus[trio.Process]) -> None:
             await trio.run_process(
                 self.command, check=False, stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, deliver_cancel=_terminate,
+                stdout=subprocess.DEVNULL, deliver_cancel=_terminate, env=env,
                 task_status=task_status,
             )
 

@@ -34,7 +34,8 @@ from recoverable.cli.dashboard_app import Dashboard
 from recoverable.cli.dashboard_security import Guard, Sessions
 from recoverable.cli.exits import EXIT_OK, UsageError
 from recoverable.cli.ops import resolve_account
-from recoverable.storage.store import RecoveryStore
+from recoverable.storage.redact import url_host
+from recoverable.storage.store import RecoveryStore, url_scheme
 from recoverable.telemetry import TelemetryEvent
 
 __all__ = ["run_dashboard", "store_label"]
@@ -47,9 +48,10 @@ GRACEFUL_SECONDS: Final = 2.0  # open live views (SSE) are closed after this on 
 def store_label(spec: str) -> str:
     """How pages and the JSON line name the store: a URL without its credentials."""
     if "://" in spec:
-        parts = urlsplit(spec)
-        host = parts.hostname or "local socket"
-        return f"{parts.scheme} store on {host} (credentials not shown)"
+        # From the raw text (storage/redact.py): a parser would take part of a password
+        # holding an unencoded '/', '?', '#' or '@' for the host.
+        host = url_host(spec) or "local socket"
+        return f"{spec.split('://', 1)[0]} store on {host} (credentials not shown)"
     return os.path.abspath(spec)
 
 
@@ -58,7 +60,7 @@ def open_dashboard_store(spec: str) -> RecoveryStore:
     message never repeats a URL's credentials."""
     label = store_label(spec)
     if "://" in spec:
-        scheme = urlsplit(spec).scheme
+        scheme = url_scheme(spec)
         # The PostgreSQL store (issue 17) is opened by RecoveryStore.open from its URL;
         # until that module is installed a URL is refused (never a directory named
         # "postgresql:").

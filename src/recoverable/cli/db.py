@@ -14,6 +14,7 @@ from typing import IO
 from recoverable import errors
 from recoverable.cli.exits import EXIT_FAILED, EXIT_OK, UsageError
 from recoverable.cli.formatting import safe_text
+from recoverable.storage import redact
 from recoverable.storage.store import redact_url, url_scheme
 
 __all__ = ["run_db"]
@@ -30,19 +31,21 @@ def run_db(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         import psycopg
 
         from recoverable.storage import pg_schema
+        from recoverable.storage.pg_sql import describe
     except ImportError as exc:
         raise UsageError(
             "the PostgreSQL store needs recoverable[postgres]: pip install "
             "'recoverable[postgres]'"
         ) from exc
     where = redact_url(url)
+    redact.remember(url)
     try:
         with psycopg.connect(url, autocommit=True, connect_timeout=5) as conn:
             before, after = pg_schema.upgrade(conn)
     except psycopg.Error as exc:
         err.write(
             f"recoverable db upgrade: storage_unavailable: cannot connect to {where} "
-            f"({type(exc).__name__})\n"
+            f"({describe(exc, url)})\n"
         )
         return EXIT_FAILED
     except errors.RecoveryError as exc:

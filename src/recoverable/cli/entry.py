@@ -23,6 +23,7 @@ from recoverable.cli.source import run_source
 from recoverable.cli.sweep import run_sweep
 from recoverable.cli.worker import main as worker_main
 from recoverable.pricing import load_prices
+from recoverable.storage.redact import scrub
 from recoverable.transport.backend import check_base_url
 from recoverable.transport.fixture import fixture_main
 
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     except errors.RecoveryError as exc:
         # Last resort (a damaged store met outside an operation, issue 11.3): the typed
         # code and message, never a traceback.
-        sys.stderr.write(f"recoverable {args.command}: {exc.code}: {safe_text(exc)}\n")
+        sys.stderr.write(f"recoverable {args.command}: {exc.code}: {safe_text(scrub(str(exc)))}\n")
         return EXIT_FAILED
     except KeyboardInterrupt:
         # Before or after the batch's own signal handling (startup, shutdown, ops).

@@ -25,7 +25,7 @@ from recoverable.cli.formatting import (
     safe_text,
 )
 from recoverable.cli.paging import page
-from recoverable.storage.store import RecoveryStore, url_scheme
+from recoverable.storage.store import RecoveryStore, redact_url, url_scheme
 from recoverable.transport.base import StaticCredentials
 from recoverable.types import AccountBinding, Handle, Inventory, Status
 
@@ -70,7 +70,7 @@ def open_store(path: str) -> RecoveryStore:
     if not is_url and (
         not os.path.isdir(path) or not os.path.exists(os.path.join(path, "data.mdb"))
     ):
-        raise UsageError(f"no recovery store at {path}")
+        raise UsageError(f"no recovery store at {redact_url(path)}")  # a pasted password=
     try:
         return RecoveryStore.open(path)
     except errors.RecoveryError as exc:

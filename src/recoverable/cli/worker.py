@@ -13,6 +13,13 @@ attempt the operation's saved budget allows (the budget, saved at submit, is the
 
 stdout: one JSON line when ready (``{"worker": "ready", "pid": ...}``), one at exit with
 the counts (``WorkerReport``); never ids, prompts, outputs, keys or account names.
+
+The store is ``--store DIR|URL`` or, with ``--store-env VAR``, the value of that
+environment variable (``batch --workers`` passes it so: a URL's password stays out of
+``ps``). Exit codes: 0 after a clean stop; 2 a usage error or a store that cannot be
+opened; 1 the worker failed while running (the store failed under it, its PostgreSQL
+session was lost, ...): ONE line on stderr, ``recoverable worker: CODE: message``, never
+a traceback (``RECOVERABLE_DEBUG=1`` prints one for an unexpected error, a defect).
 """
 
 from __future__ import annotations
@@ -21,10 +28,12 @@ import argparse
 import contextlib
 import importlib
 import json
+import logging
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator
+import traceback
+from collections.abc import AsyncIterator, Callable
 from typing import IO, Any, Final, Literal
 
 import attrs
@@ -37,6 +46,7 @@ from recoverable.actors.worker import WorkerReport, run_worker
 from recoverable.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, UsageError
 from recoverable.cli.gc_tuning import tuned_collector
 from recoverable.cli.provider import FIXTURE_ACCOUNT, FIXTURE_KEY
+from recoverable.storage.redact import brief, scrub
 from recoverable.storage.store import RecoveryStore
 from recoverable.transport.backend import ResponsesBackend, check_base_url
 from recoverable.transport.base import StaticCredentials, StreamLimits, validate_api_key
@@ -49,6 +59,7 @@ __all__ = [
 ]
 
 FIXTURE_ENDPOINT_ID: Final = "fixture"  # the batch's embedded provider, whatever its port
+DEBUG_ENV: Final = "RECOVERABLE_DEBUG"  # =1: an unexpected error's traceback is printed
 
 
 @attrs.frozen
@@ -211,20 +222,66 @@ def run_worker_command(
     except UsageError as exc:
         say(f"recoverable worker: {exc}")
         return EXIT_USAGE
+    _quiet_driver_log()
     try:
         store = RecoveryStore.open(config.store_path)
     except errors.RecoveryError as exc:
-        say(f"recoverable worker: cannot open the store: {exc.code}: {exc}")
+        say(f"recoverable worker: cannot open the store: {exc.code}: {scrub(str(exc))}")
         return EXIT_USAGE
     try:
         report = trio.run(_serve, config, store, authorize, out)
-    except errors.RecoveryError as exc:
-        say(f"recoverable worker: {exc.code}: {exc}")
-        return EXIT_FAILED
+    except BaseException as exc:  # each kind is told apart in _failure
+        return _failure(exc, say, err)
     finally:
-        store.close()
+        with contextlib.suppress(errors.RecoveryError):
+            store.close()  # a store that failed may fail closing too: it was told
     _say(out, {"worker": "stopped", **attrs.asdict(report)})
     return 0
+
+
+def _quiet_driver_log() -> None:
+    """psycopg logs a warning through Python's last-resort handler (stderr) when it cleans
+    up a connection the server ended; the worker's one line says what happened (the
+    warning is kept with ``RECOVERABLE_DEBUG=1``)."""
+    if os.environ.get(DEBUG_ENV) != "1":
+        logging.getLogger("psycopg").addHandler(logging.NullHandler())
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside (nested) exception groups, as Trio's nurseries raise them."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
+
+
+def _failure(exc: BaseException, say: Callable[[str], None], err: IO[str] | None) -> int:
+    """How a worker that failed ends: ONE line on stderr and ``EXIT_FAILED``, never a
+    traceback (``RECOVERABLE_DEBUG=1`` adds it for an unexpected error). A typed error
+    (the store failing under the worker: ``storage_unavailable``, ``store_lock_replaced``,
+    ...) is told by its code and message, also when Trio's nurseries wrapped it (and
+    others) in exception groups. An interruption (Ctrl-C) is re-raised (``entry.py``: exit
+    130); any other exception is a defect, told by its type."""
+    leaves = _leaves(exc)
+    if any(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
+        raise KeyboardInterrupt from exc
+    if not isinstance(exc, Exception):
+        raise exc  # SystemExit and the like: not a failure to tell
+    typed = [leaf for leaf in leaves if isinstance(leaf, errors.RecoveryError)]
+    if len(typed) == len(leaves):
+        first = typed[0]
+        others = sorted({leaf.code for leaf in typed} - {first.code})
+        also = f" (also: {', '.join(others)})" if others else ""
+        say(f"recoverable worker: {first.code}: {brief(scrub(str(first)), 2000)}{also}")
+        return EXIT_FAILED
+    unknown = next(leaf for leaf in leaves if not isinstance(leaf, errors.RecoveryError))
+    say(
+        f"recoverable worker: internal_error: {type(unknown).__name__}: "
+        f"{brief(scrub(str(unknown)))} (a defect of recoverable: please report it; "
+        f"{DEBUG_ENV}=1 prints the traceback)"
+    )
+    if os.environ.get(DEBUG_ENV) == "1" and err is not None:
+        traceback.print_exception(exc, file=err)
+    return EXIT_FAILED
 
 
 def worker_config(args: argparse.Namespace) -> WorkerConfig:
@@ -234,7 +291,7 @@ def worker_config(args: argparse.Namespace) -> WorkerConfig:
     if not 1.0 <= args.lease_seconds <= 3600.0:
         raise UsageError("--lease-seconds must be between 1 and 3600")
     return WorkerConfig(
-        store_path=args.store,
+        store_path=_store_location(args),
         endpoint=args.endpoint,
         fixture_url=args.fixture_url,
         api_key_env=args.api_key_env,
@@ -245,6 +302,20 @@ def worker_config(args: argparse.Namespace) -> WorkerConfig:
         idle_timeout=args.idle_timeout,
         lease_seconds=args.lease_seconds,
     )
+
+
+def _store_location(args: argparse.Namespace) -> str:
+    """``--store DIR|URL``, or the value of the variable named by ``--store-env`` (what
+    ``batch --workers`` passes: a URL's password never shows in the process list)."""
+    if args.store_env is None:
+        store: str = args.store
+        return store
+    value = os.environ.get(args.store_env)
+    if not value:
+        raise UsageError(
+            f"the environment variable {args.store_env} (--store-env) is not set"
+        )
+    return value
 
 
 def main(args: argparse.Namespace) -> int:
