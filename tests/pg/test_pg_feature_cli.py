@@ -58,7 +58,8 @@ def test_source_set_on_a_url_supersedes_the_old_digests_operations(pg_url: str) 
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {
         "key": "doc-1", "previous": "sha256:v1", "current": "sha256:v2",
-        "superseded": ["op-old"], "unreadable": [],
+        "superseded": ["op-old"], "superseded_total": 1, "unreadable": [],
+        "unreadable_total": 0,
     }
     status = run_cli("status", "op-old", "--store", url, "--account", "acct-cli")
     assert status.returncode == 0, status.stderr
