@@ -29,6 +29,7 @@ from recoverable.storage.pg_schema import SCHEMA_VERSION
 import recoverable
 from recoverable.cli import main
 from recoverable.cli.batch_workers import STORE_ENV
+from recoverable.cli.exits import EXIT_STORE_LOST
 from tests.cli.cli_helpers import REPO, child_env, cli_command, job_line, run_cli, write_jobs
 from tests.cli.test_batch_workers import worker_pids
 from tests.cli.test_worker_cli import (
@@ -255,7 +256,7 @@ async def test_a_worker_whose_database_sessions_are_ended_stops_with_one_typed_l
             worker.wait()
         store.close()
         stop(provider)
-    assert worker.returncode == 1, err
+    assert worker.returncode == EXIT_STORE_LOST, err  # distinct: a replacement may go on
     lines = err.splitlines()
     assert len(lines) == 1, err
     assert lines[0].startswith("recoverable worker: storage_unavailable: "), err

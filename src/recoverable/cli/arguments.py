@@ -9,6 +9,7 @@ from typing import Final, NoReturn
 
 from recoverable import errors
 from recoverable.actors.governor import RATE_MARGIN
+from recoverable.actors.heartbeat import LEASE_SECONDS_MAX, LEASE_SECONDS_MIN
 from recoverable.actors.worker import MAX_CONCURRENCY
 from recoverable.cli.config import DEFAULT_RETRY_PROVIDER_CODES, MINIMUM_RPS
 from recoverable.cli.exits import UsageError
@@ -541,10 +542,19 @@ def _add_worker(sub: argparse._SubParsersAction[_Parser]) -> None:
         help="a stream silent this long is interrupted (and replaced)",
     )
     worker.add_argument(
-        "--lease-seconds", type=_positive_float, default=30.0, metavar="SECONDS",
+        "--lease-seconds", type=_lease_seconds, default=30.0, metavar="SECONDS",
         help="how long a claim lives unless the worker's heartbeat renews it (1..3600; a "
         "hung worker's operations are reclaimed by another worker after it)",
     )
+    worker.add_argument(
+        "--stop-with-stdin", action="store_true",
+        help="stop (as on SIGTERM) when standard input is closed: batch --workers passes it, "
+        "so its workers stop with the batch however it ends",
+    )
+
+
+def _lease_seconds(text: str) -> float:
+    return _number_in(text, LEASE_SECONDS_MIN, LEASE_SECONDS_MAX, " seconds")
 
 
 def _port(text: str) -> int:

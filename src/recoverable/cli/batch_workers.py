@@ -35,6 +35,7 @@ from typing import Any, Final
 import trio
 
 from recoverable import errors, machine
+from recoverable.cli.exits import EXIT_STORE_LOST
 from recoverable.cli.host import BatchHost, _JobFailed
 from recoverable.cli.jobs import Job
 from recoverable.cli.provider import batch_account
@@ -76,6 +77,7 @@ def worker_command(host: WorkersHost) -> WorkerCommand:
         "--mode", config.mode,
         "--concurrency", str(config.concurrency),
         "--idle-timeout", repr(config.idle_timeout),
+        "--stop-with-stdin",  # WorkerPool holds the other end: they stop with this batch
     ]
     if config.endpoint == "fixture":
         command += ["--fixture-url", getattr(backend, "base_url")]  # noqa: B009
@@ -111,12 +113,22 @@ class WorkerPool:
         self.restarts = 0
         self.started = 0
         self.pids: set[int] = set()
+        self._stdin = -1  # the workers' standard input (see run)
 
     async def run(self) -> None:
-        """Run the pool until cancelled (then every worker gets SIGTERM and is awaited)."""
-        async with trio.open_nursery() as nursery:
-            for slot in range(self.count):
-                nursery.start_soon(self._slot, slot)
+        """Run the pool until cancelled (then every worker gets SIGTERM and is awaited).
+
+        Each worker's standard input is the read end of one pipe whose write end only this
+        process holds: if it dies without stopping them (SIGKILL, the OOM killer), the
+        kernel closes it, and workers started with ``--stop-with-stdin`` stop."""
+        self._stdin, lifeline = os.pipe()  # both ends close-on-exec (os.pipe's default)
+        try:
+            async with trio.open_nursery() as nursery:
+                for slot in range(self.count):
+                    nursery.start_soon(self._slot, slot)
+        finally:
+            os.close(self._stdin)
+            os.close(lifeline)
 
     async def _slot(self, slot: int) -> None:
         while True:
@@ -130,7 +142,9 @@ class WorkerPool:
                 )
                 return
             self.restarts += 1
-            self.say(f"worker {slot} exited (status {status}); starting a replacement "
+            why = " (it lost its store: a new process opens it anew)" if (
+                status == EXIT_STORE_LOST) else ""
+            self.say(f"worker {slot} exited (status {status}){why}; starting a replacement "
                      f"({self.restarts} of at most {self.max_restarts}); its operations "
                      "are adopted")
 
@@ -141,7 +155,7 @@ class WorkerPool:
 
         async def run(task_status: trio.TaskStatus[trio.Process]) -> None:
             await trio.run_process(
-                self.command, check=False, stdin=subprocess.DEVNULL,
+                self.command, check=False, stdin=self._stdin,
                 stdout=subprocess.DEVNULL, deliver_cancel=_terminate, env=env,
                 task_status=task_status,
             )

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "UsageError"]
+__all__ = [
+    "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_STORE_LOST", "EXIT_USAGE", "UsageError",
+]
 
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1  # a job or an operation failed (or was not found)
 EXIT_USAGE: Final = 2  # a usage or input error
+# A worker whose store stopped accepting this process (its PostgreSQL session ended, its
+# heartbeat failed, the database is unreachable): nothing it holds is live any more, and a
+# new process, which opens the store anew, can go on (``batch --workers`` replaces it).
+EXIT_STORE_LOST: Final = 3
 EXIT_INTERRUPTED: Final = 130
 
 

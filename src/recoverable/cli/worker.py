@@ -43,7 +43,13 @@ from recoverable import errors
 from recoverable.actors.operation import Authorize
 from recoverable.actors.runtime import open_runtime
 from recoverable.actors.worker import WorkerReport, run_worker
-from recoverable.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, UsageError
+from recoverable.cli.exits import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_STORE_LOST,
+    EXIT_USAGE,
+    UsageError,
+)
 from recoverable.cli.gc_tuning import tuned_collector
 from recoverable.cli.provider import FIXTURE_ACCOUNT, FIXTURE_KEY
 from recoverable.storage.redact import brief, scrub
@@ -74,6 +80,7 @@ class WorkerConfig:
     authorizer: str | None = None
     idle_timeout: float = 120.0
     lease_seconds: float = 30.0
+    stop_with_stdin: bool = False  # stop when standard input closes (batch --workers)
 
 
 def worker_account(config: WorkerConfig) -> AccountBinding:
@@ -186,6 +193,8 @@ async def _serve(
         trio.open_nursery() as nursery,
     ):
         await nursery.start(_watch_signals, stop)  # installed before "ready" is said
+        if config.stop_with_stdin:
+            nursery.start_soon(_watch_stdin, stop)
         _say(out, {"worker": "ready", "pid": os.getpid(), "concurrency": config.concurrency})
         with tuned_collector():  # the collector's setting for a run (gc_tuning)
             report = await run_worker(rt, concurrency=config.concurrency, authorize=authorize,
@@ -203,6 +212,16 @@ async def _watch_signals(
             if stop.is_set():
                 os._exit(EXIT_INTERRUPTED)  # second signal: at once (the store is safe)
             stop.set()
+
+
+async def _watch_stdin(stop: trio.Event) -> None:
+    """Stop (as on SIGTERM) once standard input reaches its end: ``batch --workers`` holds
+    the other end of that pipe, so its workers stop with it however it ends (SIGKILL
+    included: the kernel closes the pipe), suspending what they run, leases released."""
+    async with trio.lowlevel.FdStream(os.dup(0)) as stdin:
+        while await stdin.receive_some(4096):
+            pass  # nothing is sent on it: only its end means something
+    stop.set()
 
 
 def run_worker_command(
@@ -247,6 +266,14 @@ def _quiet_driver_log() -> None:
         logging.getLogger("psycopg").addHandler(logging.NullHandler())
 
 
+def _store_lost(error: errors.RecoveryError) -> bool:
+    """The store stopped accepting this process, and a new one may go on: unavailable,
+    not damaged (``StoreDamaged``, ``StoreLockReplaced`` fail every process alike)."""
+    return isinstance(error, errors.StorageUnavailable) and not isinstance(
+        error, errors.StoreDamaged | errors.StoreLockReplaced | errors.RequestUnavailable
+    )
+
+
 def _leaves(exc: BaseException) -> list[BaseException]:
     """The exceptions inside (nested) exception groups, as Trio's nurseries raise them."""
     if isinstance(exc, BaseExceptionGroup):
@@ -272,7 +299,7 @@ def _failure(exc: BaseException, say: Callable[[str], None], err: IO[str] | None
         others = sorted({leaf.code for leaf in typed} - {first.code})
         also = f" (also: {', '.join(others)})" if others else ""
         say(f"recoverable worker: {first.code}: {brief(scrub(str(first)), 2000)}{also}")
-        return EXIT_FAILED
+        return EXIT_STORE_LOST if all(_store_lost(leaf) for leaf in typed) else EXIT_FAILED
     unknown = next(leaf for leaf in leaves if not isinstance(leaf, errors.RecoveryError))
     say(
         f"recoverable worker: internal_error: {type(unknown).__name__}: "
@@ -301,6 +328,7 @@ def worker_config(args: argparse.Namespace) -> WorkerConfig:
         authorizer=args.authorizer,
         idle_timeout=args.idle_timeout,
         lease_seconds=args.lease_seconds,
+        stop_with_stdin=args.stop_with_stdin,
     )
 
 
