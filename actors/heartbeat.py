@@ -6,15 +6,25 @@ execution that took it, with the way to stop that execution. One task per runtim
 (:meth:`LeaseKeeper.run`, in the runtime's supervisor nursery) renews, every
 ``lease_seconds / 3``, ALL of them in ONE store write (``storage.leases.renew_leases``: the
 group commit), each conditional on its token and fence still being current. A lease found
-lost (taken over, expired) stops its execution at once, with ``LeaseLost``. A renewal that
-cannot be written (the store is unavailable) is retried sooner, until a lease's safety
-margin is reached: then its execution stops too.
+lost (taken over, fenced out) stops its execution at once, with ``LeaseLost``. A renewal
+that cannot be written (the store is unavailable) is retried sooner, until a lease's
+safety margin is reached: then its execution stops too.
 
 The *safety margin* is ``lease_seconds / 6`` before ``expires_at``. An attempt's transport
-runs in a cancel scope (:meth:`LeaseKeeper.transport_scope`) whose deadline is the lease's
-``expires_at - margin``, moved forward by each renewal: a running generation is cut only
-when its lease could no longer be held (seed 000's "no elapsed-time deadline on a running
-generation" holds while the owner is alive and renewing).
+runs in a cancel scope (:meth:`LeaseKeeper.transport_scope`) that only the heartbeat cuts:
+when the lease is lost, or when it reaches its margin and cannot be renewed (the write
+failed, or did not return within half a margin: a hung store; :meth:`LeaseKeeper.watch`).
+A running
+generation is cut only when its lease could no longer be held (seed 000's "no elapsed-time
+deadline on a running generation" holds while the owner is alive and renewing), so that
+before the lease expires, and another owner may claim it, this one has stopped.
+
+A process stopped past its expiry (SIGSTOP, an event loop blocked) and woken again is
+not cut by the clock: its first beat renews what nobody claimed meanwhile (an expired
+lease whose token and fence are still current: ``storage.leases.renew_leases``), and its
+streams and receipts go on; what another owner claimed is lost and stopped. A transport
+deadline in Trio time would fire on waking, before any renewal could run, and throw away
+completions that were safe to save.
 
 Expiry is wall-clock time (``wall_clock``, the clock every process shares); the heartbeat's
 sleeps and the transport deadlines are Trio time, converted at each renewal.
@@ -103,6 +113,8 @@ class LeaseKeeper:
         self.lost = 0  # leases found lost (or past their margin) by the heartbeat
         self._beat = trio.Event()  # set to make the heartbeat beat now (tests, shutdown)
         self._renewed = trio.Event()  # set (and replaced) after each renewal write
+        self._attempted = trio.Event()  # set (and replaced) after each renewal attempt
+        self._held_changed = trio.Event()  # set (and replaced) when a lease is held
 
     @property
     def period(self) -> float:
@@ -117,6 +129,7 @@ class LeaseKeeper:
     def hold(self, lease: LeaseRecord, on_lost: Callable[[], None]) -> HeldLease:
         held = HeldLease(lease, on_lost)
         self.held[lease.operation_id] = held
+        self._held_changed.set()
         return held
 
     def drop(self, held: HeldLease) -> None:
@@ -134,9 +147,9 @@ class LeaseKeeper:
 
     @contextmanager
     def transport_scope(self, held: HeldLease) -> Iterator[trio.CancelScope]:
-        """A cancel scope for one attempt's transport, cut at the lease's safety margin
-        (moved by every renewal) or at once when the lease is lost."""
-        scope = trio.CancelScope(deadline=self.deadline(held))
+        """A cancel scope for one attempt's transport, cut by the heartbeat only: when the
+        lease is lost, or past its margin and not renewable (see the module docstring)."""
+        scope = trio.CancelScope()
         if held.lost:
             scope.cancel()
         held.transports.append(scope)
@@ -158,13 +171,40 @@ class LeaseKeeper:
         await self._renewed.wait()
 
     async def run(self) -> None:
-        """Renew every ``period``; after a failed write, retry sooner (``period / 4``)."""
-        delay = self.period
+        """Renew every ``period``; after a failed write, retry sooner (``period / 4``).
+        Beside it, :meth:`watch` cuts what reached its margin without a renewal."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.watch)
+            delay = self.period
+            while True:
+                with trio.move_on_after(delay):
+                    await self._beat.wait()
+                self._beat = trio.Event()
+                delay = self.period if await self.renew() else self.period / 4
+
+    async def watch(self) -> None:
+        """Cut the executions whose lease reached its safety margin unrenewed: at the
+        earliest margin, ask for a beat and give it half a margin (a store that cannot
+        write in that time is hung); what is still at its margin then is lost. A process
+        woken past its margins (it was stopped) so renews before anything is cut."""
         while True:
-            with trio.move_on_after(delay):
-                await self._beat.wait()
-            self._beat = trio.Event()
-            delay = self.period if await self.renew() else self.period / 4
+            live = [held for held in self.held.values() if not held.lost]
+            earliest = min((self.deadline(held) for held in live), default=math.inf)
+            with trio.move_on_after(max(0.0, earliest - trio.current_time())):
+                await self._held_changed.wait()  # a new lease may have an earlier margin
+                self._held_changed = trio.Event()
+                continue
+            due = [held for held in live if self.deadline(held) <= trio.current_time()]
+            if not due:
+                continue
+            attempted = self._attempted
+            self.beat_now()
+            with trio.move_on_after(self.margin / 2):
+                await attempted.wait()
+            for held in due:
+                if not held.lost and self.deadline(held) <= trio.current_time():
+                    self.lost += 1
+                    held.lose()
 
     async def renew(self) -> bool:
         """One beat: renew all held leases in one write; stop the lost ones.
@@ -172,6 +212,13 @@ class LeaseKeeper:
         Returns False when the write failed (nothing renewed; leases past their safety
         margin were stopped).
         """
+        try:
+            return await self._renew_held()
+        finally:
+            self._attempted.set()  # the watch waits for an attempt's outcome
+            self._attempted = trio.Event()
+
+    async def _renew_held(self) -> bool:
         beating = [held for held in self.held.values() if not held.lost]
         if not beating:
             return True
@@ -196,12 +243,8 @@ class LeaseKeeper:
         fresh = {lease.token: lease for lease in renewed}
         for held in beating:
             lease = fresh.get(held.lease.token)
-            if lease is None:
-                continue
-            held.lease = lease
-            deadline = self.deadline(held)
-            for scope in held.transports:
-                scope.deadline = deadline
+            if lease is not None:
+                held.lease = lease
         for lease in lost:
             lost_held = self.held.get(lease.operation_id)
             if lost_held is not None and lost_held.lease.token == lease.token:
@@ -243,18 +286,15 @@ class ExecutionLease:
 
     @contextmanager
     def transport(self) -> Iterator[None]:
-        """Run one attempt's transport under the hard deadline (see the module docstring).
-        Cut by it, the lease is treated as lost: the execution stops at the next
-        checkpoint (:meth:`checkpoint`)."""
+        """Run one attempt's transport in the scope the heartbeat cuts when the lease is
+        lost (see the module docstring); the execution then stops at the next checkpoint
+        (:meth:`checkpoint`)."""
         held = self.held
         if held is None:
             yield
             return
-        with self.keeper.transport_scope(held) as cut:
+        with self.keeper.transport_scope(held):
             yield
-        if cut.cancelled_caught and not held.lost:
-            self.keeper.lost += 1
-            held.lose()
 
     async def checkpoint(self) -> None:
         """Raise the scope's cancellation now if the lease is lost (a transport was cut)."""

@@ -287,11 +287,17 @@ def renew_leases(
     """Renew many of this owner's leases in one transaction: ``(renewed, lost)``.
 
     Each lease is renewed (its ``expires_at`` moved to ``now + lease_seconds``) only if
-    it is still current: the stored lease row has the same token and fence, the
-    operation record's fence is still that fence, the lease is this owner's, and it has
-    not expired at ``now``. Otherwise it is *lost* (taken over, released, reclaimed,
-    or expired: another owner may already have claimed it) and is returned unchanged in
-    ``lost``; the caller stops the work it fenced. ``renewed`` holds the new rows.
+    it is still current: the stored lease row is this owner's with the same token and
+    fence, and the operation record's fence is still that fence. Otherwise it is *lost*
+    (taken over, released, reclaimed, fenced out by a command or the sweep) and is
+    returned unchanged in ``lost``; the caller stops the work it fenced. ``renewed``
+    holds the new rows.
+
+    An EXPIRED lease that is still current is renewed too: its owner was stopped or hung
+    past the expiry (SIGSTOP, a blocked event loop) and nobody acted on it, since every
+    claim, sweep and command that does increments the fence or removes the row in its
+    own transaction, serialized with this one. Its work is safe to go on with (and what
+    it received, safe to save) exactly as if it had never stopped.
 
     Unreadable rows raise their typed error (the whole renewal is then discarded).
     """
@@ -307,7 +313,6 @@ def renew_leases(
             or current.token != lease.token
             or current.fence != lease.fence
             or current.owner_id != owner_id
-            or not txn.lease_is_live(current, now)
         ):
             lost.append(lease)
             continue

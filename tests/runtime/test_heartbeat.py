@@ -1,7 +1,8 @@
 """The runtime's heartbeat (actors/heartbeat.py, issue 14): one store write renews every
 lease the runtime holds; a lost lease stops its execution; a renewal that cannot be written
-stops an execution once its lease reaches the safety margin; the transport's hard deadline
-follows the lease. Real LMDB store; the wall clock is driven explicitly where it decides."""
+stops an execution once its lease reaches the safety margin, and so does one the store never
+answers; an owner woken past its expiry renews what nobody claimed. Real LMDB store; the
+wall clock is driven explicitly where it decides."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 from recoverable.actors.heartbeat import LeaseKeeper, check_lease_seconds
 from recoverable.storage import RecoveryStore, acquire_lease, release_lease
 
@@ -99,23 +101,73 @@ async def test_an_unwritable_renewal_stops_an_execution_at_its_safety_margin(
     assert stopped == ["op"] and held.lost
 
 
-async def test_the_transport_deadline_is_the_margin_and_moves_with_each_renewal(
+async def test_an_expired_lease_nobody_claimed_is_renewed_and_its_work_goes_on(
     store: RecoveryStore,
 ) -> None:
+    """The owner was stopped past its expiry (SIGSTOP) and nobody claimed the operation:
+    its token and fence are still current, so the first beat renews it (every claim,
+    sweep or command that acts on an expiry changes the fence or removes the row)."""
     wall = Wall(1000.0)
     keeper = LeaseKeeper(store, lease_seconds=30.0, wall_clock=wall)
-    held = keeper.hold(await take(store, "op", wall.now), lambda: None)
-    with keeper.transport_scope(held) as scope:
-        start = trio.current_time()
-        # expires_at 1030, margin 5: cut 25 s (wall) from now, in Trio time.
-        assert scope.deadline == pytest.approx(start + 25.0, abs=0.5)
-        wall.now = 1020.0
-        await keeper.renew()  # expires_at 1050: the cut moves to 1045 (25 s from 1020)
-        assert scope.deadline == pytest.approx(trio.current_time() + 25.0, abs=0.5)
+    stopped: list[str] = []
+    held = keeper.hold(await take(store, "op", wall.now), lambda: stopped.append("op"))
+    wall.now = 1100.0  # long past expires_at (1030)
+    with keeper.transport_scope(held) as transport:
+        assert await keeper.renew() is True
+        await trio.lowlevel.checkpoint()  # not cut
+    assert not transport.cancelled_caught and not held.lost and stopped == []
+    assert held.lease.expires_at == 1130.0 and store.get_lease("op") == held.lease
+
+
+async def test_the_watch_cuts_a_transport_at_its_margin_when_no_renewal_is_written(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A store that refuses the renewal: the watch asks for a beat at the margin, the beat
+    fails, the transport is cut before the lease expires."""
+    wall = Wall(1000.0)
+    with RecoveryStore.open(str(tmp_path / "s")) as store:
+        lease = await take(store, "op", wall.now, seconds=30.0)
+    keeper = LeaseKeeper(store, lease_seconds=30.0, wall_clock=wall)  # a closed store
+    held = keeper.hold(lease, lambda: None)
+    wall.now = 1025.0  # the margin (5 s before 1030)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(keeper.run)
+        with keeper.transport_scope(held) as transport:
+            await trio.sleep_forever()
+        nursery.cancel_scope.cancel()
+    assert transport.cancelled_caught and held.lost and keeper.renewal_failures >= 1
+
+
+class HungStore:
+    """A store whose every write never returns (a network partition, a hung server)."""
+
+    async def write(self, fn: object, *, touches: object = ()) -> object:
+        await trio.sleep_forever()
+
+
+async def test_a_hung_store_write_still_cuts_at_the_margin(
+    store: RecoveryStore, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The renewal write never returns: the watch gives it half a margin (2.5 s here),
+    then cuts the transport, still before the lease expires."""
+    wall = Wall(1000.0)
+    lease = await take(store, "op", wall.now, seconds=30.0)
+    keeper = LeaseKeeper(HungStore(), lease_seconds=30.0,  # type: ignore[arg-type]
+                         wall_clock=wall)
+    held = keeper.hold(lease, lambda: None)
+    wall.now = 1025.0
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(keeper.watch)
+        nursery.start_soon(keeper.renew)  # the beat the watch asked for: it hangs
+        started = trio.current_time()
+        with keeper.transport_scope(held) as transport:
+            await trio.sleep_forever()
+        assert trio.current_time() - started == pytest.approx(2.5)
+        nursery.cancel_scope.cancel()
+    assert transport.cancelled_caught and held.lost
     await store.write(lambda t: t.put_operation(make_op("plain")))
     plain = await store.write(lambda t: acquire_lease(t, "plain", wall.now))
-    forever = keeper.hold(plain, lambda: None)
-    assert keeper.deadline(forever) == math.inf  # a lease without expiry: no hard deadline
+    assert keeper.deadline(keeper.hold(plain, lambda: None)) == math.inf  # no expiry
 
 
 async def test_the_heartbeat_task_renews_on_its_own(store: RecoveryStore) -> None:

@@ -240,3 +240,51 @@ async def test_the_sweep_judges_a_lease_expiry_at_its_own_now(tmp_path: Path) ->
         swept = store.get_operation("op-e")
         assert swept is not None and swept.fence == lease.fence + 1
         assert store.get_lease("op-e") is None
+
+
+async def test_a_stopped_owner_nobody_claimed_goes_on_and_saves_what_it_received(
+    tmp_path: Path,
+) -> None:
+    """The probe: a ``--workers 0`` batch SIGSTOPped past its lease and woken threw away
+    the completions it had received (``lease_lost``) though no other process had taken
+    over. Stopped mid-stream past its expiry, with the provider's completion sent
+    meanwhile, and woken with nobody having claimed the operation, the owner renews its
+    lease (token and fence still current) and saves the receipt: one POST, fence 1."""
+    store_path = str(tmp_path / "store")
+    report = tmp_path / "report.json"
+    async with FixtureProvider.serve() as provider:
+        # Silent (keepalives) for 1 s after two events, then the rest of the answer: it is
+        # all sent while the owner is stopped.
+        provider.script([Reply.keepalive(pause=1.0, every=0.25)])
+        with recoverable.RecoveryStore.open(store_path) as store:
+            async with backend(provider) as parent_backend, recoverable.open_runtime(
+                store, parent_backend, account=ACCOUNT
+            ) as rt:
+                handle = await rt.prepare(
+                    recoverable.StructuredRequest(model="gpt-test", instructions="i", input="x"),
+                    response=Answer, maximum_attempts=3,
+                )
+            op = handle.operation_id
+            child = _spawn(store_path, provider, op, report, {})
+            try:
+                await _hang(child, store, provider, op, "mid_stream")
+                theirs = store.get_lease(op)
+                assert theirs is not None and theirs.expires_at is not None
+                while (left := theirs.expires_at + 0.5 - time.time()) > 0:  # noqa: ASYNC110
+                    await trio.sleep(left)  # waiting for a known instant: past its expiry
+                assert not store.lease_is_live(theirs)  # expired; nobody claims it
+                child.send_signal(signal.SIGCONT)
+                with trio.fail_after(BOUND):
+                    code = await trio.to_thread.run_sync(child.wait)
+                assert code == 0, child.stderr.read() if child.stderr else b""
+            finally:
+                if child.poll() is None:
+                    child.kill()
+                    child.send_signal(signal.SIGCONT)
+                    child.wait(30)
+            assert "value" in msgspec.json.decode(report.read_bytes())
+            record = store.get_operation(op)
+            assert record is not None and record.phase == "completed"
+            assert (record.fence, record.attempts_used) == (1, 1)
+            assert store.get_lease(op) is None
+        assert len(generation_requests(provider, op)) == 1

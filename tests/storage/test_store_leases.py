@@ -236,11 +236,15 @@ async def test_renewal_renews_the_current_leases_in_one_commit_and_reports_the_l
         lambda t: renew_leases(t, [kept, taken, expired, refenced], 105.0, 10.0)
     )
     assert store.stats()["commits"] == commits + 1  # one write for all of them
-    assert renewed == [msgspec.structs.replace(kept, expires_at=115.0)]
-    assert lost == [taken, expired, refenced]
+    # "expired": its owner was stopped past the expiry and nobody acted on it (token and
+    # fence still current): renewed, so what the owner received is saved (issue 29.12).
+    assert renewed == [msgspec.structs.replace(kept, expires_at=115.0),
+                       msgspec.structs.replace(expired, expires_at=115.0)]
+    assert lost == [taken, refenced]
     assert store.get_lease("kept") == renewed[0]
+    assert store.get_lease("expired") == renewed[1]
     assert store.get_lease("taken") == newer  # untouched
-    assert store.get_lease("expired") == expired and store.get_lease("refenced") == refenced
+    assert store.get_lease("refenced") == refenced
     # Past its first expiry, the renewed lease still holds the operation.
     assert store.lease_is_live(renewed[0], 112.0)
     with pytest.raises(OperationBusy):

@@ -45,7 +45,9 @@ def page(
     ordered = sorted(items, key=key)
     start = 0
     if after is not None:
-        start = next((i for i, item in enumerate(ordered) if key(item) > after), len(ordered))
+        start = next(
+            (index for index, item in enumerate(ordered) if key(item) > after), len(ordered)
+        )
     end = len(ordered) if limit == 0 else min(len(ordered), start + limit)
     shown = tuple(ordered[start:end])
     next_after = key(shown[-1]) if shown and end < len(ordered) else None
