@@ -129,14 +129,18 @@ def _cancel(txn: WriteTxn, record: OperationRecord, reason: continuation.Reason,
 
 def dispatch(
     source_id: str,
-    account: AccountBinding,
+    account: AccountBinding | None,
     endpoint_id: str,
     now: float,
     txn: WriteTxn,
     *,
     is_newer_turn: NewerTurn = newer_turn,
 ) -> DispatchResult:
-    """Check a pending continuation again and, when due, create its one successor."""
+    """Check a pending continuation again and, when due, create its one successor.
+    ``account``: the dispatching runtime's account now (None: signed out, nothing is
+    dispatched)."""
+    if account is None:
+        return DispatchResult("not_mine")  # a signed-out runtime dispatches nothing
     record = txn.get_operation(source_id)
     if record is None:
         txn.dequeue(source_id)  # acknowledged, abandoned or purged: nothing to continue
@@ -241,11 +245,12 @@ async def dispatch_continuation(
     telemetry: Telemetry,
     source_id: str,
     *,
-    account: AccountBinding,
+    account: AccountBinding | None,
     endpoint_id: str,
     now: float,
 ) -> DispatchResult:
-    """Run :func:`dispatch` in one write and report it (ids, codes and counts only)."""
+    """Run :func:`dispatch` in one write and report it (ids, codes and counts only).
+    ``account`` None (the runtime signed out): nothing is dispatched (``not_mine``)."""
     try:
         result = await store.write(functools.partial(
             dispatch, source_id, account, endpoint_id, now,

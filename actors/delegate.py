@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final, Protocol
 
 import msgspec
-from recoverable.actors.checks import require_signed_in
+from recoverable.actors.checks import require_owner, require_signed_in
 from recoverable.actors.continuation import ENDED_FAILED, HostRuntime, continue_failed, continued_id
 from recoverable.actors.prepare import new_admission, put_new_operation
 from recoverable.actors.turns import DELEGATE_SCOPE
@@ -157,10 +157,32 @@ class Delegation:
                     raise
                 handle = Handle(successor)
 
+    def _check_child(self, key: str, handle: Handle) -> None:
+        """``handle`` is this group's child ``key`` (or a continuation successor of it):
+        ``InvalidRequest`` otherwise (issue 29: another operation never feeds the parent)."""
+        account = require_signed_in(self.rt.account, "a delegation needs an account")
+        operation_id = getattr(handle, "operation_id", None)
+        if not isinstance(operation_id, str):
+            raise errors.InvalidRequest(f"fan_in: the handle of child {key!r} is not a Handle")
+        record = self.rt.store.get_operation(operation_id)
+        found = record if record is not None else self.rt.store.get_disposition(operation_id)
+        if found is None:
+            raise errors.StateUnavailable("no such operation", operation_id=operation_id)
+        require_owner(account, found.account, operation_id)
+        if (found.scope, found.job_id, found.input_revision) != (
+            DELEGATE_SCOPE, self.group_id, _CHILD + key
+        ):
+            raise errors.InvalidRequest(
+                f"fan_in: the operation given for child {key!r} is not that child of group "
+                f"{self.group_id!r}", operation_id=operation_id)
+
     async def fan_in(self, handles: Mapping[str, Handle], *, authorize: Any = None,
                      queue: bool = False) -> Handle:
         """Wait for every child's saved result, then prepare the parent from the builder
-        (once). ``authorize``: run the children here; None: workers run them."""
+        (once). ``authorize``: run the children here; None: workers run them. Every handle
+        must be this group's child of its key (``InvalidRequest`` before anything waits)."""
+        for key in sorted(handles):
+            self._check_child(key, handles[key])
         values: dict[str, Any] = {}
         for key in sorted(handles):
             values[key] = await self._result(handles[key], self.children.get(key, None)

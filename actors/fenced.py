@@ -18,7 +18,7 @@ from recoverable.storage.base import WriteTransaction as WriteTxn
 from recoverable.storage.integrity import verify_body
 from recoverable.storage.leases import acquire_lease, release_lease
 
-from recoverable import machine
+from recoverable import errors, machine
 from recoverable.records import CommandKind, ContinuationRecord, LeaseRecord, OperationRecord
 from recoverable.sources_rules import receipt_refusal, supersede, superseded_error
 from recoverable.types import SupersededReason
@@ -220,9 +220,13 @@ def persist(write: FencedWrite, txn: WriteTxn) -> Persisted:
         release_lease(txn, op_id, write.release_token)
     if record is write.transition.record:
         return Persisted(write.transition, decided)
-    return Persisted(
-        machine.Transition(record, write.transition.action, write.transition.changed), decided
-    )
+    action = write.transition.action
+    if decided is not None and isinstance(action, machine.Stop) and isinstance(
+        action.error, errors.AttemptsExhausted
+    ):
+        # Issue 29: the error says what was decided in this write (a pending continuation).
+        action = machine.Stop(machine.terminal_error(record))
+    return Persisted(machine.Transition(record, action, write.transition.changed), decided)
 
 
 def _refuse_receipt(

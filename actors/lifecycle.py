@@ -2,8 +2,12 @@
 
 Named transaction functions (run by ``store.write``): :func:`write_command` records a
 ``suspend``/``cancel`` for a running operation (any process's monitor delivers it) or
-applies it directly to an idle one; :func:`dispose` acknowledges or abandons an
-operation, removing its content and keeping a small marker, in one transaction.
+applies it directly to an idle one; :func:`write_lineage_command` does so for an
+operation and, in the same transaction, for the continuation successors dispatched
+after it (issue 29: user intent on any member of a lineage applies to what runs after
+it); :func:`dispose` acknowledges or abandons an operation, removing its content and
+keeping a small marker, in one transaction (a thread turn leaves what its thread needs:
+``actors/turns.py``).
 """
 
 from __future__ import annotations
@@ -11,9 +15,11 @@ from __future__ import annotations
 import attrs
 import msgspec
 from recoverable.actors.checks import check_disposition, require_owner, require_signed_in
+from recoverable.actors.turns import remember_turn
 from recoverable.storage.base import WriteTransaction as WriteTxn
 from recoverable.storage.leases import lease_blocks
 from recoverable.storage.migration import saved_completion
+from recoverable.storage.queue import entry as queue_entry
 from recoverable.storage.retention import remove_content
 
 from recoverable import continuation, errors, machine
@@ -57,6 +63,12 @@ def write_command(
         )
         applied = attrs.evolve(applied, record=stopped, changed=True)
         txn.dequeue(operation_id)
+    elif kind == "suspend":
+        queued = queue_entry(txn, operation_id)
+        if queued is not None and queued.resume:
+            # A stopped worker flagged it for the next one: a host's suspend wins (the
+            # next worker must not resume what the host stopped).
+            txn.enqueue(operation_id, resume=False)
     if lease is not None:
         fenced_out = msgspec.structs.replace(applied.record, fence=record.fence + 1)
         txn.put_operation(fenced_out, expect_fence=record.fence)
@@ -66,6 +78,46 @@ def write_command(
     if existing is not None and kind == "cancel":
         txn.delete_command(operation_id)  # folded into the record's phase
     return None
+
+
+def write_lineage_command(
+    operation_id: str,
+    kind: CommandKind,
+    now: float,
+    account: AccountBinding | None,
+    txn: WriteTxn,
+) -> list[CommandRecord]:
+    """:func:`write_command` for the operation, then for each continuation successor
+    dispatched after it (a successor's successor too, at most ``continuation.MAX_BUDGET``
+    + 1 steps), in this one transaction: a successor nobody runs is suspended or cancelled
+    here (a pending continuation of a failed one is cancelled), so no worker runs it
+    afterwards; a running one gets its command row (returned, with the operation's own:
+    deliver them locally; any other process's monitor reads them). A completed,
+    cancelled or superseded successor ends the walk: nothing runs after it."""
+    written: list[CommandRecord] = []
+    command = write_command(operation_id, kind, now, account, txn)
+    if command is not None:
+        written.append(command)
+    record = txn.get_operation(operation_id)
+    for _ in range(continuation.MAX_BUDGET + 1):
+        decided = record.continuation if record is not None else None
+        if decided is None or decided.state != "dispatched" or decided.successor_id is None:
+            break
+        try:
+            record = txn.get_operation(decided.successor_id)
+        except (errors.CorruptRecord, errors.UnsupportedRecordVersion):
+            break  # nothing can be read of it, so nothing runs it either
+        if record is None or record.phase in ("completed", "cancelled", "superseded") or (
+            record.has_completion
+        ):
+            break  # disposed, or settled: nothing runs after it
+        if record.phase == "failed" and not continuation.is_pending(record):
+            continue  # its own continuation (if dispatched) is the next to stop
+        command = write_command(record.operation_id, kind, now, account, txn)
+        if command is not None:
+            written.append(command)
+        break
+    return written
 
 
 def disposition_marker(marker: DispositionRecord, txn: WriteTxn, operation_id: str) -> None:
@@ -118,6 +170,9 @@ def dispose(
                 "acknowledge (abandon the operation instead)",
                 operation_id=operation_id,
             )
+    # Issue 29: a thread turn leaves its thread what it needs (numbering, and a committed
+    # turn's history) in the thread's row, in this same transaction.
+    remember_turn(txn, record)
     # The marker and the removal of the content commit together: the operation
     # can never generate again, and nothing sensitive stays behind it.
     disposition_marker(

@@ -169,7 +169,7 @@ def settled(rt: Runtime, operation_id: str, contract: ResponseContract) -> Any:
     if record.phase == "superseded":  # issue 16: no result of it may count
         raise superseded_error(record)
     command = store.get_command(operation_id)
-    if record.phase == "cancelled" or (command is not None and command.kind == "cancel"):
+    if machine.cancel_fences(record, command.kind if command is not None else None):
         raise errors.OperationCancelled(operation_id=operation_id)
     if record.format_hash != contract.format_hash:
         raise errors.FormatMismatch(

@@ -62,7 +62,7 @@ def saved_receipt(
     if record.phase == "superseded":  # issue 16: no result of it may count
         raise superseded_error(record)
     command = store.get_command(record.operation_id)
-    if record.phase == "cancelled" or (command is not None and command.kind == "cancel"):
+    if machine.cancel_fences(record, command.kind if command is not None else None):
         raise errors.OperationCancelled(operation_id=record.operation_id)
     # A version-1 record that was never upgraded keeps its completion inline: it is
     # read from there (no backend, no lease, no write).

@@ -27,7 +27,7 @@ from recoverable.actors.delegate import Delegation, open_delegation
 from recoverable.actors.governor import RateGovernor
 from recoverable.actors.heartbeat import LeaseKeeper
 from recoverable.actors.host import Backend
-from recoverable.actors.lifecycle import dispose, write_command
+from recoverable.actors.lifecycle import dispose, write_lineage_command
 from recoverable.actors.live import LiveSlot
 from recoverable.actors.monitor import LifecycleMonitor
 from recoverable.actors.operation import Authorize, OperationActor
@@ -477,7 +477,8 @@ class Runtime:
     # --- lifecycle ------------------------------------------------------------------
 
     async def suspend(self, handle: Handle) -> None:
-        """Suspend from any runtime on the store, also while another process streams it."""
+        """Suspend from any runtime on the store, also while another process streams it.
+        A continuation successor dispatched after it is suspended too (issue 29)."""
         await self._command(handle.operation_id, "suspend")
 
     async def cancel(self, handle: Handle) -> None:
@@ -487,21 +488,25 @@ class Runtime:
         validated (and paid-for) result can never be read with ``receipt`` nor
         returned by ``send_recovering``. Read and commit it first if it may be
         needed (``status().has_saved_completion``); the CLI's ``cancel`` refuses
-        such an operation unless given ``--force``.
+        such an operation unless given ``--force``. A continuation successor
+        dispatched after it (not completed yet) is cancelled too (issue 29).
         """
         await self._command(handle.operation_id, "cancel")
 
     async def _command(self, operation_id: str, kind: CommandKind) -> None:
-        command = await self.store.write(
-            functools.partial(write_command, operation_id, kind, self.now(), self.account),
+        # Issue 29: also for the continuation successors dispatched after it.
+        commands = await self.store.write(
+            functools.partial(write_lineage_command, operation_id, kind, self.now(),
+                              self.account),
             touches=(operation_id,),
         )
-        if command is not None:
+        for command in commands:
             self.monitor.notify_local(command)
         self.telemetry.emit(
             "operation.cancelled" if kind == "cancel" else "operation.suspended", operation_id
         )
-        if kind == "cancel" and command is None:  # applied here: nobody runs it (issue 15)
+        own = [command for command in commands if command.operation_id == operation_id]
+        if kind == "cancel" and not own:  # applied here: nobody runs it (issue 15)
             record = self.store.get_operation(operation_id)
             if record is not None and record.reattach:
                 await cancel_on_server(self, record)

@@ -20,6 +20,7 @@ its continuation successor is the same turn (same number, same body).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any, Final, Protocol
 
 import attrs
@@ -27,12 +28,19 @@ import msgspec
 from recoverable.actors.checks import require_owner, require_signed_in
 from recoverable.actors.continuation import ENDED_FAILED, HostRuntime, continue_failed, continued_id
 from recoverable.actors.prepare import new_admission, put_new_operation
-from recoverable.actors.turns import THREAD_SCOPE, thread_turns, turn_number, turn_revision
+from recoverable.actors.turns import (
+    THREAD_SCOPE,
+    thread_turns,
+    turn_history,
+    turn_number,
+    turn_revision,
+)
 from recoverable.storage.base import WriteTransaction as WriteTxn
+from recoverable.storage.threads import ThreadRow, read_row
 
 from recoverable import continuation, errors
 from recoverable.contract import contract_for
-from recoverable.records import OperationRecord, StoredRequest
+from recoverable.records import OperationRecord
 from recoverable.types import Handle, JsonSchema, RetryPolicy, StructuredRequest
 
 
@@ -46,9 +54,11 @@ __all__ = ["THREAD_SCOPE", "Thread", "ThreadTurn"]
 
 MAX_TURNS: Final = 999_999
 
-def _settled(records: list[OperationRecord]) -> str:
+def _settled(records: list[OperationRecord], gone: Callable[[str], bool] = lambda _: False
+             ) -> str:
     """How a turn stands: ``committed``, ``completed``, ``continuation_pending`` (failed;
-    a newer turn cancels that), ``failed`` (for good), or ``active`` (in flight)."""
+    a newer turn cancels that), ``failed`` (for good), or ``active`` (in flight).
+    ``gone(id)``: that operation was acknowledged or abandoned (its marker is saved)."""
     if any(turn.thread_committed for turn in records):
         return "committed"
     if any(turn.has_completion for turn in records):
@@ -58,10 +68,11 @@ def _settled(records: list[OperationRecord]) -> str:
         decided = record.continuation
         if record.phase not in ("failed", "cancelled"):
             return "active"
+        successor = decided.successor_id if decided is not None else None
         if decided is not None and decided.state == "dispatched" and (
-            decided.successor_id not in ids
+            successor is None or (successor not in ids and not gone(successor))
         ):
-            return "active"  # its successor is being created (or was disposed meanwhile)
+            return "active"  # its successor is being created
     if any(continuation.is_pending(turn) for turn in records):
         return "continuation_pending"
     return "failed"
@@ -82,21 +93,6 @@ def _standing(records: list[OperationRecord]) -> OperationRecord:
                                                                   turn.operation_id))
 
 
-def _history(txn: WriteTxn, turn: OperationRecord) -> list[dict[str, Any]]:
-    """The committed turn's own input items (its history included) and its output."""
-    stored_raw = txn.get_payload(turn.operation_id, "request")
-    completion = txn.get_payload(turn.operation_id, "completion")
-    if stored_raw is None or completion is None:
-        raise errors.CompletionUnavailable(
-            "the committed turn's saved input or output is missing: the thread cannot go on",
-            operation_id=turn.operation_id,
-        )
-    stored = msgspec.json.decode(stored_raw, type=StoredRequest)
-    items = stored.request.input
-    previous = [{"role": "user", "content": items}] if isinstance(items, str) else list(items)
-    return [*previous, {"role": "assistant", "content": completion.decode("utf-8")}]
-
-
 @attrs.frozen
 class _TurnPlan:
     thread_id: str
@@ -113,15 +109,21 @@ def _create_turn(
     next turn's body from the committed history, save it (idempotent for the same input)."""
     account = build.account
     turns = thread_turns(txn, account, plan.thread_id)
-    latest = max(turns, default=0)
-    committed = [turn for turn in turns if _settled(turns[turn]) == "committed"]
-    state = _settled(turns[latest]) if latest else "none"
+    # Issue 29: what the thread's disposed turns left (their records are gone).
+    row = read_row(txn, account, plan.thread_id)
+    latest = max(max(turns, default=0), row.latest_turn if row is not None else 0)
+    gone = functools.partial(_disposed, txn)
+    committed = [turn for turn in turns if _settled(turns[turn], gone) == "committed"]
+    if row is not None and row.committed_turn == latest:
+        state = "committed"  # acknowledged (or abandoned) after its commit
+    else:  # "none": no turn yet, or the latest one's records are all disposed
+        state = _settled(turns[latest], gone) if latest in turns else "none"
     if state in ("active", "completed"):
         # The same input again (a host that crashed before saving the handle) returns
         # the turn in flight; anything else waits for it.
         standing = _standing(turns[latest])
         again, _body, _stored = build.admit(
-            _turn_request(plan, _committed_history(txn, turns, committed, latest)),
+            _turn_request(plan, _committed_history(txn, turns, committed, latest, row)),
             turn_revision(latest),
         )
         if again.body_hash == standing.body_hash:
@@ -136,7 +138,7 @@ def _create_turn(
     number = latest + 1
     if number > MAX_TURNS:
         raise errors.InvalidRequest("a thread has at most 999,999 turns")
-    request = _turn_request(plan, _committed_history(txn, turns, committed, number))
+    request = _turn_request(plan, _committed_history(txn, turns, committed, number, row))
     record, body, stored = build.admit(request, turn_revision(number))
     put_new_operation(txn, record, body, stored)
     if queue:
@@ -144,11 +146,19 @@ def _create_turn(
     return record, True
 
 
+def _disposed(txn: WriteTxn, operation_id: str) -> bool:
+    return txn.get_disposition(operation_id) is not None
+
+
 def _committed_history(txn: WriteTxn, turns: dict[int, list[OperationRecord]],
-                       committed: list[int], before: int) -> list[dict[str, Any]]:
-    """The history a turn numbered ``before`` carries: up to the last committed turn."""
-    earlier = [turn for turn in committed if turn < before]
-    return _history(txn, _standing(turns[max(earlier)])) if earlier else []
+                       committed: list[int], before: int, row: ThreadRow | None
+                       ) -> list[dict[str, Any]]:
+    """The history a turn numbered ``before`` carries: up to the last committed turn —
+    its records, or the thread's row when that turn was disposed (issue 29)."""
+    live = max((turn for turn in committed if turn < before), default=0)
+    if row is not None and live < row.committed_turn < before:
+        return list(row.history)
+    return turn_history(txn, _standing(turns[live])) if live else []
 
 
 def _turn_request(plan: _TurnPlan, history: list[dict[str, Any]]) -> StructuredRequest:
@@ -159,11 +169,15 @@ def _turn_request(plan: _TurnPlan, history: list[dict[str, Any]]) -> StructuredR
     )
 
 
-def _commit(operation_id: str, account: Any, txn: WriteTxn) -> OperationRecord:
+def _commit(operation_id: str, account: Any, thread_id: str, txn: WriteTxn) -> OperationRecord:
     record = txn.get_operation(operation_id)
     if record is None or turn_number(record) is None:
         raise errors.StateUnavailable("no such thread turn", operation_id=operation_id)
     require_owner(account, record.account, operation_id)
+    if record.job_id != thread_id:  # issue 29: never another thread's turn
+        raise errors.InvalidRequest(
+            f"the operation is a turn of another thread, not of {thread_id!r}",
+            operation_id=operation_id)
     if not record.has_completion or txn.get_payload(operation_id, "completion") is None:
         raise errors.CompletionUnavailable(
             "nothing to commit: the turn has no saved result", operation_id=operation_id
@@ -247,21 +261,33 @@ class Thread:
         (call after your own commit; idempotent). A continued turn is committed through
         any operation of its lineage."""
         operation_id = continued_id(self.rt.store, handle.operation_id)
-        await self.rt.store.write(functools.partial(_commit, operation_id, self.account))
+        await self.rt.store.write(functools.partial(_commit, operation_id, self.account,
+                                                    self.thread_id))
 
     def turns(self) -> list[ThreadTurn]:
-        """The thread's turns, oldest first (ids and states only)."""
-        records, _unreadable = self.rt.store.inventory(self.account, THREAD_SCOPE)
+        """The thread's turns, oldest first (ids and states only). A disposed turn is
+        gone, except the last committed one, which stays the thread's history."""
+        store = self.rt.store
+        records, _unreadable = store.inventory(self.account, THREAD_SCOPE)
         grouped: dict[int, list[OperationRecord]] = {}
         for record in records:
             number = turn_number(record)
             if record.job_id == self.thread_id and number is not None:
                 grouped.setdefault(number, []).append(record)
-        return [
-            ThreadTurn(number, _standing(grouped[number]).operation_id,
-                       _settled(grouped[number]))
-            for number in sorted(grouped)
-        ]
+        row = read_row(store, self.account, self.thread_id)
+
+        def gone(operation_id: str) -> bool:
+            return store.get_disposition(operation_id) is not None
+
+        listed = {
+            number: ThreadTurn(number, _standing(grouped[number]).operation_id,
+                               _settled(grouped[number], gone))
+            for number in grouped
+        }
+        if row is not None and row.committed_operation_id is not None:
+            listed[row.committed_turn] = ThreadTurn(row.committed_turn,
+                                                    row.committed_operation_id, "committed")
+        return [listed[number] for number in sorted(listed)]
 
 
 def open_thread(

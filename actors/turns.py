@@ -1,23 +1,26 @@
 """The turns of a thread as the store holds them (issue 18): their scope, numbering and
-the "newer turn" check a continuation makes before its dispatch. ``actors/thread.py`` is
-the thread itself; this module is what ``actors/continuation.py`` needs of it.
+the "newer turn" check a continuation makes before its dispatch, and what a disposed turn
+leaves its thread (issue 29, :func:`remember_turn`). ``actors/thread.py`` is the thread
+itself; this module is what ``actors/continuation.py`` and ``actors/lifecycle.py`` need.
 """
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
+import msgspec
 from recoverable.storage.base import WriteTransaction as WriteTxn
+from recoverable.storage.threads import THREAD_SCOPE, ThreadRow, read_row, write_row
 
 from recoverable import errors
-from recoverable.records import OperationRecord
+from recoverable.records import OperationRecord, StoredRequest
 from recoverable.types import AccountBinding
 
 __all__ = [
-    "DELEGATE_SCOPE", "THREAD_SCOPE", "newer_turn", "thread_turns", "turn_number", "turn_revision",
+    "DELEGATE_SCOPE", "THREAD_SCOPE", "newer_turn", "remember_turn", "thread_turns",
+    "turn_history", "turn_number", "turn_revision",
 ]
 
-THREAD_SCOPE: Final = "recoverable.thread"
 # The scope of delegated children and their parent (``actors/delegate.py``): one job id per
 # group, one revision per child (``child:<key>``) and ``parent``.
 DELEGATE_SCOPE: Final = "recoverable.delegate"
@@ -56,8 +59,57 @@ def thread_turns(txn: WriteTxn, account: AccountBinding, thread_id: str
 
 
 def newer_turn(txn: WriteTxn, record: OperationRecord) -> bool:
-    """A later turn of the same thread exists: newer user intent (continuation check)."""
+    """A later turn of the same thread exists (or existed: its records were disposed):
+    newer user intent (continuation check)."""
     number = turn_number(record)
     if number is None or record.job_id is None:
         return False
+    row = read_row(txn, record.account, record.job_id)
+    if row is not None and row.latest_turn > number:
+        return True
     return any(later > number for later in thread_turns(txn, record.account, record.job_id))
+
+
+def turn_history(txn: WriteTxn, turn: OperationRecord) -> list[dict[str, Any]]:
+    """A committed turn's own input items (its history included) and its output."""
+    stored_raw = txn.get_payload(turn.operation_id, "request")
+    completion = txn.get_payload(turn.operation_id, "completion")
+    if stored_raw is None or completion is None:
+        raise errors.CompletionUnavailable(
+            "the committed turn's saved input or output is missing: the thread cannot go on",
+            operation_id=turn.operation_id,
+        )
+    stored = msgspec.json.decode(stored_raw, type=StoredRequest)
+    items = stored.request.input
+    previous = [{"role": "user", "content": items}] if isinstance(items, str) else list(items)
+    return [*previous, {"role": "assistant", "content": completion.decode("utf-8")}]
+
+
+def remember_turn(txn: WriteTxn, record: OperationRecord) -> None:
+    """Issue 29: a thread turn is about to be disposed (acknowledged or abandoned, its
+    content removed in this transaction): its thread's row keeps its number and, when the
+    turn is committed, the history up to and including it, so the thread's numbering and
+    context go on. A committed turn whose input or output cannot be read (damage) leaves
+    only its number, and a damaged row is left as it is: the abandon of a damaged record
+    must not be refused."""
+    number = turn_number(record)
+    if number is None or record.job_id is None:
+        return
+    try:
+        stored = read_row(txn, record.account, record.job_id)
+    except errors.CorruptRecord:
+        return  # a damaged row stays as it is (the thread reports it); the disposal goes on
+    row = stored or ThreadRow(account=record.account, thread_id=record.job_id)
+    changes: dict[str, Any] = {}
+    if number > row.latest_turn:
+        changes["latest_turn"] = number
+    if record.thread_committed and number > row.committed_turn:
+        try:
+            history = turn_history(txn, record)
+        except (errors.CompletionUnavailable, msgspec.DecodeError, UnicodeDecodeError):
+            history = None
+        if history is not None:
+            changes.update(committed_turn=number, committed_operation_id=record.operation_id,
+                           history=tuple(history))
+    if changes:
+        write_row(txn, msgspec.structs.replace(row, **changes))

@@ -344,9 +344,10 @@ class _Worker:
     async def _continue(self, operation_id: str, clock: float) -> int:
         """Dispatch a pending continuation (issue 18) when due: 1 if a successor was
         created (it is queued: a later round claims it)."""
+        # The runtime's account NOW (issue 29): a signed-out runtime dispatches nothing.
         result = await dispatch_continuation(self.store, self.rt.telemetry, operation_id,
-                                             account=self.account, endpoint_id=self.endpoint_id,
-                                             now=self.rt.now())
+                                             account=self.rt.account,
+                                             endpoint_id=self.endpoint_id, now=self.rt.now())
         if result.outcome == "not_due" and result.due_at is not None:
             # Looked at again within a second at most: the wall clock may jump.
             wait = min(CONTINUATION_RECHECK, max(0.0, result.due_at - self.rt.now()))

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Final, Protocol, TypeVar, get_args
 
 from recoverable.storage.base import WriteTransaction
+from recoverable.storage.threads import THREAD_SCOPE, delete_rows
 
 from recoverable.records import DispositionRecord, OperationRecord, PayloadKind
 from recoverable.types import AccountBinding, CleanupResult
@@ -19,9 +20,12 @@ Result = TypeVar("Result")
 
 
 class RetentionTxn(WriteTransaction, Protocol):
-    """A write transaction that can also remove disposition markers."""
+    """A write transaction that can also remove disposition markers (and find an account's
+    thread rows, ``storage/threads.py``)."""
 
     def delete_disposition(self, operation_id: str) -> bool: ...
+
+    def payload_owners(self, prefix: str) -> list[str]: ...
 
 
 class RetainedStore(Protocol):
@@ -68,7 +72,8 @@ def purge_account(
 
     Works after sign-out with the host's retained binding. Records with a live
     lease are skipped (stop and await the execution first); unreadable records
-    are skipped and reported by id, whatever their owner might be.
+    are skipped and reported by id, whatever their owner might be. The account's
+    thread rows (the history its threads kept of disposed turns) go too.
     """
     records, unreadable = store.inventory(account=account, scope=scope)
     candidates = [record.operation_id for record in records]
@@ -97,6 +102,8 @@ def purge_account(
                 continue  # handled above (or busy)
             _remove_operation(txn, op_id)
             removed.append(op_id)
+        if scope is None or scope == THREAD_SCOPE:
+            delete_rows(txn, account)  # issue 29: the threads' kept history goes too
         return removed, skipped
 
     removed, skipped = store.write_sync(purge)

@@ -489,6 +489,12 @@ class WriteTxn(RecordGetters, MutationContext):
             return False
         return self._delete("dispositions", operation_key(operation_id))
 
+    def payload_owners(self, prefix: str) -> list[str]:
+        """The ids (what precedes ``\\0<kind>``) of the payload rows whose id starts with
+        ``prefix``, sorted: a purge finds an account's thread rows (``storage/threads.py``)."""
+        owners = {key.rpartition(b"\0")[0] for key in self._keys("payloads", prefix.encode())}
+        return sorted(key_str(owner) for owner in owners)
+
     # -- the source manifest and its index (issue 16, storage/sources.py) --
 
     def put_source(self, key: str, digest: str) -> None:

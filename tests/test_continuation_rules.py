@@ -234,3 +234,75 @@ def test_the_hosts_own_hard_timeout_is_never_continued(record: OperationRecord) 
     the same bound and would be cut again, spending the continuation budget for nothing."""
     assert not cont.is_stream_failure(HARD_TIMEOUT)
     assert cont.eligibility(record) == "excluded_failure"
+
+
+# -- issue 29.14: a policy named by error.type, and a word nobody can read ----------------
+
+POLICY_TYPE = Interruption(kind="provider_failed", provider_type="cyber_policy",
+                           provider_code="other")
+MISALIGNED_TYPE = Interruption(kind="provider_failed", provider_type="misalignment_error")
+SAFETY_TYPE_STREAM = Interruption(kind="provider_failed", provider_type="safety.block",
+                                  provider_code="stream_error")
+CONTENT_POLICY_CODE = Interruption(kind="provider_failed", provider_code="Content-Policy-Hit")
+RATE_TYPE = Interruption(kind="provider_failed", provider_type="rate_limit_exceeded",
+                         provider_code="other")
+# A code with spaces or over 64 characters is kept as "unrecognized" (outcome.bounded_code).
+SPACED_CODE = Interruption(kind="provider_failed", provider_code="cyber policy violation")
+LONG_CODE = Interruption(kind="provider_failed", provider_code="x" * 65)
+SPACED_TYPE = Interruption(kind="provider_failed", provider_type="a policy stop",
+                           provider_code="other")
+STREAM_UNREADABLE_TYPE = Interruption(kind="provider_failed", provider_code="stream_error",
+                                      provider_type="the stream was stopped by a check")
+INFORMATIVE_TYPE = Interruption(kind="provider_failed", provider_type="invalid_request_error",
+                                provider_code="other")
+STREAM_TYPE = Interruption(kind="provider_failed", provider_type="stream_error",
+                           provider_code="other")
+
+
+def test_the_bounded_words_are_what_the_rule_reads() -> None:
+    assert SPACED_CODE.provider_code == LONG_CODE.provider_code == "unrecognized"
+    assert SPACED_TYPE.provider_type == "unrecognized"
+    assert POLICY_TYPE.provider_key == "other"  # the code hides the type from provider_key
+
+
+@pytest.mark.parametrize(("record", "expected"), [
+    # A policy, misalignment or safety word in the error.type (or the code) is excluded,
+    # whatever the code says and whatever came before it.
+    (failed(DROP, DROP, POLICY_TYPE, reason="provider_failed"), "excluded_failure"),
+    (failed(DROP, MISALIGNED_TYPE, reason="provider_failed"), "excluded_failure"),
+    (failed(DROP, SAFETY_TYPE_STREAM, reason="provider_failed"), "excluded_failure"),
+    (failed(SAFETY_TYPE_STREAM, DROP), "excluded_failure"),
+    (failed(DROP, CONTENT_POLICY_CODE, reason="provider_failed"), "excluded_failure"),
+    (failed(DROP, RATE_TYPE, reason="provider_failed"), "excluded_failure"),
+    # A word nobody can read is no evidence, even after confirmed stream failures.
+    (failed(DROP, DROP, SPACED_CODE, reason="provider_failed"), "no_evidence"),
+    (failed(DROP, LONG_CODE, reason="provider_failed"), "no_evidence"),
+    (failed(DROP, SPACED_TYPE, reason="provider_failed"), "no_evidence"),
+    (failed(DROP, STREAM_UNREADABLE_TYPE, reason="provider_failed"), "no_evidence"),
+    (failed(STREAM_UNREADABLE_TYPE, DROP), "no_evidence"),
+    (failed(SPACED_CODE, reason="provider_failed"), "no_evidence"),
+    # A generic code with an informative (non-policy) type is not generic.
+    (failed(DROP, INFORMATIVE_TYPE, reason="provider_failed"), "excluded_failure"),
+    # ... while a stream word in the type keeps the generic final code continued.
+    (failed(DROP, STREAM_TYPE, reason="provider_failed"), "stream_failures_then_generic"),
+])
+def test_exclusions_read_the_error_type_and_unrecognized_is_no_evidence(
+    record: OperationRecord, expected: str
+) -> None:
+    assert cont.eligibility(record) == expected
+    decided = cont.decide(record, now=T0, delay=0.0, budget=2)
+    assert decided.continuation is not None
+    assert (decided.continuation.state == "pending") == (expected in cont.ELIGIBLE)
+
+
+@pytest.mark.parametrize("word", [
+    "cyber_policy", "content_policy_violation", "CONTENT-POLICY", "misalignment",
+    "safety", "moderation_blocked", "contentFilter", "guardrail_triggered",
+])
+def test_policy_words(word: str) -> None:
+    assert cont.names_policy(word)
+
+
+@pytest.mark.parametrize("word", ["other", "stream_error", "server_error", "timeout"])
+def test_not_policy_words(word: str) -> None:
+    assert not cont.names_policy(word)

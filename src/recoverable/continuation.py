@@ -25,7 +25,7 @@ from typing import Final, Literal
 
 import msgspec
 
-from recoverable.outcome import Interruption
+from recoverable.outcome import UNRECOGNIZED_CODE, Interruption
 from recoverable.records import ContinuationRecord, OperationRecord
 from recoverable.types import SupersededReason
 
@@ -38,6 +38,7 @@ __all__ = [
     "MAX_BUDGET",
     "MAX_DELAY",
     "MAX_FAILURE_CHAIN",
+    "POLICY_WORDS",
     "STREAM_ERROR_CODES",
     "Reason",
     "budget_left",
@@ -49,6 +50,8 @@ __all__ = [
     "invalidation",
     "is_pending",
     "is_stream_failure",
+    "names_policy",
+    "unreadable",
 ]
 
 # The continuation budget: automatic continuations per lineage (documented default 2,
@@ -70,15 +73,29 @@ STREAM_ERROR_CODES: Final = frozenset({
     "responseStreamDisconnected", "stream_closed", "connection_closed",
 })
 # Uninformative final codes: they qualify only AFTER confirmed stream failures, never alone.
+# ``unrecognized`` (``outcome.UNRECOGNIZED_CODE``: a provider word that was not a short
+# token, so nobody can read it) is NOT one: it is no evidence at all (issue 29).
 GENERIC_CODES: Final = frozenset({
-    "other", "unknown", "unknown_error", "server_error", "internal_error", "unrecognized",
+    "other", "unknown", "unknown_error", "server_error", "internal_error",
 })
-# Provider words that are never continued, whatever came before them (criterion 8).
+# An ``error.type`` that says nothing more than "an error" (the flat error event's own
+# type, a generic API error): beside a generic code it keeps the failure generic.
+_GENERIC_TYPES: Final = GENERIC_CODES | {"error", "api_error"}
+# Provider words that are never continued, whatever came before them (criterion 8),
+# in the code OR the ``error.type``.
 EXCLUDED_CODES: Final = frozenset({
     "server_is_overloaded", "overloaded", "rate_limit_exceeded", "rate_limit_error",
     "insufficient_quota", "context_length_exceeded", "invalid_api_key", "cyber_policy",
     "content_policy_violation", "content_filter", "safety", "misalignment",
 })
+# Parts of a provider word (code or ``error.type``, lower-cased, ``-.:/`` read as ``_``)
+# that name an explicit policy, safety or misalignment decision: it needs review, and is
+# never continued (``type=cyber_policy, code=other`` included).
+POLICY_WORDS: Final = (
+    "policy", "misalign", "safety", "moderation", "content_filter", "contentfilter",
+    "cyber", "guardrail",
+)
+_SEPARATORS: Final = str.maketrans("-.:/", "____")
 # Transport codes of a "timeout" that are not a stream going quiet: nothing was read yet
 # (connect), or the host's own elapsed-time bound cut it (issue 16's hard
 # ``attempt_timeout``: a successor has the same bound, so it is never continued).
@@ -92,7 +109,8 @@ Reason = Literal[
     # declined: the failure does not qualify
     "excluded_failure",  # quota, auth, rate limit, context, overload, policy, output, ...
     "changed_failure",  # a failure of another kind in the chain, or after the stream ones
-    "no_evidence",  # no typed attempt history (e.g. a version-1 record), or a generic alone
+    "no_evidence",  # no typed attempt history (e.g. a version-1 record), a generic alone,
+    # or a provider word nobody can read (``unrecognized``)
     "budget_spent",  # the lineage used its continuation budget
     "expired",  # past expires_at: no new attempt may be authorized
     # cancelled before dispatch
@@ -108,6 +126,26 @@ ELIGIBLE: Final[frozenset[Reason]] = frozenset(
 )
 
 
+def _words(failure: Interruption) -> tuple[str, ...]:
+    """The provider's own words on a failure: its code and its ``error.type`` (both are
+    bounded codes, ``outcome.bounded_code``)."""
+    return tuple(word for word in (failure.provider_code, failure.provider_type)
+                 if word is not None)
+
+
+def unreadable(failure: Interruption) -> bool:
+    """The provider sent a code or ``error.type`` nobody can read (too long, spaces, ...:
+    kept as ``unrecognized``): it could name anything, a policy included, so it is never
+    evidence for a continuation."""
+    return UNRECOGNIZED_CODE in _words(failure)
+
+
+def names_policy(word: str) -> bool:
+    """A provider word naming an explicit policy, safety or misalignment decision."""
+    normalized = word.lower().translate(_SEPARATORS)
+    return any(part in normalized for part in POLICY_WORDS)
+
+
 def is_stream_failure(failure: Interruption) -> bool:
     """A confirmed stream failure: a dropped stream, a premature EOF, an idle timeout,
     or a stream error event naming the stream (typed fields only)."""
@@ -117,20 +155,28 @@ def is_stream_failure(failure: Interruption) -> bool:
         case "timeout":
             return failure.transport_code not in _NOT_STREAM_TIMEOUTS
         case "provider_failed":
-            return failure.http_status is None and failure.provider_key in STREAM_ERROR_CODES
+            return (failure.http_status is None and failure.provider_key in STREAM_ERROR_CODES
+                    and not unreadable(failure))
     return False
 
 
 def _is_generic(failure: Interruption) -> bool:
-    """A provider failure without an HTTP status whose code says nothing (or is absent)."""
+    """A provider failure without an HTTP status whose code says nothing (or is absent)
+    and whose ``error.type`` says nothing more (absent, generic, or a stream word)."""
     if failure.kind != "provider_failed" or failure.http_status is not None:
         return False
-    key = failure.provider_key
-    return key is None or key in GENERIC_CODES
+    code, kind = failure.provider_code, failure.provider_type
+    return (code is None or code in GENERIC_CODES) and (
+        kind is None or kind in _GENERIC_TYPES or kind in STREAM_ERROR_CODES
+    )
 
 
 def _is_excluded(failure: Interruption) -> bool:
-    return (failure.provider_key in EXCLUDED_CODES or failure.http_status in (401, 403, 429)
+    """Never continued: overload, limits, quota, auth, context, an explicit policy or
+    safety word — in the code or in the ``error.type`` — or the host's hard timeout."""
+    words = _words(failure)
+    return (any(word in EXCLUDED_CODES or names_policy(word) for word in words)
+            or failure.http_status in (401, 403, 429)
             or failure.is_quota or failure.is_rate_limit
             or (failure.kind == "timeout" and failure.transport_code == _HARD_TIMEOUT))
 
@@ -155,6 +201,8 @@ def eligibility(rec: OperationRecord) -> Reason:
     failures = [failure for failure in chain if failure is not None]
     if any(_is_excluded(failure) for failure in failures):
         return "excluded_failure"  # overload, limits, auth, policy: never continued
+    if any(unreadable(failure) for failure in failures):
+        return "no_evidence"  # a word nobody can read proves nothing (it may be a policy)
     *earlier, final = failures
     if any(not is_stream_failure(failure) for failure in earlier):
         return "changed_failure"
@@ -163,7 +211,6 @@ def eligibility(rec: OperationRecord) -> Reason:
     if is_stream_failure(final) or _is_generic(final):
         # A stream error event that ended the run before its budget was spent, or a
         # generic final code: each qualifies only AFTER confirmed stream evidence.
-        # A generic final code qualifies only after confirmed stream evidence.
         return "stream_failures_then_generic" if earlier else "no_evidence"
     if final.kind in ("disconnected", "premature_eof", "timeout", "malformed", "interrupted"):
         return "changed_failure"

@@ -120,14 +120,33 @@ class _EndedWithFailure(RecoveryError):
 
 
 class AttemptsExhausted(_EndedWithFailure):
-    """The saved total attempt budget is spent; only a deliberate manual retry can continue."""
+    """The saved total attempt budget is spent; only a deliberate manual retry can continue
+    — unless ``continuation_pending``: the store's opt-in continuation (issue 18) will
+    create one successor after its delay (``docs/continuation.md``)."""
 
     code = "attempts_exhausted"
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        operation_id: str | None = None,
+        last_failure: Interruption | None = None,
+        continuation_pending: bool = False,
+    ) -> None:
+        super().__init__(message, operation_id=operation_id, last_failure=last_failure)
+        self.continuation_pending = continuation_pending
 
     def _what(self) -> str:
         return f"its whole attempt budget is spent{self._last()}"
 
     def _todo(self) -> str:
+        if self.continuation_pending:
+            return (
+                "a continuation is pending: a worker creates one successor (the same frozen "
+                "request) after the store's delay; runtime.wait(handle) follows it, and "
+                "status shows it (continuation_pending); cancel or suspend stops it"
+            )
         return (
             "nothing more is sent automatically; if the user decides to try again, create a "
             "manual retry: runtime.retry(handle, retry_action_id=..., maximum_attempts=...)"

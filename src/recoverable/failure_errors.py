@@ -21,8 +21,10 @@ def terminal_error(rec: OperationRecord) -> errors.RecoveryError:
     operation_id = rec.operation_id
     match rec.failure_reason:
         case "exhausted":
+            decided = rec.continuation
             return errors.AttemptsExhausted(
-                operation_id=operation_id, last_failure=rec.last_failure
+                operation_id=operation_id, last_failure=rec.last_failure,
+                continuation_pending=decided is not None and decided.state == "pending",
             )
         case "authentication_required":
             return errors.AuthenticationRequired(operation_id=operation_id)

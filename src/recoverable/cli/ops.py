@@ -12,6 +12,7 @@ import msgspec
 import trio
 
 from recoverable import errors
+from recoverable.actors.checks import require_owner
 from recoverable.actors.runtime import Runtime, open_runtime
 from recoverable.cli.arguments import NEEDS_ACCOUNT
 from recoverable.cli.exits import EXIT_FAILED, EXIT_OK, UsageError
@@ -25,6 +26,7 @@ from recoverable.cli.formatting import (
     safe_text,
 )
 from recoverable.cli.paging import page
+from recoverable.records import CommandRecord, OperationRecord
 from recoverable.storage.store import RecoveryStore, redact_url, url_scheme
 from recoverable.transport.base import StaticCredentials
 from recoverable.types import AccountBinding, Handle, Inventory, Status
@@ -169,6 +171,7 @@ class _StoreCommand:
         operation_id = self.operation_id
         assert operation_id is not None
         handle = Handle(operation_id)
+        before: Snapshot = (None, None)
         match self.command:
             case "retry":
                 return await self._retry(rt, operation_id)
@@ -188,6 +191,7 @@ class _StoreCommand:
             case "abandon":
                 await rt.abandon(handle)
             case "suspend":
+                before = _snapshot(rt, operation_id)
                 await rt.suspend(handle)
             case "cancel":
                 if not self.args.force:
@@ -196,15 +200,24 @@ class _StoreCommand:
                         raise UsageError(
                             refusal, code="completion_saved", operation_id=operation_id
                         )
+                before = _snapshot(rt, operation_id)
                 await rt.cancel(handle)
         status = rt.status_of(operation_id)
         if self.as_json:
             self.out.write(encode_json(status))
         else:
             self.out.write(_lifecycle_message(self.command, operation_id, status))
+            if self.command in ("suspend", "cancel"):
+                self.out.write(_command_outcome(rt, self.command, operation_id, status,
+                                                before))
         return EXIT_OK
 
     async def _retry(self, rt: Runtime, operation_id: str) -> int:
+        record = rt.store.get_operation(operation_id)
+        if record is not None:
+            # The account first (issue 29): another account's operation is account_changed,
+            # never a budget read from its redacted status.
+            require_owner(rt.account, record.account, operation_id)
         source = rt.status_of(operation_id)
         successor = await rt.retry(
             Handle(operation_id),
@@ -225,14 +238,52 @@ class _StoreCommand:
 
 
 def _lifecycle_message(command: str, operation_id: str, status: Status) -> str:
-    """What happened, truthfully: a command on an operation another process is running
-    is requested (that process applies it at its next check), not done yet."""
+    """What happened to the operation, truthfully (acknowledge, abandon, or a suspend or
+    cancel that took effect: the rest is :func:`_command_outcome`)."""
     if status.state == _TARGET_STATE[command]:
         return f"{command}: {operation_id} is now {status.state}\n"
-    return (
-        f"{command}: requested; {operation_id} is {status.state} in another process, which "
-        f"applies the {command} at its next check (see `recoverable status`)\n"
-    )
+    return ""
+
+
+Snapshot = tuple[OperationRecord | None, CommandRecord | None]
+
+
+def _snapshot(rt: Runtime, operation_id: str) -> Snapshot:
+    try:
+        return rt.store.get_operation(operation_id), rt.store.get_command(operation_id)
+    except errors.RecoveryError:
+        return None, None
+
+
+def _command_outcome(rt: Runtime, command: str, operation_id: str, status: Status,
+                     before: Snapshot) -> str:
+    """What a suspend or cancel really did (issue 29): requested of the process that runs
+    it (a command row it applies at its next check); nothing at all (a completed or
+    failed operation has nothing to suspend); and what it did to the continuation
+    successor dispatched after it, if any."""
+    record, row = _snapshot(rt, operation_id)
+    lines: list[str] = []
+    if status.state != _TARGET_STATE[command]:
+        if row is not None and row != before[1]:
+            lines.append(
+                f"{command}: requested; {operation_id} is {status.state} in another process, "
+                f"which applies the {command} at its next check (see `recoverable status`)")
+        elif record is not None and record != before[0]:
+            lines.append(f"{command}: {operation_id} is {status.state}; its pending "
+                         "continuation was cancelled")
+        else:
+            lines.append(f"{command}: nothing to {command}: {operation_id} is {status.state}; "
+                         "nothing was recorded")
+    decided = record.continuation if record is not None else None
+    successor_id = decided.successor_id if decided is not None else None
+    if decided is not None and decided.state == "dispatched" and successor_id is not None:
+        successor = rt.status_of(successor_id)
+        pending = rt.store.get_command(successor_id)
+        done = (f"requested ({successor.state} in another process)"
+                if pending is not None and successor.state != _TARGET_STATE[command]
+                else f"{successor.state}")
+        lines.append(f"{command}: its continuation successor {successor_id} is {done}")
+    return "".join(line + "\n" for line in lines)
 
 
 def _cancel_refusal(rt: Runtime, operation_id: str) -> str | None:
