@@ -4,12 +4,22 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "UsageError"]
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_UNAVAILABLE",
+    "EXIT_USAGE",
+    "UsageError",
+]
 
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1  # a job or an operation failed (or was not found)
 EXIT_USAGE: Final = 2  # a usage or input error
 EXIT_INTERRUPTED: Final = 130
+# ``recoverable worker``: its endpoint stayed unreachable past --unreachable-after (nothing
+# spent; its operations stay queued). sysexits' EX_UNAVAILABLE; a batch does not replace it.
+EXIT_UNAVAILABLE: Final = 69
 
 
 class UsageError(Exception):

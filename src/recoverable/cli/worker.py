@@ -34,7 +34,13 @@ from recoverable import errors
 from recoverable.actors.operation import Authorize
 from recoverable.actors.runtime import open_runtime
 from recoverable.actors.worker import WorkerReport, run_worker
-from recoverable.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, UsageError
+from recoverable.cli.exits import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    UsageError,
+)
 from recoverable.cli.gc_tuning import tuned_collector
 from recoverable.cli.provider import FIXTURE_ACCOUNT, FIXTURE_KEY
 from recoverable.storage.store import RecoveryStore
@@ -63,6 +69,7 @@ class WorkerConfig:
     authorizer: str | None = None
     idle_timeout: float = 120.0
     lease_seconds: float = 30.0
+    unreachable_after: float = 300.0  # then exit EXIT_UNAVAILABLE (issue 29.5)
 
 
 def worker_account(config: WorkerConfig) -> AccountBinding:
@@ -167,19 +174,26 @@ async def _serve(
 ) -> WorkerReport:
     account = worker_account(config)
     stop = trio.Event()
+    unavailable: errors.EndpointUnavailable | None = None
     async with (
         open_worker_backend(config, account) as backend,
         open_runtime(
-            store, backend, account=account, lease_seconds=config.lease_seconds
+            store, backend, account=account, lease_seconds=config.lease_seconds,
+            unreachable_after=config.unreachable_after,
         ) as rt,
         trio.open_nursery() as nursery,
     ):
         await nursery.start(_watch_signals, stop)  # installed before "ready" is said
         _say(out, {"worker": "ready", "pid": os.getpid(), "concurrency": config.concurrency})
         with tuned_collector():  # the collector's setting for a run (gc_tuning)
-            report = await run_worker(rt, concurrency=config.concurrency, authorize=authorize,
-                                      stop=stop)
+            try:
+                report = await run_worker(rt, concurrency=config.concurrency,
+                                          authorize=authorize, stop=stop)
+            except errors.EndpointUnavailable as exc:  # raised as itself, not in a group
+                unavailable = exc
         nursery.cancel_scope.cancel()
+    if unavailable is not None:
+        raise unavailable
     return report
 
 
@@ -218,6 +232,9 @@ def run_worker_command(
         return EXIT_USAGE
     try:
         report = trio.run(_serve, config, store, authorize, out)
+    except errors.EndpointUnavailable as exc:  # nothing spent; its operations stay queued
+        say(f"recoverable worker: {exc.code}: {exc}")
+        return EXIT_UNAVAILABLE
     except errors.RecoveryError as exc:
         say(f"recoverable worker: {exc.code}: {exc}")
         return EXIT_FAILED
@@ -244,6 +261,7 @@ def worker_config(args: argparse.Namespace) -> WorkerConfig:
         authorizer=args.authorizer,
         idle_timeout=args.idle_timeout,
         lease_seconds=args.lease_seconds,
+        unreachable_after=args.unreachable_after,
     )
 
 
