@@ -45,7 +45,12 @@ from recoverable.actors.thread import Thread, open_thread
 from recoverable.actors.waiters import QueueWatch
 from recoverable.storage.base import Store as RecoveryStore
 from recoverable.storage.leases import lease_blocks, unexpired_derivative
-from recoverable.transport.connect import ConnectBackoff, EndpointGate
+from recoverable.transport.connect import (
+    UNREACHABLE_AFTER,
+    ConnectBackoff,
+    EndpointGate,
+    check_unreachable_after,
+)
 
 from recoverable import _killpoints, errors, machine
 from recoverable.contract import ResponseContract, contract_for
@@ -94,6 +99,7 @@ class Runtime:
         connect_backoff: ConnectBackoff = ConnectBackoff(),
         governor: RateGovernor | None = None,
         leases: LeaseKeeper | None = None,
+        unreachable_after: float = UNREACHABLE_AFTER,
     ) -> None:
         self.store = store
         self.backend = backend
@@ -104,6 +110,7 @@ class Runtime:
         self.telemetry = telemetry
         self.monitor = monitor
         self.connect_backoff = connect_backoff
+        self.unreachable_after = check_unreachable_after(unreachable_after)
         # The rate governor (docs/rate-limits.md): the shared 429 pause, and the
         # requests/tokens per minute of every process on this store.
         self.governor = governor or RateGovernor(store, wall_clock=wall_clock, telemetry=telemetry)
@@ -120,7 +127,9 @@ class Runtime:
         """The shared connect backoff of one endpoint in this runtime (item 11.7)."""
         gate = self._gates.get(endpoint_id)
         if gate is None:
-            gate = self._gates[endpoint_id] = EndpointGate(endpoint_id, self.connect_backoff)
+            gate = self._gates[endpoint_id] = EndpointGate(
+                endpoint_id, self.connect_backoff, self.unreachable_after
+            )
         return gate
 
     def endpoint_failure(self) -> str | None:
@@ -549,6 +558,7 @@ async def open_runtime(
     monitor_interval: float = 0.002,
     connect_backoff: ConnectBackoff = ConnectBackoff(),
     lease_seconds: float = 30.0,
+    unreachable_after: float = UNREACHABLE_AFTER,
 ) -> AsyncIterator[Runtime]:
     """Open the supervisor: scheduler, lifecycle monitor and telemetry pump.
 
@@ -567,6 +577,11 @@ async def open_runtime(
     runtime's heartbeat renews all of them every ``lease_seconds / 3``. A hung process is
     reclaimable by another once its leases expire; a running attempt's transport is cut
     ``lease_seconds / 6`` before its lease would expire unrenewed (``LeaseLost``).
+
+    An endpoint that cannot be connected to spends nothing; its operations wait in a
+    shared ``connect_backoff``, at most ``unreachable_after`` seconds (300; ``math.inf``:
+    no bound) after its first failed connect with no success since, then each raises
+    ``EndpointUnavailable`` (docs/failures.md#an-endpoint-that-cannot-be-reached).
     """
     try:
         trio.lowlevel.current_trio_token()
@@ -602,6 +617,7 @@ async def open_runtime(
         connect_backoff=connect_backoff,
         governor=governor,
         leases=leases,
+        unreachable_after=unreachable_after,
     )
     body_error: BaseException | None = None
     async with trio.open_nursery() as nursery:

@@ -105,7 +105,9 @@ class Transmitter(OperationCore):
         connection that was never established spends nothing: the pending attempt stays
         (same id), the runtime's shared connect backoff for the endpoint is waited (a
         lifecycle command or the caller's cancellation cuts it), and connecting is tried
-        again.
+        again, until the endpoint has been unreachable for the runtime's
+        ``unreachable_after``: then the execution ends with ``EndpointUnavailable`` (the
+        record rests as it was before the host was asked, nothing spent).
         """
         host = self.host
         backend = host.backend
@@ -115,6 +117,7 @@ class Transmitter(OperationCore):
             raise errors.CorruptRecord("the frozen body is missing", operation_id=self.operation_id)
         gate = host.endpoint_gate(backend.endpoint_id)
         authorized = current
+        first = True  # past the gate's bound, this execution's first try still probes
         while True:
             known = gate.failure
             if known is not None and authorized.endpoint_failure != known:
@@ -123,7 +126,10 @@ class Transmitter(OperationCore):
                     _unreachable, authorized, attempt_id, known
                 ))
                 authorized = noted.record
-            result = await self._connect_and_send(authorized, attempt_id, token, body, gate)
+            result = await self._connect_and_send(
+                authorized, attempt_id, token, body, gate, first
+            )
+            first = False
             if isinstance(result, machine.Transition):
                 return result
             kind, authorized = result
@@ -148,6 +154,7 @@ class Transmitter(OperationCore):
         token: str,
         body: bytes,
         gate: EndpointGate,
+        first: bool,
     ) -> machine.Transition | tuple[ConnectKind, OperationRecord]:
         """One try: the transition after the attempt, or the connect failure (nothing spent)."""
         host = self.host
@@ -159,7 +166,14 @@ class Transmitter(OperationCore):
             # wait (its shared backoff), interruptibly.
             ticket: int | Cut = await gate.admit()
         else:
-            ticket = await self._interruptible(gate.admit())
+            try:
+                ticket = await self._interruptible(gate.admit(first=first))
+            except errors.EndpointUnavailable as down:
+                # Unreachable past the runtime's bound: this execution ends, nothing spent.
+                return await self._advance(functools.partial(
+                    machine.endpoint_given_up, authorized, attempt_id,
+                    down.kind or "connect_failed", gate.unreachable_after,
+                ))
         if isinstance(ticket, Cut):
             return await self._on_stop(authorized)
         # The attempt's callbacks are methods of one object (no closures: their cells
@@ -438,5 +452,4 @@ def _unreachable(
 ) -> machine.Transition:
     del command  # recorded whatever arrives; the next interruptible step observes a command
     return machine.endpoint_unreachable(record, attempt_id, kind)
-
 

@@ -23,6 +23,13 @@ operation durably and releases its lease before ``run_worker`` returns. The next
 resumes them. A worker killed outright (SIGKILL) leaves leases whose owner lock died
 with it: they are not live, so another worker adopts the operations at once.
 
+An endpoint that stays unreachable past the runtime's bound (``open_runtime(
+unreachable_after=)``) ends the operations waiting for it with ``EndpointUnavailable``
+(nothing spent: they rest ``prepared``, still queued). The first such end stops the
+worker as ``stop`` would (its other running operations suspended, flagged for the next
+worker), then ``run_worker`` raises that error (no operation id: it is the worker's): a
+worker that cannot reach its endpoint says so instead of claiming the queue in vain.
+
 At start a worker runs the full recovery sweep (``actors/sweep.py``; its runtime already
 ran the cheap, lease-table-only one when it opened): every operation whose owner is gone
 is closed honestly before anything is claimed, including the rare in-flight record that
@@ -211,6 +218,8 @@ class _Worker:
         self.skip: dict[str, float] = {}  # operation id -> trio time it may be tried again
         self.changed = trio.Event()  # an execution ended: look at the queue again
         self.token = secrets.token_hex(8)  # names this worker's row (storage/queue.py)
+        # Its endpoint stayed unreachable past the runtime's bound: the worker stops.
+        self.unavailable: errors.EndpointUnavailable | None = None
 
     def _wake(self) -> None:
         self.changed.set()
@@ -246,7 +255,7 @@ class _Worker:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch_stop)
             delay = POLL_FIRST
-            while not self.stop.is_set():
+            while not self.stop.is_set() and self.unavailable is None:
                 self._check_owner()
                 self.changed = trio.Event()
                 started = await self._claim_round(nursery)
@@ -391,7 +400,13 @@ class _Worker:
             self.running.pop(operation_id, None)
             self._wake()
         error = execution.error
-        if self.stop.is_set() and error is not None:
+        if isinstance(error, errors.EndpointUnavailable) and not self._stopping():
+            self.report.stopped += 1  # it rests prepared, queued: nothing was spent
+            self.unavailable = errors.EndpointUnavailable(
+                kind=error.kind, unreachable_after=error.unreachable_after
+            )
+            return
+        if self._stopping() and error is not None:
             # Stopping: the shutdown accounts for the executions it stopped. One that
             # finished without an error (its receipt saved just before the stop) still
             # counts as completed below (a race seen on the PostgreSQL store).
@@ -418,6 +433,9 @@ class _Worker:
         self.report.stopped += 1
         if record is not None and record.phase != "suspended":
             self.skip[operation_id] = trio.current_time() + SKIP_SECONDS
+
+    def _stopping(self) -> bool:
+        return self.stop.is_set() or self.unavailable is not None
 
     async def _shutdown(self) -> None:
         """Flag the running operations for resumption, stop them, wait until each has
@@ -448,7 +466,9 @@ async def run_worker(
     """Run queued and orphaned operations of ``runtime``'s account and endpoint, at most
     ``concurrency`` at once, until ``stop`` is set (then they are suspended durably and
     flagged for the next worker). ``authorize`` is the standing authorization policy:
-    it is asked before every attempt, like ``send_recovering``'s callback."""
+    it is asked before every attempt, like ``send_recovering``'s callback. Raises
+    ``EndpointUnavailable`` once an operation found the endpoint unreachable past the
+    runtime's ``unreachable_after`` (the worker stopped as on ``stop``; nothing spent)."""
     if (
         not isinstance(concurrency, int) or isinstance(concurrency, bool)
         or not 1 <= concurrency <= MAX_CONCURRENCY
@@ -458,5 +478,8 @@ async def run_worker(
         raise errors.InvalidRequest("authorize must be a callable")
     worker = _Worker(runtime, concurrency=concurrency, authorize=authorize,
                      stop=trio.Event() if stop is None else stop)
-    return await worker.run()
+    report = await worker.run()
+    if worker.unavailable is not None:
+        raise worker.unavailable
+    return report
 

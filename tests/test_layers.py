@@ -44,6 +44,7 @@ TOP_LEVEL = {
     "continuation": CORE,
     "contract": CORE,
     "error_base": CORE,
+    "endpoint_rules": CORE,
     "errors": CORE,
     "failure_errors": CORE,
     "failure_text": CORE,

@@ -1266,6 +1266,32 @@ def test_endpoint_unreachable_spends_nothing_and_keeps_the_pending_id() -> None:
     assert sent.record.endpoint_failure is None and sent.record.attempts_used == 1
 
 
+def test_endpoint_given_up_ends_with_nothing_spent_and_the_same_attempt_next() -> None:
+    """Issue 29.5: past the runtime's bound the execution ends (EndpointUnavailable); the
+    record rests prepared with its pending attempt and the kind; reopening asks for the
+    same attempt id; a standing suspend applies instead."""
+    noted = m.endpoint_unreachable(_asking(), f"{OP}.1", "dns_failure").record
+    t = m.endpoint_given_up(noted, f"{OP}.1", "dns_failure", 300.0, None)
+    assert isinstance(t.action, m.Stop) and t.changed
+    error = t.action.error
+    assert isinstance(error, errors.EndpointUnavailable)
+    assert (error.code, error.kind, error.unreachable_after, error.operation_id) == (
+        "endpoint_unavailable", "dns_failure", 300.0, OP)
+    assert "dns_failure" in str(error) and "300 s" in str(error)
+    rec = t.record
+    assert rec.phase == "prepared" and rec.pending == noted.pending
+    assert rec.attempts_used == 0 and rec.attempts == () and rec.endpoint_failure == "dns_failure"
+    status = m.derive_status(rec, now=T0, lease_live=False, viewer=ALICE)
+    assert status.availability == "endpoint_unavailable" and status.attempts_remaining == 3
+    reopened = open_(rec)
+    assert isinstance(reopened.action, AskHost)
+    assert reopened.action.attempt.attempt_id == f"{OP}.1"
+    suspended = m.endpoint_given_up(noted, f"{OP}.1", "dns_failure", 300.0, "suspend")
+    assert suspended.record.phase == "suspended" and suspended.record.pending == noted.pending
+    assert isinstance(suspended.action, m.Stop)
+    assert isinstance(suspended.action.error, errors.OperationSuspended)
+
+
 def test_endpoint_unreachable_outside_authorizing_is_invalid() -> None:
     with pytest.raises(m.InvalidTransition):
         m.endpoint_unreachable(record(), f"{OP}.1", "connect_refused")

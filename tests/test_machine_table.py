@@ -42,6 +42,9 @@ EVENTS: dict[m.Event, Callable[[OperationRecord], Transition]] = {
     "authorization_answered": lambda rec: m.authorization_answered(rec, ATTEMPT, True, ctx()),
     "authorization_failed": lambda rec: m.authorization_failed(rec, ATTEMPT, "it raised"),
     "endpoint_unreachable": lambda rec: m.endpoint_unreachable(rec, ATTEMPT, "connect_refused"),
+    "endpoint_given_up": lambda rec: m.endpoint_given_up(
+        rec, ATTEMPT, "connect_refused", 300.0, None
+    ),
     "credentials_unavailable": lambda rec: m.credentials_unavailable(rec, ATTEMPT),
     "progress": lambda rec: m.progress(rec, ATTEMPT, "resp_1", 3),
     "checkpoint": lambda rec: reattachment.checkpoint(rec, ATTEMPT, "resp_1", 3, T0),

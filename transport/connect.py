@@ -10,7 +10,10 @@ is one of :data:`CONNECT_CODES`, *without* having called the caller's
 
 :class:`EndpointGate` is the shared, bounded backoff of one endpoint in one
 runtime: when connecting fails, every operation of the runtime waits on the
-same gate (exponential, capped) and a single probe at a time tries again.
+same gate (exponential, capped) and a single probe at a time tries again. The wait is
+bounded: once the endpoint has been unreachable for ``unreachable_after`` seconds (from
+the first failed connect with no success since), every operation waiting on the gate
+ends with :class:`~recoverable.errors.EndpointUnavailable`.
 """
 
 from __future__ import annotations
@@ -24,15 +27,32 @@ from typing import Final, Literal
 import attrs
 import trio
 
-from recoverable.errors import InvalidRequest
+from recoverable.errors import EndpointUnavailable, InvalidRequest
 
 __all__ = [
     "CONNECT_CODES",
+    "UNREACHABLE_AFTER",
     "ConnectBackoff",
     "ConnectKind",
     "EndpointGate",
+    "check_unreachable_after",
     "classify_connect_error",
 ]
+
+UNREACHABLE_AFTER: Final = 300.0  # seconds: the default bound of the wait for an endpoint
+
+
+def check_unreachable_after(value: object) -> float:
+    """``unreachable_after`` as a float: a number of seconds, at least 0 (``inf``: wait
+    for the endpoint without end); anything else is ``InvalidRequest``."""
+    if (
+        isinstance(value, bool) or not isinstance(value, int | float)
+        or math.isnan(value) or value < 0
+    ):
+        raise InvalidRequest(
+            "unreachable_after must be a number of seconds >= 0 (math.inf: no bound)"
+        )
+    return float(value)
 
 ConnectKind = Literal[
     "connect_refused",  # nothing listens on the port (ECONNREFUSED)
@@ -133,15 +153,32 @@ class EndpointGate:
     last change are counted once, so a burst of simultaneous failures does not
     jump straight to the maximum.
 
+    The bound: ``down_since`` is when the first connect of the current outage failed (no
+    success since). Once ``unreachable_after`` seconds have passed since then, a waiting
+    task gives up (:meth:`admit` raises ``EndpointUnavailable``) unless a probe is in
+    flight (it waits for that result) or due (it probes). A caller's first try is owed one
+    answer from the endpoint: past the bound it probes at once (or takes the result of
+    the probe in flight) before it gives up, so a host that calls again after fixing the
+    endpoint is never refused without a try, and the callers that arrive together share
+    one probe. So every operation waiting on the gate ends at the bound (after one last
+    probe when none answered it while it waited), and a later one after one probe.
+
     Times are Trio's clock (``trio.current_time``), so ``MockClock`` drives it.
     """
 
-    def __init__(self, endpoint_id: str, backoff: ConnectBackoff = ConnectBackoff()) -> None:
+    def __init__(
+        self,
+        endpoint_id: str,
+        backoff: ConnectBackoff = ConnectBackoff(),
+        unreachable_after: float = math.inf,
+    ) -> None:
         self.endpoint_id = endpoint_id
         self.backoff = backoff
+        self.unreachable_after = check_unreachable_after(unreachable_after)
         self.failure: ConnectKind | None = None  # None: available
         self.failures = 0  # consecutive failed rounds
         self.retry_at: float | None = None  # trio time of the next probe
+        self.down_since: float | None = None  # trio time of the outage's first failure
         self._epoch = 0  # bumped on every change of state
         self._probing = False
         self._changed = trio.Event()
@@ -158,26 +195,46 @@ class EndpointGate:
         for listener in list(self.listeners):
             listener(self)
 
-    async def admit(self) -> int:
+    async def admit(self, *, first: bool = False) -> int:
         """Wait until this task may try to connect; return the ticket for :meth:`report`.
 
+        Raises ``EndpointUnavailable`` (no operation id: the caller's to add) once the
+        endpoint has been unreachable for ``unreachable_after`` seconds (see the class).
+        ``first``: the caller's first try (a new execution), which past the bound still
+        gets one answer from the endpoint before it gives up: it probes at once, or takes
+        the result of the probe in flight (its later tries, ``first=False``, do not).
         Cancellable at any point (a caller that is cancelled while probing must
         call :meth:`abandon` with its ticket, which :meth:`report` callers do in
         a ``finally``).
         """
+        entered = self._epoch
         while True:
             if self.failure is None:
                 return self._epoch
             changed = self._changed
             if not self._probing:
                 assert self.retry_at is not None
-                if trio.current_time() >= self.retry_at:
+                now = trio.current_time()
+                deadline = self.give_up_at()
+                # No probe result reached a first try since it came: it is owed one.
+                owed = first and self._epoch == entered
+                if now >= self.retry_at or (owed and now >= deadline):
                     self._probing = True
                     return self._epoch
-                with trio.move_on_at(self.retry_at):
+                if now >= deadline:
+                    raise EndpointUnavailable(
+                        kind=self.failure, unreachable_after=self.unreachable_after
+                    )
+                with trio.move_on_at(min(self.retry_at, deadline)):
                     await changed.wait()
             else:
                 await changed.wait()
+
+    def give_up_at(self) -> float:
+        """When a task waiting on the closed gate gives up (``inf``: never)."""
+        if self.down_since is None:
+            return math.inf
+        return self.down_since + self.unreachable_after
 
     def succeeded(self, ticket: int) -> None:
         """A connection was established."""
@@ -188,6 +245,7 @@ class EndpointGate:
             self.failure = None
             self.failures = 0
             self.retry_at = None
+            self.down_since = None
             self._notify()
 
     def failed(self, ticket: int, kind: ConnectKind) -> None:
@@ -195,6 +253,8 @@ class EndpointGate:
         if ticket != self._epoch:
             return  # another connection of the same round already reported it
         self._probing = False
+        if self.failure is None:
+            self.down_since = trio.current_time()  # the outage starts: its bound runs
         self.failures += 1
         self.failure = kind
         self.retry_at = trio.current_time() + self.backoff.delay(self.failures)

@@ -25,6 +25,7 @@ __all__ = [
     "CompletionUnavailable",
     "ConfigurationUnavailable",
     "CorruptRecord",
+    "EndpointUnavailable",
     "FenceMismatch",
     "FormatMismatch",
     "InvalidCredentials",
@@ -481,6 +482,39 @@ class ConfigurationUnavailable(RecoveryError):
         "open a runtime with a backend for the operation's endpoint, or create a manual retry"
         " (runtime.retry) if the operation is blocked"
     )
+
+
+class EndpointUnavailable(RecoveryError):
+    """No connection to the endpoint could be established for ``unreachable_after``
+    seconds (``open_runtime(unreachable_after=)``): nothing was sent and nothing spent.
+    ``kind`` is the typed connect failure (``connect_refused``, ``dns_failure``,
+    ``tls_failure``, ``connect_timeout``, ``handshake_failed``, ``connect_failed``). The
+    operation keeps its budget and its pending attempt id. ``run_worker`` raises it too
+    (without an operation id) when its endpoint stayed unreachable."""
+
+    code = "endpoint_unavailable"
+    _action = (
+        "check the endpoint (its URL, port, host name, certificate, network), then call "
+        "send_recovering with the same handle (or run the worker again): it sends the same "
+        "attempt"
+    )
+
+    def __init__(
+        self, message: str = "", *, operation_id: str | None = None,
+        kind: str | None = None, unreachable_after: float | None = None,
+    ) -> None:
+        super().__init__(message, operation_id=operation_id)
+        self.kind = kind
+        self.unreachable_after = unreachable_after
+
+    def _what(self) -> str:
+        kind = f" ({bounded(self.kind)})" if self.kind else ""
+        seconds = self.unreachable_after
+        after = f" for {seconds:g} s" if seconds is not None else ""
+        return with_detail(
+            f"the endpoint could not be connected to{kind}{after}; nothing was sent or spent",
+            self._detail,
+        )
 
 
 class RetryNotAllowed(RecoveryError):

@@ -51,6 +51,7 @@ from __future__ import annotations
 import msgspec
 
 from recoverable import errors, reattachment
+from recoverable.endpoint_rules import endpoint_given_up, endpoint_refusal, endpoint_unreachable
 from recoverable.failure_errors import ended_error, terminal_error
 from recoverable.failure_policy import TRANSPORT_KINDS, backoff_delay, classify
 from recoverable.lifecycle import (
@@ -152,7 +153,9 @@ __all__ = [
     "derive_status",
     "ended_error",
     "endpoint_blocked",
+    "endpoint_given_up",
     "endpoint_matches",
+    "endpoint_refusal",
     "endpoint_unreachable",
     "evolve",
     "interrupted_locally",
@@ -295,10 +298,9 @@ def open_operation(
         return moved(rec, completed, Deliver())
     if rec.phase == "failed" and rec.failure_reason != "authentication_required":
         return stopped(rec, rec, terminal_error(rec))
-    if endpoint_blocked(rec, ctx.endpoint_id):
-        return stopped(rec, rec, errors.ConfigurationUnavailable(
-            "the operation was prepared for another endpoint", operation_id=operation_id
-        ))
+    refusal = endpoint_refusal(rec, ctx.endpoint_id)
+    if refusal is not None:
+        return stopped(rec, rec, refusal)
     if not ctx.body_available:
         # Found before the host is asked and before an attempt is spent (fail closed).
         return stopped(rec, rec, _body_error(rec, ctx))
@@ -383,18 +385,6 @@ def authorization_failed(rec: OperationRecord, attempt_id: str, detail: str) -> 
     return stopped(rec, failed, errors.AuthorizationFailed(
         detail, operation_id=rec.operation_id, attempt_id=attempt_id
     ))
-
-
-def endpoint_unreachable(rec: OperationRecord, attempt_id: str, kind: str) -> Transition:
-    """Connecting for the approved pending attempt failed before anything was sent.
-
-    Nothing is spent: the phase stays ``authorizing`` with the same pending attempt id
-    (the driver waits in the runtime's shared connect backoff and tries again); the
-    typed kind is recorded so that status reads ``endpoint_unavailable``, also from
-    another process and after this execution ends.
-    """
-    require_pending("endpoint_unreachable", rec, attempt_id)
-    return moved(rec, evolve(rec, endpoint_failure=kind), None)
 
 
 def credentials_unavailable(rec: OperationRecord, attempt_id: str) -> Transition:

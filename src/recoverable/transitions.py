@@ -32,6 +32,7 @@ Event = Literal[
     "authorization_answered",  # the host approved or denied the pending attempt
     "authorization_failed",  # a worker's standing authorization policy did not answer
     "endpoint_unreachable",  # connecting for the approved attempt failed; nothing sent
+    "endpoint_given_up",  # ... and kept failing past the runtime's bound; nothing sent
     "credentials_unavailable",  # renewal for a 401 reissue failed; nothing sent
     "progress",  # response id / cursor of the attempt in flight
     "checkpoint",  # issue 15: the fenced reattachment checkpoint of the attempt in flight
@@ -54,6 +55,7 @@ EVENT_PHASES: Final[Mapping[Event, frozenset[Phase]]] = {
     "authorization_answered": frozenset({"authorizing"}),
     "authorization_failed": frozenset({"authorizing"}),
     "endpoint_unreachable": frozenset({"authorizing"}),
+    "endpoint_given_up": frozenset({"authorizing"}),
     "credentials_unavailable": frozenset({"authorizing"}),
     "progress": frozenset({"transmitting"}),
     "checkpoint": frozenset({"transmitting"}),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import ssl
+from collections.abc import Awaitable, Callable
 
 import pytest
 import trio
@@ -13,11 +14,12 @@ from recoverable.transport.base import StaticCredentials
 from recoverable.transport.connect import (
     ConnectBackoff,
     EndpointGate,
+    check_unreachable_after,
     classify_connect_error,
 )
 from transport_helpers import make_body
 
-from recoverable.errors import InvalidRequest
+from recoverable.errors import EndpointUnavailable, InvalidRequest
 from recoverable.outcome import Completed, Interruption
 from recoverable.testing import FixtureProvider
 
@@ -223,6 +225,121 @@ def test_gate_without_a_result_lets_another_probe() -> None:
             probe_scope.cancel()
         assert order == ["probe", "waiter"]
         assert gate.available
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+# --- issue 29.5: the bound of the wait (unreachable_after) -------------------------------
+
+
+def test_unreachable_after_is_seconds_at_least_zero_or_inf() -> None:
+    assert check_unreachable_after(0) == 0.0
+    assert check_unreachable_after(300) == 300.0
+    assert check_unreachable_after(float("inf")) == float("inf")
+    for bad in (-1, -0.5, float("nan"), "300", None, True):
+        with pytest.raises(InvalidRequest):
+            check_unreachable_after(bad)
+
+
+def _prober(
+    gate: EndpointGate, start: float, probes: list[float], ended: dict[str, float],
+    *, takes: float = 0.01, succeeds_at: float | None = None,
+) -> Callable[[str], Awaitable[None]]:
+    """An operation's connect loop over ``gate`` (its first try first=True, like the
+    actor's): every probe fails after 0.01 s, but one that starts at ``succeeds_at`` or
+    later succeeds after ``takes`` s."""
+
+    async def operation(name: str) -> None:
+        first = True
+        while True:
+            try:
+                ticket = await gate.admit(first=first)
+            except EndpointUnavailable as exc:
+                assert exc.kind == "connect_refused"
+                assert exc.unreachable_after == gate.unreachable_after
+                ended[name] = trio.current_time() - start
+                return
+            first = False
+            now = trio.current_time() - start
+            if gate.available:
+                ended[name] = -now  # through: negative marks "connected"
+                return
+            probes.append(now)
+            late = succeeds_at is not None and now >= succeeds_at
+            await trio.sleep(takes if late else 0.01)
+            if late:
+                gate.succeeded(ticket)
+                ended[name] = -now
+                return
+            gate.failed(ticket, "connect_refused")
+
+    return operation
+
+
+def test_every_waiter_gives_up_at_the_bound_and_a_later_call_gets_one_probe() -> None:
+    async def main() -> None:
+        gate = EndpointGate("e", ConnectBackoff(initial=1.0, maximum=4.0), unreachable_after=10)
+        start = trio.current_time()
+        gate.failed(await gate.admit(), "connect_refused")  # t=0: the outage starts
+        assert gate.down_since == start and gate.give_up_at() == start + 10.0
+        probes: list[float] = []
+        ended: dict[str, float] = {}
+        operation = _prober(gate, start, probes, ended)
+        async with trio.open_nursery() as nursery:
+            for i in range(3):
+                nursery.start_soon(operation, f"op{i}")
+        # One probe per round (1, then 2 and 4 s after each failure); the next one would
+        # be due at 11.03, past the bound: all three give up at 10 s, none before.
+        assert probes == pytest.approx([1.0, 3.01, 7.02])
+        assert ended == {f"op{i}": pytest.approx(10.0) for i in range(3)}
+        # Two calls after the bound share ONE probe (first try: owed an answer), then end.
+        await trio.sleep(0.5)
+        probes.clear()
+        ended.clear()
+        async with trio.open_nursery() as nursery:
+            for i in range(2):
+                nursery.start_soon(operation, f"late{i}")
+        assert probes == pytest.approx([10.5])
+        assert ended == {"late0": pytest.approx(10.51), "late1": pytest.approx(10.51)}
+        assert gate.down_since == start  # still the same outage: its clock keeps running
+        # The endpoint is back: the next call's probe succeeds and the bound is reset.
+        probes.clear()
+        ended.clear()
+        back = _prober(gate, start, probes, ended, succeeds_at=0.0)
+        await back("again")
+        assert gate.available and gate.down_since is None
+        assert gate.give_up_at() == float("inf")
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_a_probe_in_flight_at_the_bound_is_waited_for() -> None:
+    """At the bound a probe is still connecting: the waiters take its result (here a
+    success: nobody gives up); with unreachable_after=inf nobody ever gives up."""
+
+    async def main() -> None:
+        gate = EndpointGate("e", ConnectBackoff(initial=1.0, maximum=4.0), unreachable_after=5)
+        start = trio.current_time()
+        gate.failed(await gate.admit(), "connect_refused")
+        probes: list[float] = []
+        ended: dict[str, float] = {}
+        # The probe at 1 fails; the one at 3.01 is still connecting at the bound (5) and
+        # succeeds at 7.01: the waiters take that result, nobody gives up.
+        operation = _prober(gate, start, probes, ended, takes=4.0, succeeds_at=3.0)
+        async with trio.open_nursery() as nursery:
+            for i in range(3):
+                nursery.start_soon(operation, f"op{i}")
+        assert probes == pytest.approx([1.0, 3.01])
+        assert sorted(-t for t in ended.values()) == pytest.approx([3.01, 7.01, 7.01])
+        assert gate.available and gate.down_since is None
+
+        forever = EndpointGate("f", ConnectBackoff(initial=1.0, maximum=30.0))
+        assert forever.unreachable_after == float("inf")
+        forever.failed(await forever.admit(), "dns_failure")
+        probes.clear()
+        with trio.move_on_after(100_000):
+            await _prober(forever, trio.current_time(), probes, ended)("waits")
+        assert len(probes) > 3000  # still probing every 30 s, never given up
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
 

@@ -17,6 +17,7 @@ from recoverable.cli.jobs import id_problem
 from recoverable.cli.paging import DEFAULT_LIMIT, MAX_LIMIT
 from recoverable.outcome import bounded_code
 from recoverable.preconditions import MAX_ATTEMPTS
+from recoverable.transport.connect import UNREACHABLE_AFTER
 from recoverable.transport.fixture import FaultSpec
 
 __all__ = [
@@ -164,6 +165,11 @@ def _positive_float(text: str) -> float:
 
 def _non_negative_float(text: str) -> float:
     return _finite(text, zero=True)
+
+
+def _unreachable_after(text: str) -> float:
+    """Seconds (ASCII, at least 0), or ``inf``: no bound."""
+    return math.inf if text == "inf" else _finite(text, zero=True)
 
 
 def _provider_codes(text: str) -> frozenset[str]:
@@ -378,6 +384,12 @@ def _add_batch(sub: argparse._SubParsersAction[_Parser]) -> None:
         help="a stream silent this long is interrupted (and replaced)",
     )
     batch.add_argument(
+        "--unreachable-after", type=_unreachable_after, default=UNREACHABLE_AFTER,
+        metavar="SECONDS",
+        help="end the batch (exit 1, the jobs unfinished, nothing spent) once the endpoint "
+        "could not be connected to for SECONDS (default 300; 'inf': wait without end)",
+    )
+    batch.add_argument(
         "--output-format",
         choices=("recoverable", "openai-batch"),
         default="recoverable",
@@ -540,6 +552,12 @@ def _add_worker(sub: argparse._SubParsersAction[_Parser]) -> None:
     worker.add_argument(
         "--idle-timeout", type=_positive_float, default=120.0, metavar="SECONDS",
         help="a stream silent this long is interrupted (and replaced)",
+    )
+    worker.add_argument(
+        "--unreachable-after", type=_unreachable_after, default=UNREACHABLE_AFTER,
+        metavar="SECONDS",
+        help="exit (code 69; its operations stay queued, nothing spent) once the endpoint "
+        "could not be connected to for SECONDS (default 300; 'inf': wait without end)",
     )
     worker.add_argument(
         "--lease-seconds", type=_lease_seconds, default=30.0, metavar="SECONDS",

@@ -12,6 +12,7 @@ again.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import time
@@ -51,8 +52,10 @@ class _EndpointReporter:
 
     def changed(self, gate: EndpointGate) -> None:
         if gate.failure is not None and self.shown is None:
+            bound = gate.unreachable_after
+            until = f" for up to {bound:g} s (--unreachable-after)" if bound < math.inf else ""
             self.say(f"endpoint unavailable ({gate.failure}): jobs wait and spend nothing; "
-                     "retrying with backoff (Ctrl-C suspends them; a rerun resumes)")
+                     f"retrying with backoff{until} (Ctrl-C suspends them; a rerun resumes)")
         elif gate.failure is None and self.shown is not None:
             self.say("endpoint reachable again")
         self.shown = gate.failure
@@ -110,6 +113,7 @@ class _BatchRun:
                 requests_per_minute=config.rpm,
                 tokens_per_minute=config.tpm,
                 rate_burst_seconds=config.rate_burst_seconds,
+                unreachable_after=config.unreachable_after,
             ) as rt,
         ):
             host_class = BatchHost if not config.workers else WorkersHost
@@ -127,7 +131,7 @@ class _BatchRun:
                         await host.retry_failed()
                     await host.run()
                 nursery.cancel_scope.cancel()
-            summary.endpoint_unavailable = rt.endpoint_failure()
+            summary.endpoint_unavailable = rt.endpoint_failure() or summary.endpoint_unavailable
             summary.attempts = host.attempts_spent()
             host.report_suppressed()
             if summary.interrupted or summary.fatal is not None:

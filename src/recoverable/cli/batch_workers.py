@@ -35,11 +35,12 @@ from typing import Any, Final
 import trio
 
 from recoverable import errors, machine
-from recoverable.cli.exits import EXIT_STORE_LOST
+from recoverable.cli.exits import EXIT_STORE_LOST, EXIT_UNAVAILABLE
 from recoverable.cli.host import BatchHost, _JobFailed
 from recoverable.cli.jobs import Job
 from recoverable.cli.provider import batch_account
 from recoverable.records import OperationRecord
+from recoverable.transitions import FINISHED
 from recoverable.types import Handle
 
 __all__ = [
@@ -78,6 +79,7 @@ def worker_command(host: WorkersHost) -> WorkerCommand:
         "--concurrency", str(config.concurrency),
         "--idle-timeout", repr(config.idle_timeout),
         "--stop-with-stdin",  # WorkerPool holds the other end: they stop with this batch
+        "--unreachable-after", repr(config.unreachable_after),  # then it exits 69
     ]
     if config.endpoint == "fixture":
         command += ["--fixture-url", getattr(backend, "base_url")]  # noqa: B009
@@ -101,6 +103,7 @@ class WorkerPool:
         say: Callable[[str], None],
         on_exhausted: Callable[[str], None],
         env: Mapping[str, str] | None = None,
+        on_unavailable: Callable[[], None] | None = None,
     ) -> None:
         self.command = list(command)
         if env is None:
@@ -110,6 +113,9 @@ class WorkerPool:
         self.max_restarts = max_restarts
         self.say = say
         self.on_exhausted = on_exhausted
+        # A worker that exits EXIT_UNAVAILABLE (its endpoint stayed unreachable past
+        # --unreachable-after) is not replaced: the batch ends as --workers 0 does.
+        self.on_unavailable = on_unavailable
         self.restarts = 0
         self.started = 0
         self.pids: set[int] = set()
@@ -134,6 +140,9 @@ class WorkerPool:
         while True:
             self.started += 1
             status = await self._run_one()
+            if status == EXIT_UNAVAILABLE and self.on_unavailable is not None:
+                self.on_unavailable()
+                return
             if self.restarts >= self.max_restarts:
                 self.on_exhausted(
                     f"worker_restarts_exhausted: worker {slot} exited (status {status}) and "
@@ -183,6 +192,7 @@ class WorkersHost(BatchHost):
         super().__init__(*args, **kwargs)
         self.spent = 0
         self.pool: WorkerPool | None = None
+        self.waiting: set[str] = set()  # the operations whose jobs wait for a worker
 
     async def _handle(self, job: Job) -> Handle:
         adopted = self.find_existing(job) is not None  # raises revision_conflict
@@ -204,7 +214,15 @@ class WorkersHost(BatchHost):
         """A worker process runs it; this waits for its saved value (or typed error).
 
         A failure is reported as the execution that ended it raised it (``--workers 0``
-        reports it so): ``wait`` raises the record's reopening error."""
+        reports it so): ``wait`` raises the record's reopening error.
+
+        Issue 29.3: an operation saved for another endpoint is never claimed by a worker
+        of this batch's endpoint, so it is refused before waiting, as ``send_recovering``
+        refuses it with ``--workers 0`` (``configuration_unavailable``)."""
+        refusal = self._endpoint_refusal(handle.operation_id)
+        if refusal is not None:
+            raise refusal
+        self.waiting.add(handle.operation_id)
         try:
             return await self.rt.wait(handle, response=job.response)
         except errors.PermanentlyFailed as exc:
@@ -212,6 +230,20 @@ class WorkersHost(BatchHost):
             if record is None or record.phase != "failed":
                 raise
             raise machine.ended_error(record) from None
+        finally:
+            self.waiting.discard(handle.operation_id)
+
+    def _endpoint_refusal(self, operation_id: str) -> errors.RecoveryError | None:
+        """``send_recovering``'s refusal at open of an operation saved for another
+        endpoint; None once it has an outcome to deliver (a receipt, a terminal failure:
+        ``wait`` returns or raises it, whatever the endpoint)."""
+        record = self._record(operation_id)
+        backend = self.rt.backend
+        if record is None or backend is None or record.has_completion:
+            return None
+        if record.phase in FINISHED and record.failure_reason != "authentication_required":
+            return None
+        return machine.endpoint_refusal(record, backend.endpoint_id)
 
     def _record(self, operation_id: str) -> OperationRecord | None:
         try:
@@ -243,6 +275,7 @@ class WorkersHost(BatchHost):
             max_restarts=RESTARTS_PER_WORKER * workers if restarts is None else restarts,
             say=self.say,
             on_exhausted=self._pool_failed,
+            on_unavailable=self._endpoint_down,
         )
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.pool.run)
@@ -250,6 +283,17 @@ class WorkersHost(BatchHost):
                 await super().run()
             finally:
                 nursery.cancel_scope.cancel()  # SIGTERM to every worker, awaited
+
+    def _endpoint_down(self) -> None:
+        """A worker exited because its endpoint stayed unreachable past
+        ``--unreachable-after``: the kind is the one it saved with the operations it
+        gave up (nothing spent); the batch ends with ``--workers 0``'s message."""
+        records = (self._record(op_id) for op_id in sorted(self.waiting))
+        kind = next((record.endpoint_failure for record in records
+                     if record is not None and record.endpoint_failure), None)
+        self.endpoint_gave_up(kind)
+        if self.work is not None:
+            self.work.cancel()  # SIGTERM to the other workers, which suspend for the next
 
     def _pool_failed(self, message: str) -> None:
         if self.fatal is None:

@@ -7,6 +7,7 @@ from typing import Final, Literal
 import attrs
 
 from recoverable.pricing import PriceTable
+from recoverable.transport.connect import UNREACHABLE_AFTER
 from recoverable.transport.fixture import FaultSpec
 
 __all__ = ["DEFAULT_RETRY_PROVIDER_CODES", "MAXIMUM_RETRY_AFTER", "MINIMUM_RPS", "BatchConfig"]
@@ -54,3 +55,6 @@ class BatchConfig:
     # replacing a worker that dies at most ``worker_restarts`` times (None: 4 per worker).
     workers: int = 0
     worker_restarts: int | None = None
+    # Issue 29.5: the batch ends (exit 1, nothing spent) once the endpoint could not be
+    # connected to for this long (``open_runtime(unreachable_after=)``; inf: no bound).
+    unreachable_after: float = UNREACHABLE_AFTER

@@ -144,6 +144,7 @@ def _batch_config(args: argparse.Namespace) -> BatchConfig:
         revision=args.revision,
         workers=args.workers,
         worker_restarts=args.worker_restarts,
+        unreachable_after=args.unreachable_after,
     )
     if args.workers and (args.rps is not None or args.rpm is not None or args.tpm is not None):
         raise UsageError("--rps/--rpm/--tpm are not available with --workers yet "

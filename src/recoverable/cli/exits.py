@@ -5,7 +5,13 @@ from __future__ import annotations
 from typing import Final
 
 __all__ = [
-    "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_STORE_LOST", "EXIT_USAGE", "UsageError",
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_STORE_LOST",
+    "EXIT_UNAVAILABLE",
+    "EXIT_USAGE",
+    "UsageError",
 ]
 
 EXIT_OK: Final = 0
@@ -16,6 +22,9 @@ EXIT_USAGE: Final = 2  # a usage or input error
 # new process, which opens the store anew, can go on (``batch --workers`` replaces it).
 EXIT_STORE_LOST: Final = 3
 EXIT_INTERRUPTED: Final = 130
+# ``recoverable worker``: its endpoint stayed unreachable past --unreachable-after (nothing
+# spent; its operations stay queued). sysexits' EX_UNAVAILABLE; a batch does not replace it.
+EXIT_UNAVAILABLE: Final = 69
 
 
 class UsageError(Exception):

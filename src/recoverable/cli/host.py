@@ -94,6 +94,7 @@ class BatchHost:
         self.summary = summary
         self.say = say
         self.running = 0
+        self.gave_up = False  # the endpoint stayed unreachable past --unreachable-after
         # (issue 16) per job: older revisions of its id to supersede (find_existing)
         self.older: dict[tuple[str, str], frozenset[str]] = {}
         self._shown: Counter[str] = Counter()
@@ -272,6 +273,8 @@ class BatchHost:
         except errors.OperationSuspended:
             self.summary.unfinished += 1
             self.say(f"job {job.id!r} (line {job.lineno}): suspended from outside; rerun to resume")
+        except errors.EndpointUnavailable as exc:
+            self.endpoint_gave_up(exc.kind)  # nothing spent: unfinished, told once
         except errors.OperationBusy as exc:
             self.summary.unfinished += 1
             self.say(
@@ -339,6 +342,27 @@ class BatchHost:
         except errors.RecoveryError as exc:
             # The line is durable: a rerun acknowledges it without writing again.
             self.say(f"warning: job {job.id!r}: acknowledge failed ({exc.code}); rerun to finish")
+
+    def endpoint_gave_up(self, kind: str | None) -> None:
+        """The endpoint could not be connected to for ``--unreachable-after`` (issue 29.5):
+        no more jobs start, those running end at the same bound (nothing spent, their
+        operations as they were), and every job not done counts as unfinished, with this
+        one message (exit 1). The same with ``--workers N`` (``WorkersHost``)."""
+        if self.gave_up:
+            return
+        self.gave_up = True
+        self.summary.endpoint_unavailable = kind
+        message = (
+            "endpoint_unavailable: the endpoint could not be connected to"
+            + (f" ({kind})" if kind else "")
+            + f" for {self.config.unreachable_after:g} s (--unreachable-after); nothing was "
+            "spent: the jobs not done keep their budgets and count as unfinished; rerun "
+            "once the endpoint is reachable"
+        )
+        if self.fatal is None:
+            self.fatal = message
+            self.summary.fatal = message
+            self.say(f"error: {message}")
 
     def _unreadable(self, job: Job, error: errors.RecoveryError) -> None:
         """A job whose operation cannot be read: unfinished, told, never prepared again."""
@@ -515,6 +539,8 @@ class BatchHost:
 
     async def _worker(self, receive: trio.MemoryReceiveChannel[Job]) -> None:
         async for job in receive:
+            if self.gave_up:
+                continue  # not started: counted unfinished (endpoint_gave_up)
             try:
                 await self.run_job(job)
             except Exception as exc:  # never end the batch for one job

@@ -47,6 +47,7 @@ from recoverable.cli.exits import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_STORE_LOST,
+    EXIT_UNAVAILABLE,
     EXIT_USAGE,
     UsageError,
 )
@@ -81,6 +82,7 @@ class WorkerConfig:
     idle_timeout: float = 120.0
     lease_seconds: float = 30.0
     stop_with_stdin: bool = False  # stop when standard input closes (batch --workers)
+    unreachable_after: float = 300.0  # then exit EXIT_UNAVAILABLE (issue 29.5)
 
 
 def worker_account(config: WorkerConfig) -> AccountBinding:
@@ -185,10 +187,12 @@ async def _serve(
 ) -> WorkerReport:
     account = worker_account(config)
     stop = trio.Event()
+    unavailable: errors.EndpointUnavailable | None = None
     async with (
         open_worker_backend(config, account) as backend,
         open_runtime(
-            store, backend, account=account, lease_seconds=config.lease_seconds
+            store, backend, account=account, lease_seconds=config.lease_seconds,
+            unreachable_after=config.unreachable_after,
         ) as rt,
         trio.open_nursery() as nursery,
     ):
@@ -197,9 +201,14 @@ async def _serve(
             nursery.start_soon(_watch_stdin, stop)
         _say(out, {"worker": "ready", "pid": os.getpid(), "concurrency": config.concurrency})
         with tuned_collector():  # the collector's setting for a run (gc_tuning)
-            report = await run_worker(rt, concurrency=config.concurrency, authorize=authorize,
-                                      stop=stop)
+            try:
+                report = await run_worker(rt, concurrency=config.concurrency,
+                                          authorize=authorize, stop=stop)
+            except errors.EndpointUnavailable as exc:  # raised as itself, not in a group
+                unavailable = exc
         nursery.cancel_scope.cancel()
+    if unavailable is not None:
+        raise unavailable
     return report
 
 
@@ -249,6 +258,9 @@ def run_worker_command(
         return EXIT_USAGE
     try:
         report = trio.run(_serve, config, store, authorize, out)
+    except errors.EndpointUnavailable as exc:  # nothing spent; its operations stay queued
+        say(f"recoverable worker: {exc.code}: {scrub(str(exc))}")
+        return EXIT_UNAVAILABLE
     except BaseException as exc:  # each kind is told apart in _failure
         return _failure(exc, say, err)
     finally:
@@ -299,6 +311,8 @@ def _failure(exc: BaseException, say: Callable[[str], None], err: IO[str] | None
         others = sorted({leaf.code for leaf in typed} - {first.code})
         also = f" (also: {', '.join(others)})" if others else ""
         say(f"recoverable worker: {first.code}: {brief(scrub(str(first)), 2000)}{also}")
+        if all(isinstance(leaf, errors.EndpointUnavailable) for leaf in typed):
+            return EXIT_UNAVAILABLE
         return EXIT_STORE_LOST if all(_store_lost(leaf) for leaf in typed) else EXIT_FAILED
     unknown = next(leaf for leaf in leaves if not isinstance(leaf, errors.RecoveryError))
     say(
@@ -329,6 +343,7 @@ def worker_config(args: argparse.Namespace) -> WorkerConfig:
         idle_timeout=args.idle_timeout,
         lease_seconds=args.lease_seconds,
         stop_with_stdin=args.stop_with_stdin,
+        unreachable_after=args.unreachable_after,
     )
 
 
