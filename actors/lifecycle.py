@@ -121,9 +121,12 @@ def write_lineage_command(
 
 
 def disposition_marker(marker: DispositionRecord, txn: WriteTxn, operation_id: str) -> None:
-    """Remove the operation's content and save its marker as complete (one transaction)."""
+    """Remove the operation's content and save its marker as complete (one transaction);
+    the job index keeps naming it while the marker is kept (``AlreadyAcknowledged``)."""
     remove_content(txn, operation_id)
-    txn.put_disposition(msgspec.structs.replace(marker, removal_complete=True))
+    complete = msgspec.structs.replace(marker, removal_complete=True)
+    txn.put_disposition(complete)
+    txn.index_disposed(complete)
 
 
 def dispose(

@@ -166,11 +166,73 @@ def put_new_operation(txn: WriteTxn, record: OperationRecord, body: bytes, store
     txn.put_operation(record)
 
 
-def create_operation(record: OperationRecord, body: bytes, stored: bytes, txn: WriteTxn) -> None:
-    """The transaction of ``prepare``: a new id never overwrites an existing operation."""
+def create_operation(
+    record: OperationRecord, body: bytes, stored: bytes, txn: WriteTxn
+) -> OperationRecord:
+    """The transaction of ``prepare``: a new id never overwrites an existing operation. A
+    job's operation (``job_id`` given) is prepared once per revision: the one that stands
+    for it is returned (:func:`job_operation`), this one written only when there is none."""
     if txn.get_operation(record.operation_id) is not None:
         raise errors.InvalidRequest("operation id collision", operation_id=record.operation_id)
+    if record.job_id is not None:
+        existing = job_operation(txn, record)
+        if existing is not None:
+            return existing
     put_new_operation(txn, record, body, stored)
+    return record
+
+
+def choose_job_operation(records: list[OperationRecord]) -> OperationRecord | None:
+    """The operation that stands for a job among those sharing its key: a source whose
+    manual-retry successor exists yields to it; then a saved completion; then the oldest."""
+    if not records:
+        return None
+    ids = {record.operation_id for record in records}
+    current = [
+        record for record in records
+        if record.retry_reservation is None
+        or not record.retry_reservation.created
+        or record.retry_reservation.successor_id not in ids
+    ] or records
+    current.sort(
+        key=lambda record: (not record.has_completion, record.created_at, record.operation_id)
+    )
+    return current[0]
+
+
+def job_operation(txn: WriteTxn, record: OperationRecord) -> OperationRecord | None:
+    """The operation that already stands for ``record``'s job (account, scope, job id,
+    input revision), or None: the job's key is its idempotency, in ``prepare`` and
+    ``submit`` alike.
+
+    Raises ``JobConflict`` when it was admitted with another body; ``AlreadyAcknowledged``
+    when the job's only operation of that revision was acknowledged (its marker is kept:
+    a duplicate delivery never generates again); and an unreadable operation's typed
+    error (``CorruptRecord``, ``UnsupportedRecordVersion``): it may hold this revision's
+    saved result or spent budget, so nothing new is prepared until it is restored or
+    abandoned."""
+    existing: list[OperationRecord] = []
+    acknowledged: str | None = None
+    for operation_id in txn.operation_ids_by_job(record.account, record.scope, record.job_id):
+        found = txn.get_operation(operation_id)
+        if found is None:
+            marker = txn.get_disposition(operation_id)
+            if (marker is not None and marker.disposition == "acknowledged"
+                    and marker.input_revision == record.input_revision):
+                acknowledged = operation_id
+        elif found.input_revision == record.input_revision:
+            existing.append(found)
+    chosen = choose_job_operation(existing)
+    if chosen is None:
+        if acknowledged is not None:
+            raise errors.AlreadyAcknowledged(operation_id=acknowledged)
+        return None
+    if chosen.body_hash != record.body_hash:
+        raise errors.JobConflict(
+            "the same job and input revision were prepared with another request body",
+            operation_id=chosen.operation_id,
+        )
+    return chosen
 
 
 def check_reattach(reattach: object, backend: Backend) -> None:

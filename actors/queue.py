@@ -23,7 +23,12 @@ import msgspec
 from recoverable.actors.checks import require_owner
 from recoverable.actors.heartbeat import LeaseKeeper
 from recoverable.actors.host import Backend
-from recoverable.actors.prepare import new_admission, put_new_operation
+from recoverable.actors.prepare import (
+    choose_job_operation,
+    job_operation,
+    new_admission,
+    put_new_operation,
+)
 from recoverable.actors.waiters import QueueWatch
 from recoverable.storage.base import Store as RecoveryStore
 from recoverable.storage.base import WriteTransaction as WriteTxn
@@ -62,46 +67,15 @@ ResultT = TypeVar("ResultT")
 _PENDING: Final = object()
 
 
-def choose_job_operation(records: list[OperationRecord]) -> OperationRecord | None:
-    """The operation that stands for a job among those sharing its key: a source whose
-    manual-retry successor exists yields to it; then a saved completion; then the oldest."""
-    if not records:
-        return None
-    ids = {record.operation_id for record in records}
-    current = [
-        record for record in records
-        if record.retry_reservation is None
-        or not record.retry_reservation.created
-        or record.retry_reservation.successor_id not in ids
-    ] or records
-    current.sort(
-        key=lambda record: (not record.has_completion, record.created_at, record.operation_id)
-    )
-    return current[0]
-
-
 def submit_operation(
     record: OperationRecord, body: bytes, stored: bytes, txn: WriteTxn
 ) -> OperationRecord:
     """The transaction of ``submit``: the job's existing operation, or this new one;
     queued unless finished."""
-    existing = []
-    for operation_id in txn.operation_ids_by_job(record.account, record.scope, record.job_id):
-        # An unreadable operation of the job raises its typed error (CorruptRecord,
-        # UnsupportedRecordVersion): it may hold this revision's saved result or spent
-        # budget, so nothing new is prepared for the job until it is restored or abandoned.
-        found = txn.get_operation(operation_id)
-        if found is not None and found.input_revision == record.input_revision:
-            existing.append(found)
-    chosen = choose_job_operation(existing)
+    chosen = job_operation(txn, record)
     if chosen is None:
         put_new_operation(txn, record, body, stored)
         chosen = record
-    elif chosen.body_hash != record.body_hash:
-        raise errors.JobConflict(
-            "the same job and input revision were submitted with another request body",
-            operation_id=chosen.operation_id,
-        )
     if chosen.phase not in FINISHED and not chosen.has_completion:
         txn.enqueue(chosen.operation_id)
     return chosen

@@ -183,6 +183,9 @@ class Runtime:
     ) -> Handle:
         """Freeze the request and persist the operation without sending anything.
 
+        With a ``job_id``, once per (account, scope, job, revision): again, the same handle
+        (``JobConflict`` for another body, ``AlreadyAcknowledged`` once acknowledged).
+
         ``source=SourceRef(key, digest)`` binds the result to a source at a digest (issue
         16, docs/sources.md): the manifest must hold that digest (``store.set_source``);
         its receipt is saved only while it still does, and a manifest change supersedes
@@ -239,16 +242,18 @@ class Runtime:
             now=self.now(),
         )
         _killpoints.hit("prepare.before_save")
-        await self.store.write(
+        chosen = await self.store.write(
             functools.partial(create_operation, record, body, stored), touches=(record,)
         )
         _killpoints.hit("prepare.saved")
-        self.telemetry.emit("operation.prepared", record.operation_id, model=record.model,
-                            effort=record.reasoning_effort, maximum_attempts=maximum_attempts)
+        if chosen is record:
+            self.telemetry.emit("operation.prepared", record.operation_id, model=record.model,
+                                effort=record.reasoning_effort,
+                                maximum_attempts=maximum_attempts)
         return Handle(
-            record.operation_id,
-            root_operation_id=record.operation_id,
-            previous_operation_id=previous_operation_id,
+            chosen.operation_id,
+            root_operation_id=chosen.root_operation_id,
+            previous_operation_id=chosen.previous_operation_id,
         )
 
     # --- submit and wait: operations run by workers (actors/queue.py, actors/worker.py) ---

@@ -154,6 +154,11 @@ class WriteTransaction(RecordReader, Protocol):
         view, its own writes included)."""
         ...
 
+    def index_disposed(self, marker: DispositionRecord) -> None:
+        """Keep the job index entry of a disposed operation while its marker is kept
+        (``AlreadyAcknowledged`` finds it); removed with the marker."""
+        ...
+
     def remove_unreadable_operation(self, operation_id: str, account: AccountBinding) -> bool:
         """Remove a record that no longer decodes and the index entries naming it, when
         ``account``'s job index names it (False, nothing changed, when it does not): the

@@ -44,6 +44,7 @@ from recoverable.storage.keys import (
     PAYLOAD_KINDS,
     hosts_key,
     key_str,
+    marker_hosts_key,
     u64,
 )
 from recoverable.storage.rows import decode_row
@@ -484,6 +485,18 @@ def verify_body(operation_id: str, expected_hash: str, body: bytes) -> None:
 # -- the records ----------------------------------------------------------------------
 
 
+def _disposed_entry(txn: Any, dbs: Any, key: bytes, operation_id: str) -> bool:
+    """``key`` is the job index entry a disposed operation keeps (its marker's)."""
+    raw = txn.get(operation_id.encode("utf-8", "surrogateescape"), db=dbs["dispositions"])
+    if raw is None:
+        return False
+    try:
+        marker = decode_row("dispositions", raw, operation_id)
+    except (CorruptRecord, UnsupportedRecordVersion):
+        return False
+    return marker_hosts_key(marker) == key
+
+
 def check_records(txn: lmdb.Transaction[bytes], dbs: dict[Table, Any]) -> list[str]:
     """Strictly decode every row of every table (one snapshot); describe each problem.
 
@@ -510,7 +523,8 @@ def check_records(txn: lmdb.Transaction[bytes], dbs: dict[Table, Any]) -> list[s
         operation_id = key_str(key[3 * HASH_BYTES :])
         record = operations.get(operation_id)
         if operation_id not in operations:
-            problems.append(f"hosts:{key!r}: no such operation")
+            if not _disposed_entry(txn, dbs, key, operation_id):
+                problems.append(f"hosts:{key!r}: no such operation")
         elif record is not None and hosts_key(record) != key:
             problems.append(f"hosts:{key!r}: does not match its operation")
     for operation_id, record in operations.items():

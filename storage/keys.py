@@ -21,7 +21,7 @@ import math
 from typing import Final, get_args
 
 from recoverable.errors import InvalidRequest
-from recoverable.records import CommandKind, OperationRecord, PayloadKind
+from recoverable.records import CommandKind, DispositionRecord, OperationRecord, PayloadKind
 from recoverable.types import AccountBinding
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "hosts_key",
     "hosts_prefix",
     "key_str",
+    "marker_hosts_key",
     "operation_key",
     "payload_key",
     "source_bound_prefix",
@@ -121,6 +122,14 @@ def hosts_prefix(
 ) -> bytes:
     prefix = hosts_account_prefix(account) + _digest(scope)
     return prefix + _digest(job_id) if with_job else prefix
+
+
+def marker_hosts_key(marker: DispositionRecord) -> bytes:
+    """The job index entry an acknowledged or abandoned operation keeps (its marker's
+    account, scope and job id): a duplicate of its job finds it (``AlreadyAcknowledged``)."""
+    return hosts_prefix(
+        marker.account, marker.scope, marker.job_id, with_job=True
+    ) + operation_key(marker.operation_id)
 
 
 def hosts_key(record: OperationRecord) -> bytes:

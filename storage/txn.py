@@ -29,6 +29,7 @@ from recoverable.storage.keys import (
     hosts_key,
     hosts_prefix,
     key_str,
+    marker_hosts_key,
     operation_key,
     payload_key,
     source_bound_prefix,
@@ -485,9 +486,21 @@ class WriteTxn(RecordGetters, MutationContext):
         self._put("dispositions", operation_key(record.operation_id), codec.encode(record))
 
     def delete_disposition(self, operation_id: str) -> bool:
-        if self.get_disposition(operation_id) is None:
+        marker = self.get_disposition(operation_id)
+        if marker is None:
             return False
+        if marker.job_id is not None and self._get(
+            "operations", operation_key(operation_id)
+        ) is None:
+            self._delete("hosts", marker_hosts_key(marker))  # its job index entry
         return self._delete("dispositions", operation_key(operation_id))
+
+    def index_disposed(self, marker: DispositionRecord) -> None:
+        """Keep the job index entry of an acknowledged or abandoned operation (its record
+        is gone) while its marker is kept: a duplicate of its job finds it. Removed with
+        the marker (:meth:`delete_disposition`)."""
+        if marker.job_id is not None:
+            self._put("hosts", marker_hosts_key(marker), b"")
 
     def payload_owners(self, prefix: str) -> list[str]:
         """The ids (what precedes ``\\0<kind>``) of the payload rows whose id starts with

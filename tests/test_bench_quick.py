@@ -115,6 +115,11 @@ def check_soak(out: str) -> None:
     assert "VIOLATION" not in out
 
 
+def check_soak_fleet(out: str) -> None:
+    assert re.search(r"^store=lmdb jobs=12 signals=2 runs=3 committed=12 ", out, re.M), out
+    assert "VIOLATION" not in out, out
+
+
 def check_store_commit(out: str) -> None:
     ratios = re.findall(r"\|\s+(\d+\.\d)x$", out, re.M)
     assert len(ratios) == 3, out
@@ -210,6 +215,7 @@ ENTRY_POINTS = [
     ("dashboard_scale.py", check_dashboard_scale),
     ("scheduler_lateness.py", check_scheduler_lateness),
     ("soak.py", check_soak),
+    ("soak_fleet.py", check_soak_fleet),
     ("sources.py", check_sources),
     ("store_commit.py", check_store_commit),
     ("store_scale.py", check_store_scale),

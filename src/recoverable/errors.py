@@ -18,6 +18,7 @@ from typing import Any
 __all__ = [
     "AccountChanged",
     "AdmissionChanged",
+    "AlreadyAcknowledged",
     "AttemptNotAuthorized",
     "AttemptsExhausted",
     "AuthenticationRequired",
@@ -172,6 +173,20 @@ class AttemptNotAuthorized(RecoveryError):
 
     def _todo(self) -> str:
         return "call send_recovering again when the attempt may be sent, or abandon the operation"
+
+
+class AlreadyAcknowledged(RecoveryError):
+    """The job (account, scope, job id, input revision) was done before: its operation's
+    result was committed by the host and acknowledged (``.operation_id`` is that
+    operation). ``prepare`` and ``submit`` raise it instead of generating the job again,
+    for as long as the acknowledgement's marker is kept (until ``cleanup_disposed``
+    removes it). A new revision of the job is a new job."""
+
+    code = "already_acknowledged"
+    _summary = ("this job and revision were done before: their result was committed and "
+                "acknowledged; nothing is prepared or generated again")
+    _action = ("read the result from your own commit of it; to run the job again, give it "
+               "a new input revision")
 
 
 class AuthorizationFailed(RecoveryError):

@@ -205,3 +205,22 @@ def test_the_result_log_may_move_and_the_binding_follows_it(
     assert main(["batch", str(jobs), "--out", str(committed.out), "--store",
                  str(committed.store)]) == 2
     assert f"in {moved}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("workers", ["0", "1"])
+def test_a_job_acknowledged_but_missing_from_the_result_log_is_not_generated_again(
+    committed: _Files, workers: str
+) -> None:
+    """The result log lost its lines (emptied by hand): the jobs were acknowledged, so a
+    rerun reports them `already_acknowledged` (the original operation named) and POSTs
+    nothing, with and without workers."""
+    lines = read_results(committed.out)
+    committed.out.write_bytes(b"")
+    rerun = run_cli("batch", str(committed.jobs), "--out", str(committed.out), "--store",
+                    str(committed.store), "--workers", workers)
+    assert rerun.returncode == 1, rerun.stderr
+    assert _stat(rerun.stdout, "POSTs (attempts spent)") == "0"
+    assert _stat(rerun.stdout, "failed") == "2"
+    for line in lines:
+        assert f"operation {line['operation_id']}" in rerun.stderr
+    assert "already_acknowledged" in rerun.stderr and read_results(committed.out) == []

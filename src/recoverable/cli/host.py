@@ -21,7 +21,7 @@ import trio
 
 from recoverable import _killpoints, errors
 from recoverable.actors.continuation import ENDED_FAILED, continue_failed, continued_id
-from recoverable.actors.queue import choose_job_operation
+from recoverable.actors.prepare import choose_job_operation
 from recoverable.actors.runtime import Runtime
 from recoverable.cli.config import BatchConfig
 from recoverable.cli.jobs import BATCH_SCOPE, Job
