@@ -77,6 +77,14 @@ def worker_command(host: WorkersHost) -> WorkerCommand:
         "--concurrency", str(config.concurrency),
         "--idle-timeout", repr(config.idle_timeout),
     ]
+    # The shared rate limits: every worker claims from the same governor row (the store's),
+    # so together they stay within one --rpm/--tpm (docs/rate-limits.md).
+    if config.rpm is not None:
+        command += ["--rpm", repr(config.rpm)]
+    if config.tpm is not None:
+        command += ["--tpm", repr(config.tpm)]
+    if config.rpm is not None or config.tpm is not None:
+        command += ["--rate-burst-seconds", repr(config.rate_burst_seconds)]
     if config.endpoint == "fixture":
         command += ["--fixture-url", getattr(backend, "base_url")]  # noqa: B009
     else:

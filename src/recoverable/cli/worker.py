@@ -74,6 +74,11 @@ class WorkerConfig:
     authorizer: str | None = None
     idle_timeout: float = 120.0
     lease_seconds: float = 30.0
+    # The rate governor's limits (--rpm/--tpm/--rate-burst-seconds), shared through the
+    # store by every process with the same endpoint and account (docs/rate-limits.md).
+    requests_per_minute: float | None = None
+    tokens_per_minute: float | None = None
+    rate_burst_seconds: float = 60.0
 
 
 def worker_account(config: WorkerConfig) -> AccountBinding:
@@ -181,7 +186,10 @@ async def _serve(
     async with (
         open_worker_backend(config, account) as backend,
         open_runtime(
-            store, backend, account=account, lease_seconds=config.lease_seconds
+            store, backend, account=account, lease_seconds=config.lease_seconds,
+            requests_per_minute=config.requests_per_minute,
+            tokens_per_minute=config.tokens_per_minute,
+            rate_burst_seconds=config.rate_burst_seconds,
         ) as rt,
         trio.open_nursery() as nursery,
     ):
@@ -301,6 +309,9 @@ def worker_config(args: argparse.Namespace) -> WorkerConfig:
         authorizer=args.authorizer,
         idle_timeout=args.idle_timeout,
         lease_seconds=args.lease_seconds,
+        requests_per_minute=args.rpm,
+        tokens_per_minute=args.tpm,
+        rate_burst_seconds=args.rate_burst_seconds,
     )
 
 
