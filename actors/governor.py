@@ -14,6 +14,12 @@ endpoint+account, one row in the store's ``governor`` table:
   ``limit / 60`` per second. Every admission claims its cost from the shared row in
   one store transaction (claims of one process are group-committed), so the budget
   is exact across processes: N processes together stay within one limit.
+- small limits (issue 29.9): a request is admitted once its bucket holds its cost, or,
+  when its cost is larger than the whole bucket (``--rpm 1``: a bucket of 0.95
+  requests; one request estimated above ``tpm * burst / 60`` tokens), once the bucket is
+  full. It is charged its whole cost either way: the bucket goes into debt and the next
+  request waits until one request's worth has been refilled, so the rate stays the limit
+  (``_need`` and ``_claim``).
 
 The tokens of a request are estimated from its frozen body
 (:func:`~recoverable.transport.ratelimit.estimate_tokens`) when it is admitted and
@@ -67,6 +73,11 @@ WaitReason = Literal["paused", "requests", "tokens"]
 # An upper bound on any one pause (also when a policy allows a longer Retry-After).
 MAXIMUM_PAUSE: Final = 24 * 3600.0
 _MAX_LIMIT: Final = 1e12
+# The least requests_per_minute / tokens_per_minute (and --rpm/--tpm): at 0.01 requests
+# per minute, one request every 100 minutes (105 with the margin). Any positive limit would
+# admit requests (``_need``); the floor keeps each wait one a person would still call a
+# rate limit, and a date ``rate_limited_until`` can show (1e-300 would not be).
+MINIMUM_PER_MINUTE: Final = 0.01
 
 
 def validate_limits(
@@ -77,19 +88,35 @@ def validate_limits(
         if value is None:
             continue
         if (isinstance(value, bool) or not isinstance(value, int | float)
-                or not math.isfinite(value) or not 0 < value <= _MAX_LIMIT):
-            raise errors.InvalidRequest(f"{name} must be a positive number (at most 1e12)")
+                or not math.isfinite(value) or not MINIMUM_PER_MINUTE <= value <= _MAX_LIMIT):
+            raise errors.InvalidRequest(f"{name} must be a number in 0.01..1e12 (per minute)")
     if (isinstance(burst_seconds, bool) or not isinstance(burst_seconds, int | float)
             or not math.isfinite(burst_seconds) or not 0 < burst_seconds <= 3600):
         raise errors.InvalidRequest("rate_burst_seconds must be in (0, 3600]")
 
 
 def _level(level: float | None, at: float, now: float, per_minute: float, burst: float) -> float:
-    """The bucket at ``now``: ``per_minute`` is the effective (margined) limit."""
+    """The bucket at ``now``: ``per_minute`` is the effective (margined) limit. It may be
+    negative: a request larger than the bucket leaves it in debt (``_need``)."""
     capacity = per_minute * burst / 60.0
     if level is None:
         return capacity
     return min(capacity, level + max(0.0, now - at) * per_minute / 60.0)
+
+
+def _need(cost: float, per_minute: float, burst: float) -> float:
+    """The level a bucket must reach before a request of ``cost`` is admitted.
+
+    Where the numbers come from: the bucket holds ``per_minute * burst / 60`` (the
+    effective, margined limit times the burst seconds, in requests or tokens) and a
+    request costs 1 request and its estimated tokens. A request is admitted once the
+    bucket holds its cost; when its cost is larger than the whole bucket, once the bucket
+    is full (the ``min``), else it would wait for ever: ``--rpm 1`` holds 1 x 0.95 x 60 /
+    60 = 0.95 requests, ``--rpm 60 --rate-burst-seconds 1`` 0.95 too. ``_claim`` charges
+    the whole cost, so the level goes below 0 and the next request waits for one
+    request's worth of refill: ``60 / per_minute`` seconds per request (63 s at --rpm 1,
+    per_minute 0.95), the configured rate, never more."""
+    return min(cost, per_minute * burst / 60.0)
 
 
 class RateGovernor:
@@ -155,27 +182,28 @@ class RateGovernor:
         reason: WaitReason | None = None
         if rpm is not None:
             requests = _level(record.requests_level, record.requests_at, now, rpm, burst)
-            if requests < 1.0:
-                wait_until = now + (1.0 - requests) * 60.0 / rpm
+            need = _need(1.0, rpm, burst)  # a bucket under 1 request: once it is full
+            if requests < need:
+                wait_until = now + (need - requests) * 60.0 / rpm
                 reason = "requests"
         if tpm is not None:
-            cost = min(float(tokens), self._capacity_tokens())  # an oversized one: when full
+            need = _need(float(tokens), tpm, burst)  # an oversized one: once it is full
             tokens_level = _level(record.tokens_level, record.tokens_at, now, tpm, burst)
-            if tokens_level < cost:
-                at = now + (cost - tokens_level) * 60.0 / tpm
+            if tokens_level < need:
+                at = now + (need - tokens_level) * 60.0 / tpm
                 if at > wait_until:
                     wait_until, reason = at, "tokens"
         if reason is not None:
             return reason, wait_until
         # A claim computed at an earlier ``now`` than the row's (another process committed
-        # first) keeps the row's time: refill is never counted twice.
+        # first) keeps the row's time: refill is never counted twice. The whole cost is
+        # charged, also beyond the bucket (debt: the next request waits for it, ``_need``).
         txn.put_raw("governor", key, _encode(msgspec.structs.replace(
             record,
             requests_level=None if requests is None else requests - 1.0,
             requests_at=max(now, record.requests_at) if requests is not None
             else record.requests_at,
-            tokens_level=(None if tokens_level is None
-                          else tokens_level - min(float(tokens), self._capacity_tokens())),
+            tokens_level=None if tokens_level is None else tokens_level - float(tokens),
             tokens_at=max(now, record.tokens_at) if tokens_level is not None
             else record.tokens_at,
         )))
@@ -185,6 +213,30 @@ class RateGovernor:
         """The shared pause of an endpoint+account (wall clock), if one is in force."""
         record = _load(self._store.get_raw("governor", governor_key(endpoint_id, account)))
         return record.paused_until if record.paused_until > self._wall() else None
+
+    def budget_wait(
+        self, endpoint_id: str, account: AccountBinding
+    ) -> tuple[WaitReason, float] | None:
+        """Whether a request of this endpoint+account would wait now, read from the shared
+        row without claiming anything: why, and until when (wall clock; for tokens, the
+        estimate of a 1-token request). For a display of what OTHER processes wait for
+        (``batch --workers``: the workers run the requests); None: it would not wait."""
+        now = self._wall()
+        record = _load(self._store.get_raw("governor", governor_key(endpoint_id, account)))
+        if record.paused_until > now:
+            return "paused", record.paused_until
+        buckets: tuple[tuple[WaitReason, float | None, float | None, float], ...] = (
+            ("requests", self.requests_per_minute, record.requests_level, record.requests_at),
+            ("tokens", self.tokens_per_minute, record.tokens_level, record.tokens_at),
+        )
+        for reason, per_minute, level, at in buckets:
+            if per_minute is None:
+                continue
+            current = _level(level, at, now, per_minute, self.burst_seconds)
+            need = _need(1.0, per_minute, self.burst_seconds)  # one request, one token
+            if current < need:
+                return reason, now + (need - current) * 60.0 / per_minute
+        return None
 
     async def admit(
         self,
@@ -286,7 +338,8 @@ class RateGovernor:
                 new = level - extra
                 if lower_tokens is not None:
                     new = min(new, float(lower_tokens))
-                # Never below one burst in debt: a huge correction waits at most 2 bursts.
+                # A correction never goes below one burst in debt (a huge one waits at most 2
+                # bursts); a claim's own debt (``_need``) is kept as it is.
                 new = max(new, -self._capacity_tokens())
                 if new < level:
                     changes["tokens_level"] = new

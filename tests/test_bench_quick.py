@@ -153,6 +153,17 @@ def check_workers(out: str) -> None:
     assert re.search(r"^ratio --workers 2 / --workers 0 = \d+\.\d\d$", out, re.M), out
 
 
+def check_rate_limits(out: str) -> None:
+    """bench/rate_limits.py (issue 29.6): batch --workers 2 --rpm 600, one burst of 1 s."""
+    rows = table_rows(out, "2")
+    assert len(rows) == 1, out
+    row = rows[0]
+    assert row[1:3] == ["600", "1"], out
+    assert row[3] == row[4] == row[5], out  # jobs, POSTs, lines: one POST and line a job
+    assert float(row[7]) > 0 and row[9:] == ["-", "-"], out  # 5 s: no 60 s window
+    assert re.search(r"^burst 1 s: steady rate / rpm = \d\.\d{3}$", out, re.M), out
+
+
 def check_sources(out: str) -> None:
     """bench/sources.py (issue 16): the manifest check on the receipt path, as ratios."""
     assert re.search(r"^manifest check: bound/plain in-txn = \d+\.\d\d, durable = \d+\.\d\d$",
@@ -221,6 +232,7 @@ ENTRY_POINTS = [
     ("store_scale.py", check_store_scale),
     ("transport.py", check_transport),
     ("workers.py", check_workers),
+    ("rate_limits.py", check_rate_limits),
     ("reattach.py", check_reattach),
     ("pg_cancel.py", check_pg_cancel),
     ("pg_store.py", check_pg_store),

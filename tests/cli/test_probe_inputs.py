@@ -29,6 +29,7 @@ from recoverable.cli.arguments import build_parser
 from recoverable.cli.entry import _batch_config
 from recoverable.cli.formatting import format_inventory, format_receipt, format_status, safe_text
 from recoverable.cli.jobs import read_jobs
+from recoverable.cli.worker import worker_config
 from recoverable.pricing import load_prices
 from recoverable.types import AccountBinding, Inventory, Receipt, SourceRef, Status
 
@@ -326,7 +327,6 @@ def _each(option: str, *values: str) -> tuple[tuple[str, ...], ...]:
     return tuple((option, value) for value in values)
 
 
-NEVER_ADMITTED = "no request could ever be admitted"
 OPTION_CASES = [
     OptionCase("workers-below-and-above", _each("--workers", "-1", "65"),
                "--workers: must be in 0..64:"),
@@ -340,15 +340,17 @@ OPTION_CASES = [
                "--rps: must be a number in 0.01..100000 POSTs per second:"),
     OptionCase("burst-below-and-above", _each("--rate-burst-seconds", "0", "-1", "4000"),
                "--rate-burst-seconds: must be a number above 0 and at most 3600 seconds:"),
-    OptionCase("rpm-tpm-below-and-above", _each("--rpm", "-1", "1e13") + _each("--tpm", "0"),
-               "must be a number above 0 and at most 1e12 per minute:"),
-    OptionCase("rpm-1e-300", _each("--rpm", "1e-300"), NEVER_ADMITTED),
-    OptionCase("tpm-1e-300", _each("--tpm", "1e-300"), NEVER_ADMITTED),
-    OptionCase("rpm-1-default-burst", _each("--rpm", "1"), "give --rpm at least 1.053"),
-    OptionCase("tpm-100-half-second-burst", (("--tpm", "100", "--rate-burst-seconds", "0.5"),),
-               "give --tpm at least 126.316"),
-    OptionCase("control-rpm", (("--rpm", "1.06"), ("--rpm", "1", "--rate-burst-seconds", "3600"),
-                               ("--rpm", "600", "--rate-burst-seconds", "0.5")), None),
+    # Issue 29.9: any limit from 0.01 per minute admits requests (a bucket smaller than
+    # one request admits one once it is full); below it, one range for both options.
+    OptionCase("rpm-tpm-below-and-above",
+               _each("--rpm", "-1", "1e13", "0.009", "1e-300") + _each("--tpm", "0", "1e-300"),
+               "must be a number in 0.01..1e12 per minute:"),
+    OptionCase("control-rpm", (("--rpm", "1"), ("--rpm", "0.01"), ("--tpm", "0.01"),
+                               ("--rpm", "60", "--rate-burst-seconds", "1"),
+                               ("--tpm", "100", "--rate-burst-seconds", "0.5"),
+                               ("--rpm", "1", "--rate-burst-seconds", "3600"),
+                               ("--rpm", "600", "--rate-burst-seconds", "0.5"),
+                               ("--workers", "2", "--rpm", "1", "--tpm", "1000")), None),
     OptionCase("control-ranges", (("--workers", "64"), ("--max-attempts", "1000"),
                                   ("--concurrency", "10000"), ("--rps", "0.01")), None),
 ]
@@ -376,6 +378,25 @@ def test_worker_concurrency_states_the_range_the_worker_accepts(
     store = str(tmp_path / "missing-store")
     assert main(["worker", "--store", store, "--concurrency", "20000"]) == 2
     assert "--concurrency: must be in 1..10000" in capsys.readouterr().err
+
+
+def test_worker_rate_limits_take_the_batchs_ranges(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 29.6: ``recoverable worker --rpm/--tpm/--rate-burst-seconds`` (what
+    ``batch --workers`` passes), checked as the batch's and given to its runtime."""
+    store = str(tmp_path / "missing-store")
+    for args in (("--rpm", "0.001"), ("--tpm", "1e13"), ("--rate-burst-seconds", "0")):
+        assert main(["worker", "--store", store, *args]) == 2, args
+        assert f"{args[0]}: must be a number" in capsys.readouterr().err, args
+    assert not Path(store).exists()
+    config = worker_config(build_parser().parse_args(
+        ["worker", "--store", store, "--rpm", "1", "--tpm", "5000", "--rate-burst-seconds", "2"]))
+    assert (config.requests_per_minute, config.tokens_per_minute,
+            config.rate_burst_seconds) == (1.0, 5000.0, 2.0)
+    config = worker_config(build_parser().parse_args(["worker", "--store", store]))
+    assert (config.requests_per_minute, config.tokens_per_minute,
+            config.rate_burst_seconds) == (None, None, 60.0)
 
 
 # -- 8: damaged queue rows are corrupt_record (or skipped), never invalid_request -------------

@@ -23,14 +23,16 @@ class Clock:
         return self.now
 
 
-async def _admit(gov: RateGovernor, clock: Clock) -> list[tuple[str, float]]:
+async def _admit(gov: RateGovernor, clock: Clock, tokens: int = 1) -> list[tuple[str, float]]:
     waits: list[tuple[str, float]] = []
 
     async def wait_until(at: float) -> None:
         waits.append((gov.waiting["op"][0], round(at - clock.now, 6)))
         clock.now = at
+        if len(waits) > 5:  # still refused after 5 waits: it never would be admitted
+            raise AssertionError(f"never admitted: {waits}")
 
-    await gov.admit("op", "fixture", ACCOUNT, 1, wait_until)
+    await gov.admit("op", "fixture", ACCOUNT, tokens, wait_until)
     return waits
 
 
@@ -75,3 +77,28 @@ async def test_this_processs_own_pause_counts_at_once(pg_url: str) -> None:
         # Its own write was known without a read; the one read after the wait is the
         # pause's end, looked up again once the window passed.
         assert gov.pause_reads == 2
+
+
+async def test_a_bucket_smaller_than_one_request_is_shared_by_two_processes(
+    pg_url: str,
+) -> None:
+    """Issue 29.6/29.9 on PostgreSQL: ``rpm=1`` (a bucket of 0.95 requests) admits one
+    request per 60 / 0.95 s, and two processes' governors share that one budget: what
+    one admitted, the other waits for."""
+    clock = Clock()
+    mine = RecoveryStore.open(pg_url)
+    other = RecoveryStore.open(pg_url + "?sslmode=disable")  # another process's store
+    period = round(60 / 0.95, 6)
+    try:
+        gov = RateGovernor(mine, wall_clock=clock, telemetry=Telemetry(None),
+                           requests_per_minute=1, tokens_per_minute=6000, burst_seconds=1.0)
+        theirs = RateGovernor(other, wall_clock=clock, telemetry=Telemetry(None),
+                              requests_per_minute=1, tokens_per_minute=6000,
+                              burst_seconds=1.0)
+        assert await _admit(gov, clock, 500) == []  # both buckets start full
+        # The requests bucket refills in 63 s; the 500 tokens (the bucket holds 95) in 5.3.
+        assert await _admit(theirs, clock, 500) == [("requests", period)]
+        assert await _admit(gov, clock, 500) == [("requests", period)]
+    finally:
+        other.close()
+        mine.close()

@@ -223,9 +223,12 @@ async def test_two_processes_share_one_requests_per_minute_budget(tmp_path: Path
     assert set(owner) == {0, 1}
     arrivals = sorted(r.received_at for r in requests)
     # Tolerances: +1 request per window for arrival jitter between processes and the
-    # loopback connect (a request admitted just before a window may land inside it).
+    # loopback connect (a request admitted just before a window may land inside it). The
+    # first POSTs of each process open their connections and may arrive up to ~0.5 s late
+    # on a loaded 2-core machine, which shortens the measured span by as much (split
+    # budgets would take ~1.1 s).
     assert most_in_window(arrivals, 1.0) <= rpm / 60 + rpm / 60 * burst + 1, arrivals
-    assert arrivals[-1] - arrivals[0] >= (2 * count - rpm / 60 * burst) / (rpm / 60) - 0.2
+    assert arrivals[-1] - arrivals[0] >= (2 * count - rpm / 60 * burst) / (rpm / 60) - 0.5
 
 
 async def _line(stream: Any) -> bytes:
@@ -255,13 +258,17 @@ def governor(store: recoverable.RecoveryStore, clock: Clock, **limits: Any) -> R
 
 
 async def admit_waits(gov: RateGovernor, clock: Clock, tokens: int) -> list[tuple[str, float]]:
-    """Admit once; the waits it asked for (the clock jumps to each), as (reason, seconds)."""
+    """Admit once; the waits it asked for (the clock jumps to each), as (reason, seconds).
+    An admission that is still refused after the clock jumped to 5 of its waits in a row
+    would never be admitted: that is a failure, not a hang."""
     waits: list[tuple[str, float]] = []
 
     async def wait_until(at: float) -> None:
         reason = gov.waiting["op"][0]
         waits.append((reason, round(at - clock.now, 6)))
         clock.now = at
+        if len(waits) > 5:
+            raise AssertionError(f"never admitted: {waits}")
 
     await gov.admit("op", "fixture", ACCOUNT, tokens, wait_until)
     return waits
@@ -290,6 +297,48 @@ async def test_the_tokens_bucket_refills_per_minute_and_admits_an_oversized_one_
     assert await admit_waits(gov, clock, 150) == [("tokens", 1.0)]  # 100 tokens a second
     # An estimate above the bucket is admitted once the bucket is full (never stuck).
     assert await admit_waits(gov, clock, 10_000) == [("tokens", 2.0)]
+
+
+@pytest.mark.parametrize(
+    ("rpm", "burst", "period"),
+    # The bucket holds rpm x 0.95 x burst / 60 = 0.95 requests in both: less than one.
+    [(1.0, 60.0, 60 / 0.95), (60.0, 1.0, 1 / 0.95)],
+    ids=["rpm-1-default-burst", "rpm-60-one-second-burst"],
+)
+async def test_a_requests_bucket_smaller_than_one_request_admits_one_per_period(
+    store: recoverable.RecoveryStore, rpm: float, burst: float, period: float
+) -> None:
+    """Issue 29.9: a bucket that never holds one whole request admitted nothing, ever
+    (``--rpm 1``: 0 POSTs in 150 s). A request is now admitted once the bucket is full,
+    and charged in full: one request per period of the (margined) limit, not more."""
+    clock = Clock()
+    gov = governor(store, clock, requests_per_minute=rpm, burst_seconds=burst, margin=0.05)
+    assert await admit_waits(gov, clock, 50) == []  # the bucket starts full
+    for _ in range(3):
+        assert await admit_waits(gov, clock, 50) == [("requests", round(period, 6))]
+    clock.now += 10 * period  # refilled, but never beyond the (small) bucket: one at once
+    assert await admit_waits(gov, clock, 50) == []
+    assert await admit_waits(gov, clock, 50) == [("requests", round(period, 6))]
+
+
+async def test_a_request_larger_than_the_tokens_bucket_is_charged_in_full(
+    store: recoverable.RecoveryStore,
+) -> None:
+    """Issue 29.9: an estimate above the whole bucket (100 tokens) is admitted once the
+    bucket is full and charged in full (the bucket goes into debt): the next one waits for
+    its own cost's refill, so 500-token requests go at the limit (100 tokens a second, one
+    every 5 s). Charged only up to the bucket, one went every second: 5 times the limit."""
+    clock = Clock()
+    gov = governor(store, clock, tokens_per_minute=6000, burst_seconds=1.0)  # 100 tokens
+    start = clock.now
+    assert await admit_waits(gov, clock, 500) == []
+    for _ in range(9):
+        assert await admit_waits(gov, clock, 500) == [("tokens", 5.0)]
+    # 10 x 500 tokens in 45 s: 100 from the full bucket, 4,500 refilled at 100 a second,
+    # and the last one's 400 still owed (by whoever comes next).
+    assert clock.now - start == pytest.approx(45.0)
+    # A small request after it waits for that debt, then for its own 50 tokens.
+    assert await admit_waits(gov, clock, 50) == [("tokens", 4.5)]
 
 
 async def test_the_governor_aims_a_margin_below_the_configured_limits(
@@ -371,6 +420,7 @@ def test_a_damaged_governor_row_is_reported_and_replaced(
 @pytest.mark.parametrize(
     "limits",
     [{"requests_per_minute": 0}, {"tokens_per_minute": -1.0},
+     {"requests_per_minute": 0.009}, {"tokens_per_minute": 1e-300},
      {"requests_per_minute": float("nan")}, {"rate_burst_seconds": 0.0},
      {"tokens_per_minute": True}],
 )

@@ -8,7 +8,7 @@ import re
 from typing import Final, NoReturn
 
 from recoverable import errors
-from recoverable.actors.governor import RATE_MARGIN
+from recoverable.actors.governor import MINIMUM_PER_MINUTE
 from recoverable.actors.heartbeat import LEASE_SECONDS_MAX, LEASE_SECONDS_MIN
 from recoverable.actors.worker import MAX_CONCURRENCY
 from recoverable.cli.config import DEFAULT_RETRY_PROVIDER_CODES, MINIMUM_RPS
@@ -27,7 +27,6 @@ __all__ = [
     "ascii_int",
     "ascii_number",
     "build_parser",
-    "rate_bucket_problem",
 ]
 
 OPS_COMMANDS: Final = (
@@ -62,7 +61,7 @@ _NEEDS_ID: Final = frozenset(
 NEEDS_ACCOUNT: Final = frozenset(OPS_COMMANDS) - {"status"}
 MAXIMUM_RPS: Final = 100_000.0
 MAXIMUM_WORKERS: Final = 64  # batch --workers: worker processes
-MAXIMUM_PER_MINUTE: Final = 1e12  # --rpm/--tpm (as the governor's validate_limits)
+MAXIMUM_PER_MINUTE: Final = 1e12  # --rpm/--tpm: 0.01..1e12 (as the governor's validate_limits)
 MAXIMUM_BURST_SECONDS: Final = 3600.0  # --rate-burst-seconds (as validate_limits)
 
 
@@ -200,43 +199,13 @@ def _revision(text: str) -> str:
 
 
 def _per_minute(text: str) -> float:
-    # The lower bound depends on --rate-burst-seconds too: see ``rate_bucket_problem``.
-    return _number_in(text, 0, MAXIMUM_PER_MINUTE, " per minute")
+    # --rpm/--tpm: any value from the governor's floor admits requests (at the limit's own
+    # rate, also when one request is larger than its bucket: docs/rate-limits.md).
+    return _number_in(text, MINIMUM_PER_MINUTE, MAXIMUM_PER_MINUTE, " per minute")
 
 
 def _burst_seconds(text: str) -> float:
     return _number_in(text, 0, MAXIMUM_BURST_SECONDS, " seconds")
-
-
-def rate_bucket_problem(
-    rpm: float | None, tpm: float | None, burst_seconds: float
-) -> str | None:
-    """Why ``--rpm``/``--tpm`` with ``--rate-burst-seconds`` could never admit a request
-    (None: they can).
-
-    The governor (``actors/governor.py``, docs/rate-limits.md) admits a request only when
-    its requests bucket holds one whole request; a bucket holds at most
-    ``limit * (1 - RATE_MARGIN) * burst_seconds / 60`` (the margin is 5%), so a smaller
-    one never admits anything. A request costs at least one token too (a quarter of its
-    frozen body's bytes), so the tokens bucket gets the same bound. The limit must be at
-    least ``60 / (0.95 * burst_seconds)``: 1.06 per minute with the default 60 s, 0.018
-    with the longest burst (3600 s). Computed in the governor's order, so that every
-    accepted value gives a bucket of at least 1.
-    """
-    for option, limit, what in (("--rpm", rpm, "request"), ("--tpm", tpm, "token")):
-        if limit is None:
-            continue
-        capacity = limit * (1.0 - RATE_MARGIN) * burst_seconds / 60.0
-        if capacity < 1.0:
-            least = 60.0 / ((1.0 - RATE_MARGIN) * burst_seconds)
-            return (
-                f"{option} {_shown(limit)} with --rate-burst-seconds {_shown(burst_seconds)}: "
-                f"its bucket holds {capacity:.3g} {what}s ({option[2:]} x 0.95 x seconds / 60), "
-                f"less than one whole {what}, so no request could ever be admitted; give "
-                f"{option} at least {_shown(math.ceil(least * 1000) / 1000)} (or a longer "
-                "--rate-burst-seconds)"
-            )
-    return None
 
 
 def _fault_spec(text: str) -> FaultSpec:
@@ -284,6 +253,25 @@ def _add_db(sub: argparse._SubParsersAction[_Parser]) -> None:
     db.add_argument("--store", required=True, metavar="URL", help="postgresql://user@host/db")
 
 
+def _add_shared_limits(parser: argparse.ArgumentParser) -> None:
+    """``--rpm``/``--tpm``/``--rate-burst-seconds``: the rate governor's limits, shared by
+    every process on the store (``batch`` passes them to its ``--workers``)."""
+    parser.add_argument(
+        "--rpm", type=_per_minute, metavar="N",
+        help="requests per minute (0.01..1e12), shared by every process on the store "
+        "(docs/rate-limits.md)",
+    )
+    parser.add_argument(
+        "--tpm", type=_per_minute, metavar="N",
+        help="tokens per minute (0.01..1e12; estimated from each request, corrected by its "
+        "usage), shared by every process on the store",
+    )
+    parser.add_argument(
+        "--rate-burst-seconds", type=_burst_seconds, default=60.0, metavar="S",
+        help="--rpm/--tpm budget that may be spent at once, in seconds of refill (default 60)",
+    )
+
+
 def _add_batch(sub: argparse._SubParsersAction[_Parser]) -> None:
     batch = sub.add_parser(
         "batch",
@@ -329,19 +317,7 @@ def _add_batch(sub: argparse._SubParsersAction[_Parser]) -> None:
         "--rps", type=_rps, metavar="R",
         help=f"max POSTs per second ({MINIMUM_RPS:g}..{MAXIMUM_RPS:g})",
     )
-    batch.add_argument(
-        "--rpm", type=_per_minute, metavar="N",
-        help="requests per minute, shared by every process on the store (docs/rate-limits.md)",
-    )
-    batch.add_argument(
-        "--tpm", type=_per_minute, metavar="N",
-        help="tokens per minute (estimated from each request, corrected by its usage), "
-        "shared by every process on the store",
-    )
-    batch.add_argument(
-        "--rate-burst-seconds", type=_burst_seconds, default=60.0, metavar="S",
-        help="--rpm/--tpm budget that may be spent at once, in seconds of refill (default 60)",
-    )
+    _add_shared_limits(batch)
     batch.add_argument(
         "--faults",
         type=_fault_spec,
@@ -418,7 +394,8 @@ def _add_batch(sub: argparse._SubParsersAction[_Parser]) -> None:
     batch.add_argument(
         "--workers", type=_workers, default=0, metavar="N",
         help="run the jobs in N (0..64) `recoverable worker` processes on the store (many cores; "
-        "--concurrency is then per worker); 0 (default): in this process",
+        "--concurrency is then per worker, --rpm/--tpm shared by all); 0 (default): in this "
+        "process",
     )
     batch.add_argument(
         "--worker-restarts", type=_worker_restarts, metavar="N",
@@ -569,6 +546,7 @@ def _add_worker(sub: argparse._SubParsersAction[_Parser]) -> None:
         help="stop (as on SIGTERM) when standard input is closed: batch --workers passes it, "
         "so its workers stop with the batch however it ends",
     )
+    _add_shared_limits(worker)  # what batch --workers passes: the same limits, fleet-wide
 
 
 def _lease_seconds(text: str) -> float:

@@ -81,6 +81,14 @@ def worker_command(host: WorkersHost) -> WorkerCommand:
         "--stop-with-stdin",  # WorkerPool holds the other end: they stop with this batch
         "--unreachable-after", repr(config.unreachable_after),  # then it exits 69
     ]
+    # The shared rate limits: every worker claims from the same governor row (the store's),
+    # so together they stay within one --rpm/--tpm (docs/rate-limits.md).
+    if config.rpm is not None:
+        command += ["--rpm", repr(config.rpm)]
+    if config.tpm is not None:
+        command += ["--tpm", repr(config.tpm)]
+    if config.rpm is not None or config.tpm is not None:
+        command += ["--rate-burst-seconds", repr(config.rate_burst_seconds)]
     if config.endpoint == "fixture":
         command += ["--fixture-url", getattr(backend, "base_url")]  # noqa: B009
     else:

@@ -9,7 +9,7 @@ import sys
 from typing import IO
 
 from recoverable import errors
-from recoverable.cli.arguments import build_parser, rate_bucket_problem
+from recoverable.cli.arguments import build_parser
 from recoverable.cli.batch import run_batch
 from recoverable.cli.config import DEFAULT_RETRY_PROVIDER_CODES, BatchConfig
 from recoverable.cli.dashboard import run_dashboard
@@ -146,12 +146,16 @@ def _batch_config(args: argparse.Namespace) -> BatchConfig:
         worker_restarts=args.worker_restarts,
         unreachable_after=args.unreachable_after,
     )
-    if args.workers and (args.rps is not None or args.rpm is not None or args.tpm is not None):
-        raise UsageError("--rps/--rpm/--tpm are not available with --workers yet "
-                         "(each worker would need them); use --workers 0")
-    bucket_problem = rate_bucket_problem(args.rpm, args.tpm, args.rate_burst_seconds)
-    if bucket_problem is not None:
-        raise UsageError(bucket_problem)
+    if args.workers and args.rps is not None:
+        # --rpm/--tpm go to every worker and are shared through the store's governor row;
+        # --rps spaces POST starts inside one process (no shared state): each worker would
+        # allow R, N x R in all.
+        raise UsageError(
+            "--rps is not available with --workers: it spaces the POSTs of one process, and "
+            "each worker would send R per second; use --rpm (shared by every worker) with a "
+            "short --rate-burst-seconds, e.g. --rpm 300 --rate-burst-seconds 1 for about 5 "
+            "per second (docs/rate-limits.md)"
+        )
     if args.faults is not None and args.endpoint != "fixture":
         raise UsageError("--faults only applies to --endpoint fixture")
     if args.endpoint != "fixture":

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import time
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Final
 
 import trio
 
+from recoverable import errors
 from recoverable.cli.formatting import safe_text
 from recoverable.pricing import PriceTable, TokenLedger
 
@@ -15,6 +16,11 @@ if TYPE_CHECKING:
     from recoverable.cli.host import BatchHost
 
 __all__ = ["Messages", "ProgressDisplay", "Terminal", "estimated_cost", "fit_width"]
+
+# Why jobs wait for the rate governor, as the progress line says it.
+_RATE_REASONS: Final = {
+    "requests": "rpm, next at", "tokens": "tpm, next at", "paused": "paused by the provider until",
+}
 
 
 def estimated_cost(ledger: TokenLedger, prices: PriceTable | None) -> float | None:
@@ -122,8 +128,9 @@ class Messages:
 
 class ProgressDisplay:
     """A live status line on a terminal (~5 redraws/s), a plain log line otherwise (1/s):
-    per-state counts (done, running, waiting, failed, unfinished), attempts, tokens, the
-    estimated cost when every model has a price, jobs/s and the ETA.
+    per-state counts (done, running, waiting for rate budget, waiting, failed,
+    unfinished), attempts, tokens, the estimated cost when every model has a price,
+    jobs/s and the ETA.
 
     Hand-written rather than ``rich``: every write goes through ``Terminal``, which turns
     a closed, full or broken stdout into one stderr message while the batch goes on, and
@@ -135,6 +142,7 @@ class ProgressDisplay:
         self.live = live
         self.started = started
         self._last = ""
+        self._shared: tuple[tuple[str, float] | None, float] | None = None
 
     def line(self) -> str:
         summary = self.host.summary
@@ -152,10 +160,13 @@ class ProgressDisplay:
         wake: float | None = getattr(scheduler, "next_wake_at", None)
         if waiting and wake is not None and wake - time.time() > 5:
             until = f" (waiting until {time.strftime('%H:%M:%S', time.localtime(wake))})"
+        rated, budget = self._rate_budget()
+        running = max(0, running - rated)
         tokens = summary.tokens.total
         cost = estimated_cost(summary.tokens, summary.prices)
         text = (
-            f"done {done}/{summary.jobs}  running {running}  waiting {waiting}{until}  "
+            f"done {done}/{summary.jobs}  running {running}  {budget}"
+            f"waiting {waiting}{until}  "
             f"failed {failed}  unfinished {summary.unfinished}  attempts {summary.attempts}  "
             f"tokens {tokens.total_tokens} (in {tokens.input_tokens}, out "
             f"{tokens.output_tokens})  cost {'-' if cost is None else f'${cost:.4f}'}  "
@@ -165,6 +176,42 @@ class ProgressDisplay:
         if down is not None:
             text += f"  endpoint unavailable ({down})"
         return text
+
+    def _rate_budget(self) -> tuple[int, str]:
+        """The jobs that wait for the rate governor (docs/rate-limits.md), and the line's
+        segment saying so ("" when none does): ``waiting for rate budget N (rpm, next at
+        HH:MM:SS)``. In this process they are the governor's waiting operations (not
+        running: nothing is sent for them). With ``--workers`` the workers run the jobs:
+        the shared governor row says whether a request would wait now (no count), read
+        at most once a second."""
+        governor = self.host.rt.governor
+        count = 0
+        if self.host.config.workers:
+            found = self._shared_wait()
+        else:
+            waiting = list(governor.waiting.values())
+            count = len(waiting)
+            found = min(waiting, key=lambda entry: entry[1]) if waiting else None
+        if found is None:
+            return 0, ""
+        reason, until = found
+        at = time.strftime("%H:%M:%S", time.localtime(until))
+        shown = f" {count}" if count else ""
+        return count, f"waiting for rate budget{shown} ({_RATE_REASONS[reason]} {at})  "
+
+    def _shared_wait(self) -> tuple[str, float] | None:
+        now = time.monotonic()
+        if self._shared is not None and now - self._shared[1] < 1.0:
+            return self._shared[0]
+        rt = self.host.rt
+        found: tuple[str, float] | None = None
+        if rt.backend is not None and rt.account is not None:
+            try:
+                found = rt.governor.budget_wait(rt.backend.endpoint_id, rt.account)
+            except errors.RecoveryError:
+                found = None  # advisory: the display never stops the batch
+        self._shared = (found, now)
+        return found
 
     def draw(self, final: bool = False) -> None:
         if self.out.broken is not None:

@@ -83,6 +83,11 @@ class WorkerConfig:
     lease_seconds: float = 30.0
     stop_with_stdin: bool = False  # stop when standard input closes (batch --workers)
     unreachable_after: float = 300.0  # then exit EXIT_UNAVAILABLE (issue 29.5)
+    # The rate governor's limits (--rpm/--tpm/--rate-burst-seconds), shared through the
+    # store by every process with the same endpoint and account (docs/rate-limits.md).
+    requests_per_minute: float | None = None
+    tokens_per_minute: float | None = None
+    rate_burst_seconds: float = 60.0
 
 
 def worker_account(config: WorkerConfig) -> AccountBinding:
@@ -193,6 +198,9 @@ async def _serve(
         open_runtime(
             store, backend, account=account, lease_seconds=config.lease_seconds,
             unreachable_after=config.unreachable_after,
+            requests_per_minute=config.requests_per_minute,
+            tokens_per_minute=config.tokens_per_minute,
+            rate_burst_seconds=config.rate_burst_seconds,
         ) as rt,
         trio.open_nursery() as nursery,
     ):
@@ -344,6 +352,9 @@ def worker_config(args: argparse.Namespace) -> WorkerConfig:
         lease_seconds=args.lease_seconds,
         stop_with_stdin=args.stop_with_stdin,
         unreachable_after=args.unreachable_after,
+        requests_per_minute=args.rpm,
+        tokens_per_minute=args.tpm,
+        rate_burst_seconds=args.rate_burst_seconds,
     )
 
 
