@@ -204,7 +204,8 @@ async def test_real_failures_name_the_operation_and_leak_nothing(tmp_path: Path)
                 assert exhausted.operation_id in str(caught.value)
                 assert "runtime.retry(" in str(caught.value)
                 rejected = await rt.prepare(request, response=Note, maximum_attempts=2,
-                                            scope=SECRET_SCOPE, job_id=SECRET_JOB)
+                                            scope=SECRET_SCOPE, job_id=SECRET_JOB,
+                                            input_revision="2")
                 with pytest.raises(errors.ProviderError) as provider_error:
                     await rt.send_recovering(rejected, response=Note, authorize=allow)
                 messages.append(str(provider_error.value))
@@ -214,7 +215,8 @@ async def test_real_failures_name_the_operation_and_leak_nothing(tmp_path: Path)
                     await rt.send_recovering(rejected, response=Note, authorize=allow)
                 messages.append(str(reopened.value))
                 denied = await rt.prepare(request, response=Note, maximum_attempts=2,
-                                          scope=SECRET_SCOPE, job_id=SECRET_JOB)
+                                          scope=SECRET_SCOPE, job_id=SECRET_JOB,
+                                          input_revision="3")
                 with pytest.raises(errors.AttemptNotAuthorized) as refused:
                     await rt.send_recovering(denied, response=Note, authorize=deny)
                 messages.append(str(refused.value))

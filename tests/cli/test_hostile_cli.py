@@ -107,12 +107,36 @@ def test_a_committed_line_without_its_newline_is_kept_and_a_torn_one_is_cut(
     assert _stat(again.stdout, "POSTs (attempts spent)") == "0"
     assert _stat(again.stdout, "committed (earlier runs)") == "3"
     assert "missing newline added" in again.stdout
-    # A torn last line (cut inside the result): cut, and its job committed again.
+    # A torn last line after its job was acknowledged: cut, and the job reported as
+    # done before (its result was lost outside the batch; nothing is generated again).
+    last = full.rstrip(b"\n").rsplit(b"\n", 1)[-1]
+    os.truncate(out, len(full) - len(last) // 2)
+    torn = run_cli(*args)
+    assert torn.returncode == 1
+    assert "torn output tail cut" in torn.stdout
+    assert "already_acknowledged" in torn.stderr
+    assert _stat(torn.stdout, "POSTs (attempts spent)") == "0"
+    assert len(read_results(out)) == 2
+
+
+def test_a_line_torn_by_a_crash_before_its_acknowledgement_is_cut_and_committed_again(
+    tmp_path: Path,
+) -> None:
+    # The batch dies right after the third line's write, before that job is acknowledged
+    # (what a crash inside the write leaves, once the torn half is on disk).
+    jobs = write_jobs(tmp_path / "jobs.jsonl", [job_line(i) for i in range(3)])
+    out = tmp_path / "out.jsonl"
+    args = ("batch", str(jobs), "--out", str(out), "--concurrency", "1")
+    killed = run_cli(*args, env={"RECOVERABLE_KILL_AT": "host.committed@3"})
+    assert killed.returncode == -signal.SIGKILL
+    full = out.read_bytes()
+    assert full.count(b"\n") == 3
     last = full.rstrip(b"\n").rsplit(b"\n", 1)[-1]
     os.truncate(out, len(full) - len(last) // 2)
     torn = run_cli(*args)
     assert torn.returncode == 0, torn.stderr
     assert "torn output tail cut" in torn.stdout
+    assert _stat(torn.stdout, "POSTs (attempts spent)") == "0"  # from its saved receipt
     assert_exactly_once(read_results(out), _keys(3))
 
 

@@ -31,11 +31,13 @@ FAST = recoverable.RetryPolicy(initial_backoff=0.0, maximum_backoff=0.0)
 
 
 async def exhausted_operation(
-    rt: recoverable.Runtime, provider: FixtureProvider, **prepare: object
+    rt: recoverable.Runtime, provider: FixtureProvider, job_id: str = "j", **prepare: object
 ) -> recoverable.Handle:
+    # One job is one operation (the same job and revision again is the same handle), so
+    # a test that needs several exhausted operations names a job for each.
     provider.script([Reply.disconnect(after_events=2)])
     handle = await rt.prepare(
-        REQUEST, response=Answer, maximum_attempts=1, retry_policy=FAST, job_id="j",
+        REQUEST, response=Answer, maximum_attempts=1, retry_policy=FAST, job_id=job_id,
         input_revision="r1", **prepare,  # type: ignore[arg-type]
     )
     with pytest.raises(recoverable.AttemptsExhausted):
@@ -98,7 +100,7 @@ async def test_source_conditions_that_refuse_a_manual_retry(
         await rt.acknowledge(done)
         with pytest.raises(recoverable.StateUnavailable):
             await rt.retry(done, retry_action_id="b", maximum_attempts=1)
-        gone = await exhausted_operation(rt, provider)
+        gone = await exhausted_operation(rt, provider, job_id="gone")
         await rt.abandon(gone)
         with pytest.raises(recoverable.StateUnavailable):
             await rt.retry(gone, retry_action_id="a", maximum_attempts=1)
@@ -106,7 +108,7 @@ async def test_source_conditions_that_refuse_a_manual_retry(
             await rt.retry(recoverable.Handle("op_missing"), retry_action_id="a",
                            maximum_attempts=1)
         # Another account's (or a signed-out) request cannot be copied.
-        mine = await exhausted_operation(rt, provider)
+        mine = await exhausted_operation(rt, provider, job_id="mine")
         rt.sign_in(OTHER)
         with pytest.raises(recoverable.AccountChanged):
             await rt.retry(mine, retry_action_id="a", maximum_attempts=1)
@@ -157,7 +159,7 @@ async def test_reselect_picks_a_newly_available_model_while_preserve_keeps_the_b
         kept = await rt.retry(source, retry_action_id="p", maximum_attempts=1)
         source_body = store.get_payload(source.operation_id, "body")
         assert store.get_payload(kept.operation_id, "body") == source_body
-        second = await exhausted_operation(rt, provider)
+        second = await exhausted_operation(rt, provider, job_id="second")
         fresh = await rt.retry(second, retry_action_id="r", maximum_attempts=1,
                                selection="reselect")
         body = msgspec.json.decode(store.get_payload(fresh.operation_id, "body") or b"")
