@@ -49,6 +49,7 @@ import recoverable
 from recoverable import _killpoints
 
 DRIVER = str(Path(__file__).with_name("host_driver.py"))
+ACCOUNT = recoverable.AccountBinding("acct-crash", "api-key")  # host_driver.py's account
 MAX_ATTEMPTS = 3
 RUNS = int(os.environ.get("RECOVERABLE_CRASH_RUNS", "2"))
 TRANSPORTS = ("sse", "websocket")
@@ -217,3 +218,51 @@ def test_sigkill_at_boundary_then_resume_commits_exactly_once(
     SUMMARY[key][0] += 1
     SUMMARY[key][1] += len(violations)
     assert violations == [], (key, violations, numbers, spent_after, commits)
+
+
+@pytest.mark.parametrize("kind", ["lmdb", "postgresql"])
+def test_sigkill_after_acknowledge_leaves_the_marker_and_the_removal_together(
+    provider_process: dict[str, Any], tmp_path: Path, kind: str, request: pytest.FixtureRequest,
+) -> None:
+    """Acknowledge is ONE transaction: what a SIGKILL right after it leaves, read BEFORE
+    anything resumes (no runtime opened, no sweep, no repeated acknowledge): the marker
+    saying its removal is complete AND no record, no payload, no control row (the job
+    index entry stays, pointing at the marker). A marker without the removal (or the
+    removal without the marker) is the half state a split into two transactions would
+    leave at this kill point."""
+    location = str(request.getfixturevalue("pg_url")) if kind == "postgresql" else str(
+        tmp_path / "store"
+    )
+    job = f"job-acknowledge-one-transaction-{kind}"
+    script(provider_process["http_url"], [])
+    killed = run_driver(tmp_path, provider_process["http_url"], "sse", job,
+                        "acknowledge.marker_saved", location)
+    assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr[-2000:])
+    db = sqlite3.connect(tmp_path / "host.db")
+    (raw_handle,) = db.execute("SELECT handle FROM handles WHERE job=?", (job,)).fetchone()
+    commits = db.execute("SELECT COUNT(*) FROM commit_log WHERE job=?", (job,)).fetchone()[0]
+    db.close()
+    assert commits == 1  # the host committed; then acknowledged, then died
+    operation_id = json.loads(raw_handle)["operation_id"]
+    store = recoverable.RecoveryStore.open(location)
+    try:
+        marker = store.get_disposition(operation_id)
+        assert marker is not None and marker.disposition == "acknowledged"
+        assert marker.removal_complete  # no marker whose removal is still to come
+        assert marker.attempts_used == 1 and marker.job_id == job
+        # ... and the removal is really there, in the same commit:
+        assert store.get_operation(operation_id) is None
+        assert store.get_raw("operations", operation_id.encode()) is None
+        assert store.payload_kinds([operation_id]).get(operation_id, frozenset()) == frozenset()
+        assert store.get_lease(operation_id) is None
+        assert store.get_command(operation_id) is None
+        # The job index entry stays with the marker: it is what makes the same job again
+        # AlreadyAcknowledged instead of a new operation (cleanup_disposed ends both).
+        assert store.ids_by_job(ACCOUNT, None, job) == [operation_id]
+        records, unreadable = store.inventory()
+        assert operation_id not in {r.operation_id for r in records} and not unreadable
+        assert store.check_integrity() == []
+    finally:
+        store.close()
+    posts = posts_for(provider_process["requests_url"], {operation_id})
+    assert [r["attempt_id"] for r in posts] == [f"{operation_id}.1"]

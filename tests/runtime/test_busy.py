@@ -104,6 +104,8 @@ async def test_abandon_and_acknowledge_while_the_host_is_authorizing_raise_opera
 async def test_abandon_and_acknowledge_of_an_operation_streamed_by_another_process(
     tmp_path: Path,
 ) -> None:
+    """And a second sender in this process is busy by the store's lease across processes
+    (the supervisor of this process has no execution to refuse it)."""
     store_path = str(tmp_path / "store")
     env = dict(os.environ)
     env.pop("RECOVERABLE_KILL_AT", None)
@@ -128,6 +130,12 @@ async def test_abandon_and_acknowledge_of_an_operation_streamed_by_another_proce
                         store, _idle_backend(provider), account=CHILD_ACCOUNT
                     ) as rt:
                         await _refused_and_untouched(rt, store, handle)
+                        # No execution of this process holds it: the store's lease alone
+                        # refuses a second sender, before the host is asked.
+                        second = Authorizer()
+                        with pytest.raises(recoverable.OperationBusy):
+                            await rt.send_recovering(handle, response=Answer, authorize=second)
+                        assert second.calls == []
                         await rt.cancel(handle)
                         assert (await lines.next())["event"] == "cancelled"
                         assert (await lines.next())["event"] == "done"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import os
 import signal
@@ -12,6 +13,7 @@ from pathlib import Path
 import msgspec
 import pytest
 import trio
+from recoverable.actors import retry as manual_retry
 from recoverable.storage.store import WriteTxn
 
 import recoverable
@@ -119,6 +121,53 @@ async def test_source_conditions_that_refuse_a_manual_retry(
         # Budget bounds hold for successors too.
         with pytest.raises(recoverable.InvalidRequest):
             await rt.retry(mine, retry_action_id="a", maximum_attempts=1001)
+
+
+async def test_another_accounts_reserved_source_is_account_changed_never_its_successor(
+    provider: FixtureProvider, store: recoverable.RecoveryStore
+) -> None:
+    """Issue 29.3: the owner check comes before anything retry reads or reuses of the
+    source, its retry reservation included. Another account's retry of a source whose
+    successor is reserved (not yet created: what a SIGKILL at ``retry.reserved`` leaves) or
+    already created is ``AccountChanged``: it neither creates the child on the owner's
+    behalf nor returns (or names) the owner's successor."""
+    async with recoverable.open_runtime(store, make_backend(provider), account=ACCOUNT) as rt:
+        source = await exhausted_operation(rt, provider)
+        op_id = source.operation_id
+        checked = store.get_operation(op_id)
+        assert checked is not None
+        plan = manual_retry.plan_retry(
+            op_id, retry_action_id="mine", maximum_attempts=2, selection="preserve",
+            expires_at=None, retry_policy=None, account=ACCOUNT, endpoint_id="fixture",
+            now=rt.now(),
+        )
+        await store.write(
+            functools.partial(manual_retry.reserve_successor, plan, checked.body_hash)
+        )
+        reserved = store.get_operation(op_id)
+        assert reserved is not None and reserved.retry_reservation is not None
+        assert not reserved.retry_reservation.created
+        successor_id = reserved.retry_reservation.successor_id
+        rt.sign_in(OTHER)
+        for action in ("mine", "theirs"):  # the reserved action, and another one
+            with pytest.raises(recoverable.AccountChanged) as refused:
+                await rt.retry(source, retry_action_id=action, maximum_attempts=2)
+            assert successor_id not in str(refused.value)
+        assert store.get_operation(successor_id) is None  # not created for the other account
+        assert store.get_operation(op_id) == reserved  # the source untouched
+        rt.sign_in(ACCOUNT)  # its owner completes it
+        child = await rt.retry(source, retry_action_id="mine", maximum_attempts=2)
+        assert child.operation_id == successor_id
+        created = store.get_operation(op_id)
+        successor = store.get_operation(successor_id)
+        rt.sign_in(OTHER)
+        for action in ("mine", "theirs"):
+            with pytest.raises(recoverable.AccountChanged) as refused:
+                await rt.retry(source, retry_action_id=action, maximum_attempts=2)
+            assert successor_id not in str(refused.value)
+        assert store.get_operation(op_id) == created
+        assert store.get_operation(successor_id) == successor
+    assert generation_requests(provider, successor_id) == []
 
 
 async def test_quota_failure_and_expiry_allow_a_deliberate_successor(

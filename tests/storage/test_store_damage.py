@@ -22,6 +22,7 @@ import lmdb
 import msgspec
 import pytest
 from recoverable.storage import RecoveryStore
+from recoverable.storage.keys import payload_key
 from storage_helpers import make_op, read_line
 
 import recoverable
@@ -380,6 +381,70 @@ async def test_a_tampered_body_is_refused_before_any_post_and_reported(
             assert store.get_raw("operations", key) == record_before
             assert store.get_payload(handle.operation_id, "body") == body_before
         assert len(provider.requests) == 0
+
+
+async def test_a_body_tampered_after_an_interrupted_attempt_is_never_sent_as_its_replacement(
+    store_path: str,
+) -> None:
+    """The digest is checked before EVERY transmission, not only the first (issue 29.1).
+
+    Attempt 1 is dropped mid-stream, the host declines its replacement (nothing spent, the
+    pending id kept), and the stored frozen body is then replaced under the record. Reopening
+    (the replacement's execution) must refuse it as a corrupt record before asking the host:
+    no authorization, no second POST, nothing spent, nothing rewritten."""
+    request = recoverable.StructuredRequest(
+        model="gpt-test", instructions="Describe it.", input="Describe item 175."
+    )
+    fast = recoverable.RetryPolicy(initial_backoff=0.0, maximum_backoff=0.0)
+    async with FixtureProvider.serve() as provider:
+        provider.script(
+            [Reply.disconnect(after_events=2), Reply.complete({"answer": 2, "note": "x"})]
+        )
+        creds = recoverable.StaticCredentials("sk-test-secret", account=ACCOUNT)
+        backend = recoverable.ResponsesBackend(
+            provider.http_url, credentials=creds, mode="sse", endpoint_id="fixture"
+        )
+        calls: list[recoverable.Attempt] = []
+
+        async def first_only(attempt: recoverable.Attempt) -> bool:
+            calls.append(attempt)
+            return attempt.number == 1
+
+        with RecoveryStore.open(store_path) as store:
+            async with recoverable.open_runtime(store, backend, account=ACCOUNT) as rt:
+                handle = await rt.prepare(
+                    request, response=Answer, maximum_attempts=3, retry_policy=fast
+                )
+                op_id = handle.operation_id
+                with pytest.raises(recoverable.AttemptNotAuthorized):
+                    await rt.send_recovering(handle, response=Answer, authorize=first_only)
+                assert [a.number for a in calls] == [1, 2]
+                interrupted = store.get_operation(op_id)
+                assert interrupted is not None and interrupted.attempts_used == 1
+                assert interrupted.pending is not None  # the replacement is still to come
+                assert len(provider.requests) == 1
+                body = store.get_payload(op_id, "body")
+                assert body is not None and b"item 175" in body
+                tampered = body.replace(b"item 175", b"item 999")
+                await store.write(
+                    lambda txn: txn.put_raw("payloads", payload_key(op_id, "body"), tampered)
+                )
+                record_before = store.get_raw("operations", op_id.encode())
+                asked: list[recoverable.Attempt] = []
+
+                async def approve(attempt: recoverable.Attempt) -> bool:
+                    asked.append(attempt)
+                    return True
+
+                for _ in range(2):  # every time: nothing was rewritten
+                    with pytest.raises(CorruptRecord, match="digest"):
+                        await rt.send_recovering(handle, response=Answer, authorize=approve)
+                assert asked == []  # the host was never asked: nothing authorized or spent
+                assert store.get_raw("operations", op_id.encode()) == record_before
+                assert store.get_payload(op_id, "body") == tampered
+                status = await rt.status(handle)
+                assert status.attempts_used == 1
+        assert len(provider.requests) == 1  # the replacement was never sent
 
 
 async def test_a_manual_retry_never_reuses_a_tampered_body(store_path: str) -> None:
