@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import mypy  # noqa: F401  (a dev dependency: a missing mypy fails this module, never skips it)
-import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
