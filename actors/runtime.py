@@ -45,6 +45,7 @@ from recoverable.actors.thread import Thread, open_thread
 from recoverable.actors.waiters import QueueWatch
 from recoverable.storage.base import Store as RecoveryStore
 from recoverable.storage.leases import lease_blocks, unexpired_derivative
+from recoverable.storage.queue_checks import find_damage
 from recoverable.transport.connect import ConnectBackoff, EndpointGate
 
 from recoverable import _killpoints, errors, machine
@@ -384,7 +385,10 @@ class Runtime:
         return self._status(record)
 
     def _status(self, record: OperationRecord) -> Status:
-        lease = self.store.get_lease(record.operation_id)
+        try:
+            lease = self.store.get_lease(record.operation_id)
+        except (errors.CorruptRecord, errors.UnsupportedRecordVersion):
+            lease = None  # with_queue_state names the damaged row (issue 29.10)
         now = self.now()
         # A derivative's lease holds until it expires, even after its owner died (issue 16).
         live = lease is not None and lease_blocks(self.store, lease, record, now)
@@ -449,6 +453,7 @@ class Runtime:
         endpoint_down = self.endpoint_failure()
         pauses: dict[tuple[str, AccountBinding], float | None] = {}
         served = submitted.served_now(self.store)  # live workers (docs/workers.md)
+        look = find_damage(self.store, [record.operation_id for record in records])
         statuses = []
         for record in records:
             lease = leases.get(record.operation_id)
@@ -471,7 +476,9 @@ class Runtime:
                 ),
                 pauses,
             )
-            statuses.append(submitted.with_queue_state(self.store, record, status, served))
+            statuses.append(
+                submitted.with_queue_state(self.store, record, status, served, look)
+            )
         return Inventory(operations=tuple(statuses), unreadable=tuple(unreadable))
 
     # --- lifecycle ------------------------------------------------------------------
@@ -608,7 +615,10 @@ async def open_runtime(
         runtime.supervisor.open(nursery)
         try:
             # Close what dead owners left behind before anything runs (issue 14).
-            await sweep_at_open(store, now=runtime.now(), telemetry=pump)
+            await sweep_at_open(store, now=runtime.now(), telemetry=pump, serving=(
+                None if account is None or backend is None
+                else (account.account_id, account.source, backend.endpoint_id)
+            ))
             yield runtime
         except BaseException as exc:
             # Re-raised below, unchanged: the host's own exception must not come back

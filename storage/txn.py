@@ -81,6 +81,7 @@ ADMISSION_FIELDS: Final[tuple[str, ...]] = tuple(
         "on_interruption", "source", "attempt_timeout",
         "reattach",  # issue 15: reattach is chosen at prepare
         "live",  # issue 16: chosen at prepare (it fixed on_interruption="fail")
+        "unclaimed_after",  # issue 29.4: chosen at submit
     )
     if name in OperationRecord.__struct_fields__
 )
@@ -455,8 +456,9 @@ class WriteTxn(RecordGetters, MutationContext):
         self.get_lease(lease.operation_id)  # refuse to overwrite an unreadable lease
         self._put("leases", operation_key(lease.operation_id), codec.encode(lease))
 
-    def delete_lease(self, operation_id: str) -> bool:
-        if self.get_lease(operation_id) is None:
+    def delete_lease(self, operation_id: str, *, unreadable: bool = False) -> bool:
+        """``unreadable``: also a row that does not decode (an operator's abandon)."""
+        if not unreadable and self.get_lease(operation_id) is None:
             return False
         return self._delete("leases", operation_key(operation_id))
 
@@ -578,6 +580,13 @@ class WriteTxn(RecordGetters, MutationContext):
                     self._put("queue", member, queue.encode_member(serial, resume=resume))
                 return serial
             serial = self._counter_next(queue.META_QUEUE_SERIAL)
+            if self._get("queue", queue.order_key(serial)) is not None:
+                # A rolled-back counter: the row would take a queued operation's place.
+                raise CorruptRecord(
+                    f"meta table, row {queue.META_QUEUE_SERIAL!r}: the queue serial "
+                    f"counter names serial {serial}, already in use (rolled back)",
+                    operation_id=operation_id,
+                )
             self._put("queue", queue.order_key(serial), operation_key(operation_id))
             self._put("queue", member, queue.encode_member(serial, resume=bool(resume)))
             return serial
@@ -610,6 +619,14 @@ class WriteTxn(RecordGetters, MutationContext):
 
     def unregister_worker(self, owner_id: str, token: str) -> bool:
         return self._delete("queue", queue.worker_key(owner_id, token))
+
+    def mark_served(self, row: queue.ServedRow) -> None:
+        """Its account and endpoint were served until ``row.until`` (never moved back)."""
+        key = queue.served_key(row.account_id, row.source, row.endpoint_id)
+        raw = self._get("queue", key)
+        old = None if raw is None else queue.decode_served(raw)
+        if old is None or old.until < row.until:
+            self._put("queue", key, queue.encode_served(row))
 
 
 def _admission_changed(old: OperationRecord, new: OperationRecord) -> AdmissionChanged:
