@@ -49,7 +49,8 @@ from recoverable.storage.governor import load_governor as _load
 
 from recoverable import errors
 from recoverable.outcome import Interruption, Outcome
-from recoverable.types import AccountBinding
+from recoverable.records import OperationRecord
+from recoverable.types import AccountBinding, Status, to_datetime
 
 if TYPE_CHECKING:
     from recoverable.storage.base import Store as RecoveryStore
@@ -213,6 +214,35 @@ class RateGovernor:
         """The shared pause of an endpoint+account (wall clock), if one is in force."""
         record = _load(self._store.get_raw("governor", governor_key(endpoint_id, account)))
         return record.paused_until if record.paused_until > self._wall() else None
+
+    def mark_status(
+        self,
+        record: OperationRecord,
+        status: Status,
+        pauses: dict[tuple[str, AccountBinding], float | None] | None = None,
+    ) -> Status:
+        """Mark a status whose operation waits for the governor: in this runtime (why, and
+        until when), or behind a shared pause of its endpoint+account (any process).
+        ``pauses`` caches the shared pauses read over one inventory."""
+        if status.state in ("completed", "failed", "cancelled", "superseded") or status.redacted:
+            return status
+        waiting = self.waiting.get(record.operation_id)
+        if waiting is not None:
+            return msgspec.structs.replace(
+                status, rate_limited=waiting[0], rate_limited_until=to_datetime(waiting[1])
+            )
+        where = (record.endpoint_id, record.account)
+        if pauses is not None and where in pauses:
+            paused = pauses[where]
+        else:
+            paused = self.paused_until(*where)
+            if pauses is not None:
+                pauses[where] = paused
+        if paused is None:
+            return status
+        return msgspec.structs.replace(
+            status, rate_limited="paused", rate_limited_until=to_datetime(paused)
+        )
 
     def budget_wait(
         self, endpoint_id: str, account: AccountBinding

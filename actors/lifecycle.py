@@ -157,7 +157,16 @@ def dispose(
     if record is None:
         raise errors.StateUnavailable("no such operation", operation_id=operation_id)
     require_owner(account, record.account, operation_id)
-    lease = txn.get_lease(operation_id)
+    try:
+        lease = txn.get_lease(operation_id)
+    except (errors.CorruptRecord, errors.UnsupportedRecordVersion):
+        # Issue 29.10: only a deliberate abandon removes an operation whose lease row
+        # cannot be read; an owner still running it could write nothing afterwards (every
+        # owner write is fenced on the record, which is gone).
+        if disposition != "abandoned":
+            raise
+        txn.delete_lease(operation_id, unreadable=True)
+        lease = None
     if lease is not None and txn.lease_is_live(lease, now):
         raise errors.OperationBusy(
             "stop and await the active execution first", operation_id=operation_id

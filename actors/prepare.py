@@ -21,6 +21,7 @@ from recoverable.storage.base import WriteTransaction as WriteTxn
 from recoverable import errors, machine
 from recoverable.body import body_hash, freeze_body
 from recoverable.contract import contract_for
+from recoverable.preconditions import check_unclaimed_after
 from recoverable.records import OnInterruption, OperationRecord, StoredRequest
 from recoverable.sources_rules import check_attempt_timeout, check_source
 from recoverable.types import (
@@ -60,6 +61,8 @@ class Identity:
     # issue 16: the source it derives from, and its attempts' hard timeout (seconds)
     source: SourceRef | None = None
     attempt_timeout: float | None = None
+    # issue 29.4: submitted for workers with this unclaimed bound (seconds; None: not)
+    unclaimed_after: float | None = None
 
 
 def identity_of(record: OperationRecord) -> Identity:
@@ -73,6 +76,7 @@ def identity_of(record: OperationRecord) -> Identity:
         input_revision=record.input_revision,
         source=record.source,
         attempt_timeout=record.attempt_timeout,
+        unclaimed_after=record.unclaimed_after,
     )
 
 
@@ -123,6 +127,7 @@ def new_operation_record(
         attempt_timeout=identity.attempt_timeout,
         live=live,
         reattach=reattach,
+        unclaimed_after=identity.unclaimed_after,
     )
 
 
@@ -272,12 +277,16 @@ def new_admission(
     lease_seconds: float = 30.0,
     live: bool = False,
     reattach: bool = False,
+    unclaimed_after: float | None = None,
 ) -> tuple[OperationRecord, bytes, bytes]:
     """What ``prepare`` and ``submit`` save: the checked new record, its frozen body and
     its saved request (nothing is written here). The options default as ``prepare``'s.
     ``lease_seconds`` is the preparing runtime's lease: a hard ``attempt_timeout`` must
-    be shorter (issue 16, ``sources_rules.check_attempt_timeout``)."""
+    be shorter (issue 16, ``sources_rules.check_attempt_timeout``). ``unclaimed_after``:
+    ``submit``'s bound (issue 29.4)."""
     account = require_signed_in(account, "cannot prepare")
+    if unclaimed_after is not None:
+        unclaimed_after = check_unclaimed_after(unclaimed_after)
     bound = check_source(source)
     hard_timeout = check_attempt_timeout(
         attempt_timeout, lease_seconds=lease_seconds, source=bound
@@ -323,6 +332,7 @@ def new_admission(
             input_revision=input_revision,
             source=bound,
             attempt_timeout=hard_timeout,
+            unclaimed_after=unclaimed_after,
         ),
         account=account,
         endpoint_id=backend.endpoint_id,

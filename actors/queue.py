@@ -3,7 +3,8 @@
 ``submit`` is ``prepare`` plus enqueue, in ONE store transaction, idempotent by
 ``(account, scope, job_id, input_revision)``: the same frozen body again returns the
 same handle (and queues it again if it is not finished); a different body under the
-same key is ``JobConflict`` and changes nothing. ``wait`` reads the operation's record
+same key is ``JobConflict`` and changes nothing. The operation's unclaimed bound is saved
+with it (``actors/unclaimed.py``). ``wait`` reads the operation's record
 once the operation left the queue (one poller per runtime watches the queue rows of every
 waited operation at once: ``actors/waiters.py``), and at least once a second, until it
 is settled: the saved, validated value, or the
@@ -29,21 +30,30 @@ from recoverable.actors.prepare import (
     new_admission,
     put_new_operation,
 )
+from recoverable.actors.unclaimed import Served, key_of, no_worker_at, served_now
 from recoverable.actors.waiters import QueueWatch
 from recoverable.storage.base import Store as RecoveryStore
 from recoverable.storage.base import WriteTransaction as WriteTxn
 from recoverable.storage.migration import saved_completion
 from recoverable.storage.queue import entry as queue_entry
+from recoverable.storage.queue_checks import QueueLook, find_damage
 
 from recoverable import _killpoints, errors, machine
 from recoverable.contract import ResponseContract, contract_for
-from recoverable.preconditions import is_expired
+from recoverable.preconditions import DEFAULT_UNCLAIMED_AFTER, is_expired
 from recoverable.records import OperationRecord
 from recoverable.sources_rules import superseded_error
 from recoverable.status import SETTLED_STATES
 from recoverable.telemetry import Telemetry
 from recoverable.transitions import FINISHED
-from recoverable.types import AccountBinding, Handle, JsonSchema, Status, StructuredRequest
+from recoverable.types import (
+    AccountBinding,
+    Handle,
+    JsonSchema,
+    Status,
+    StructuredRequest,
+    to_datetime,
+)
 
 
 class Runtime(Protocol):
@@ -59,7 +69,8 @@ class Runtime(Protocol):
     queue_watch: QueueWatch  # wakes ``wait`` when the operation leaves the queue
 
 __all__ = [
-    "choose_job_operation", "served_now", "settled", "submit", "wait", "with_queue_state",
+    "DEFAULT_UNCLAIMED_AFTER", "choose_job_operation", "served_now", "settled", "submit",
+    "wait", "with_queue_state",
 ]
 
 ResultT = TypeVar("ResultT")
@@ -89,10 +100,18 @@ async def submit(
     job_id: str,
     input_revision: str | None = None,
     maximum_attempts: int,
+    unclaimed_after: float = DEFAULT_UNCLAIMED_AFTER,
     **options: Any,
 ) -> Handle:
     """Prepare and queue an operation for workers, in one transaction; idempotent by
     ``(account, scope, job_id, input_revision)``.
+
+    ``unclaimed_after`` (seconds, default ``DEFAULT_UNCLAIMED_AFTER``: one hour) is saved
+    with the operation: once no live worker of its account and endpoint has served it for
+    that long, any runtime's sweep, or the poller of a runtime waiting for it, ends it
+    ``failed`` with ``failure_reason="no_worker"`` (``wait`` raises ``PermanentlyFailed``;
+    docs/workers.md). A finite number >= 0 (``InvalidRequest``). An operation already
+    saved for the job keeps the bound it was saved with.
 
     ``options`` are ``prepare``'s (``retry_policy``, ``expires_at``, ``scope``,
     ``contract_version``, ``previous_operation_id``, ``maximum_output_tokens_total``,
@@ -110,7 +129,8 @@ async def submit(
     record, body, stored = new_admission(
         request, response=response, maximum_attempts=maximum_attempts, job_id=job_id,
         input_revision=input_revision, account=rt.account, backend=rt.backend,
-        selector=rt.selector, now=rt.now(), lease_seconds=rt.leases.lease_seconds, **options,
+        selector=rt.selector, now=rt.now(), lease_seconds=rt.leases.lease_seconds,
+        unclaimed_after=unclaimed_after, **options,
     )
     _killpoints.hit("submit.before_save")
     chosen = await rt.store.write(
@@ -190,9 +210,14 @@ async def wait(
     ``OperationCancelled``, ``AttemptsExhausted``/``PermanentlyFailed`` (the failed
     record's error), ``StateExpired``, ``OperationSuspended`` (suspended by a host, not
     by a stopping worker), ``StateUnavailable`` (acknowledged, abandoned or missing),
-    ``AccountChanged`` and ``FormatMismatch`` like ``send_recovering``.
+    ``AccountChanged`` and ``FormatMismatch`` like ``send_recovering``. Issue 29: a
+    submitted operation that no live worker of its account and endpoint served within
+    its unclaimed bound (counted from this wait's start at the earliest) is ended
+    ``no_worker`` by this runtime's poller: ``PermanentlyFailed``; a damaged queue or
+    lease row, which would keep it from every worker, raises ``CorruptRecord``.
     """
     contract = contract_for(response)
+    began = rt.now()
     while True:
         value = settled(rt, handle.operation_id, contract)
         if value is not _PENDING:
@@ -200,36 +225,42 @@ async def wait(
             return result
         # One poller per runtime wakes this when the operation leaves the queue or may
         # have settled while queued (actors/waiters.py); the record is read again then.
-        await rt.queue_watch.until_gone(handle.operation_id)
-
-
-Served = set[tuple[str, str, str]]  # (account id, credential source, endpoint id)
-
-
-def served_now(store: RecoveryStore) -> Served:
-    """The accounts and endpoints some live worker serves (one read of the worker rows,
-    one owner-lock check per worker)."""
-    return {
-        (row.account_id, row.source, row.endpoint_id)
-        for owner_id, _token, row in store.workers()
-        if store.owner_is_live(owner_id)
-    }
+        await rt.queue_watch.until_gone(handle.operation_id, waiting_since=began)
 
 
 def with_queue_state(
-    store: RecoveryStore, record: OperationRecord, status: Status, served: Served | None = None
+    store: RecoveryStore, record: OperationRecord, status: Status,
+    served: Served | None = None, look: QueueLook | None = None,
 ) -> Status:
     """``status`` with its queue state: ``queued``, ``resuming`` or ``waiting_for_worker``
-    (queued, and no live worker serves its account and endpoint). Unchanged for an
-    operation that is not queued, is settled, or was suspended by a host."""
+    (queued, and no live worker serves its account and endpoint: ``queue_reason`` says
+    whether one serves the endpoint for another account, ``no_worker_at`` when it ends
+    ``no_worker`` if none comes). Unchanged for an operation that is not queued, is
+    settled, or was suspended by a host. A damaged queue or lease row (issue 29.10) is the
+    blocker ``incompatible_record`` (availability ``blocked``), ``queue_reason`` naming
+    which row, and ``queue`` None: no worker will run it. ``served`` and ``look`` (the
+    queue and lease rows of many operations, ``find_damage``) are read here if not given."""
     if status.redacted or status.state in SETTLED_STATES:
         return status
-    entry = queue_entry(store, record.operation_id)
-    if entry is None or (record.phase == "suspended" and not entry.resume):
+    if look is None:
+        look = find_damage(store, [record.operation_id])
+    damage = look.damage.get(record.operation_id)
+    if damage is not None:
+        return msgspec.structs.replace(
+            status, queue=None, queue_reason=damage.kind, availability="blocked",
+            blockers=status.blockers | {"incompatible_record"},
+            suggested_actions=("abandon",),
+        )
+    resume = look.queued.get(record.operation_id)
+    if resume is None or (record.phase == "suspended" and not resume):
         return status
     if served is None:
         served = served_now(store)
-    key = (record.account.account_id, record.account.source, record.endpoint_id)
+    key = key_of(record)
     if key not in served:
-        return msgspec.structs.replace(status, queue="waiting_for_worker")
-    return msgspec.structs.replace(status, queue="resuming" if entry.resume else "queued")
+        at = no_worker_at(record, record.unclaimed_after, served.until(key))
+        return msgspec.structs.replace(
+            status, queue="waiting_for_worker", queue_reason=served.reason(key),
+            no_worker_at=to_datetime(at),
+        )
+    return msgspec.structs.replace(status, queue="resuming" if resume else "queued")

@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
-import msgspec
 import trio
 from recoverable.actors import live as live_operations
 from recoverable.actors import queue as submitted
@@ -45,6 +44,7 @@ from recoverable.actors.thread import Thread, open_thread
 from recoverable.actors.waiters import QueueWatch
 from recoverable.storage.base import Store as RecoveryStore
 from recoverable.storage.leases import lease_blocks, unexpired_derivative
+from recoverable.storage.queue_checks import find_damage
 from recoverable.transport.connect import (
     UNREACHABLE_AFTER,
     ConnectBackoff,
@@ -73,7 +73,6 @@ from recoverable.types import (
     SourceRef,
     Status,
     StructuredRequest,
-    to_datetime,
 )
 
 __all__ = ["Backend", "Runtime", "new_operation_id", "open_runtime"]
@@ -398,13 +397,16 @@ class Runtime:
         return self._status(record)
 
     def _status(self, record: OperationRecord) -> Status:
-        lease = self.store.get_lease(record.operation_id)
+        try:
+            lease = self.store.get_lease(record.operation_id)
+        except (errors.CorruptRecord, errors.UnsupportedRecordVersion):
+            lease = None  # with_queue_state names the damaged row (issue 29.10)
         now = self.now()
         # A derivative's lease holds until it expires, even after its owner died (issue 16).
         live = lease is not None and lease_blocks(self.store, lease, record, now)
         command = self.store.get_command(record.operation_id)
         payloads = self.store.payload_kinds([record.operation_id])[record.operation_id]
-        status = self._with_rate_limit(record, machine.derive_status(
+        status = self.governor.mark_status(record, machine.derive_status(
             record,
             now=now,
             lease_live=live,
@@ -416,34 +418,6 @@ class Runtime:
             lease=lease,
         ))
         return submitted.with_queue_state(self.store, record, status)
-
-    def _with_rate_limit(
-        self,
-        record: OperationRecord,
-        status: Status,
-        pauses: dict[tuple[str, AccountBinding], float | None] | None = None,
-    ) -> Status:
-        """Mark an operation that waits for the rate governor: in this runtime (why, and
-        until when), or behind a shared pause of its endpoint+account (any process)."""
-        if status.state in ("completed", "failed", "cancelled", "superseded") or status.redacted:
-            return status
-        waiting = self.governor.waiting.get(record.operation_id)
-        if waiting is not None:
-            return msgspec.structs.replace(
-                status, rate_limited=waiting[0], rate_limited_until=to_datetime(waiting[1])
-            )
-        where = (record.endpoint_id, record.account)
-        if pauses is not None and where in pauses:
-            paused = pauses[where]
-        else:
-            paused = self.governor.paused_until(*where)
-            if pauses is not None:
-                pauses[where] = paused
-        if paused is None:
-            return status
-        return msgspec.structs.replace(
-            status, rate_limited="paused", rate_limited_until=to_datetime(paused)
-        )
 
     def _disposition_status(self, marker: DispositionRecord) -> Status:
         return reads.disposition_status(self.account, marker)
@@ -463,6 +437,7 @@ class Runtime:
         endpoint_down = self.endpoint_failure()
         pauses: dict[tuple[str, AccountBinding], float | None] = {}
         served = submitted.served_now(self.store)  # live workers (docs/workers.md)
+        look = find_damage(self.store, [record.operation_id for record in records])
         statuses = []
         for record in records:
             lease = leases.get(record.operation_id)
@@ -473,7 +448,7 @@ class Runtime:
                     live[key] = self.store.lease_is_live(lease, now)
                 is_live = live[key] or unexpired_derivative(lease, record, now)
             command = commands.get(record.operation_id)
-            status = self._with_rate_limit(
+            status = self.governor.mark_status(
                 record,
                 machine.derive_status(
                     record, now=now, lease_live=is_live, viewer=self.account,
@@ -485,7 +460,9 @@ class Runtime:
                 ),
                 pauses,
             )
-            statuses.append(submitted.with_queue_state(self.store, record, status, served))
+            statuses.append(
+                submitted.with_queue_state(self.store, record, status, served, look)
+            )
         return Inventory(operations=tuple(statuses), unreadable=tuple(unreadable))
 
     # --- lifecycle ------------------------------------------------------------------
@@ -634,7 +611,10 @@ async def open_runtime(
         runtime.supervisor.open(nursery)
         try:
             # Close what dead owners left behind before anything runs (issue 14).
-            await sweep_at_open(store, now=runtime.now(), telemetry=pump)
+            await sweep_at_open(store, now=runtime.now(), telemetry=pump, serving=(
+                None if account is None or backend is None
+                else (account.account_id, account.source, backend.endpoint_id)
+            ))
             yield runtime
         except BaseException as exc:
             # Re-raised below, unchanged: the host's own exception must not come back

@@ -31,13 +31,19 @@ worker), then ``run_worker`` raises that error (no operation id: it is the worke
 worker that cannot reach its endpoint says so instead of claiming the queue in vain.
 
 At start a worker runs the full recovery sweep (``actors/sweep.py``; its runtime already
-ran the cheap, lease-table-only one when it opened): every operation whose owner is gone
-is closed honestly before anything is claimed, including the rare in-flight record that
-has no lease row.
+ran the cheap one when it opened): every operation whose owner is gone is closed honestly
+before anything is claimed, including the rare in-flight record that has no lease row;
+unclaimed work of other accounts and endpoints is ended ``no_worker``, never its own.
+
+Its worker row says which account and endpoint it serves; with it, the served mark of
+that account and endpoint (``storage/queue.py``) is moved ``SERVED_GRACE`` seconds ahead
+when it starts, every ``SERVED_RENEW`` seconds while it runs and to its stop when it stops:
+the unclaimed bound of the queue's operations counts from it (``actors/unclaimed.py``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import secrets
 from collections.abc import Callable
@@ -57,7 +63,7 @@ from recoverable.storage.base import Store as RecoveryStore
 from recoverable.storage.base import WriteTransaction as WriteTxn
 from recoverable.storage.keys import operation_key
 from recoverable.storage.leases import lease_expired
-from recoverable.storage.queue import QueueEntry, WorkerRow
+from recoverable.storage.queue import SERVED_GRACE, SERVED_RENEW, QueueEntry, ServedRow, WorkerRow
 
 from recoverable import errors
 from recoverable.continuation import is_pending
@@ -134,14 +140,22 @@ def claimable(
     return False
 
 
-def _register(token: str, row: WorkerRow, dead: list[tuple[str, str]], txn: WriteTxn) -> None:
+def _register(
+    token: str, row: WorkerRow, served: ServedRow, dead: list[tuple[str, str]], txn: WriteTxn
+) -> None:
     for owner_id, other in dead:
         txn.unregister_worker(owner_id, other)
     txn.register_worker(token, row)
+    txn.mark_served(served)  # with the row: a sweep that reads either sees this worker
 
 
-def _unregister(token: str, txn: WriteTxn) -> None:
+def _mark(served: ServedRow, txn: WriteTxn) -> None:
+    txn.mark_served(served)
+
+
+def _unregister(token: str, served: ServedRow, txn: WriteTxn) -> None:
     txn.unregister_worker(txn.owner_id, token)
+    txn.mark_served(served)
 
 
 def _dequeue(operation_ids: list[str], txn: WriteTxn) -> int:
@@ -224,9 +238,17 @@ class _Worker:
     def _wake(self) -> None:
         self.changed.set()
 
+    def _served(self, ahead: float) -> ServedRow:
+        """Its account and endpoint served until ``ahead`` seconds from now (issue 29.4)."""
+        return ServedRow(
+            account_id=self.account.account_id, source=self.account.source,
+            endpoint_id=self.endpoint_id, until=self.rt.now() + ahead,
+        )
+
     async def run(self) -> WorkerReport:
-        try:
-            await sweep(self.store, now=self.rt.now())
+        serving = (self.account.account_id, self.account.source, self.endpoint_id)
+        try:  # never ends unclaimed what this worker is about to serve
+            await sweep(self.store, now=self.rt.now(), serving=serving)
         except errors.RecoveryError as exc:  # a full/unavailable store: claims still fence
             self.rt.telemetry.emit("sweep.failed", "", code=exc.code)
         await self._register()
@@ -235,7 +257,9 @@ class _Worker:
         finally:
             with trio.CancelScope(shield=True):
                 try:
-                    await self.store.write(functools.partial(_unregister, self.token))
+                    await self.store.write(
+                        functools.partial(_unregister, self.token, self._served(0.0))
+                    )
                 except errors.RecoveryError:
                     pass  # the row names a dead owner once this process ends
 
@@ -249,11 +273,14 @@ class _Worker:
             endpoint_id=self.endpoint_id, concurrency=self.concurrency,
             started_at=self.rt.now(),
         )
-        await self.store.write(functools.partial(_register, self.token, row, dead))
+        await self.store.write(
+            functools.partial(_register, self.token, row, self._served(SERVED_GRACE), dead)
+        )
 
     async def _serve(self) -> WorkerReport:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch_stop)
+            nursery.start_soon(self._renew_served)
             delay = POLL_FIRST
             while not self.stop.is_set() and self.unavailable is None:
                 self._check_owner()
@@ -280,6 +307,14 @@ class _Worker:
     async def _watch_stop(self) -> None:
         await self.stop.wait()
         self._wake()
+
+    async def _renew_served(self) -> None:
+        """Keep the served mark of its account and endpoint ``SERVED_GRACE`` seconds ahead
+        while it runs (one write every ``SERVED_RENEW`` seconds; issue 29.4)."""
+        while True:
+            await trio.sleep(SERVED_RENEW)
+            with contextlib.suppress(errors.RecoveryError):  # the next renewal tries again
+                await self.store.write(functools.partial(_mark, self._served(SERVED_GRACE)))
 
     async def _claim_round(self, nursery: trio.Nursery) -> int:
         """Look at the queue once (oldest first); start what may run; return how many."""

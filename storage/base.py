@@ -38,7 +38,7 @@ from recoverable.records import (
 from recoverable.types import AccountBinding
 
 if TYPE_CHECKING:
-    from recoverable.storage.queue import QueueEntry, WorkerRow
+    from recoverable.storage.queue import QueueEntry, ServedRow, WorkerRow
 
 __all__ = ["TABLES", "RecordReader", "Store", "Table", "Touches", "WriteTransaction"]
 
@@ -108,7 +108,9 @@ class WriteTransaction(RecordReader, Protocol):
 
     def put_lease(self, lease: LeaseRecord) -> None: ...
 
-    def delete_lease(self, operation_id: str) -> bool: ...
+    def delete_lease(self, operation_id: str, *, unreadable: bool = False) -> bool:
+        """Remove the lease row; ``unreadable``: also one that does not decode."""
+        ...
 
     def register_token(self, token: str) -> None:
         """Mark a lease token of this owner active (forgotten if the mutation is discarded)."""
@@ -178,6 +180,11 @@ class WriteTransaction(RecordReader, Protocol):
     def register_worker(self, token: str, row: WorkerRow) -> None: ...
 
     def unregister_worker(self, owner_id: str, token: str) -> bool: ...
+
+    def mark_served(self, row: ServedRow) -> None:
+        """Its account and endpoint were served until ``row.until`` (``storage/queue.py``;
+        never moved back)."""
+        ...
 
 
 class Store(RecordReader, Protocol):

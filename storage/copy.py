@@ -18,7 +18,7 @@ from typing import Any, Final
 
 from recoverable.storage.base import TABLES, Table
 from recoverable.storage.keys import META_SERIAL, u64
-from recoverable.storage.queue import META_QUEUE_SERIAL
+from recoverable.storage.queue import META_QUEUE_SERIAL, ORDER
 from recoverable.storage.store import RecoveryStore
 from recoverable.storage.txn import WriteTxn
 
@@ -81,9 +81,15 @@ def copy_store(source: RecoveryStore, destination: RecoveryStore) -> dict[str, i
     if destination.stats()["entries"]:
         raise InvalidRequest("the destination store is not empty")
     counts: dict[str, int] = {}
+    in_use = 0  # the highest queue serial of a copied order row
     for table in _COPIED:
         counts[table] = 0
         for chunk in _chunks(source, table):
+            if table == "queue":
+                in_use = max(in_use, *(
+                    int.from_bytes(key[1:], "big") for key, _ in chunk
+                    if key[:1] == ORDER and len(key) == 9
+                ), 0)
 
             def put(txn: WriteTxn, rows: list[tuple[bytes, bytes]] = chunk,
                     name: Table = table) -> None:
@@ -94,7 +100,9 @@ def copy_store(source: RecoveryStore, destination: RecoveryStore) -> dict[str, i
             counts[table] += len(chunk)
     serials = (
         u64(source.get_raw("meta", META_SERIAL)),
-        u64(source.get_raw("meta", META_QUEUE_SERIAL)),
+        # Never below a serial in use: a source counter that was rolled back (damage,
+        # issue 29.10) is repaired by the copy instead of overwriting queued places.
+        max(u64(source.get_raw("meta", META_QUEUE_SERIAL)), in_use),
     )
 
     preferences = [

@@ -515,10 +515,17 @@ def check_records(txn: lmdb.Transaction[bytes], dbs: dict[Table, Any]) -> list[s
             problem = _check_entry(table, key, raw, operations)
             if problem is not None:
                 problems.append(f"{table}:{key!r}: {problem}")
+    last_serial = 0
     for key, raw in txn.cursor(db=dbs["queue"]).iternext():
         problem = queue.check_entry(txn, dbs["queue"], key, raw)
         if problem is not None:
             problems.append(f"queue:{key!r}: {problem}")
+        if key[:1] == queue.ORDER and len(key) == 9:  # a serial in use, well formed or not
+            last_serial = max(last_serial, int.from_bytes(key[1:], "big"))
+    counted_serial = u64(txn.get(queue.META_QUEUE_SERIAL, db=dbs["meta"]))
+    problem = queue.counter_problem(counted_serial, last_serial)
+    if problem is not None:
+        problems.append(f"meta:{queue.META_QUEUE_SERIAL!r}: {problem}")
     for key in txn.cursor(db=dbs["hosts"]).iternext(values=False):
         operation_id = key_str(key[3 * HASH_BYTES :])
         record = operations.get(operation_id)

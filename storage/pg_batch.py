@@ -44,8 +44,8 @@ from recoverable.storage.queue import MEMBER, META_QUEUE_SERIAL, ORDER
 from recoverable.records import OperationRecord
 
 __all__ = [
-    "CACHE_ROWS", "CHANGES_KEPT", "BatchSnapshot", "Prefetch", "RowCache", "changed_keys",
-    "row_id",
+    "CACHE_ROWS", "CHANGES_KEPT", "LAST_ORDER", "BatchSnapshot", "Prefetch", "RowCache",
+    "changed_keys", "last_order_serial", "row_id",
 ]
 
 CACHE_ROWS: Final = 200_000
@@ -146,6 +146,18 @@ class Prefetch:
             cache.rows.update(self.found(fetched))
 
 
+# The highest committed queue order row (its key), read with the meta rows (pg_writer).
+LAST_ORDER: Final = (
+    f"SELECT key FROM {_QUEUE} WHERE key >= '\\x{ORDER.hex()}'::bytea"
+    f" AND key < '\\x{bytes([ORDER[0] + 1]).hex()}'::bytea ORDER BY key DESC LIMIT 1"
+)
+
+
+def last_order_serial(rows: list[Any]) -> int:
+    """The serial of ``LAST_ORDER``'s row (0: no order row)."""
+    return int.from_bytes(bytes(rows[0][0])[1:], "big") if rows else 0
+
+
 def row_id(db: str, key: bytes) -> bytes:
     """The id of the row ``key`` of SQL table ``db`` (see ``_TAG``)."""
     return _TAG[db] + key
@@ -179,6 +191,10 @@ class RowCache:
     def __init__(self) -> None:
         self.rows: dict[bytes, bytes | None] = {}
         self.valid_at: int | None = None  # the commits counter after our last commit
+        # The highest serial of a committed queue order row, read with the meta rows under
+        # the writers' lock (``LAST_ORDER``): until then, unknown (no order row is assumed
+        # absent without a read).
+        self.last_order: int = 2**64
 
     def clear(self) -> None:
         self.rows.clear()
@@ -244,9 +260,11 @@ class BatchSnapshot(SqlSnapshot):
             return rows[where]
         if db == _QUEUE and key[:1] == ORDER and len(key) == 9 and int.from_bytes(
             key[1:], "big"
-        ) > u64(rows.get(_TAG[_META] + META_QUEUE_SERIAL)):
-            # An order row of a serial above the committed counter (meta rows are read
-            # under the writers' lock at the batch's start): not written yet.
+        ) > max(u64(rows.get(_TAG[_META] + META_QUEUE_SERIAL)), self._cache.last_order):
+            # An order row of a serial above the committed counter and above every
+            # committed order row (both read under the writers' lock at the batch's
+            # start): not written yet. A counter rolled back below the rows in use is
+            # damage: those reads go to the table (WriteTxn.enqueue refuses the serial).
             return None
         operation = _operation_of(db, key)
         if operation is not None and len(rows) < CACHE_ROWS:

@@ -38,10 +38,12 @@ import psycopg
 from recoverable.storage.keys import META_BYTES, u64
 from recoverable.storage.pg_batch import (
     CHANGES_KEPT,
+    LAST_ORDER,
     BatchSnapshot,
     Prefetch,
     RowCache,
     changed_keys,
+    last_order_serial,
 )
 from recoverable.storage.pg_listen import CHANNEL
 from recoverable.storage.pg_schema import (
@@ -241,6 +243,8 @@ class PgWriter(Writer[WriteTxn]):
                     )
                     # The live owners, for the batch's lease checks (see live_owners).
                     owners = conn.execute(LIVE_OWNERS, (LOCK_NAMESPACE,))
+                    # The highest queue order row (pg_batch.BatchSnapshot.get).
+                    last_order = conn.execute(LAST_ORDER, binary=True)
                     # The rows the batch's hinted writes will read (pg_batch.Prefetch).
                     fetched = (
                         conn.execute(prefetch.sql, prefetch.params, binary=True)
@@ -255,6 +259,7 @@ class PgWriter(Writer[WriteTxn]):
                 if fetched is not None:
                     prefetch.seed(self._cache, fetched.fetchall())
                 self.live_owners = frozenset(str(row[0]) for row in owners.fetchall())
+                self._cache.last_order = last_order_serial(last_order.fetchall())
                 self._state.batch_bytes = None
                 shared: WriteTxn | None = None
                 for index, job in enumerate(batch):

@@ -13,6 +13,13 @@ Three kinds of rows, all in the ``queue`` table:
   serving one account and endpoint, written when it starts and removed when it stops;
   live while its owner's lock is held (a row left by a killed worker is dead at once,
   and removed by the next worker that starts).
+- ``b"v" + sha256(account, source, endpoint)`` -> a :class:`ServedRow` (msgpack): until
+  when the workers of one account and endpoint are known to have served it (issue 29.4):
+  each worker of it moves ``until`` to ``SERVED_GRACE`` seconds ahead when it starts and
+  every ``SERVED_RENEW`` seconds while it runs, and to at least its own stop when it
+  stops. Never moved back, never removed: the unclaimed bound of an operation counts
+  from it, so a worker that restarts, or a host that waits while its workers start, is
+  not taken for "no worker".
 
 A row names an operation; it never holds any of its content. Rows of operations that
 became terminal or were disposed are removed by the worker that sees them (lazily: a
@@ -22,6 +29,7 @@ the writes are ``WriteTxn.enqueue`` / ``WriteTxn.dequeue``.
 
 from __future__ import annotations
 
+import hashlib
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import attrs
@@ -40,23 +48,33 @@ class RecordReader(Protocol):
 __all__ = [
     "MAX_SCAN",
     "META_QUEUE_SERIAL",
+    "SERVED_GRACE",
+    "SERVED_RENEW",
     "QueueEntry",
+    "ServedRow",
     "WorkerRow",
     "check_entry",
+    "counter_problem",
     "decode_member",
+    "decode_served",
     "encode_member",
+    "encode_served",
     "entry",
     "member_key",
     "member_problem",
     "order_key",
     "ordered_entry",
     "scan",
+    "served_key",
 ]
 
 META_QUEUE_SERIAL: Final = b"queue_serial"
 ORDER: Final = b"s"
 MEMBER: Final = b"o"
 WORKER: Final = b"w"
+SERVED: Final = b"v"
+SERVED_GRACE: Final = 120.0  # seconds a worker's served mark holds past its last renewal
+SERVED_RENEW: Final = 60.0  # seconds between two renewals by a running worker
 QUEUED: Final = b"q"
 RESUME: Final = b"r"
 MAX_SCAN: Final = 4096  # rows one scan returns at most (a worker pages through the rest)
@@ -84,6 +102,39 @@ class WorkerRow(msgspec.Struct, frozen=True, kw_only=True):
 
 
 _WORKER_DECODER: Final = msgspec.msgpack.Decoder(WorkerRow)
+
+
+class ServedRow(msgspec.Struct, frozen=True, kw_only=True):
+    """Until when a worker of one account and endpoint is known to have served them
+    (``SERVED`` rows; wall-clock seconds)."""
+
+    version: int = 1
+    account_id: str
+    source: str
+    endpoint_id: str
+    until: float
+
+
+_SERVED_DECODER: Final = msgspec.msgpack.Decoder(ServedRow)
+
+
+def served_key(account_id: str, source: str, endpoint_id: str) -> bytes:
+    """The served mark of one account and endpoint (a digest: any text, a fixed key)."""
+    named = msgspec.msgpack.encode([account_id, source, endpoint_id])
+    return SERVED + hashlib.sha256(named).digest()
+
+
+def encode_served(row: ServedRow) -> bytes:
+    return msgspec.msgpack.encode(row)
+
+
+def decode_served(raw: bytes) -> ServedRow | None:
+    """The row, or None for one this version cannot read (read as no mark at all)."""
+    try:
+        row = _SERVED_DECODER.decode(raw)
+    except msgspec.DecodeError:
+        return None
+    return row if row.version == 1 else None
 
 
 def worker_key(owner_id: str, token: str) -> bytes:
@@ -240,4 +291,18 @@ def check_entry(txn: lmdb.Transaction[bytes], db: Any, key: bytes, raw: bytes) -
     if key.startswith(WORKER) and b"\0" in key:
         ok = decode_worker(raw) is not None and _worker_names(key) is not None
         return None if ok else "malformed worker row"
+    if key.startswith(SERVED):
+        row = decode_served(raw)
+        ok = row is not None and served_key(row.account_id, row.source, row.endpoint_id) == key
+        return None if ok else "malformed served row"
     return "unknown queue row"
+
+
+def counter_problem(counter: int, serial: int) -> str | None:
+    """What is wrong with the queue serial counter (None: nothing), given the highest
+    serial a queue row holds: a counter below it was rolled back, and its next rows would
+    take the places of queued operations."""
+    if serial <= counter:
+        return None
+    return (f"the queue serial counter {counter} is below serial {serial} in use (rolled "
+            "back: new rows would take the places of queued operations)")

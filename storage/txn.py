@@ -38,12 +38,12 @@ from recoverable.storage.keys import (
     u64,
 )
 from recoverable.storage.leases import LeaseTokens
+from recoverable.storage.queue_writes import QueueWrites
 from recoverable.storage.rows import RecordGetters, decode_row
 from recoverable.storage.writer import MutationContext
 
 from recoverable.errors import (
     AdmissionChanged,
-    CorruptRecord,
     FenceMismatch,
     InvalidRequest,
     StorageLimitExceeded,
@@ -82,6 +82,7 @@ ADMISSION_FIELDS: Final[tuple[str, ...]] = tuple(
         "on_interruption", "source", "attempt_timeout",
         "reattach",  # issue 15: reattach is chosen at prepare
         "live",  # issue 16: chosen at prepare (it fixed on_interruption="fail")
+        "unclaimed_after",  # issue 29.4: chosen at submit
     )
     if name in OperationRecord.__struct_fields__
 )
@@ -109,7 +110,7 @@ class WriteState:
         self.batch_bytes: int | None = None  # None: read from meta by the batch's first mutation
 
 
-class WriteTxn(RecordGetters, MutationContext):
+class WriteTxn(RecordGetters, MutationContext, QueueWrites):
     """What a mutation receives (the LMDB ``WriteTransaction``).
 
     Reads see the batch's earlier writes. Every helper that writes several keys is
@@ -456,8 +457,9 @@ class WriteTxn(RecordGetters, MutationContext):
         self.get_lease(lease.operation_id)  # refuse to overwrite an unreadable lease
         self._put("leases", operation_key(lease.operation_id), codec.encode(lease))
 
-    def delete_lease(self, operation_id: str) -> bool:
-        if self.get_lease(operation_id) is None:
+    def delete_lease(self, operation_id: str, *, unreadable: bool = False) -> bool:
+        """``unreadable``: also a row that does not decode (an operator's abandon)."""
+        if not unreadable and self.get_lease(operation_id) is None:
             return False
         return self._delete("leases", operation_key(operation_id))
 
@@ -575,60 +577,6 @@ class WriteTxn(RecordGetters, MutationContext):
         """Operation ids with exactly this account, scope and job id, through the hosts
         index (this transaction's own writes included)."""
         return self._scan("hosts", hosts_prefix(account, scope, job_id, with_job=True))
-
-    def enqueue(self, operation_id: str, *, resume: bool | None = None) -> int:
-        member = queue.member_key(operation_id)
-        raw = self._get("queue", member)
-        try:  # atomic: see _broken
-            if raw is not None:
-                current = queue.decode_member(raw)
-                order = None if current is None else self._get(
-                    "queue", queue.order_key(current[0])
-                )
-                problem = queue.member_problem(current, order, member[1:])
-                if problem is not None or current is None:
-                    # Damage to a stored row, never the caller's request: the row is left
-                    # as it is (check_integrity lists it too).
-                    raise CorruptRecord(
-                        f"queue table, row {member!r}: {problem}", operation_id=operation_id
-                    )
-                serial, flagged = current
-                if resume is not None and flagged != resume:
-                    self._put("queue", member, queue.encode_member(serial, resume=resume))
-                return serial
-            serial = self._counter_next(queue.META_QUEUE_SERIAL)
-            self._put("queue", queue.order_key(serial), operation_key(operation_id))
-            self._put("queue", member, queue.encode_member(serial, resume=bool(resume)))
-            return serial
-        except BaseException:
-            self._broken = True
-            raise
-
-    def dequeue(self, operation_id: str) -> bool:
-        member = queue.member_key(operation_id)
-        raw = self._get("queue", member)
-        if raw is None:
-            return False
-        current = queue.decode_member(raw)
-        try:  # atomic: see _broken
-            # Only the order row that names this operation: a damaged serial must not
-            # take another operation's place in the queue with it.
-            if current is not None and self._get(
-                "queue", queue.order_key(current[0])
-            ) == member[1:]:
-                self._delete("queue", queue.order_key(current[0]))
-            self._delete("queue", member)
-        except BaseException:
-            self._broken = True
-            raise
-        return True
-
-    def register_worker(self, token: str, row: queue.WorkerRow) -> None:
-        """This owner runs a worker (``storage/queue.py``), named by ``token``."""
-        self._put("queue", queue.worker_key(self.owner_id, token), queue.encode_worker(row))
-
-    def unregister_worker(self, owner_id: str, token: str) -> bool:
-        return self._delete("queue", queue.worker_key(owner_id, token))
 
 
 def _admission_changed(old: OperationRecord, new: OperationRecord) -> AdmissionChanged:

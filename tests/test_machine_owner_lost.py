@@ -340,6 +340,18 @@ def test_a_waiting_operation_counts_from_its_saved_cooldown() -> None:
     )
 
 
+def test_the_wait_for_a_worker_counts_from_the_last_moment_a_worker_served() -> None:
+    """Issue 29.4/29.11: a worker of its account and endpoint served the queue until
+    T0 + 500 (its served mark): the bound counts from then, not from creation."""
+    rec = record()  # created at T0
+    assert m.unclaimed_since(rec, served_until=T0 + 500) == T0 + 500
+    assert m.unclaimed_since(rec, served_until=T0 - 500) == T0  # never before it was made
+    assert not m.unclaimed(rec, now=T0 + 559, unclaimed_after=60,
+                           served_until=T0 + 500).changed
+    ended = m.unclaimed(rec, now=T0 + 560, unclaimed_after=60, served_until=T0 + 500)
+    assert ended.record.failure_reason == "no_worker"
+
+
 @pytest.mark.parametrize("phase", ["authorizing", "transmitting", "suspended", "completed",
                                    "failed", "cancelled"])
 def test_unclaimed_leaves_other_phases_alone(phase: Phase) -> None:

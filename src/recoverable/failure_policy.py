@@ -49,7 +49,7 @@ FailureReason = Literal[
     "interrupted",  # on_interruption="fail": an interrupted attempt ends the operation
     "owner_lost",  # the recovery sweep found its owner gone, and no replacement may follow
     "expired",  # the recovery sweep found its owner gone after expires_at
-    "no_worker",  # no worker claimed it within the sweep's unclaimed_after bound
+    "no_worker",  # no live worker of its account and endpoint within its unclaimed bound
     # a worker's standing authorization policy raised (or did not answer True/False):
     # nothing was spent; nobody else would hear of it (docs/workers.md)
     "authorization_failed",

@@ -78,8 +78,8 @@ REASONS: Final[Mapping[str, tuple[str, str]]] = {
         f"{_RETRY}",
     ),
     "no_worker": (
-        "no worker claimed it within the sweep's unclaimed-after bound (no live worker "
-        "serves its account and endpoint)",
+        "no live worker of its account and endpoint served it within its unclaimed bound "
+        "(unclaimed_after, or the sweep's --unclaimed-after)",
         "start a worker for its account and endpoint, then create a manual retry with "
         f"{_RETRY}",
     ),

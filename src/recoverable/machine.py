@@ -167,6 +167,7 @@ __all__ = [
     "suggested_actions",
     "terminal_error",
     "unclaimed",
+    "unclaimed_since",
     "validate_metadata",
     "validate_preparation",
     "wake",
@@ -590,25 +591,33 @@ def owner_lost(rec: OperationRecord, *, now: float) -> Transition:
 
 
 
-def unclaimed(rec: OperationRecord, *, now: float, unclaimed_after: float) -> Transition:
-    """The recovery sweep's bound on waiting for a worker (``--unclaimed-after``): an
-    operation no live process owns, runnable (``prepared``, or ``waiting`` once its
-    cooldown passed) and not run by anyone for ``unclaimed_after`` seconds since it
-    became runnable, ends ``failed`` with ``failure_reason="no_worker"``.
+def unclaimed_since(rec: OperationRecord, served_until: float | None = None) -> float:
+    """When ``rec``'s wait for a worker began: the latest of its creation, its last consumed
+    attempt, its saved ``next_attempt_at`` and ``served_until`` (until when a worker of its
+    account and endpoint is known to have served the queue)."""
+    return max(
+        rec.created_at,
+        rec.attempts[-1].consumed_at if rec.attempts else rec.created_at,
+        rec.next_attempt_at if rec.next_attempt_at is not None else rec.created_at,
+        served_until if served_until is not None else rec.created_at,
+    )
 
-    It became runnable at the latest of its creation, its last consumed attempt and its
-    saved ``next_attempt_at``. Any other phase, or a younger one, is returned unchanged
-    (action ``None``). The caller checks that no live lease exists.
+
+def unclaimed(
+    rec: OperationRecord, *, now: float, unclaimed_after: float,
+    served_until: float | None = None,
+) -> Transition:
+    """The bound on waiting for a worker (issue 29.4): an operation no live process owns,
+    runnable (``prepared``, or ``waiting`` once its cooldown passed) and not served for
+    ``unclaimed_after`` seconds since :func:`unclaimed_since` ends ``failed`` with
+    ``failure_reason="no_worker"``. Any other phase, or a younger wait, is returned
+    unchanged (action ``None``). The caller checks that no live lease exists and that no
+    live worker serves its account and endpoint now.
     """
     require_phase("unclaimed", rec)
     if rec.phase not in ("prepared", "waiting") or rec.has_completion:
         return moved(rec, rec, None)
-    since = max(
-        rec.created_at,
-        rec.attempts[-1].consumed_at if rec.attempts else rec.created_at,
-        rec.next_attempt_at if rec.next_attempt_at is not None else rec.created_at,
-    )
-    if now - since < unclaimed_after:
+    if now - unclaimed_since(rec, served_until) < unclaimed_after:
         return moved(rec, rec, None)
     failed = evolve(rec, phase="failed", failure_reason="no_worker", pending=None,
                     next_attempt_at=None, renew_next=False)

@@ -14,12 +14,14 @@ from recoverable.outcome import MAX_USAGE_TOKENS
 from recoverable.records import OnInterruption, OperationRecord
 
 __all__ = [
+    "DEFAULT_UNCLAIMED_AFTER",
     "MAX_ATTEMPTS",
     "MAX_METADATA_CHARS",
     "MAX_OUTPUT_TOKENS_TOTAL",
     "ON_INTERRUPTION",
     "check_acknowledge",
     "check_retry_source",
+    "check_unclaimed_after",
     "endpoint_blocked",
     "endpoint_matches",
     "is_expired",
@@ -34,6 +36,25 @@ MAX_OUTPUT_TOKENS_TOTAL: Final = MAX_ATTEMPTS * MAX_USAGE_TOKENS
 MAX_METADATA_CHARS: Final = 1024
 # The interruption policies a preparation may save (records.OnInterruption).
 ON_INTERRUPTION: Final[frozenset[str]] = frozenset(get_args(OnInterruption))
+# The unclaimed bound ``submit`` saves when the host names none (seconds; issue 29.4,
+# docs/workers.md): once no live worker of its account and endpoint has served it for this
+# long, any sweep ends a submitted operation ``no_worker``. An hour is 120 leases of 30 s
+# and far longer than a worker restart or a deploy, so a served queue never meets it; yet
+# a host whose workers serve another account or endpoint learns it within the hour
+# (``status`` says why at once), not never.
+DEFAULT_UNCLAIMED_AFTER: Final = 3600.0
+
+
+def check_unclaimed_after(value: object) -> float:
+    """The unclaimed bound as seconds: a finite number >= 0 (``InvalidRequest``)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise errors.InvalidRequest("unclaimed_after must be a finite number of seconds >= 0")
+    return float(value)
 
 
 def _is_integer_in(value: object, low: int, high: int) -> bool:

@@ -208,6 +208,11 @@ class OperationRecord(
     # (issue 18) a thread turn the host committed (``actors/thread.py``): its saved input
     # and validated output are the history of the thread's next turn.
     thread_committed: bool = False
+    # (issue 29.4) Submitted for workers: once no live worker of its account and endpoint
+    # has served it for this many seconds, any sweep ends it ``failed``/``no_worker``
+    # (an admission field, saved by ``submit``; None: not bounded, e.g. prepared only).
+    # Optional: records written before decode unchanged.
+    unclaimed_after: float | None = None
 
     @property
     def attempts_remaining(self) -> int:

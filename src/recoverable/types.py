@@ -257,6 +257,16 @@ class Status(msgspec.Struct, frozen=True, kw_only=True):
     # and endpoint), "resuming" (suspended by a stopping worker; the next one resumes it)
     # or "waiting_for_worker" (no live worker serves its account and endpoint).
     queue: Literal["queued", "resuming", "waiting_for_worker"] | None = None
+    # Why (issue 29): with "waiting_for_worker", "no_worker_for_endpoint" (no live worker
+    # serves its endpoint) or "no_worker_for_account" (live workers serve its endpoint for
+    # other accounts only), and when it ends failed/no_worker if no worker comes by then
+    # (its saved unclaimed bound; None: none). With the blocker "incompatible_record":
+    # "damaged_queue_row" or "damaged_lease_row" (no worker would ever run it).
+    queue_reason: Literal[
+        "no_worker_for_endpoint", "no_worker_for_account", "damaged_queue_row",
+        "damaged_lease_row",
+    ] | None = None
+    no_worker_at: _dt.datetime | None = None
     # Who runs it now (issue 14): the owner id (an opaque store-opener id, not an account)
     # of the live lease and when that lease expires unless renewed (None: no live lease,
     # or a lease without expiry), and the generation fence (incremented by every claim).

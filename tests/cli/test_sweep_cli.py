@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+import msgspec
 import trio
 from recoverable.storage.base import WriteTransaction
+from recoverable.storage.queue import member_key, order_key
 
 import recoverable
 from recoverable.records import AttemptRecord, LeaseRecord, OperationRecord
@@ -111,6 +114,33 @@ def test_unclaimed_after_fails_old_runnable_operations(tmp_path: Path) -> None:
         assert rec is not None and rec.failure_reason == "no_worker"
     finally:
         store.close()
+
+
+def test_sweep_names_a_queued_operation_no_worker_would_ever_see(tmp_path: Path) -> None:
+    """Issue 29.10: its queue order row is gone, so no worker's scan lists it; the sweep
+    said "nothing to close" while ``batch --workers`` waited for it for ever."""
+    store_dir = tmp_path / "store"
+
+    def damage(txn: Any) -> None:
+        txn.put_operation(msgspec.structs.replace(
+            _record("op-lost"), phase="prepared", attempts=(), attempts_used=0))
+        serial = txn.enqueue("op-lost")
+        txn._delete("queue", order_key(serial))  # raw damage: no public raw delete
+
+    async def write() -> None:
+        store = recoverable.RecoveryStore.open(str(store_dir))
+        try:
+            await store.write(damage)
+        finally:
+            store.close()
+
+    trio.run(write)
+    text = run_cli("sweep", "--store", str(store_dir))
+    assert text.returncode == 0, text.stderr
+    assert "damaged 1" in text.stdout and "nothing to close" not in text.stdout
+    assert f"  damaged queue table, row {member_key('op-lost')!r}: " in text.stdout
+    report = json.loads(run_cli("sweep", "--store", str(store_dir), "--json").stdout)
+    assert report["damaged_ids"] == ["op-lost"] and report["closed"] == 0
 
 
 def test_bad_arguments_are_usage_errors(tmp_path: Path) -> None:

@@ -45,6 +45,7 @@ CHANGED: dict[str, Any] = {
     "attempt_timeout": 10.0,
     "reattach": True,  # issue 15
     "live": True,  # issue 16: chosen at prepare (it fixed on_interruption="fail")
+    "unclaimed_after": 60.0,  # issue 29.4: chosen at submit
 }
 
 
@@ -55,6 +56,7 @@ def test_the_admission_fields_are_the_decided_ones() -> None:
         "format_hash", "contract_version", "scope", "job_id", "input_revision",
         # issues 15 and 16: chosen at prepare, never changed
         "on_interruption", "source", "attempt_timeout", "reattach", "live",
+        "unclaimed_after",  # issue 29.4: chosen at submit, never changed
     }
     assert decided <= set(ADMISSION_FIELDS) <= set(CHANGED)
 

@@ -170,7 +170,7 @@ def format_status(status: Status) -> str:
             f"{status.rate_limited} until {status.rate_limited_until.isoformat()}"
             if status.rate_limited and status.rate_limited_until else status.rate_limited
         )),
-        ("queue", status.queue),
+        ("queue", _queue(status)),
         ("last failure", _failure(failure) if failure is not None else None),
         ("tokens", usage_text(status.usage)),
         ("tokens per attempt", attempts_usage_text(
@@ -188,6 +188,16 @@ def format_status(status: Status) -> str:
         ("redacted", "yes (another account)" if status.redacted else None),
     ]
     return _rows(rows)
+
+
+def _queue(status: Status) -> str | None:
+    """The queue state, and why (issue 29: no worker of its account or endpoint, and when
+    it ends no_worker; or which row is damaged)."""
+    why: list[str] = [status.queue_reason] if status.queue_reason else []
+    if status.no_worker_at is not None:
+        why.append(f"no_worker at {status.no_worker_at.isoformat()}")
+    text = " ".join(filter(None, [status.queue, f"({'; '.join(why)})" if why else None]))
+    return text or None
 
 
 def format_inventory(

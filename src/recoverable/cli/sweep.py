@@ -41,20 +41,30 @@ def run_sweep(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
 
 
 def format_sweep(report: SweepReport) -> str:
-    """The report for people: the counts, then the ids (bounded) by what became of them."""
+    """The report for people: the counts, then the ids (bounded) by what became of them,
+    then the damaged rows (issue 29.10)."""
     lines = [
         f"sweep: examined {report.examined}, closed {report.closed} (waiting for adoption "
-        f"{report.waiting}, failed {report.failed}), live owner {report.live}, changed "
-        f"meanwhile {report.raced}, unreadable {report.unreadable}"
+        f"{report.waiting}, failed {report.failed}), of which no_worker {report.unclaimed}, "
+        f"live owner {report.live}, changed meanwhile {report.raced}, unreadable "
+        f"{report.unreadable}, damaged {report.damaged}"
     ]
+    unclaimed = frozenset(report.unclaimed_ids)
     lines += [f"  waiting {safe_text(op_id)}" for op_id in report.waiting_ids]
-    lines += [f"  failed  {safe_text(op_id)}" for op_id in report.failed_ids]
+    lines += [
+        f"  failed  {safe_text(op_id)}{' (no_worker)' if op_id in unclaimed else ''}"
+        for op_id in report.failed_ids
+    ]
     others = sorted(
         set(report.closed_ids) - set(report.waiting_ids) - set(report.failed_ids)
     )
     lines += [f"  closed  {safe_text(op_id)} (stale lease removed)" for op_id in others]
+    lines += [f"  damaged {safe_text(row)}" for row in report.damaged_rows]
     if report.ids_truncated:
         lines.append("  (more ids not listed: use the counts)")
-    if not report.changed:
+    if report.damaged_rows:
+        lines.append("damaged rows: no worker would run these operations; nothing was "
+                     "changed (abandon them, or restore the store)")
+    elif not report.changed:
         lines.append("nothing to close")
     return "\n".join(lines) + "\n"
