@@ -112,6 +112,11 @@ def acquire(
     lease = acquire_lease(txn, operation_id, now, lease_seconds=lease_seconds)
     record = txn.get_operation(operation_id)
     assert record is not None
+    if record.phase == "suspended":
+        # Claimed with the lease, in one commit: no moment in which it is neither marked
+        # for the next worker nor held (a waiter would read "suspended from outside"),
+        # and a later suspension by a host is not resumed by a worker.
+        txn.spend_resume_mark(operation_id)
     body = txn.get_payload(operation_id, "body")
     if body is not None:  # a tampered body is a corrupt record: never sent
         verify_body(operation_id, record.body_hash, body)

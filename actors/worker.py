@@ -374,9 +374,6 @@ class _Worker:
             self.report.removed += await self.store.write(
                 functools.partial(_dequeue, done), touches=done
             )
-        resumed = [record.operation_id for record, entry in claims if entry.resume]
-        if resumed:  # claimed now: a later host suspension must not be resumed
-            await self.store.write(functools.partial(_flag, resumed, False), touches=resumed)
         started = 0
         for operation_id in continuing:
             started += await self._continue(operation_id, clock)

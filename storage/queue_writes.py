@@ -75,6 +75,18 @@ class QueueWrites:
             self._broken = True
             raise
 
+    def spend_resume_mark(self, operation_id: str) -> bool:
+        """An execution opens the operation: a stopped worker's resume mark is spent (True
+        if there was one). A row that is not queued is never created; a damaged one is
+        left as it is (``enqueue`` and the checks name it)."""
+        member = queue.member_key(operation_id)
+        raw = self._get("queue", member)
+        current = None if raw is None else queue.decode_member(raw)
+        if current is None or not current[1]:
+            return False
+        self._put("queue", member, queue.encode_member(current[0], resume=False))
+        return True
+
     def dequeue(self, operation_id: str) -> bool:
         member = queue.member_key(operation_id)
         raw = self._get("queue", member)

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import pytest
 import trio
+import trio.lowlevel
 from recoverable.actors.worker import run_worker
+from recoverable.storage.queue import entry as queue_entry
 
 import recoverable
 from recoverable import errors
-from recoverable.testing import FixtureProvider
+from recoverable.testing import FixtureProvider, Reply
 
 from .conftest import ACCOUNT, OTHER, REQUEST, Answer, generation_requests, make_backend
 
@@ -128,3 +130,39 @@ async def test_status_says_whether_a_live_worker_serves_a_queued_operation(
             # The worker stopped: its row is gone, nobody serves the queue now.
             assert (await rt.status(later)).queue == "waiting_for_worker"
         assert store.check_integrity() == []
+
+
+async def test_a_worker_claims_a_marked_suspension_with_its_lease_in_one_commit(
+    store: recoverable.RecoveryStore,
+) -> None:
+    """A stopped worker's mark says "the next worker resumes it". Claiming spends the
+    mark in the commit that takes the lease: no committed state in which the operation
+    is suspended, unmarked and unheld (what a waiting host reads as "suspended from
+    outside", ending its wait), and the mark is gone once it runs."""
+    async with FixtureProvider.serve() as provider:
+        provider.script([Reply.stall(after_events=2)])
+        async with recoverable.open_runtime(store, make_backend(provider), account=ACCOUNT) as rt:
+            handle = await rt.submit(REQUEST, response=Answer, job_id="m", maximum_attempts=2)
+            op = handle.operation_id
+            await rt.suspend(handle)
+            await store.write(lambda txn: txn.enqueue(op, resume=True))
+            seen: list[tuple[str, bool, bool]] = []
+            stop = trio.Event()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(lambda: run_worker(rt, concurrency=1, authorize=approve,
+                                                      stop=stop))
+                with trio.fail_after(30):  # generous: one claim on a loaded machine
+                    while True:
+                        record = store.get_operation(op)
+                        entry = queue_entry(store, op)
+                        lease = store.get_lease(op)
+                        assert record is not None and entry is not None
+                        seen.append((record.phase, entry.resume, lease is not None))
+                        if lease is not None and record.phase != "suspended":
+                            break
+                        await trio.lowlevel.checkpoint()  # every scheduling point of the claim
+                await provider.wait_for_requests(1)
+                stop.set()
+        stranded = [s for s in seen if s == ("suspended", False, False)]
+        assert stranded == [], seen
+        assert seen[0] == ("suspended", True, False) and seen[-1][1:] == (False, True)
