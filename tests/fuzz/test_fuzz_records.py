@@ -255,10 +255,11 @@ async def damaged_example(
             except recoverable.RecoveryError:
                 pass
         assert not guard.cancelled_caught, f"{name} hung"
-        if name == "abandon" and table == "operations" and not readable:
-            # The documented repair (docs/failures.md): abandon drops an unreadable
-            # operation record, and nothing else touches it.
-            assert store.get_raw(tbl, key) is None, "abandon kept an unreadable record"
+        if name == "abandon" and table in ("operations", "leases") and not readable:
+            # The documented repair (docs/failures.md): a deliberate abandon drops an
+            # unreadable operation record or lease row (every owner write is fenced on
+            # the record, which is gone with it); nothing else touches them.
+            assert store.get_raw(tbl, key) is None, f"abandon kept an unreadable {table} row"
         else:
             unchanged(name)
     if not readable:
