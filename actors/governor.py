@@ -11,15 +11,18 @@ endpoint+account, one row in the store's ``governor`` table:
   restarted runtime honours it.
 - two token buckets, when limits are configured: requests per minute and tokens per
   minute. A bucket holds at most ``limit * burst_seconds / 60`` and refills at
-  ``limit / 60`` per second. Every admission claims its cost from the shared row in
-  one store transaction (claims of one process are group-committed), so the budget
-  is exact across processes: N processes together stay within one limit.
+  ``limit / 60`` per second (``DEFAULT_BURST_SECONDS``: 5 s, so that no 60-second window
+  holds more than the limit: a full bucket, 5 s of budget, plus one minute of refill at
+  the 95% aim is 1.03 x the limit; a burst of 60 s would allow 1.9 x). Every admission
+  claims its cost from the shared row in one store transaction (claims of one process
+  are group-committed), so the budget is exact across processes: N processes together
+  stay within one limit.
 - small limits (issue 29.9): a request is admitted once its bucket holds its cost, or,
-  when its cost is larger than the whole bucket (``--rpm 1``: a bucket of 0.95
-  requests; one request estimated above ``tpm * burst / 60`` tokens), once the bucket is
-  full. It is charged its whole cost either way: the bucket goes into debt and the next
-  request waits until one request's worth has been refilled, so the rate stays the limit
-  (``_need`` and ``_claim``).
+  when its cost is larger than the whole bucket (``--rpm 1``: a bucket of 0.08
+  requests at the default 5 s; one request estimated above ``tpm * burst / 60``
+  tokens), once the bucket is full. It is charged its whole cost either way: the bucket
+  goes into debt and the next request waits until one request's worth has been
+  refilled, so the rate stays the limit (``_need`` and ``_claim``).
 
 The tokens of a request are estimated from its frozen body
 (:func:`~recoverable.transport.ratelimit.estimate_tokens`) when it is admitted and
@@ -79,6 +82,10 @@ _MAX_LIMIT: Final = 1e12
 # admit requests (``_need``); the floor keeps each wait one a person would still call a
 # rate limit, and a date ``rate_limited_until`` can show (1e-300 would not be).
 MINIMUM_PER_MINUTE: Final = 0.01
+# The default burst: what a bucket may spend at once, in seconds of refill. Short enough
+# that any 60 s window stays within the limit at the 95% aim (5/60 x 0.95 + 0.95 = 1.03),
+# which a provider counting per minute, or over shorter periods, also accepts.
+DEFAULT_BURST_SECONDS: Final = 5.0
 
 
 def validate_limits(
@@ -103,6 +110,12 @@ def _level(level: float | None, at: float, now: float, per_minute: float, burst:
     if level is None:
         return capacity
     return min(capacity, level + max(0.0, now - at) * per_minute / 60.0)
+
+
+# A level within this fraction of what is needed counts as enough: the refill computed at
+# the moment a wait ends can fall an ulp short of the level the wait was computed for,
+# and a caller woken exactly then (a clock that jumps to it) would be refused for ever.
+_FULL: Final = 1.0 - 1e-9
 
 
 def _need(cost: float, per_minute: float, burst: float) -> float:
@@ -131,7 +144,7 @@ class RateGovernor:
         telemetry: Telemetry,
         requests_per_minute: float | None = None,
         tokens_per_minute: float | None = None,
-        burst_seconds: float = 60.0,
+        burst_seconds: float = DEFAULT_BURST_SECONDS,
         margin: float = RATE_MARGIN,
     ) -> None:
         validate_limits(requests_per_minute, tokens_per_minute, burst_seconds)
@@ -184,13 +197,13 @@ class RateGovernor:
         if rpm is not None:
             requests = _level(record.requests_level, record.requests_at, now, rpm, burst)
             need = _need(1.0, rpm, burst)  # a bucket under 1 request: once it is full
-            if requests < need:
+            if requests < need * _FULL:
                 wait_until = now + (need - requests) * 60.0 / rpm
                 reason = "requests"
         if tpm is not None:
             need = _need(float(tokens), tpm, burst)  # an oversized one: once it is full
             tokens_level = _level(record.tokens_level, record.tokens_at, now, tpm, burst)
-            if tokens_level < need:
+            if tokens_level < need * _FULL:
                 at = now + (need - tokens_level) * 60.0 / tpm
                 if at > wait_until:
                     wait_until, reason = at, "tokens"

@@ -23,7 +23,7 @@ from recoverable.actors import reads
 from recoverable.actors import retry as manual_retry
 from recoverable.actors.checks import require_signed_in
 from recoverable.actors.delegate import Delegation, open_delegation
-from recoverable.actors.governor import RateGovernor
+from recoverable.actors.governor import DEFAULT_BURST_SECONDS, RateGovernor
 from recoverable.actors.heartbeat import LeaseKeeper
 from recoverable.actors.host import Backend
 from recoverable.actors.lifecycle import dispose, write_lineage_command
@@ -534,7 +534,7 @@ async def open_runtime(
     requests_per_second: float | None = None,
     requests_per_minute: float | None = None,
     tokens_per_minute: float | None = None,
-    rate_burst_seconds: float = 60.0,
+    rate_burst_seconds: float = DEFAULT_BURST_SECONDS,
     telemetry: TelemetrySink | None = None,
     wall_clock: Callable[[], float] = time.time,
     monitor_interval: float = 0.002,

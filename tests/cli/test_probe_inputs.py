@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
+from recoverable.actors.governor import DEFAULT_BURST_SECONDS
 from recoverable.storage.queue import (
     WorkerRow,
     encode_member,
@@ -396,7 +397,7 @@ def test_worker_rate_limits_take_the_batchs_ranges(
             config.rate_burst_seconds) == (1.0, 5000.0, 2.0)
     config = worker_config(build_parser().parse_args(["worker", "--store", store]))
     assert (config.requests_per_minute, config.tokens_per_minute,
-            config.rate_burst_seconds) == (None, None, 60.0)
+            config.rate_burst_seconds) == (None, None, DEFAULT_BURST_SECONDS)
 
 
 # -- 8: damaged queue rows are corrupt_record (or skipped), never invalid_request -------------

@@ -8,7 +8,7 @@ import re
 from typing import Final, NoReturn
 
 from recoverable import errors
-from recoverable.actors.governor import MINIMUM_PER_MINUTE
+from recoverable.actors.governor import DEFAULT_BURST_SECONDS, MINIMUM_PER_MINUTE
 from recoverable.actors.heartbeat import LEASE_SECONDS_MAX, LEASE_SECONDS_MIN
 from recoverable.actors.worker import MAX_CONCURRENCY
 from recoverable.cli.config import DEFAULT_RETRY_PROVIDER_CODES, MINIMUM_RPS
@@ -267,8 +267,9 @@ def _add_shared_limits(parser: argparse.ArgumentParser) -> None:
         "usage), shared by every process on the store",
     )
     parser.add_argument(
-        "--rate-burst-seconds", type=_burst_seconds, default=60.0, metavar="S",
-        help="--rpm/--tpm budget that may be spent at once, in seconds of refill (default 60)",
+        "--rate-burst-seconds", type=_burst_seconds, default=DEFAULT_BURST_SECONDS,
+        metavar="S", help="--rpm/--tpm budget that may be spent at once, in seconds of "
+        "refill (default 5: no 60 s window holds more than the limit)",
     )
 
 

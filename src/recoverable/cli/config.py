@@ -6,6 +6,7 @@ from typing import Final, Literal
 
 import attrs
 
+from recoverable.actors.governor import DEFAULT_BURST_SECONDS
 from recoverable.pricing import PriceTable
 from recoverable.transport.connect import UNREACHABLE_AFTER
 from recoverable.transport.fixture import FaultSpec
@@ -32,7 +33,7 @@ class BatchConfig:
     rps: float | None = None
     rpm: float | None = None  # --rpm / --tpm: the rate governor (docs/rate-limits.md)
     tpm: float | None = None
-    rate_burst_seconds: float = 60.0
+    rate_burst_seconds: float = DEFAULT_BURST_SECONDS
     faults: FaultSpec | None = None
     max_attempts: int = 8
     on_interruption: Literal["replace", "fail"] = "replace"  # saved with each new operation

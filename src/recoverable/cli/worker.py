@@ -40,6 +40,7 @@ import attrs
 import trio
 
 from recoverable import errors
+from recoverable.actors.governor import DEFAULT_BURST_SECONDS
 from recoverable.actors.operation import Authorize
 from recoverable.actors.runtime import open_runtime
 from recoverable.actors.worker import WorkerReport, run_worker
@@ -87,7 +88,7 @@ class WorkerConfig:
     # store by every process with the same endpoint and account (docs/rate-limits.md).
     requests_per_minute: float | None = None
     tokens_per_minute: float | None = None
-    rate_burst_seconds: float = 60.0
+    rate_burst_seconds: float = DEFAULT_BURST_SECONDS
 
 
 def worker_account(config: WorkerConfig) -> AccountBinding:
