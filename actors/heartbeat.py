@@ -114,7 +114,8 @@ class LeaseKeeper:
         self._beat = trio.Event()  # set to make the heartbeat beat now (tests, shutdown)
         self._renewed = trio.Event()  # set (and replaced) after each renewal write
         self._attempted = trio.Event()  # set (and replaced) after each renewal attempt
-        self._held_changed = trio.Event()  # set (and replaced) when a lease is held
+        self._held_changed = trio.Event()  # set when a lease with an earlier margin is held
+        self._watching_until = math.inf  # the margin the watch sleeps until (Trio time)
 
     @property
     def period(self) -> float:
@@ -129,7 +130,11 @@ class LeaseKeeper:
     def hold(self, lease: LeaseRecord, on_lost: Callable[[], None]) -> HeldLease:
         held = HeldLease(lease, on_lost)
         self.held[lease.operation_id] = held
-        self._held_changed.set()
+        if self.deadline(held) < self._watching_until:
+            # Only a margin earlier than the one it sleeps until wakes the watch: a scan of
+            # every held lease per new lease would be quadratic in the concurrency.
+            self._watching_until = -math.inf
+            self._held_changed.set()
         return held
 
     def drop(self, held: HeldLease) -> None:
@@ -190,6 +195,7 @@ class LeaseKeeper:
         while True:
             live = [held for held in self.held.values() if not held.lost]
             earliest = min((self.deadline(held) for held in live), default=math.inf)
+            self._watching_until = earliest
             with trio.move_on_after(max(0.0, earliest - trio.current_time())):
                 await self._held_changed.wait()  # a new lease may have an earlier margin
                 self._held_changed = trio.Event()
