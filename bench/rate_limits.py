@@ -14,7 +14,8 @@ rate once the first bucket has gone) and the most POSTs the provider saw in any 
 window (when the run spans 60 s), each as a ratio to R. The bucket starts full: with a
 burst of 60 s the first minute may hold up to 0.95 R + 0.95 R (the bucket, then its
 refill; docs/rate-limits.md), so the per-minute bound R x 1.05 holds with a short burst
-(default 1 s), and the second figure of a 60 s burst shows the first minute's excess.
+(the library's default of 5 s: 1.03 R; this script's default 1 s), and the second figure
+of a 60 s burst shows the first minute's excess.
 
 ``--quick``: 5 s at R = 600 (about 60 jobs), one burst of 1 s; no 60 s window.
 """
