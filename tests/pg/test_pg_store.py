@@ -6,17 +6,25 @@ from __future__ import annotations
 import gc
 import socket
 import time
+from typing import Any
 
 import psycopg
 import pytest
 from recoverable.storage import RecoveryStore, acquire_lease
-from recoverable.storage.pg_batch import row_id
-from recoverable.storage.pg_schema import SCHEMA_VERSION, schema_version, upgrade
+from recoverable.storage.pg_batch import CHANGES_KEPT, MAX_LOGGED_KEYS, row_id
+from recoverable.storage.pg_schema import (
+    LOCK_NAMESPACE,
+    SCHEMA_VERSION,
+    owner_lock_held,
+    schema_version,
+    upgrade,
+)
 from recoverable.storage.pg_store import PgStore, redact_url
 
 from recoverable.errors import (
     FenceMismatch,
     InvalidRequest,
+    OperationBusy,
     StorageUnavailable,
     UnsupportedRecordVersion,
 )
@@ -208,4 +216,83 @@ def test_other_live_owners_lists_another_open_owner_until_it_closes(pg_url: str)
         assert mine.other_live_owners() == []
     finally:
         other.close()
+        mine.close()
+
+
+def test_a_gap_longer_than_the_change_log_drops_the_writers_cache(pg_url: str) -> None:
+    """Another owner committed more batches than ``recoverable_changes`` keeps since this
+    writer's last batch: what it changed first is no longer logged, so the cache cannot
+    tell which rows went stale and is dropped whole (a stale fence is never served)."""
+    mine = RecoveryStore.open(pg_url)
+    other = RecoveryStore.open(pg_url + "?sslmode=disable")
+    try:
+        mine.write_sync(lambda txn: txn.put_operation(make_op("op-1")))
+        mine.write_sync(lambda txn: txn.put_operation(make_op("op-2")))
+        cached = mine.write_sync(lambda txn: txn.get_operation("op-1"))
+        assert cached is not None and cached.fence == 0
+        other.write_sync(lambda txn: acquire_lease(txn, "op-1", time.time()))  # fence 1
+        for serial in range(CHANGES_KEPT + 5):  # then batches that never touch op-1
+            other.write_sync(lambda txn, s=serial: txn.put_command("op-2", "suspend", s))
+        seen = mine.write_sync(lambda txn: txn.get_operation("op-1"))
+        assert seen is not None and seen.fence == 1
+    finally:
+        other.close()
+        mine.close()
+
+
+def test_a_batch_too_large_to_log_drops_the_writers_cache(pg_url: str) -> None:
+    """A batch that wrote more rows than one change-log entry names logs "unknown": every
+    other writer drops its cache (the fence it took is seen, never the cached one)."""
+    mine = RecoveryStore.open(pg_url)
+    other = RecoveryStore.open(pg_url + "?sslmode=disable")
+    try:
+        mine.write_sync(lambda txn: txn.put_operation(make_op("op-1")))
+        cached = mine.write_sync(lambda txn: txn.get_operation("op-1"))
+        assert cached is not None and cached.fence == 0
+
+        def large(txn: Any) -> None:
+            acquire_lease(txn, "op-1", time.time())
+            for index in range(MAX_LOGGED_KEYS + 1):
+                txn.put_raw("sources", b"bulk-%d" % index, b"x")
+
+        other.write_sync(large)
+        seen = mine.write_sync(lambda txn: txn.get_operation("op-1"))
+        assert seen is not None and seen.fence == 1
+    finally:
+        other.close()
+        mine.close()
+
+
+def test_an_owner_whose_heartbeat_expired_is_dead_though_its_lock_is_held(
+    pg_url: str,
+) -> None:
+    """Liveness is the advisory lock AND the heartbeat: an owner whose session still holds
+    its lock (a process stopped between statements keeps its connection) but whose
+    heartbeat expiry passed is dead to the others: not listed, and its lease is taken."""
+    mine = RecoveryStore.open(pg_url)
+    hung = RecoveryStore.open(pg_url + "?sslmode=disable")
+    try:
+        assert isinstance(mine, PgStore) and isinstance(hung, PgStore)
+        mine.write_sync(lambda txn: txn.put_operation(make_op("op-1")))
+        held = hung.write_sync(lambda txn: acquire_lease(txn, "op-1", time.time()))
+        assert held.owner_id == hung.owner_id and mine.owner_is_live(hung.owner_id)
+        with pytest.raises(OperationBusy):
+            mine.write_sync(lambda txn: acquire_lease(txn, "op-1", time.time()))
+        # What ten seconds without a beat leave: the expiry passed, the lock still held.
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute(
+                "UPDATE recoverable_owners SET expires_at = now() - interval '1 second'"
+                " WHERE owner_id = %s", (hung.owner_id,),
+            )
+            locked = conn.execute(
+                "SELECT o.owner_id FROM recoverable_owners o WHERE "
+                + owner_lock_held("o.lock_key"), (LOCK_NAMESPACE,),
+            ).fetchall()
+        assert (hung.owner_id,) in locked
+        assert not mine.owner_is_live(hung.owner_id)
+        assert hung.owner_id not in mine.other_live_owners()
+        taken = mine.write_sync(lambda txn: acquire_lease(txn, "op-1", time.time()))
+        assert taken.owner_id == mine.owner_id and taken.fence == held.fence + 1
+    finally:
+        hung.close()
         mine.close()
