@@ -58,6 +58,7 @@ from recoverable.records import (
     OperationRecord,
     PayloadKind,
 )
+from recoverable.transitions import FINISHED, InvalidTransition
 from recoverable.types import AccountBinding
 
 __all__ = ["ADMISSION_FIELDS", "WriteState", "WriteTxn"]
@@ -371,8 +372,10 @@ class WriteTxn(RecordGetters, MutationContext, QueueWrites):
                 if old_hosts != new_hosts:
                     self._delete("hosts", old_hosts)
                     self._put("hosts", new_hosts, b"")
-            elif _admission(old) != _admission(record):
-                raise _admission_changed(old, record)
+            else:
+                if _admission(old) != _admission(record):
+                    raise _admission_changed(old, record)
+                _check_progress(old, record)
             # Otherwise account, scope and job id are admission fields, unchanged: so is
             # the record's hosts index entry (no key to build or write).
             self._put("operations", key, data)
@@ -577,6 +580,26 @@ class WriteTxn(RecordGetters, MutationContext, QueueWrites):
         """Operation ids with exactly this account, scope and job id, through the hosts
         index (this transaction's own writes included)."""
         return self._scan("hosts", hosts_prefix(account, scope, job_id, with_job=True))
+
+
+def _check_progress(old: OperationRecord, new: OperationRecord) -> None:
+    """The record invariants every operation write keeps, in both engines (this is the one
+    place a stored record is replaced): the fence and the attempts spent never fall, and a
+    finished operation never runs again: from a finished phase it only moves to another
+    (a cancel, a superseding source, a saved completion delivered), except the one way
+    back the machine defines (a failure that waits for sign-in reopens after it). A write
+    that would break one is a defect: ``InvalidTransition``, nothing written."""
+    if new.fence < old.fence:
+        problem = f"its fence would fall from {old.fence} to {new.fence}"
+    elif new.attempts_used < old.attempts_used:
+        problem = f"its attempts spent would fall from {old.attempts_used} to {new.attempts_used}"
+    elif old.phase in FINISHED and new.phase not in FINISHED and not (
+        old.phase == "failed" and old.failure_reason == "authentication_required"
+    ):
+        problem = f"it would go from the finished phase {old.phase} back to {new.phase}"
+    else:
+        return
+    raise InvalidTransition(f"operation {old.operation_id}: {problem}; nothing was written")
 
 
 def _admission_changed(old: OperationRecord, new: OperationRecord) -> AdmissionChanged:

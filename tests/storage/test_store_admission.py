@@ -18,6 +18,7 @@ from storage_helpers import OTHER, make_op
 
 from recoverable.errors import AdmissionChanged
 from recoverable.records import AttemptRecord, PendingAttempt
+from recoverable.transitions import InvalidTransition
 from recoverable.types import RetryPolicy, SourceRef
 
 STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
@@ -138,3 +139,45 @@ async def test_a_different_body_over_a_saved_one_is_refused(store: RecoveryStore
     assert await store.write(lambda t: t.delete_payload("op", "body")) is True
     await store.write(lambda t: t.put_payload("op", "body", b"a body after removal"))
     assert store.check_integrity() == []
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "says"),
+    [
+        ({"fence": 3}, {"fence": 2}, "fence would fall from 3 to 2"),
+        ({"attempts_used": 2}, {"attempts_used": 1}, "attempts spent would fall"),
+        ({"phase": "failed", "failure_reason": "exhausted"}, {"phase": "prepared"},
+         "finished phase failed back to prepared"),
+        ({"phase": "cancelled"}, {"phase": "waiting"}, "finished phase cancelled back"),
+        ({"phase": "completed"}, {"phase": "transmitting"}, "finished phase completed back"),
+    ],
+    ids=["fence", "attempts", "failed-reopened", "cancelled-reopened", "completed-reopened"],
+)
+def test_a_write_that_would_undo_progress_is_refused_and_writes_nothing(
+    store: RecoveryStore, before: dict[str, Any], after: dict[str, Any], says: str
+) -> None:
+    """Every operation write goes through ``put_operation`` (both engines): there the fence
+    and the attempts spent never fall and a finished operation never runs again."""
+    stored = make_op("op-1", **before)
+    store.write_sync(lambda txn: txn.put_operation(stored))
+    with pytest.raises(InvalidTransition, match=says):
+        store.write_sync(lambda txn: txn.put_operation(msgspec.structs.replace(stored, **after)))
+    assert store.get_operation("op-1") == stored
+
+
+def test_the_ways_out_of_a_finished_phase_the_machine_defines_are_written(
+    store: RecoveryStore,
+) -> None:
+    """A cancel or a superseding source moves a finished operation to another finished
+    phase, and a failure that waits for sign-in reopens: these writes pass the check."""
+    done = make_op("op-1", phase="completed")
+    store.write_sync(lambda txn: txn.put_operation(done))
+    for phase in ("superseded", "cancelled"):
+        moved = msgspec.structs.replace(done, phase=phase)
+        store.write_sync(lambda txn, moved=moved: txn.put_operation(moved))
+        assert store.get_operation("op-1") == moved
+    waiting = make_op("op-2", phase="failed", failure_reason="authentication_required")
+    store.write_sync(lambda txn: txn.put_operation(waiting))
+    reopened = msgspec.structs.replace(waiting, phase="waiting", failure_reason=None)
+    store.write_sync(lambda txn: txn.put_operation(reopened))
+    assert store.get_operation("op-2") == reopened

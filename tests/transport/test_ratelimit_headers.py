@@ -117,9 +117,11 @@ BODY = msgspec.json.encode({
 @pytest.mark.parametrize("mode", ["sse", "websocket"])
 async def test_outcomes_carry_the_rate_limit_headers(mode: str) -> None:
     account = recoverable.AccountBinding("acct-h", "api-key")
-    # A bucket of exactly two requests' estimates: the third is refused with a 429.
+    # A bucket of exactly two requests' estimates: the third is refused with a 429. It
+    # refills slowly (one token in about half a second), so a loaded machine's delay
+    # between the count and the header does not show in the figure.
     cost = estimate_tokens(BODY)
-    async with FixtureProvider.serve(tpm_limit=cost * 60, rate_burst_seconds=2.0) as provider:
+    async with FixtureProvider.serve(tpm_limit=cost, rate_burst_seconds=120.0) as provider:
         async with recoverable.ResponsesBackend(
             provider.http_url, credentials=recoverable.StaticCredentials("sk-h", account=account),
             mode=mode,  # type: ignore[arg-type]
