@@ -55,6 +55,7 @@ from recoverable.actors.unclaimed import (
     key_of,
     mark_in,
     no_worker_at,
+    reread,
 )
 from recoverable.storage import codec
 from recoverable.storage.base import Store as RecoveryStore
@@ -240,13 +241,10 @@ def _sweep_one(
 ) -> Outcome:
     """One operation, in one write transaction, conditional on the fence the scan read."""
     operation_id = seen.operation_id
-    try:
-        current = txn.get_operation(operation_id)
-        lease = txn.get_lease(operation_id)
-    except (errors.CorruptRecord, errors.UnsupportedRecordVersion):
-        return "unreadable"
-    if current is None or current.fence != seen.fence:
-        return "raced"  # claimed (or removed) since the scan: not ours to judge now
+    read = reread(txn, seen)  # "raced": claimed or removed since the scan, not ours now
+    if isinstance(read, str):
+        return read
+    current, lease = read
     if current.awaiting_upgrade:
         return "untouched"
     # Expiry judged at the sweep's now; a source-bound operation's lease only by expiry.

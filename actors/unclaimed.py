@@ -41,11 +41,11 @@ from recoverable.storage.leases import lease_blocks
 from recoverable.storage.queue import decode_served, served_key
 
 from recoverable import errors, machine
-from recoverable.records import OperationRecord
+from recoverable.records import LeaseRecord, OperationRecord
 
 __all__ = [
     "Key", "QueueReason", "Served", "bound_of", "end_unclaimed", "key_of", "no_worker_at",
-    "served_now",
+    "reread", "served_now",
 ]
 
 Key = tuple[str, str, str]  # (account id, credential source, endpoint id)
@@ -119,17 +119,30 @@ def no_worker_at(
     return machine.unclaimed_since(record, latest or None) + bound
 
 
-def end_unclaimed(txn: WriteTxn, seen: OperationRecord, now: float, bound: float) -> Ended:
-    """End one operation ``no_worker`` if it is still unclaimed (one transaction,
-    conditional on the fence the caller read; the served mark read again here)."""
-    operation_id = seen.operation_id
+def reread(
+    txn: WriteTxn, seen: OperationRecord
+) -> tuple[OperationRecord, LeaseRecord | None] | Literal["unreadable", "raced"]:
+    """The record and lease of ``seen`` again, inside the write that may change it:
+    ``"raced"`` if it was claimed (or removed) since the scan read it (its fence moved),
+    ``"unreadable"`` if either row does not decode. The sweep's rule and this module's."""
     try:
-        current = txn.get_operation(operation_id)
-        lease = txn.get_lease(operation_id)
+        current = txn.get_operation(seen.operation_id)
+        lease = txn.get_lease(seen.operation_id)
     except (errors.CorruptRecord, errors.UnsupportedRecordVersion):
         return "unreadable"
     if current is None or current.fence != seen.fence:
         return "raced"
+    return current, lease
+
+
+def end_unclaimed(txn: WriteTxn, seen: OperationRecord, now: float, bound: float) -> Ended:
+    """End one operation ``no_worker`` if it is still unclaimed (one transaction,
+    conditional on the fence the caller read; the served mark read again here)."""
+    operation_id = seen.operation_id
+    read = reread(txn, seen)
+    if isinstance(read, str):
+        return read
+    current, lease = read
     if lease is not None and lease_blocks(txn, lease, current, now):
         return "live"
     new = machine.unclaimed(
