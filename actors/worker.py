@@ -171,10 +171,12 @@ def _dequeue(operation_ids: list[str], txn: WriteTxn) -> int:
     return removed
 
 
-def _flag(operation_ids: list[str], resume: bool, txn: WriteTxn) -> None:
+def _mark_resume(operation_ids: list[str], txn: WriteTxn) -> None:
+    """A stopping worker's mark: the next worker resumes these (the opening that takes
+    the lease spends it, ``fenced.acquire``)."""
     for operation_id in operation_ids:
         if txn.get_operation(operation_id) is not None:
-            txn.enqueue(operation_id, resume=resume)
+            txn.enqueue(operation_id, resume=True)
 
 
 def _look(
@@ -478,7 +480,7 @@ class _Worker:
         with trio.CancelScope(shield=True):
             ids = [execution.operation_id for execution in running]
             try:
-                await self.store.write(functools.partial(_flag, ids, True), touches=ids)
+                await self.store.write(functools.partial(_mark_resume, ids), touches=ids)
                 self.report.resumable += len(ids)
             except errors.RecoveryError:
                 pass  # they stay suspended; a host resumes them (send_recovering / submit)
