@@ -14,10 +14,20 @@ The *safety margin* is ``lease_seconds / 6`` before ``expires_at``. An attempt's
 runs in a cancel scope (:meth:`LeaseKeeper.transport_scope`) that only the heartbeat cuts:
 when the lease is lost, or when it reaches its margin and cannot be renewed (the write
 failed, or did not return within half a margin: a hung store; :meth:`LeaseKeeper.watch`).
-A running
-generation is cut only when its lease could no longer be held (seed 000's "no elapsed-time
-deadline on a running generation" holds while the owner is alive and renewing), so that
-before the lease expires, and another owner may claim it, this one has stopped.
+A running generation is cut only when its lease could no longer be held (seed 000's "no
+elapsed-time deadline on a running generation" holds while the owner is alive and
+renewing), so that before the lease expires, and another owner may claim it, this one has
+stopped.
+
+A lease is never lost by its own live owner for being late (issue 36). An execution with
+no transport running (parked until its ``next_attempt_at``, waiting for the host, writing)
+whose lease passes its margin unrenewed (an event loop too busy, a slow disk) is not
+stopped: nothing it does is visible outside the store, and every write it makes is fenced.
+It stops with ``LeaseLost`` only when another owner may have taken over: a renewal found
+the lease taken, fenced out or released, or the lease *expired* without a renewal written.
+Before it starts a transport, an execution waits for its lease to be back within its
+margin (:meth:`LeaseKeeper.fresh`): no generation starts on a lease that may be claimed
+before the stream could be cut.
 
 A process stopped past its expiry (SIGSTOP, an event loop blocked) and woken again is
 not cut by the clock: its first beat renews what nobody claimed meanwhile (an expired
@@ -111,6 +121,8 @@ class LeaseKeeper:
         self.renewal_writes = 0  # store writes made by the heartbeat (one per beat)
         self.renewal_failures = 0  # beats whose write failed (store unavailable)
         self.lost = 0  # leases found lost (or past their margin) by the heartbeat
+        self.late = 0  # times a lease without a transport passed its margin unrenewed
+        self.held_back = 0  # transports that waited for their lease's renewal to start
         self._beat = trio.Event()  # set to make the heartbeat beat now (tests, shutdown)
         self._renewed = trio.Event()  # set (and replaced) after each renewal write
         self._attempted = trio.Event()  # set (and replaced) after each renewal attempt
@@ -190,8 +202,11 @@ class LeaseKeeper:
     async def watch(self) -> None:
         """Cut the executions whose lease reached its safety margin unrenewed: at the
         earliest margin, ask for a beat and give it half a margin (a store that cannot
-        write in that time is hung); what is still at its margin then is lost. A process
-        woken past its margins (it was stopped) so renews before anything is cut."""
+        write in that time is hung); then a lease still at its margin is lost if its
+        transport is running or it has expired, and only late otherwise (see the module
+        docstring: the next renewal decides; meanwhile it is checked every half margin).
+        A process woken past its margins (it was stopped) so renews before anything is
+        cut."""
         while True:
             live = [held for held in self.held.values() if not held.lost]
             earliest = min((self.deadline(held) for held in live), default=math.inf)
@@ -208,9 +223,40 @@ class LeaseKeeper:
             with trio.move_on_after(self.margin / 2):
                 await attempted.wait()
             for held in due:
-                if not held.lost and self.deadline(held) <= trio.current_time():
+                if held.lost or self.deadline(held) > trio.current_time():
+                    continue  # renewed meanwhile (or already stopped)
+                if self._must_stop(held):
                     self.lost += 1
                     held.lose()
+                else:
+                    self.late += 1
+
+    def _must_stop(self, held: HeldLease) -> bool:
+        """A lease past its margin and not renewed: its execution must stop if a transport
+        runs under it (the stream must end before another owner may claim) or the lease
+        has expired (another owner may have claimed it). Otherwise it is only late."""
+        expires_at = held.lease.expires_at
+        return bool(held.transports) or (
+            expires_at is not None and self.wall_clock() >= expires_at
+        )
+
+    async def fresh(self, held: HeldLease) -> None:
+        """Return once the held lease is within its margin (at once, normally), or lost:
+        a transport must not start on a lease past its margin. Beats and waits for each
+        renewal attempt meanwhile; bounded by the lease's expiry, when the watch stops
+        an execution whose lease could not be renewed."""
+        if not held.lost and self.deadline(held) <= trio.current_time():
+            self.held_back += 1
+        while not held.lost and self.deadline(held) <= trio.current_time():
+            attempted = self._attempted
+            self.beat_now()
+            with trio.move_on_after(self.margin / 2):
+                await attempted.wait()
+            if not held.lost and self._must_stop(held) and (
+                self.deadline(held) <= trio.current_time()
+            ):
+                self.lost += 1
+                held.lose()
 
     async def renew(self) -> bool:
         """One beat: renew all held leases in one write; stop the lost ones.
@@ -238,8 +284,11 @@ class LeaseKeeper:
         except errors.RecoveryError:
             self.renewal_failures += 1
             for held in beating:
-                expires_at = held.lease.expires_at
-                if expires_at is not None and self.wall_clock() >= expires_at - self.margin:
+                if (
+                    not held.lost
+                    and self.deadline(held) <= trio.current_time()
+                    and self._must_stop(held)
+                ):
                     self.lost += 1
                     held.lose()
             return False
@@ -289,6 +338,13 @@ class ExecutionLease:
         if self.held is not None:
             self.keeper.drop(self.held)
             self.held = None
+
+    async def fresh(self) -> None:
+        """Before a transport starts: wait until the lease is back within its margin
+        (:meth:`LeaseKeeper.fresh`; at once, normally)."""
+        held = self.held
+        if held is not None and not held.lost:
+            await self.keeper.fresh(held)
 
     @contextmanager
     def transport(self) -> Iterator[None]:

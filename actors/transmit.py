@@ -192,6 +192,8 @@ class Transmitter(OperationCore):
                     # The rate governor, before connecting: waiting for budget spends nothing.
                     await host.governor.admit(self.operation_id, backend.endpoint_id,
                                               authorized.account, estimate, self._sleep_until)
+                    # No stream starts on a lease past its margin (late: renewed first).
+                    await self.guard.fresh()
                     with self.guard.transport():  # the hard deadline: the lease's safety margin
                         if authorized.reattach:  # issue 15: a background POST, checkpointed
                             call = self._background_post(

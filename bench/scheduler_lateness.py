@@ -1,6 +1,7 @@
 """Scheduler lateness with many waiting operations (target p99 <= 10 ms, zero early starts).
 
-Run:  python bench/scheduler_lateness.py [--n 10000] [--spread 10] [--real-n 10000] [--quick]
+Run:  python bench/scheduler_lateness.py [--n 10000] [--spread 10] [--real-n 10000]
+      [--mode sse|websocket] [--quick | --medium] [--collector default|tuned]
 
 1. Bare ``actors.scheduler.Scheduler`` (wall clock ``time.time``): ``--n`` tasks
    each ``wait_until(at)`` with ``at`` spread uniformly over ``--spread`` seconds,
@@ -28,11 +29,21 @@ counted as "not parked" and has no lateness sample, instead of crashing the run.
 Any early wake or early start makes the script exit 1.
 
 ``--quick``: a few seconds (500 bare waiters and 20 real operations over 0.3 s).
+``--medium``: between that and the default (2,000 bare waiters, 300 real operations over
+2 s): enough parked SSE connections for the connection pool's cost per request to show
+(issue 36), still under a minute; ``tests/test_bench_quick.py`` runs it.
+
+``--collector tuned`` runs the whole bench under the garbage-collector setting the
+``batch`` and ``worker`` commands use (``recoverable.cli.gc_tuning``); the default is
+Python's own, as a host embedding the library has it. An operation that fails (any
+``RecoveryError``, e.g. ``LeaseLost``) is counted in ``failures`` by its error type, and
+makes the script exit 1, as an early start does.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import contextvars
 import random
 import shutil
@@ -53,6 +64,7 @@ import _common
 from recoverable.actors.scheduler import Scheduler
 
 import recoverable
+from recoverable.cli.gc_tuning import tuned_collector
 
 ACCOUNT = recoverable.AccountBinding("acct-sched", "api-key")
 CURRENT_OP: contextvars.ContextVar[str] = contextvars.ContextVar("current_op")
@@ -106,8 +118,9 @@ async def bare(n: int, spread: float, lead: float) -> tuple[list[object], int]:
 async def real(
     info: dict[str, Any], n: int, spread: float, lead: float, workdir: str,
     mode: Literal["sse", "websocket"],
-) -> tuple[list[list[object]], int]:
-    """Rows for the real operations, and the number of early wakes + early starts."""
+) -> tuple[list[list[object]], int, int]:
+    """Rows for the real operations, the number of early wakes + early starts, and the
+    number of operations that failed."""
     rng = random.Random(2)
     _common.script_provider(info, [
         {"kind": "rate_limited", "retry_after": lead + rng.uniform(0.0, spread)}
@@ -120,6 +133,7 @@ async def real(
     )
     policy = recoverable.RetryPolicy(initial_backoff=0.0, maximum_backoff=0.0)
     persisted: dict[str, float] = {}  # operation id -> persisted next_attempt_at it parked at
+    failures: dict[str, int] = {}  # error type -> operations that ended with it
     wake_late: list[float] = []
     start_late: list[float] = []
     early_wakes = 0
@@ -179,7 +193,14 @@ async def real(
                         early_starts += 1
                     return True
 
-                value = await rt.send_recovering(handle, response=Answer, authorize=authorize)
+                try:
+                    value = await rt.send_recovering(
+                        handle, response=Answer, authorize=authorize
+                    )
+                except recoverable.RecoveryError as exc:
+                    name = type(exc).__name__
+                    failures[name] = failures.get(name, 0) + 1
+                    return
                 assert isinstance(value, Answer)
 
             t0 = time.time()
@@ -190,13 +211,16 @@ async def real(
     finally:
         store.close()
     note = f"peak waiting {peak_waiting}; run {elapsed:.1f} s"
+    failed = sum(failures.values())
+    if failed:
+        note += "; failures: " + ", ".join(f"{k} {v}" for k, v in sorted(failures.items()))
     if not_parked:
         note += f"; {not_parked} not parked (raise --real-lead)"
     rows = [
         summary(f"real ops: wake ({mode})", wake_late, early_wakes, note),
         summary(f"real ops: attempt start ({mode})", start_late, early_starts),
     ]
-    return rows, early_wakes + early_starts
+    return rows, early_wakes + early_starts, failed
 
 
 def main() -> int:
@@ -212,34 +236,60 @@ def main() -> int:
                         help="real: minimum retry-after (default: 5 s + 5 ms per operation; "
                              "quick: 0.5 s + 5 ms per operation)")
     parser.add_argument("--mode", default="sse", choices=["sse", "websocket"])
-    parser.add_argument("--quick", action="store_true",
-                        help="a few seconds: n=500, real-n=20, spread 0.3 s, lead 0.3 s")
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true",
+                      help="a few seconds: n=500, real-n=20, spread 0.3 s, lead 0.3 s")
+    size.add_argument("--medium", action="store_true",
+                      help="under a minute: n=2000, real-n=300, spread 2 s, lead 1 s")
+    parser.add_argument("--collector", default="default", choices=["default", "tuned"],
+                        help="the garbage collector's setting: Python's (default) or the "
+                             "batch command's (tuned)")
     args = parser.parse_args()
     quick = args.quick
-    n = args.n if args.n is not None else (500 if quick else 10000)
-    spread = args.spread if args.spread is not None else (0.3 if quick else 10.0)
-    bare_lead = args.lead if args.lead is not None else (0.3 if quick else 3.0)
-    real_n = args.real_n if args.real_n is not None else (20 if quick else 10000)
+    size_name = "quick" if quick else "medium" if args.medium else "full"
+    defaults = {  # n, spread, bare lead, real n, real lead base
+        "quick": (500, 0.3, 0.3, 20, 0.5),
+        "medium": (2000, 2.0, 1.0, 300, 1.0),
+        "full": (10000, 10.0, 3.0, 10000, 5.0),
+    }[size_name]
+    n = args.n if args.n is not None else defaults[0]
+    spread = args.spread if args.spread is not None else defaults[1]
+    bare_lead = args.lead if args.lead is not None else defaults[2]
+    real_n = args.real_n if args.real_n is not None else defaults[3]
     _common.raise_fd_limit()
+    with contextlib.ExitStack() as stack:
+        if args.collector == "tuned":
+            stack.enter_context(tuned_collector())
+        return measure(args, n, spread, bare_lead, real_n, defaults[4])
+
+
+def measure(
+    args: argparse.Namespace, n: int, spread: float, bare_lead: float, real_n: int,
+    lead_base: float,
+) -> int:
+    failed = 0
     bare_row, early = trio.run(bare, n, spread, bare_lead)
     rows = [bare_row]
     if real_n:
         lead = (args.real_lead if args.real_lead is not None
-                else (0.5 if quick else 5.0) + 0.005 * real_n)
+                else lead_base + 0.005 * real_n)
         base = tempfile.mkdtemp(prefix="sched-lateness-")
         try:
             with _common.provider_process() as info:
-                real_rows, real_early = trio.run(real, info, real_n, spread, lead, base, args.mode)
+                real_rows, real_early, failed = trio.run(
+                    real, info, real_n, spread, lead, base, args.mode
+                )
                 rows += real_rows
                 early += real_early
         finally:
             shutil.rmtree(base, ignore_errors=True)
-    print(f"scheduler lateness (wakes spread over {spread:g} s)")
+    print(f"scheduler lateness (wakes spread over {spread:g} s; collector: {args.collector})")
     print(_common.table(
         ["what", "samples", "p50 ms", "p99 ms", "max ms", "early", "notes"], rows
     ))
     print(f"early wakes + early starts: {early} (target 0)")
-    return 1 if early else 0
+    print(f"failed operations: {failed} (target 0)")
+    return 1 if early or failed else 0
 
 
 if __name__ == "__main__":

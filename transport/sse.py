@@ -24,6 +24,7 @@ from recoverable.transport.events import (
 )
 from recoverable.transport.idle import IdleTimer
 from recoverable.transport.ratelimit import parse_rate_limit_headers
+from recoverable.transport.shards import ClientShards
 
 from recoverable.outcome import Completed, Interruption, Outcome, Progress, RateLimits
 
@@ -73,20 +74,18 @@ class SseTransport:
     def __init__(self, base_url: str, *, limits: StreamLimits, max_connections: int) -> None:
         self.url = base_url.rstrip("/") + "/responses"
         self._limits = limits
-        self._client = httpx.AsyncClient(
-            limits=httpx.Limits(
-                max_connections=max_connections,
-                max_keepalive_connections=max_connections,
-                keepalive_expiry=30.0,
-            ),
-            # Connect is bounded here; idle time is bounded per event by our own scope.
-            timeout=httpx.Timeout(connect=limits.connect_timeout, read=None, write=None, pool=None),
-            follow_redirects=False,
-            trust_env=False,
+        # Small pools, not one large one: see transport/shards.py (issue 36).
+        self._shards = ClientShards(
+            max_connections=max_connections, connect_timeout=limits.connect_timeout
         )
 
+    @property
+    def clients(self) -> list[httpx.AsyncClient]:
+        """The HTTP clients opened so far (one per pool shard)."""
+        return self._shards.opened
+
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self._shards.aclose()
 
     async def stream(
         self,
@@ -126,7 +125,7 @@ class SseTransport:
                 if before_send is not None:
                     await before_send()
 
-        request = self._client.build_request(
+        request = self._shards.builder.build_request(
             "POST", self.url, content=content, headers=headers, extensions={"trace": trace}
         )
         return await self.exchange(request, state)
@@ -142,13 +141,19 @@ class SseTransport:
         }
         if attempt_id is not None:
             headers["x-client-request-id"] = attempt_id
-        return self._client.build_request(method, url, headers=headers, params=params)
+        return self._shards.builder.build_request(method, url, headers=headers, params=params)
 
     async def fetch(self, request: httpx.Request) -> tuple[int, bytes | None]:
         """Send a small request and read its whole answer: (status, body), the body
         ``None`` when it passed ``max_frame_bytes``. Raises ``httpx.TransportError`` (the
         caller maps it); its time is bounded by the caller."""
-        response = await self._client.send(request, stream=True)
+        with self._shards.client() as client:
+            return await self._fetch(client, request)
+
+    async def _fetch(
+        self, client: httpx.AsyncClient, request: httpx.Request
+    ) -> tuple[int, bytes | None]:
+        response = await client.send(request, stream=True)
         try:
             body = bytearray()
             raw = cast("AsyncGenerator[bytes, None]", response.aiter_raw())
@@ -177,7 +182,10 @@ class SseTransport:
         rate_limits: list[RateLimits] = []
         with idle:
             try:
-                outcome = await self._exchange(request, state, idle, rejected, rate_limits)
+                with self._shards.client() as client:
+                    outcome = await self._exchange(
+                        client, request, state, idle, rejected, rate_limits
+                    )
             except httpx.ConnectTimeout as exc:
                 code = classify_connect_error(exc, default="connect_timeout")
                 outcome = state.interrupt(
@@ -211,6 +219,7 @@ class SseTransport:
 
     async def _exchange(
         self,
+        client: httpx.AsyncClient,
         request: httpx.Request,
         state: ResponseStream,
         idle: trio.CancelScope,
@@ -218,7 +227,7 @@ class SseTransport:
         rate_limits: list[RateLimits],
     ) -> Outcome:
         limits = self._limits
-        response = await self._client.send(request, stream=True)
+        response = await client.send(request, stream=True)
         seen = parse_rate_limit_headers(response.headers.multi_items())
         if seen is not None:
             rate_limits.append(seen)

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import pytest
 import trio
+from recoverable.transport.sse import SseTransport
 
 import recoverable
 from recoverable.testing import FixtureProvider, Reply
@@ -399,12 +400,15 @@ def test_the_blocking_runtime_opens_and_closes_the_backend_in_its_thread(
     served: ProviderThread, store_path: str
 ) -> None:
     backend = make_backend(served.provider, "sse")
-    client = backend._transport._client  # type: ignore[union-attr]  # white-box: httpx pool
+    transport = backend._transport
+    assert isinstance(transport, SseTransport)  # white-box: its httpx pools
     with (
         recoverable.RecoveryStore.open(store_path) as store,
         recoverable.BlockingRuntime(store, backend, account=ACCOUNT) as runtime,
     ):
         handle = runtime.prepare(REQUEST, response=Answer, maximum_attempts=2)
         runtime.send_recovering(handle, response=Answer, authorize=lambda a: True)
-        assert not client.is_closed
-    assert client.is_closed  # pooled connections closed with the runtime, in its own run
+        clients = transport.clients
+        assert clients and not any(client.is_closed for client in clients)
+    # pooled connections closed with the runtime, in its own run
+    assert all(client.is_closed for client in clients)

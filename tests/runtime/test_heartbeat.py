@@ -7,8 +7,9 @@ wall clock is driven explicitly where it decides."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -16,10 +17,13 @@ import trio.testing
 from recoverable.actors.heartbeat import LeaseKeeper, check_lease_seconds
 from recoverable.storage import RecoveryStore, acquire_lease, release_lease
 
+import recoverable
 from recoverable import errors
 from recoverable.records import LeaseRecord
+from recoverable.testing import FixtureProvider
 
 from ..storage.storage_helpers import make_op
+from .conftest import ACCOUNT, REQUEST, Answer, make_backend
 
 
 class Wall:
@@ -83,22 +87,35 @@ async def test_a_lost_lease_stops_its_execution_and_only_it(store: RecoveryStore
     assert stopped == ["taken"]
 
 
-async def test_an_unwritable_renewal_stops_an_execution_at_its_safety_margin(
+async def test_an_unwritable_renewal_cuts_a_stream_at_its_margin_and_a_parked_one_at_expiry(
     tmp_path: Path,
 ) -> None:
+    """A failed renewal write: an execution streaming under the lease stops at its safety
+    margin (the stream must end before another owner may claim); one with no transport
+    running (parked, waiting for the host) is only late there, and stops once its lease
+    has expired (issue 36: never lost by its own owner before anyone else could claim)."""
     wall = Wall(1000.0)
     with RecoveryStore.open(str(tmp_path / "s")) as store:
-        lease = await take(store, "op", wall.now, seconds=30.0)
+        streaming = await take(store, "streaming", wall.now, seconds=30.0)
+        parked = await take(store, "parked", wall.now, seconds=30.0)
     # The store is closed now: every write raises StorageUnavailable.
     keeper = LeaseKeeper(store, lease_seconds=30.0, wall_clock=wall)
     stopped: list[str] = []
-    held = keeper.hold(lease, lambda: stopped.append("op"))
+    held_streaming = keeper.hold(streaming, lambda: stopped.append("streaming"))
+    held_parked = keeper.hold(parked, lambda: stopped.append("parked"))
     wall.now = 1024.9  # margin = 5 s: still before expires_at - margin = 1025
+    with keeper.transport_scope(held_streaming):
+        assert await keeper.renew() is False
+        assert stopped == [] and keeper.renewal_failures == 1
+        wall.now = 1025.0
+        assert await keeper.renew() is False
+    assert stopped == ["streaming"] and held_streaming.lost and not held_parked.lost
+    wall.now = 1029.9
     assert await keeper.renew() is False
-    assert stopped == [] and keeper.renewal_failures == 1
-    wall.now = 1025.0
+    assert stopped == ["streaming"]
+    wall.now = 1030.0  # expired: another owner may claim it now
     assert await keeper.renew() is False
-    assert stopped == ["op"] and held.lost
+    assert stopped == ["streaming", "parked"] and held_parked.lost
 
 
 async def test_an_expired_lease_nobody_claimed_is_renewed_and_its_work_goes_on(
@@ -168,6 +185,146 @@ async def test_a_hung_store_write_still_cuts_at_the_margin(
     await store.write(lambda t: t.put_operation(make_op("plain")))
     plain = await store.write(lambda t: acquire_lease(t, "plain", wall.now))
     assert keeper.deadline(keeper.hold(plain, lambda: None)) == math.inf  # no expiry
+
+
+class GatedStore:
+    """A store whose writes wait for the test to open the gate (a renewal that is late:
+    a busy event loop, a slow disk), then run on the real store."""
+
+    def __init__(self, store: RecoveryStore) -> None:
+        self.store = store
+        self.gate = trio.Event()
+
+    async def write(self, fn: Any, *, touches: object = ()) -> Any:
+        await self.gate.wait()
+        return await self.store.write(fn)
+
+
+def trio_wall(t0: float) -> Callable[[], float]:
+    """A wall clock that moves with Trio's (mock) clock, from 1000.0 at ``t0``."""
+    return lambda: 1000.0 + (trio.current_time() - t0)
+
+
+async def test_a_late_renewal_never_stops_a_parked_execution_before_its_lease_expires(
+    store: RecoveryStore, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Issue 36: an execution with no transport running whose renewal never comes (the
+    write hangs) is late at its margin, not lost; it stops once the lease has expired
+    unrenewed, when another owner may claim it (margin 25 s, expiry 30 s)."""
+    lease = await take(store, "op", 1000.0, seconds=30.0)
+    t0 = trio.current_time()  # after the commit (a thread: autojump may move meanwhile)
+    keeper = LeaseKeeper(HungStore(), lease_seconds=30.0,  # type: ignore[arg-type]
+                         wall_clock=trio_wall(t0))
+    stopped: list[float] = []
+    done = trio.Event()
+
+    def stop() -> None:
+        stopped.append(trio.current_time() - t0)
+        done.set()
+
+    keeper.hold(lease, stop)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(keeper.run)
+        await done.wait()
+        nursery.cancel_scope.cancel()
+    assert stopped == [pytest.approx(30.0)]
+    # Due at its margin (25 s), half a margin given to the renewal: late at 27.5 s; given
+    # another half margin: expired at 30 s, lost.
+    assert keeper.late == 1 and keeper.lost == 1
+
+
+async def test_a_late_lease_is_kept_when_its_renewal_comes_and_a_transport_waits_for_it(
+    store: RecoveryStore,
+) -> None:
+    """Issue 36: the renewal is late (past the margin, the watch found nothing written in
+    half a margin) but the fence still holds: the execution is not stopped, a transport
+    about to start waits for the renewal (``fresh``), and the renewal carries on."""
+    wall = Wall(1000.0)
+    lease = await take(store, "op", wall.now, seconds=30.0)
+    gated = GatedStore(store)
+    keeper = LeaseKeeper(gated, lease_seconds=30.0,  # type: ignore[arg-type]
+                         wall_clock=wall)
+    stopped: list[str] = []
+    held = keeper.hold(lease, lambda: stopped.append("op"))
+    wall.now = 1026.0  # past the margin (1025), before the expiry (1030)
+    fresh_done = trio.Event()
+
+    async def start_transport() -> None:
+        await keeper.fresh(held)
+        fresh_done.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(keeper.run)
+        nursery.start_soon(start_transport)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not fresh_done.is_set() and not held.lost  # waiting for the renewal
+        gated.gate.set()  # the late renewal is written now
+        with trio.fail_after(30):
+            await fresh_done.wait()
+        nursery.cancel_scope.cancel()
+    assert not held.lost and stopped == [] and keeper.lost == 0
+    assert held.lease.expires_at == 1056.0 and store.get_lease("op") == held.lease
+
+
+async def test_a_transport_waiting_on_a_late_lease_taken_over_meanwhile_never_starts(
+    store: RecoveryStore,
+) -> None:
+    """The late renewal finds the operation claimed by another owner (a higher fence):
+    the lease is lost, ``fresh`` returns with it lost, and the transport scope is
+    cancelled before anything is sent."""
+    wall = Wall(1000.0)
+    lease = await take(store, "op", wall.now, seconds=30.0)
+    gated = GatedStore(store)
+    keeper = LeaseKeeper(gated, lease_seconds=30.0,  # type: ignore[arg-type]
+                         wall_clock=wall)
+    stopped: list[str] = []
+    held = keeper.hold(lease, lambda: stopped.append("op"))
+    await store.write(lambda t: release_lease(t, "op", lease.token))
+    await store.write(lambda t: acquire_lease(t, "op", 1001.0, lease_seconds=30.0))
+    wall.now = 1026.0
+    sent = False
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(keeper.run)
+        gated.gate.set()
+        with trio.fail_after(30):
+            await keeper.fresh(held)
+        with keeper.transport_scope(held) as transport:
+            await trio.lowlevel.checkpoint()
+            sent = True
+        nursery.cancel_scope.cancel()
+    assert held.lost and stopped == ["op"] and transport.cancelled_caught and not sent
+
+
+async def test_a_stream_never_starts_on_a_lease_past_its_margin(tmp_path: Path) -> None:
+    """The host's authorization took the lease past its margin (the wall clock moved 26 s
+    of a 30 s lease): the lease is renewed before the POST leaves, so the provider sees
+    the request only once the stored lease runs to the new ``now + 30``."""
+    wall = Wall(1_000_000.0)
+    seen: list[float | None] = []
+    async with FixtureProvider.serve() as provider:
+        with RecoveryStore.open(str(tmp_path / "store")) as store:
+            async with recoverable.open_runtime(
+                store, make_backend(provider, "websocket"), account=ACCOUNT, wall_clock=wall
+            ) as rt:
+                handle = await rt.prepare(REQUEST, response=Answer, maximum_attempts=1)
+                op = handle.operation_id
+                first = store.get_lease(op)
+
+                def arrived(attempt_id: str) -> None:
+                    lease = store.get_lease(op)
+                    seen.append(None if lease is None else lease.expires_at)
+
+                provider.script_for(arrived)
+
+                async def authorize(attempt: recoverable.Attempt) -> bool:
+                    wall.now += 26.0
+                    return True
+
+                value = await rt.send_recovering(handle, response=Answer, authorize=authorize)
+                assert isinstance(value, Answer) and rt.leases.lost == 0
+                assert rt.leases.held_back == 1  # the transport waited for the renewal
+    assert first is None  # prepared, not yet held
+    assert seen == [1_000_026.0 + 30.0]
 
 
 async def test_the_heartbeat_task_renews_on_its_own(store: RecoveryStore) -> None:
