@@ -4,8 +4,9 @@ execution the moment its lease is lost.
 Every lease this runtime holds is registered here (:meth:`LeaseKeeper.hold`) by the
 execution that took it, with the way to stop that execution. One task per runtime
 (:meth:`LeaseKeeper.run`, in the runtime's supervisor nursery) renews, every
-``lease_seconds / 3``, ALL of them in ONE store write (``storage.leases.renew_leases``: the
-group commit), each conditional on its token and fence still being current. A lease found
+``lease_seconds / 3``, ALL of them in one store write per :data:`RENEW_CHUNK` leases
+(``storage.leases.renew_leases``: the group commit), each conditional on its token and
+fence still being current. A lease found
 lost (taken over, fenced out) stops its execution at once, with ``LeaseLost``. A renewal
 that cannot be written (the store is unavailable) is retried sooner, until a lease's
 safety margin is reached: then its execution stops too.
@@ -66,6 +67,10 @@ __all__ = [
     "lease_lost_transition",
 ]
 
+# Leases per renewal write: a beat of thousands is a few short writes, never one that
+# holds the writer (and every write queued behind it) for a third of a second (issue 36:
+# ~30 us a lease on LMDB, so 10,000 leases were one 300 ms write every beat).
+RENEW_CHUNK: Final = 256
 LEASE_SECONDS_MIN: Final = 1.0
 LEASE_SECONDS_MAX: Final = 3600.0
 
@@ -274,29 +279,39 @@ class LeaseKeeper:
         beating = [held for held in self.held.values() if not held.lost]
         if not beating:
             return True
-        now = self.wall_clock()
-        try:
-            renewed, lost = await self.store.write(
-                functools.partial(
-                    _renew, [held.lease for held in beating], now, self.lease_seconds
+        for start in range(0, len(beating), RENEW_CHUNK):
+            chunk = [held for held in beating[start:start + RENEW_CHUNK] if not held.lost]
+            if not chunk:
+                continue
+            try:
+                renewed, lost = await self.store.write(
+                    functools.partial(
+                        _renew, [held.lease for held in chunk], self.wall_clock(),
+                        self.lease_seconds,
+                    )
                 )
-            )
-        except errors.RecoveryError:
-            self.renewal_failures += 1
-            for held in beating:
-                if (
-                    not held.lost
-                    and self.deadline(held) <= trio.current_time()
-                    and self._must_stop(held)
-                ):
-                    self.lost += 1
-                    held.lose()
-            return False
-        self.renewal_writes += 1
+            except errors.RecoveryError:
+                self.renewal_failures += 1
+                for held in beating[start:]:
+                    if (
+                        not held.lost
+                        and self.deadline(held) <= trio.current_time()
+                        and self._must_stop(held)
+                    ):
+                        self.lost += 1
+                        held.lose()
+                return False
+            self.renewal_writes += 1
+            self._apply(chunk, renewed, lost)
         self._renewed.set()
         self._renewed = trio.Event()
+        return True
+
+    def _apply(
+        self, chunk: list[HeldLease], renewed: list[LeaseRecord], lost: list[LeaseRecord]
+    ) -> None:
         fresh = {lease.token: lease for lease in renewed}
-        for held in beating:
+        for held in chunk:
             lease = fresh.get(held.lease.token)
             if lease is not None:
                 held.lease = lease
@@ -305,7 +320,6 @@ class LeaseKeeper:
             if lost_held is not None and lost_held.lease.token == lease.token:
                 self.lost += 1
                 lost_held.lose()
-        return True
 
 
 def _renew(

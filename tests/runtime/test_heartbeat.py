@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from recoverable.actors.heartbeat import LeaseKeeper, check_lease_seconds
+from recoverable.actors.heartbeat import RENEW_CHUNK, LeaseKeeper, check_lease_seconds
 from recoverable.storage import RecoveryStore, acquire_lease, release_lease
 
 import recoverable
@@ -63,6 +63,29 @@ async def test_one_write_renews_every_held_lease(store: RecoveryStore) -> None:
         assert h.lease.expires_at == 1040.0 and not h.lost
         assert store.get_lease(h.lease.operation_id) == h.lease
     assert stopped == []
+
+
+async def test_thousands_of_leases_renew_in_short_writes_of_a_chunk_each(
+    store: RecoveryStore,
+) -> None:
+    """Issue 36: a beat over many leases is one write per RENEW_CHUNK leases (other
+    writes interleave), and every one of them is renewed."""
+    wall = Wall(1000.0)
+    keeper = LeaseKeeper(store, lease_seconds=30.0, wall_clock=wall)
+    ops = [f"op{i:04d}" for i in range(RENEW_CHUNK * 2 + 10)]
+
+    def setup(txn: Any) -> list[LeaseRecord]:
+        for op in ops:
+            txn.put_operation(make_op(op))
+        return [acquire_lease(txn, op, wall.now, lease_seconds=30.0) for op in ops]
+
+    held = [keeper.hold(lease, lambda: None) for lease in await store.write(setup)]
+    wall.now = 1010.0
+    commits = store.stats()["commits"]
+    assert await keeper.renew() is True
+    assert keeper.renewal_writes == 3 and store.stats()["commits"] - commits <= 3
+    assert all(h.lease.expires_at == 1040.0 and not h.lost for h in held)
+    assert all(store.get_lease(h.lease.operation_id) == h.lease for h in held)
 
 
 async def test_a_lost_lease_stops_its_execution_and_only_it(store: RecoveryStore) -> None:
