@@ -38,6 +38,7 @@ from typing import Any, Final
 import psycopg
 from recoverable.storage.base import TABLES
 from recoverable.storage.keys import PAYLOAD_KINDS, hosts_key, operation_key, u64
+from recoverable.storage.pg_operations import INSERT_MANY, columns_of
 from recoverable.storage.pg_sql import SqlCursor, SqlSnapshot, sql_table
 from recoverable.storage.queue import MEMBER, META_QUEUE_SERIAL, ORDER
 
@@ -341,6 +342,10 @@ class BatchSnapshot(SqlSnapshot):
         for db, keys in deletes.items():
             self._execute(f"DELETE FROM {db} WHERE key = ANY(%b)", (keys,))
         for db, (keys, values) in upserts.items():
+            if db == _OPERATIONS:  # with the typed columns of each record (pg_operations)
+                columns = zip(*(columns_of(value) for value in values), strict=True)
+                self._execute(INSERT_MANY, (keys, values, *(list(column) for column in columns)))
+                continue
             self._execute(
                 f"INSERT INTO {db} (key, value) SELECT * FROM unnest(%b::bytea[], %b::bytea[]) "
                 "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",

@@ -12,6 +12,10 @@ owners (one row per opened store: its advisory-lock key and its heartbeat expiry
 server time) and the transaction log (the last batch id of each owner: a commit whose
 acknowledgement was lost is resolved by reading it back, never guessed).
 Version 2: the ``sources`` table (issue 16's source manifest and its index).
+Version 3: ``recoverable_operations`` gains typed columns projected from each record
+(filled for every existing row), their indexes, and the triggers that refuse a falling
+fence or attempts count, a finished phase made live again, a changed admission column
+and a changed frozen body, whatever client writes (``storage/pg_operations.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any, Final
 import psycopg
 from recoverable.storage.base import TABLES
 from recoverable.storage.keys import META_BYTES, META_FORMAT, META_SERIAL
+from recoverable.storage.pg_operations import step_3
 from recoverable.storage.pg_sql import describe, sql_table
 from recoverable.storage.queue import META_QUEUE_SERIAL
 
@@ -31,7 +36,7 @@ __all__ = [
     "schema_version", "upgrade",
 ]
 
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 FORMAT_VERSION: Final = 1  # the record format in meta, as in the LMDB store
 # Advisory locks of this library: (LOCK_NAMESPACE, n). n = 0: the writers' lock (one
 # write transaction at a time, fleet-wide, as LMDB has one writer); n = -1: migrations;
@@ -115,7 +120,7 @@ def _step_2(conn: psycopg.Connection[Any]) -> None:
     )
 
 
-_STEPS: Final = {1: _step_1, 2: _step_2}
+_STEPS: Final = {1: _step_1, 2: _step_2, 3: step_3}
 assert set(_V1_TABLES) | {"sources"} == set(TABLES), "a new logical table needs a step"
 
 

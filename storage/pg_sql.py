@@ -24,12 +24,14 @@ from typing import Any, Final
 import psycopg
 from recoverable.storage import redact
 from recoverable.storage.base import TABLES, Table
+from recoverable.storage.pg_operations import INSERT_ONE, columns_of
 
 from recoverable.errors import StorageUnavailable
 
 __all__ = ["PAGE_ROWS", "SqlCursor", "SqlSnapshot", "sql_table", "table_names"]
 
 PAGE_ROWS: Final = 512  # rows fetched per round trip by a cursor scan
+_OPERATIONS: Final = "recoverable_operations"  # its writes carry typed columns
 
 
 def sql_table(table: Table) -> str:
@@ -126,11 +128,18 @@ class SqlSnapshot:
 
     def replace(self, key: bytes, value: bytes, db: str) -> bytes | None:
         self.written.add(db)
+        if db == _OPERATIONS:
+            old_record = self.get(key, db)
+            self.put(key, value, db)
+            return old_record
         old: bytes | None = self._one(_STATEMENTS[db].replace, (key, key, value))
         return old
 
     def put(self, key: bytes, value: bytes, db: str) -> bool:
         self.written.add(db)
+        if db == _OPERATIONS:  # with the record's typed columns (storage/pg_operations.py)
+            self._execute(INSERT_ONE, (key, value, *columns_of(value)))
+            return True
         self._execute(_STATEMENTS[db].put, (key, value))
         return True
 
