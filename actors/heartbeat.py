@@ -123,7 +123,7 @@ class LeaseKeeper:
         self.lease_seconds = check_lease_seconds(lease_seconds)
         self.wall_clock = wall_clock
         self.held: dict[str, HeldLease] = {}
-        self.renewal_writes = 0  # store writes made by the heartbeat (one per beat)
+        self.renewal_writes = 0  # store writes made by the heartbeat (one per chunk)
         self.renewal_failures = 0  # beats whose write failed (store unavailable)
         self.lost = 0  # leases found lost (or past their margin) by the heartbeat
         self.late = 0  # times a lease without a transport passed its margin unrenewed
@@ -264,10 +264,11 @@ class LeaseKeeper:
                 held.lose()
 
     async def renew(self) -> bool:
-        """One beat: renew all held leases in one write; stop the lost ones.
+        """One beat: renew all held leases (one write per :data:`RENEW_CHUNK`); stop the
+        lost ones.
 
-        Returns False when the write failed (nothing renewed; leases past their safety
-        margin were stopped).
+        Returns False when a write failed (the chunks before it were renewed, the rest
+        not; a lease past its margin was stopped if a stream runs under it or it expired).
         """
         try:
             return await self._renew_held()
