@@ -230,6 +230,8 @@ class LeaseKeeper:
             for held in due:
                 if held.lost or self.deadline(held) > trio.current_time():
                     continue  # renewed meanwhile (or already stopped)
+                if self.held.get(held.lease.operation_id) is not held:
+                    continue  # its execution let go of it meanwhile (it ended)
                 if self._must_stop(held):
                     self.lost += 1
                     held.lose()

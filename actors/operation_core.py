@@ -168,6 +168,12 @@ class OperationCore:
             release_token=lease.token if lease is not None else None,
             now=self.host.now(),
         )
+        if lease is not None:
+            # The write that releases the lease ends the execution: the heartbeat lets go
+            # of it first, so that a renewal racing with it never reads the row it deletes
+            # as a lease taken over (and stops this execution at its very end). No stream
+            # runs now; if the write is late past the expiry, its fence still decides.
+            self.guard.drop()
         try:
             persisted = await self.host.store.write(  # the write is the mutation
                 write, touches=(self.operation_id,)
@@ -187,7 +193,6 @@ class OperationCore:
         self.record = written.record
         if lease is not None:
             self.lease = None
-            self.guard.drop()
         return written
 
     async def _advance(
