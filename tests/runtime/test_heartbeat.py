@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from recoverable.actors.fenced import FencedWrite
 from recoverable.actors.heartbeat import RENEW_CHUNK, LeaseKeeper, check_lease_seconds
 from recoverable.storage import RecoveryStore, acquire_lease, release_lease
 
@@ -412,3 +413,47 @@ async def test_open_runtime_refuses_a_lease_seconds_out_of_bounds(
             raise AssertionError("not reached")  # pragma: no cover
     async with recoverable.open_runtime(store, None, account=None, lease_seconds=2) as rt:
         assert rt.leases.lease_seconds == 2.0 and rt.leases.period == pytest.approx(2 / 3)
+
+
+class RenewDuringRelease:
+    """A store whose execution-ending write (the one that releases the lease) is followed,
+    before it returns to the execution, by a heartbeat renewal: the renewal then finds
+    the lease row already deleted."""
+
+    def __init__(self, store: RecoveryStore) -> None:
+        self._store = store
+        self.keeper: LeaseKeeper | None = None
+        self.raced = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def write(self, fn: Any, *, touches: object = ()) -> Any:
+        result = await self._store.write(fn, touches=touches)  # type: ignore[arg-type]
+        if isinstance(fn, FencedWrite) and fn.release_token is not None:
+            assert self.keeper is not None
+            self.raced += 1
+            assert await self.keeper.renew() is True
+        return result
+
+
+async def test_a_renewal_racing_with_the_releasing_write_never_stops_the_execution(
+    tmp_path: Path,
+) -> None:
+    """The write that saves the receipt also releases the lease; a renewal that runs
+    after it commits, before the execution returns, must not read the deleted row as a
+    lease taken over (it was seen stopping executions at their very end under load)."""
+    async with FixtureProvider.serve() as provider:
+        with RecoveryStore.open(str(tmp_path / "store")) as real:
+            racing = RenewDuringRelease(real)
+            async with recoverable.open_runtime(
+                racing, make_backend(provider, "websocket"),  # type: ignore[arg-type]
+                account=ACCOUNT,
+            ) as rt:
+                racing.keeper = rt.leases
+                handle = await rt.prepare(REQUEST, response=Answer, maximum_attempts=1)
+                value = await rt.send_recovering(
+                    handle, response=Answer, authorize=lambda attempt: True
+                )
+                assert isinstance(value, Answer)
+                assert racing.raced == 1 and rt.leases.lost == 0
