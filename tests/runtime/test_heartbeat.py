@@ -15,7 +15,12 @@ import pytest
 import trio
 import trio.testing
 from recoverable.actors.fenced import FencedWrite
-from recoverable.actors.heartbeat import RENEW_CHUNK, LeaseKeeper, check_lease_seconds
+from recoverable.actors.heartbeat import (
+    RENEW_CHUNK,
+    HeldLease,
+    LeaseKeeper,
+    check_lease_seconds,
+)
 from recoverable.storage import RecoveryStore, acquire_lease, release_lease
 
 import recoverable
@@ -224,6 +229,20 @@ class GatedStore:
         return await self.store.write(fn)
 
 
+async def gated_lease(
+    store: RecoveryStore,
+) -> tuple[Wall, LeaseRecord, GatedStore, LeaseKeeper, list[str], HeldLease]:
+    """A lease of "op" held by a keeper whose renewals wait on a gate (30 s, from 1000)."""
+    wall = Wall(1000.0)
+    lease = await take(store, "op", wall.now, seconds=30.0)
+    gated = GatedStore(store)
+    keeper = LeaseKeeper(gated, lease_seconds=30.0,  # type: ignore[arg-type]
+                         wall_clock=wall)
+    stopped: list[str] = []
+    held = keeper.hold(lease, lambda: stopped.append("op"))
+    return wall, lease, gated, keeper, stopped, held
+
+
 def trio_wall(t0: float) -> Callable[[], float]:
     """A wall clock that moves with Trio's (mock) clock, from 1000.0 at ``t0``."""
     return lambda: 1000.0 + (trio.current_time() - t0)
@@ -263,13 +282,7 @@ async def test_a_late_lease_is_kept_when_its_renewal_comes_and_a_transport_waits
     """Issue 36: the renewal is late (past the margin, the watch found nothing written in
     half a margin) but the fence still holds: the execution is not stopped, a transport
     about to start waits for the renewal (``fresh``), and the renewal carries on."""
-    wall = Wall(1000.0)
-    lease = await take(store, "op", wall.now, seconds=30.0)
-    gated = GatedStore(store)
-    keeper = LeaseKeeper(gated, lease_seconds=30.0,  # type: ignore[arg-type]
-                         wall_clock=wall)
-    stopped: list[str] = []
-    held = keeper.hold(lease, lambda: stopped.append("op"))
+    wall, _, gated, keeper, stopped, held = await gated_lease(store)
     wall.now = 1026.0  # past the margin (1025), before the expiry (1030)
     fresh_done = trio.Event()
 
@@ -296,13 +309,7 @@ async def test_a_transport_waiting_on_a_late_lease_taken_over_meanwhile_never_st
     """The late renewal finds the operation claimed by another owner (a higher fence):
     the lease is lost, ``fresh`` returns with it lost, and the transport scope is
     cancelled before anything is sent."""
-    wall = Wall(1000.0)
-    lease = await take(store, "op", wall.now, seconds=30.0)
-    gated = GatedStore(store)
-    keeper = LeaseKeeper(gated, lease_seconds=30.0,  # type: ignore[arg-type]
-                         wall_clock=wall)
-    stopped: list[str] = []
-    held = keeper.hold(lease, lambda: stopped.append("op"))
+    wall, lease, gated, keeper, stopped, held = await gated_lease(store)
     await store.write(lambda t: release_lease(t, "op", lease.token))
     await store.write(lambda t: acquire_lease(t, "op", 1001.0, lease_seconds=30.0))
     wall.now = 1026.0
