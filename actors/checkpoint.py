@@ -41,6 +41,7 @@ class Checkpointer:
         self._closed = False
         self._response_id: str | None = None
         self._sequence_number: int | None = None
+        self._background: bool | None = None  # what the response object said (Progress)
         self._saved_at = now()
         self.writes = 0  # checkpoint writes of this attempt (bench/reattach.py counts them)
 
@@ -50,6 +51,8 @@ class Checkpointer:
             self._response_id = report.response_id
         if report.sequence_number is not None:
             self._sequence_number = report.sequence_number
+        if report.background is not None and self._background is None:
+            self._background = report.background
         saved = self._saved()
         if saved is None:
             return
@@ -87,7 +90,8 @@ class Checkpointer:
             if record is None or self._saved() is None:
                 continue
             step = reattachment.checkpoint(
-                record, self._attempt_id, self._response_id, self._sequence_number, self._now()
+                record, self._attempt_id, self._response_id, self._sequence_number,
+                self._now(), self._background,
             )
             if not step.changed:
                 continue

@@ -387,6 +387,7 @@ class Sent(Protocol):
     progressed: bool
     response_id: str | None
     sequence_number: int | None
+    background: bool | None  # ``Progress.background`` of the stream
 
 
 def lease_lost_transition(
@@ -403,6 +404,7 @@ def lease_lost_transition(
     kept = reattachment.lease_lost(
         record, last.attempt_id, sent.response_id if sent is not None else None,
         sent.sequence_number if sent is not None else None, ctx.now,
+        sent.background if sent is not None else None,
     )
     if kept is not None:
         return kept  # issue 15: left in flight; the next owner resumes it by its id

@@ -50,6 +50,7 @@ class Sending:
         self.progressed = False  # a progress report arrived
         self.response_id: str | None = None
         self.sequence_number: int | None = None
+        self.background: bool | None = None  # ``Progress.background``
 
 
 class OperationCore:

@@ -19,6 +19,8 @@ to stop the background response (best effort, recorded in telemetry).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import cast
 
 import msgspec
 import trio
@@ -27,10 +29,11 @@ from recoverable.actors.operation_core import Cut, Sending
 from recoverable.actors.transmit import StoppedAtCheckpoint, Transmitter
 from recoverable.storage.base import WriteTransaction
 from recoverable.transport.base import validate_api_key
+from recoverable.transport.connect import CONNECT_CODES, ConnectKind
 from recoverable.transport.ratelimit import estimate_tokens
 
 from recoverable import _killpoints, errors, machine
-from recoverable.outcome import Completed, Progress
+from recoverable.outcome import Completed, Interruption, Outcome, Progress
 from recoverable.records import OperationRecord
 
 # A cancel request to the provider after the operation's cancel is durable: bounded, and
@@ -41,8 +44,18 @@ SERVER_CANCEL_SECONDS = 10.0
 STOPPED = frozenset({"cancelled", "superseded"})
 
 
+def outcome_connect_code(outcome: Outcome) -> ConnectKind | None:
+    """The connect kind of an outcome that never reached the server, else ``None``."""
+    if isinstance(outcome, Interruption) and outcome.transport_code in CONNECT_CODES:
+        return cast(ConnectKind, outcome.transport_code)
+    return None
+
+
 class Reattacher(Transmitter):
     """The transmitter plus the resumption of a saved background response."""
+
+    # (attempt id, resume tries of it started by this execution): spaces the next one.
+    _resume_tries: tuple[str, int] = ("", 0)
 
     async def _reattach(
         self, current: OperationRecord, action: machine.Reattach
@@ -70,19 +83,59 @@ class Reattacher(Transmitter):
             sending.progressed = True
             sending.response_id = report.response_id
             sending.sequence_number = report.sequence_number
+            if report.background is not None:
+                sending.background = report.background
 
         # The attempt is already consumed (its first POST was): a cut is a hard timeout.
         sending.consumed = machine.Transition(current, None, False)
         hard = current.attempt_timeout  # issue 16: it bounds every call of the attempt
 
-        async def resume() -> None:
-            with self.guard.transport():  # the hard deadline: the lease's safety margin
-                call = self._checkpointed(
-                    attempt_id, on_progress, lambda report: client.resume(
+        # Resume tries of one attempt in this execution are spaced by the endpoint's
+        # connect backoff (0.5 s, then 1 s by default): the try before this one lost its
+        # stream, and the server (or a proxy in front of it) may be restarting.
+        tried = self._resume_tries[1] if self._resume_tries[0] == attempt_id else 0
+        self._resume_tries = (attempt_id, tried + 1)
+        gate = host.endpoint_gate(backend.endpoint_id)
+
+        async def connected(report: Callable[[Progress], None]) -> Outcome:
+            """This counted try's GET: one that cannot connect asked nothing and spends
+            nothing of the try; it waits on the endpoint's shared connect backoff (as a
+            POST does) and is sent again, bounded by the gate's ``unreachable_after``,
+            the lease and the attempt's hard timeout."""
+            if tried:
+                await trio.sleep(gate.backoff.delay(tried))
+            first = True
+            while True:
+                try:
+                    ticket = await gate.admit(first=first)
+                except errors.EndpointUnavailable as down:
+                    return Interruption(
+                        kind="disconnected", transport_code=down.kind or "connect_failed",
+                        response_id=action.response_id, sequence_number=action.after,
+                    )
+                first = False
+                outcome: Outcome | None = None
+                try:
+                    outcome = await client.resume(
                         action.response_id, after=action.after, attempt_id=attempt_id,
                         token=token, on_progress=report,
-                    ),
-                )
+                    )
+                finally:
+                    code = None if outcome is None else outcome_connect_code(outcome)
+                    if outcome is None:
+                        gate.abandon(ticket)
+                    elif code is None:
+                        gate.succeeded(ticket)
+                    else:
+                        gate.failed(ticket, code)
+                if code is None:
+                    return outcome
+                host.telemetry.emit("endpoint.unavailable", self.operation_id, kind=code,
+                                    failures=gate.failures)
+
+        async def resume() -> None:
+            with self.guard.transport():  # the hard deadline: the lease's safety margin
+                call = self._checkpointed(attempt_id, on_progress, connected)
                 if hard is None:
                     sending.result = await call
                 else:

@@ -68,6 +68,7 @@ class _Attempt(Sending):
         self.progressed = True
         self.response_id = report.response_id
         self.sequence_number = report.sequence_number
+        self.background = report.background
 
     async def before_send(self) -> None:
         actor = self.actor
@@ -354,7 +355,7 @@ class Transmitter(OperationCore):
         if sending.progressed:
             current = reattachment.checkpoint(
                 current, attempt_id, sending.response_id, sending.sequence_number,
-                self.host.now(),
+                self.host.now(), sending.background,
             ).record
             self.record = current
         return current

@@ -279,6 +279,25 @@ def test_checkpoint_is_only_for_the_attempt_in_flight() -> None:
         reattachment.checkpoint(record(phase="waiting"), "op-1.1", "resp_1", 1, T0)
 
 
+def test_a_response_that_is_not_a_background_one_is_saved_as_not_resumable() -> None:
+    rec = _streaming(1)
+    attempt_id = rec.attempts[-1].attempt_id
+    # The server said background: false (the flag ignored): never resumed, seed 000 decides.
+    ignored = reattachment.checkpoint(rec, attempt_id, "resp_1", 1, T0, background=False)
+    last = ignored.record.attempts[-1]
+    assert last.response_id == "resp_1"
+    assert last.not_resumable == reattachment.BACKGROUND_IGNORED
+    assert reattachment.reattach_target(ignored.record) is None
+    assert reattachment.lease_lost(rec, attempt_id, "resp_1", 3, T0, background=False) is None
+    # Later checkpoints keep it; ``True`` or unknown (``None``) never set it.
+    later = reattachment.checkpoint(ignored.record, attempt_id, "resp_1", 9, T0, True)
+    assert later.record.attempts[-1].not_resumable == reattachment.BACKGROUND_IGNORED
+    for background in (True, None):
+        kept = reattachment.checkpoint(rec, attempt_id, "resp_1", 1, T0, background)
+        assert kept.record.attempts[-1].not_resumable is None
+        assert reattachment.reattach_target(kept.record) is not None
+
+
 def test_checkpoint_due_at_once_for_the_id_then_at_bounded_intervals() -> None:
     blank = AttemptRecord(attempt_id="a", number=1, reason="initial", consumed_at=T0)
     assert reattachment.checkpoint_due(blank, "resp", 0, events_since=0, seconds_since=0)

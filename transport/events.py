@@ -210,6 +210,8 @@ class ResponseStream:
         # response's own output, never assembled from partial events.
         self._resume_after = resume_after
         self.response_id: str | None = response_id
+        # ``background`` of the first response object seen (``Progress.background``).
+        self.background: bool | None = None
         self.sequence_number: int | None = None
         self.had_output = False
         self.had_tool_activity = False
@@ -254,6 +256,7 @@ class ResponseStream:
                 response_id=self.response_id,
                 sequence_number=seq,
                 had_output=self.had_output,
+                background=self.background,
             )
         )
 
@@ -319,6 +322,8 @@ class ResponseStream:
                 raise _Malformed("bad_response_id")
             if self.response_id is None:
                 self.response_id = bounded_response_id(rid)
+        if self.background is None:
+            self.background = response.get("background") is True
         return response
 
     def _learn_usage(self, response: Mapping[str, Any] | None) -> None:

@@ -141,11 +141,38 @@ class FixtureProvider(BackgroundProvider):
         provider.port = listeners[0].socket.getsockname()[1]
         async with trio.open_nursery() as nursery:
             provider._nursery = nursery  # background responses are generated here
-            await nursery.start(trio.serve_listeners, provider._handle, listeners)
+            await nursery.start(provider._listen, listeners)
             try:
                 yield provider
             finally:
                 nursery.cancel_scope.cancel()
+
+    # -- a restart ---------------------------------------------------------------------------
+    async def _listen(
+        self, listeners: list[trio.SocketListener],
+        task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        stopped = trio.Event()
+        self._listening = (trio.CancelScope(), stopped)
+        try:
+            with self._listening[0]:
+                await trio.serve_listeners(self._handle, listeners, task_status=task_status)
+        finally:
+            stopped.set()
+
+    async def stop_listening(self) -> None:
+        """The first half of a restart (a proxy restarted in front of the provider):
+        the port is closed (a connect is refused) and every open connection dropped; the
+        stored background responses keep generating. :meth:`listen_again` reopens it."""
+        scope, stopped = self._listening
+        scope.cancel()
+        await stopped.wait()
+
+    async def listen_again(self) -> None:
+        """The second half of a restart: listen on the same port again."""
+        assert self._nursery is not None
+        listeners = await trio.open_tcp_listeners(self.port, host=self.host, backlog=4096)
+        await self._nursery.start(self._listen, listeners)
 
     # -- HTTP ------------------------------------------------------------------------------
     async def _handle(self, stream: trio.SocketStream) -> None:
@@ -317,7 +344,8 @@ class FixtureProvider(BackgroundProvider):
             rejection = schema_rejection(exc)
             await self._simple(conn, stream, rejection.status, rejection.body, rejection.headers)
             return True
-        if obj.get("background") is True:  # stored, generated whether or not it is read
+        if obj.get("background") is True and not self.ignore_background:
+            # Stored, generated whether or not it is read.
             return await self._background_sse(conn, stream, reply, events)
         await self._sse_head(conn, stream)
         limit = reply_prefix(reply, events)

@@ -186,6 +186,13 @@ class BackgroundProvider(ProviderState):
         self._resume_rng = faults.resume_chooser() if faults else random.Random(0)
         self._retrievals_changed = trio.Event()
         self._nursery: trio.Nursery | None = None
+        # Behaviours of servers that do not keep the background contract (set them on a
+        # running provider): ``ignore_background`` answers a background POST as a plain
+        # one (nothing stored, ``background: false`` in its response object, its id a
+        # 404 later); ``resumes_as_objects`` answers every resume GET as a plain
+        # retrieve (the response object as JSON; ``ResumeFault.as_object()`` for one).
+        self.ignore_background = False
+        self.resumes_as_objects = False
 
     # -- the public surface --------------------------------------------------------------
     def stored_response(self, response_id: str) -> StoredResponse | None:
@@ -412,6 +419,9 @@ class BackgroundProvider(ProviderState):
         fault = self._next_resume_fault() if stored is not None else None
         if fault is not None and fault.kind == "expired":
             self.expire(rid)
+        if streaming and stored is not None and (self.resumes_as_objects or (
+                fault is not None and fault.kind == "object")):
+            streaming, fault = False, None  # ``stream`` and ``starting_after`` dropped
         answer = ("not_found" if stored is None else fault.kind if fault is not None
                   else "stream" if streaming else "object")
         index = self._record_retrieval(RecordedRetrieval(

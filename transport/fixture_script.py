@@ -297,7 +297,7 @@ def _headers(headers: Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
 
 
 # -- faults on the retrieval of a stored response (issue 15) -----------------------------
-ResumeFaultKind = Literal["not_found", "expired", "disconnect", "stall"]
+ResumeFaultKind = Literal["not_found", "expired", "disconnect", "stall", "object"]
 _RESUME_KINDS: frozenset[str] = frozenset(get_args(ResumeFaultKind))
 
 
@@ -309,7 +309,10 @@ class ResumeFault:
     response expires now (this GET and every later one is a 404); ``disconnect``: a resume
     stream drops after ``after_events`` events (a plain retrieve: the connection drops
     before the answer); ``stall``: a resume stream goes silent after ``after_events``
-    events until the client goes away (a plain retrieve: no answer at all)."""
+    events until the client goes away (a plain retrieve: no answer at all); ``object``: a
+    resume GET is answered as a plain retrieve (``200 application/json``, the response
+    object as it is now), as a server that drops ``stream`` and ``starting_after`` does
+    (the LiteLLM proxy)."""
 
     kind: ResumeFaultKind
     after_events: int = 0
@@ -329,6 +332,10 @@ class ResumeFault:
     @classmethod
     def stall(cls, after_events: int = 1) -> ResumeFault:
         return cls("stall", _count(after_events))
+
+    @classmethod
+    def as_object(cls) -> ResumeFault:
+        return cls("object")
 
     def to_spec(self) -> dict[str, Any]:
         spec: dict[str, Any] = {"kind": self.kind}

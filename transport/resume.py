@@ -7,7 +7,9 @@ limited time. ``ReattachClient`` speaks the wire contract of
 
 - ``stream``: ``POST /responses`` (SSE), as ``SseTransport.stream``;
 - ``resume``: ``GET /responses/{id}?stream=true&starting_after=N``, the rest of the event
-  stream (events at or below ``N`` are skipped if a server repeats them);
+  stream (events at or below ``N`` are skipped if a server repeats them); a server that
+  answers it with the response object (``200 application/json``: it dropped ``stream``)
+  is read as a retrieve, and polled while the response is still running;
 - ``retrieve``: ``GET /responses/{id}``, the response object and its ``status``;
 - ``cancel``: ``POST /responses/{id}/cancel``, best effort.
 
@@ -31,6 +33,7 @@ import httpx
 import msgspec
 import trio
 from recoverable.transport.base import StreamLimits
+from recoverable.transport.connect import classify_connect_error
 from recoverable.transport.events import RESUMED_WITHOUT_OUTPUT, ResponseStream
 from recoverable.transport.sse import SseTransport
 
@@ -43,6 +46,12 @@ __all__ = ["CancelResult", "ReattachClient"]
 CancelResult = Literal["cancelled", "ended", "gone", "failed"]
 
 _GONE: Final = frozenset({404, 410})
+# A response still running when read as an object (a server that answers a resume GET
+# with the response object): retrieved again after POLL_FIRST seconds, doubling up to
+# POLL_MOST, for at most POLL_FOR_AT_MOST seconds per resume try.
+POLL_FIRST: Final = 0.5
+POLL_MOST: Final = 5.0
+POLL_FOR_AT_MOST: Final = 900.0
 _RUNNING: Final = frozenset({"queued", "in_progress"})
 
 
@@ -121,8 +130,14 @@ class ReattachClient:
         )
         request = http.request("GET", self._url(response_id), token=token,
                                attempt_id=attempt_id, params=params, stream=True)
+        objects: list[bytes] = []
         async with self._slots:
-            outcome = await http.exchange(request, state)
+            outcome = await http.exchange(request, state, objects)
+        if objects:  # answered as a retrieve: the response object, not its events
+            return await self._poll(
+                response_id, self._read(response_id, 200, objects[0]),
+                attempt_id=attempt_id, token=token,
+            )
         if isinstance(outcome, Interruption):
             if outcome.kind == "http_rejected" and state.events == 0:
                 # The GET itself was answered with an error status (no event was read).
@@ -147,7 +162,28 @@ class ReattachClient:
         fetched = await self._fetch(http, request)
         if isinstance(fetched, Interruption):
             return fetched
-        status, body = fetched
+        return self._read(response_id, *fetched)
+
+    async def _poll(
+        self, response_id: str, final: Outcome | None, *, attempt_id: str, token: str
+    ) -> Outcome:
+        """A response object that says the response is still running (``final`` None):
+        retrieve it again, spaced ``POLL_FIRST`` doubling to ``POLL_MOST`` seconds, until
+        it ended, for at most ``POLL_FOR_AT_MOST`` seconds (then a ``timeout``: the
+        caller's bound of resume tries decides). Every enclosing bound (the lease, the
+        attempt's hard timeout, a suspend or cancel) cuts it as it cuts a stream."""
+        delay = POLL_FIRST
+        with trio.move_on_after(POLL_FOR_AT_MOST):
+            while final is None:
+                await trio.sleep(delay)
+                delay = min(POLL_MOST, delay * 2)
+                final = await self.retrieve(response_id, attempt_id=attempt_id, token=token)
+            return final
+        return Interruption(kind="timeout", transport_code="poll_timeout",
+                            response_id=response_id)
+
+    def _read(self, response_id: str, status: int, body: bytes | None) -> Outcome | None:
+        """An answered retrieve (status, whole body) as ``retrieve`` returns it."""
         if status in _GONE:
             return _gone(response_id, status, "response_gone")
         if not 200 <= status < 300:
@@ -194,6 +230,15 @@ class ReattachClient:
             try:
                 async with self._slots:
                     return await http.fetch(request)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                # Never connected (nothing was asked): a connect code, as a stream's.
+                code = classify_connect_error(exc, default=(
+                    "connect_timeout" if isinstance(exc, httpx.ConnectTimeout)
+                    else "connect_failed"))
+                return Interruption(
+                    kind="timeout" if code == "connect_timeout" else "disconnected",
+                    transport_code=code,
+                )
             except httpx.TimeoutException:
                 return Interruption(kind="timeout", transport_code="http_timeout")
             except httpx.TransportError:

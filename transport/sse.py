@@ -28,7 +28,10 @@ from recoverable.transport.shards import ClientShards
 
 from recoverable.outcome import Completed, Interruption, Outcome, Progress, RateLimits
 
-__all__ = ["SseTransport", "add_field"]
+__all__ = ["RESPONSE_OBJECT", "SseTransport", "add_field"]
+
+# ``exchange``'s code for an answer that was a JSON object, not a stream (``objects``).
+RESPONSE_OBJECT = "response_object"
 
 
 def add_field(body: bytes, field: bytes) -> bytes:
@@ -155,22 +158,34 @@ class SseTransport:
     ) -> tuple[int, bytes | None]:
         response = await client.send(request, stream=True)
         try:
-            body = bytearray()
-            raw = cast("AsyncGenerator[bytes, None]", response.aiter_raw())
-            async with contextlib.aclosing(raw) as chunks:
-                async for chunk in chunks:
-                    body += chunk
-                    if len(body) > self._limits.max_frame_bytes:
-                        return response.status_code, None
-            return response.status_code, bytes(body)
+            return response.status_code, await self._whole_body(response)
         finally:
             with trio.CancelScope(shield=True):
                 await response.aclose()
 
-    async def exchange(self, request: httpx.Request, state: ResponseStream) -> Outcome:
+    async def _whole_body(self, response: httpx.Response) -> bytes | None:
+        """The answer's whole body, ``None`` once it passed ``max_frame_bytes``."""
+        body = bytearray()
+        raw = cast("AsyncGenerator[bytes, None]", response.aiter_raw())
+        async with contextlib.aclosing(raw) as chunks:
+            async for chunk in chunks:
+                body += chunk
+                if len(body) > self._limits.max_frame_bytes:
+                    return None
+        return bytes(body)
+
+    async def exchange(
+        self, request: httpx.Request, state: ResponseStream, objects: list[bytes] | None = None
+    ) -> Outcome:
         """Send ``request`` and read its SSE answer into ``state`` under every bound of
         ``StreamLimits`` (connect, idle, frame, total bytes, events); never raises for a
-        transport or provider problem."""
+        transport or provider problem.
+
+        ``objects``: a resume GET's answer may be a JSON object instead of a stream (a
+        server that drops ``stream``); its body (bounded by ``max_frame_bytes``) is then
+        appended to ``objects`` and the outcome is ``malformed`` with
+        :data:`RESPONSE_OBJECT` for the caller to read it. Without ``objects`` such an
+        answer is ``malformed`` (``unexpected_content_type``)."""
         limits = self._limits
         idle = trio.CancelScope()
         # The first event must arrive within connect + idle; afterwards idle per event.
@@ -184,7 +199,7 @@ class SseTransport:
             try:
                 with self._shards.client() as client:
                     outcome = await self._exchange(
-                        client, request, state, idle, rejected, rate_limits
+                        client, request, state, idle, rejected, rate_limits, objects
                     )
             except httpx.ConnectTimeout as exc:
                 code = classify_connect_error(exc, default="connect_timeout")
@@ -225,6 +240,7 @@ class SseTransport:
         idle: trio.CancelScope,
         rejected: list[tuple[httpx.Response, bytearray]],
         rate_limits: list[RateLimits],
+        objects: list[bytes] | None,
     ) -> Outcome:
         limits = self._limits
         response = await client.send(request, stream=True)
@@ -237,8 +253,16 @@ class SseTransport:
                 body = bytearray()
                 rejected.append((response, body))
                 return await self._rejected(response, body, state)
-            ctype = response.headers.get("content-type", "")
-            if not ctype.lower().startswith("text/event-stream"):
+            ctype = response.headers.get("content-type", "").lower()
+            if objects is not None and ctype.startswith("application/json"):
+                whole = await self._whole_body(response)
+                if whole is None:
+                    return state.interrupt("response_too_large",
+                                           transport_code="frame_too_large")
+                objects.append(whole)
+                return state.interrupt("malformed", http_status=response.status_code,
+                                       transport_code=RESPONSE_OBJECT)
+            if not ctype.startswith("text/event-stream"):
                 return state.interrupt(
                     "malformed", http_status=response.status_code,
                     transport_code="unexpected_content_type",

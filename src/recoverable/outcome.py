@@ -282,6 +282,11 @@ class Progress(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     response_id: str | None
     sequence_number: int | None
     had_output: bool
+    # What the response object said of ``background`` when the stream first carried one
+    # (``response.created``): ``True``/``False``; ``None`` until a response object was seen.
+    # A background POST answered ``False`` went to a server that ignored the flag (a
+    # proxy bridging to another API): its response id cannot be resumed.
+    background: bool | None = None
 
     def __post_init__(self) -> None:
         _bound_id(self)

@@ -43,6 +43,7 @@ from recoverable.transitions import (
 )
 
 __all__ = [
+    "BACKGROUND_IGNORED",
     "CHECKPOINT_EVERY_EVENTS",
     "CHECKPOINT_EVERY_SECONDS",
     "MAX_REATTACHMENTS",
@@ -72,6 +73,10 @@ REATTACHABLE_KINDS: Final = frozenset({"disconnected", "timeout", "premature_eof
 # CHECKPOINT_EVERY_EVENTS events or CHECKPOINT_EVERY_SECONDS, whichever comes first (the
 # response id is saved at once, with ``response.created``). bench/reattach.py measures it.
 CHECKPOINT_EVERY_EVENTS: Final = 256
+# ``AttemptRecord.not_resumable``: the server answered a background POST with a response
+# that is not a background one (``background`` absent or false): it stores nothing to
+# resume (the LiteLLM proxy, bridging a model to chat completions, drops the flag).
+BACKGROUND_IGNORED: Final = "background_ignored"
 CHECKPOINT_EVERY_SECONDS: Final = 1.0
 
 
@@ -86,6 +91,8 @@ def reattach_target(rec: OperationRecord) -> AttemptRecord | None:
         return None
     last = rec.attempts[-1]
     if last.response_id is None or last.reattachments >= MAX_REATTACHMENTS:
+        return None
+    if last.not_resumable is not None:
         return None
     if last.outcome == "in_flight":
         return last
@@ -195,18 +202,25 @@ def checkpoint(
     response_id: str | None,
     sequence_number: int | None,
     now: float,
+    background: bool | None = None,
 ) -> Transition:
     """Save the attempt's reattachment checkpoint (a fenced write by the driver).
 
     The response id is taken once (the first one seen; the stream of one attempt is one
     response) and the cursor only moves forward: an event at or below the saved number
-    is never applied twice, so the saved number never goes backwards.
+    is never applied twice, so the saved number never goes backwards. ``background``
+    is what the stream's response object said (``Progress.background``): ``False`` on an
+    operation prepared with ``reattach=True`` means the server ignored the flag, and the
+    attempt is saved as not resumable (``not_resumable="background_ignored"``: no resume
+    GET is ever spent on it; seed 000 replaces it after an interruption).
     """
     last = require_in_flight("checkpoint", rec, attempt_id)
+    ignored = rec.reattach and background is False and last.not_resumable is None
     saved = msgspec.structs.replace(
         last,
         response_id=last.response_id or response_id,
         sequence_number=_later(last.sequence_number, sequence_number),
+        not_resumable=BACKGROUND_IGNORED if ignored else last.not_resumable,
     )
     if saved == last:
         return moved(rec, rec, None)
@@ -258,11 +272,12 @@ def lease_lost(
     response_id: str | None,
     sequence_number: int | None,
     now: float,
+    background: bool | None = None,
 ) -> Transition | None:
     """An execution lost its lease mid-stream: when the attempt can be resumed it stays in
     flight with its latest checkpoint (the next owner reattaches; no reattachment is
     counted for a GET that never happens). ``None``: close it as an interruption."""
     if not rec.reattach:
         return None
-    step = checkpoint(rec, attempt_id, response_id, sequence_number, now)
+    step = checkpoint(rec, attempt_id, response_id, sequence_number, now, background)
     return step if reattach_target(step.record) is not None else None

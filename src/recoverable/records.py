@@ -96,6 +96,10 @@ class AttemptRecord(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields
     # Issue 15: the provider was asked to cancel this attempt's background response after
     # the operation was cancelled (best effort; None = not asked).
     server_cancel: str | None = None
+    # Why this attempt's saved response id cannot be resumed (None: it can, as far as is
+    # known): ``"background_ignored"`` when the server's response object did not say
+    # ``background: true`` (a proxy that dropped the flag; nothing is stored to resume).
+    not_resumable: str | None = None
 
     @property
     def reattached(self) -> bool:

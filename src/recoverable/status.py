@@ -149,6 +149,7 @@ def _summary(attempt: AttemptRecord, lease_live: bool) -> AttemptSummary:
         reattachments=attempt.reattachments,
         reattached=attempt.reattached,
         server_cancel=attempt.server_cancel,
+        not_resumable=attempt.not_resumable,
     )
 
 

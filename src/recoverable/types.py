@@ -196,6 +196,9 @@ class AttemptSummary(msgspec.Struct, frozen=True, kw_only=True):
     reattachments: int = 0
     reattached: bool = False
     server_cancel: str | None = None
+    # Why its saved response id cannot be resumed (``"background_ignored"``: the server
+    # did not keep it as a background response); None: nothing known against it.
+    not_resumable: str | None = None
 
 
 class ContinuationStatus(msgspec.Struct, frozen=True, kw_only=True):

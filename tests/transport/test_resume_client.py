@@ -14,8 +14,9 @@ from typing import Any
 import attrs
 import msgspec
 import trio
+from background_helpers import step_until
 from recoverable.transport.events import RESUMED_WITHOUT_OUTPUT, ResponseStream
-from recoverable.transport.resume import final_state
+from recoverable.transport.resume import POLL_FOR_AT_MOST, POLL_MOST, final_state
 from transport_helpers import make_body
 
 import recoverable
@@ -177,5 +178,34 @@ async def test_an_unreachable_provider_is_a_typed_interruption() -> None:
     with trio.fail_after(60):  # a guard, never a barrier: connect is refused at once
         outcome = await backend.reattachment.retrieve("resp_x", attempt_id="op.1", token="t")
         assert isinstance(outcome, Interruption) and outcome.kind == "disconnected"
+        # Typed as a connect failure: the caller knows nothing was asked of the server.
+        assert outcome.transport_code == "connect_refused"
         assert await backend.reattachment.cancel("resp_x", token="t") == "failed"
     await backend.aclose()
+
+
+async def test_a_resume_answered_as_a_running_object_is_polled_for_a_bounded_time(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    # A response that generates for hours (an event a minute), behind a server that answers
+    # every resume GET with the response object: polled, spaced up to POLL_MOST seconds,
+    # then given up as a timeout after POLL_FOR_AT_MOST (the caller's tries decide).
+    results: list[Any] = []
+    async with FixtureProvider.serve(deltas=(200, 200), event_delay=60.0) as provider:
+        async with _backend(provider) as backend, trio.open_nursery() as nursery:
+            async def resume() -> None:
+                cut = await _cut_response(provider, backend)
+                assert cut.response_id is not None
+                provider.resumes_as_objects = True
+                results.append(await backend.reattachment.resume(
+                    cut.response_id, after=cut.sequence_number, attempt_id="op_t.1",
+                    token="sk-t"))
+
+            nursery.start_soon(resume)
+            await step_until(mock_clock, lambda: bool(results))
+    [outcome] = results
+    assert isinstance(outcome, Interruption) and outcome.kind == "timeout"
+    assert outcome.transport_code == "poll_timeout"
+    polls = [get for get in provider.retrievals if get.kind == "retrieve"]
+    # 0.5 + 1 + 2 + 4 s, then one every POLL_MOST seconds, to the bound.
+    assert POLL_FOR_AT_MOST / POLL_MOST - 5 <= len(polls) <= POLL_FOR_AT_MOST / POLL_MOST + 5
