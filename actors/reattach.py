@@ -102,8 +102,6 @@ class Reattacher(Transmitter):
             nothing of the try; it waits on the endpoint's shared connect backoff (as a
             POST does) and is sent again, bounded by the gate's ``unreachable_after``,
             the lease and the attempt's hard timeout."""
-            if tried:
-                await trio.sleep(gate.backoff.delay(tried))
             first = True
             while True:
                 try:
@@ -134,6 +132,8 @@ class Reattacher(Transmitter):
                                     failures=gate.failures)
 
         async def resume() -> None:
+            if tried:  # interruptible, but no call of the attempt: outside its hard timeout
+                await trio.sleep(gate.backoff.delay(tried))
             with self.guard.transport():  # the hard deadline: the lease's safety margin
                 call = self._checkpointed(attempt_id, on_progress, connected)
                 if hard is None:
