@@ -86,7 +86,7 @@ class ResponsesBackend:
     one shared connect backoff per endpoint (``transport.connect.EndpointGate``).
 
     Use it as ``async with backend:`` to reuse WebSocket connections (a pool
-    keyed by URL and token fingerprint); outside that, each WebSocket stream
+    keyed by URL, token fingerprint and model); outside that, each WebSocket stream
     opens its own connection. SSE always reuses HTTP connections.
 
     ``base_url`` is the HTTP(S) API base (``.../v1``) in both modes; a ``ws(s)://``

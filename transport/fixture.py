@@ -115,6 +115,7 @@ class FixtureProvider(BackgroundProvider):
         deltas: tuple[int, int] | None = None,
         event_delay: float = 0.0,
         background_ttl: float = DEFAULT_BACKGROUND_TTL,
+        ws_bind_model: bool = False,
     ) -> AsyncIterator[FixtureProvider]:
         """Serve until exit. ``reply_delay``: seconds every generation request is held
         after it is recorded and before its reply starts (a slow provider: it makes
@@ -132,10 +133,16 @@ class FixtureProvider(BackgroundProvider):
 
         ``event_delay``: seconds between two events of a background response's generation
         (0: all at once); ``background_ttl``: seconds a background response stays
-        retrievable (``expire()`` ends one at once). See ``fixture_background``."""
+        retrievable (``expire()`` ends one at once). See ``fixture_background``.
+
+        ``ws_bind_model``: act like the LiteLLM proxy, which binds a WebSocket session to
+        the model of its first ``response.create``: a later create for another model on
+        that connection is recorded and answered with a ``server_error`` ``error`` event
+        (reply kind ``error_event``; nothing generated, no token counted)."""
         provider = cls(faults=faults, reply_delay=reply_delay, tpm_limit=tpm_limit,
                        rate_burst_seconds=rate_burst_seconds, deltas=deltas,
-                       event_delay=event_delay, background_ttl=background_ttl)
+                       event_delay=event_delay, background_ttl=background_ttl,
+                       ws_bind_model=ws_bind_model)
         listeners = await trio.open_tcp_listeners(port, host=host, backlog=4096)
         provider.host = host
         provider.port = listeners[0].socket.getsockname()[1]
@@ -430,6 +437,11 @@ def _parser() -> argparse.ArgumentParser:
         help="how long a background response stays retrievable (default "
         f"{DEFAULT_BACKGROUND_TTL:g})",
     )
+    parser.add_argument(
+        "--ws-bind-model", action="store_true",
+        help="bind a WebSocket connection to the model of its first response.create, as "
+        "the LiteLLM proxy does: a create for another model on it gets a server_error event",
+    )
     return parser
 
 
@@ -484,7 +496,7 @@ def fixture_main(argv: list[str]) -> int:
                 host=args.host, port=args.port, faults=faults, reply_delay=args.reply_delay,
                 tpm_limit=args.tpm_limit, rate_burst_seconds=args.rate_burst_seconds,
                 deltas=args.deltas, event_delay=args.event_delay,
-                background_ttl=args.background_ttl,
+                background_ttl=args.background_ttl, ws_bind_model=args.ws_bind_model,
             ) as provider:
                 provider.script(script)
                 line = {

@@ -113,6 +113,7 @@ class ProviderState:
         tpm_limit: int | None = None,
         rate_burst_seconds: float = 60.0,
         deltas: tuple[int, int] | None = None,
+        ws_bind_model: bool = False,
     ) -> None:
         if not reply_delay >= 0.0:
             raise InvalidRequest("reply_delay must be >= 0 seconds")
@@ -130,7 +131,13 @@ class ProviderState:
             raise InvalidRequest(
                 f"deltas must be (low, high) with 1 <= low <= high <= {MAX_DELTAS}"
             )
+        if not isinstance(ws_bind_model, bool):
+            raise InvalidRequest("ws_bind_model must be True or False")
         self.faults = faults
+        # As the LiteLLM proxy does: a WebSocket connection is bound to the model of its
+        # first ``response.create``, and a create for another model on it is answered
+        # with a ``server_error`` event that never reaches the upstream.
+        self.ws_bind_model = ws_bind_model
         # How many delta events a text answer is streamed in: None, four (the default
         # stream); else from ``low`` to ``high``, chosen per reply by its serial number.
         self.deltas = deltas

@@ -4,12 +4,18 @@ Several ``response.create`` per connection, one at a time. The handshake answer 
 ``x-accepts-client-request-id-field: 1``: a client that sees it puts the attempt id of a
 request sent over a *reused* connection in the message's ``client_request_id`` field,
 which the fixture records and strips. The real API sends no such header.
+
+With ``ws_bind_model`` the connection is bound to the model of its first served
+``response.create``, as the LiteLLM proxy binds a session: a later create for another
+model is recorded and answered with a ``server_error`` event (nothing generated, the
+connection stays open).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import h11
 import msgspec
 import trio
@@ -46,6 +52,24 @@ BACKGROUND_REFUSED: dict[str, Any] = {"type": "error", "status": 400, "error": {
 
 __all__ = ["serve_websocket", "text_frame"]
 
+# What a proxy bound to another model answers (an ``error`` event, no status).
+MODEL_MISMATCH = Reply.error_event("server_error", "server_error", after_events=0)
+
+
+@attrs.define
+class _Session:
+    """What one WebSocket connection remembers across its creates."""
+
+    bound: bool = False
+    model: Any = None
+
+    def refuses(self, model: Any) -> bool:
+        """Whether a create for ``model`` is refused; the first one binds the session."""
+        if not self.bound:
+            self.bound, self.model = True, model
+            return False
+        return bool(model != self.model)
+
 
 def text_frame(payload: bytes) -> bytes:
     """One whole server text message as a single unmasked frame (RFC 6455 section 5.2):
@@ -71,6 +95,7 @@ async def serve_websocket(
     headers = redacted_headers(request.headers)
     attempt_id = headers.get("x-client-request-id")
     pending: Reply | None = None
+    session = _Session()
     accepted = False
     parts: list[str] = []
     size = 0
@@ -120,7 +145,7 @@ async def serve_websocket(
                 reply_used = pending
                 pending = None
                 keep = await _ws_create(
-        state, ws, stream, headers, attempt_id, text, reply_used, where
+                    state, ws, stream, headers, attempt_id, text, reply_used, where, session
                 )
                 attempt_id = None  # later requests on this connection carry no header
                 if keep is None:  # refused before any reply: the next create gets it
@@ -148,6 +173,7 @@ async def _ws_create(
     text: str,
     reply: Reply | None,
     where: list[int],
+    session: _Session,
 ) -> bool | None:
     """Answer one create: whether the connection goes on (None: it does, and ``reply``
     was not used)."""
@@ -172,8 +198,11 @@ async def _ws_create(
                       (where[0], where[1]))
         await _ws_send(ws, stream, BACKGROUND_REFUSED)
         return None
-    limited = state._admit_tokens(canonical)
-    if limited is not None:
+    if state.ws_bind_model and session.refuses(obj.get("model")):
+        # Refused before the upstream: no token is counted and no scripted reply is
+        # drawn. Never the connection's first served create, so ``reply`` is None here.
+        reply = MODEL_MISMATCH
+    elif (limited := state._admit_tokens(canonical)) is not None:
         reply = limited
     elif reply is None:
         reply = state.next_reply(attempt_id)

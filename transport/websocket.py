@@ -3,16 +3,21 @@
 Each connection lives in a small keeper task (``open_websocket_url`` needs a
 nursery for its reader). With a long-lived nursery (the backend entered with
 ``async with``) finished connections go back to an idle pool keyed by
-(url, token fingerprint) and are reused; one response is in flight per
+(url, token fingerprint, model) and are reused; one response is in flight per
 connection, and a connection whose stream ended in any interruption is closed.
 Without that nursery every stream uses its own connection.
+
+The model is part of the key because a proxy may bind a WebSocket session to the model
+of its first ``response.create`` (LiteLLM does): a request for another model on that
+socket is answered with an ``error`` event and never reaches the upstream, so reusing
+it across models would spend an attempt.
 """
 
 from __future__ import annotations
 
 import ssl
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Final
 from urllib.parse import urlsplit
 
 import attrs
@@ -34,7 +39,10 @@ from recoverable.transport.sse import add_field
 
 from recoverable.outcome import Completed, Interruption, Outcome, Progress
 
-__all__ = ["WebSocketTransport", "websocket_url"]
+__all__ = ["WebSocketTransport", "body_model", "websocket_url"]
+
+# A pooled connection's key: (WebSocket URL, token fingerprint, model).
+PoolKey = tuple[str, str, str]
 
 _DISCONNECT_TIMEOUT = 2.0
 # A server that says so in its handshake answer (the fixture provider; never the real
@@ -47,6 +55,27 @@ def _with_request_id(ws: trio_websocket.WebSocketConnection, message: str, attem
     if _ACCEPTS_ID_FIELD not in ws.handshake_headers:
         return message
     return '{"client_request_id":' + msgspec.json.encode(attempt_id).decode() + "," + message[1:]
+
+
+class _Model(msgspec.Struct):
+    model: str | None = None
+
+
+# Only the top-level ``model`` is decoded: msgspec skips every other member (the input
+# included) without building it, so this costs about as much as one scan of the body.
+_decode_model: Final = msgspec.json.Decoder(_Model).decode
+
+
+def body_model(body: bytes) -> str:
+    """The ``model`` of a frozen create body, part of its connection's pool key.
+
+    A body whose model cannot be read (none, not a string, not JSON) gets ``""``: it
+    still streams, and shares its pooled connections only with other such bodies.
+    """
+    try:
+        return _decode_model(body).model or ""
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return ""
 
 
 def websocket_url(base_url: str) -> str:
@@ -63,7 +92,7 @@ class _Connection:
     ws: trio_websocket.WebSocketConnection
     release: trio.Event
     scope: trio.CancelScope
-    key: tuple[str, str]
+    key: PoolKey
 
     def close(self) -> None:
         """Graceful close (close handshake, bounded by the disconnect timeout)."""
@@ -150,7 +179,7 @@ class WebSocketTransport:
         self._ssl_context: ssl.SSLContext | None = None
         self._limits = limits
         self._max_idle = max_connections
-        self._idle: dict[tuple[str, str], list[_Connection]] = {}
+        self._idle: dict[PoolKey, list[_Connection]] = {}
         self._idle_count = 0
         self._nursery: trio.Nursery | None = None
         self._closed = False
@@ -239,7 +268,8 @@ class WebSocketTransport:
                 raise
 
     async def _connect(
-        self, nursery: trio.Nursery, token: str, attempt_id: str, state: ResponseStream
+        self, nursery: trio.Nursery, token: str, attempt_id: str, state: ResponseStream,
+        key: PoolKey,
     ) -> _Connection:
         headers = [
             (b"authorization", f"Bearer {token}".encode()),
@@ -270,7 +300,7 @@ class WebSocketTransport:
             scope.cancel()
             release.set()
             raise _Rejected(state.interrupt("malformed", transport_code="handshake_failed"))
-        return _Connection(ws, release, scope, (self.url, token_fingerprint(token)))
+        return _Connection(ws, release, scope, key)
 
     @staticmethod
     def _rejection(exc: trio_websocket.ConnectionRejected, state: ResponseStream) -> Interruption:
@@ -289,7 +319,7 @@ class WebSocketTransport:
             rate_limits=parse_rate_limit_headers(headers),
         )
 
-    def _take_idle(self, key: tuple[str, str]) -> _Connection | None:
+    def _take_idle(self, key: PoolKey) -> _Connection | None:
         conns = self._idle.get(key)
         while conns:
             conn = conns.pop()
@@ -326,14 +356,17 @@ class WebSocketTransport:
         attempt's outcome). If no connection could be established it is never called and
         the interruption's ``transport_code`` is a connect code."""
         message = add_field(body, b'"type":"response.create"').decode("utf-8")
+        key = (self.url, token_fingerprint(token), body_model(body))
         if self._nursery is not None:
             return await self._stream_in(
-                self._nursery, message, attempt_id, token, on_progress, before_send, on_delta
+                self._nursery, message, attempt_id, token, key, on_progress, before_send,
+                on_delta,
             )
         try:
             async with trio.open_nursery() as nursery:
                 result = await self._stream_in(
-                    nursery, message, attempt_id, token, on_progress, before_send, on_delta
+                    nursery, message, attempt_id, token, key, on_progress, before_send,
+                    on_delta,
                 )
                 # Unpooled: the connection's closing handshake gets a bounded grace, then it
                 # is dropped — a peer that never answers the close must not hold the caller.
@@ -355,6 +388,7 @@ class WebSocketTransport:
         message: str,
         attempt_id: str,
         token: str,
+        key: PoolKey,
         on_progress: Callable[[Progress], None] | None,
         before_send: Callable[[], Awaitable[None]] | None,
         on_delta: Callable[[str], None] | None = None,
@@ -380,7 +414,7 @@ class WebSocketTransport:
         try:
             with idle:
                 try:
-                    conn = self._take_idle((self.url, token_fingerprint(token)))
+                    conn = self._take_idle(key)
                     if conn is not None:
                         await established()
                         try:
@@ -391,7 +425,9 @@ class WebSocketTransport:
                             conn.abort()  # went stale while idle; nothing was sent
                             conn = None
                     if conn is None:
-                        conn = fresh = await self._connect(nursery, token, attempt_id, state)
+                        conn = fresh = await self._connect(
+                            nursery, token, attempt_id, state, key
+                        )
                         await established()
                         try:
                             await conn.ws.send_message(message)
