@@ -17,6 +17,7 @@ import msgspec
 from recoverable.transport.ratelimit import parse_rate_limit_headers, parse_retry_after
 
 from recoverable.outcome import (
+    ERROR_EVENT,
     Completed,
     Interruption,
     InterruptionKind,
@@ -433,7 +434,8 @@ class ResponseStream:
                 retry_after=retry_after,
                 rate_limits=rate_limits,
             )
-        return self.interrupt("provider_failed", provider_type=ptype, provider_code=pcode)
+        return self.interrupt("provider_failed", provider_type=ptype, provider_code=pcode,
+                              transport_code=ERROR_EVENT)
 
     def _completed(self, response: Mapping[str, Any] | None) -> Outcome:
         texts: list[str] = []

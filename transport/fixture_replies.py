@@ -62,10 +62,13 @@ def http_rejection(reply: Reply) -> HttpRejection:
     headers: list[tuple[str, str]] = [("content-type", "application/json")]
     if reply.kind == "rate_limited":
         retry_after = reply.retry_after or 0.0
-        headers += [
-            ("retry-after", str(max(0, round(retry_after)))),
-            ("retry-after-ms", str(int(retry_after * 1000))),
-        ]
+        seconds = str(max(0, round(retry_after)))
+        milliseconds = str(int(retry_after * 1000))
+        name = reply.retry_after_header
+        if name is None:
+            headers += [("retry-after", seconds), ("retry-after-ms", milliseconds)]
+        else:
+            headers.append((name, milliseconds if name.endswith("-ms") else seconds))
         status = 429
         body: Any = _error_body("requests", "rate_limit_exceeded", "Rate limit reached.")
     elif reply.kind == "quota_exceeded":

@@ -8,6 +8,7 @@ draws faults at seeded rates when no script is queued.
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
@@ -44,6 +45,9 @@ HTTP_KINDS: frozenset[str] = frozenset(
     {"http_error", "rate_limited", "quota_exceeded", "unauthorized", "forbidden"}
 )
 
+# The name of a header a scripted reply may send (``Reply.rate_limited(retry_after_header=)``).
+_HEADER_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
+
 
 @attrs.frozen
 class Reply:
@@ -56,6 +60,9 @@ class Reply:
     body: Any = None
     headers: tuple[tuple[str, str], ...] = ()
     retry_after: float | None = None
+    # ``rate_limited``: the one header the delay goes in instead of the standard pair, as a
+    # proxy renames it (``llm_provider-retry-after``); milliseconds when it ends in ``-ms``.
+    retry_after_header: str | None = None
     code: str | None = None
     reason: str | None = None
     text: str | None = None
@@ -117,11 +124,21 @@ class Reply:
         )
 
     @classmethod
-    def rate_limited(cls, retry_after: float = 1.0) -> Reply:
-        """429 ``rate_limit_exceeded`` with ``retry-after`` / ``retry-after-ms`` headers."""
+    def rate_limited(
+        cls, retry_after: float = 1.0, retry_after_header: str | None = None
+    ) -> Reply:
+        """429 ``rate_limit_exceeded`` with ``retry-after`` / ``retry-after-ms`` headers, or
+        with only ``retry_after_header`` (e.g. ``"llm_provider-retry-after"``, as LiteLLM
+        forwards an upstream's): milliseconds if its name ends in ``-ms``, else seconds."""
         if not isinstance(retry_after, int | float) or retry_after < 0:
             raise InvalidRequest("retry_after must be a non-negative number")
-        return cls("rate_limited", retry_after=float(retry_after))
+        if retry_after_header is not None and (
+            not isinstance(retry_after_header, str)
+            or not _HEADER_NAME.fullmatch(retry_after_header)
+        ):
+            raise InvalidRequest("retry_after_header must be a lowercase header name")
+        return cls("rate_limited", retry_after=float(retry_after),
+                   retry_after_header=retry_after_header)
 
     @classmethod
     def quota_exceeded(cls) -> Reply:
@@ -244,7 +261,7 @@ class Reply:
             "disconnect": ("after_events",),
             "stall": ("after_events",),
             "http_error": ("status", "body", "headers", "framing"),
-            "rate_limited": ("retry_after",),
+            "rate_limited": ("retry_after", "retry_after_header"),
             "quota_exceeded": (),
             "unauthorized": (),
             "forbidden": (),

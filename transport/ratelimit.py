@@ -28,6 +28,7 @@ from recoverable.outcome import MAX_RATE_LIMIT_COUNT, MAX_RATE_LIMIT_RESET, Rate
 
 __all__ = [
     "RATE_LIMIT_HEADERS",
+    "RETRY_AFTER_HEADERS",
     "RateLimits",
     "estimate_tokens",
     "format_duration",
@@ -145,31 +146,54 @@ def _finite_delay(value: float) -> float | None:
     return min(value, _MAX_RETRY_AFTER)
 
 
+# Where a server's delay hint is read from, first usable one wins: the standard pair (the
+# OpenAI SDKs read exactly these), then the same pair as LiteLLM's proxy forwards an
+# upstream's answer, every upstream header renamed with an ``llm_provider-`` prefix (its
+# docs/proxy/response_headers.md). A proxy's rename never overrides the standard header.
+# Each name says whether its value is milliseconds (else seconds or an HTTP date).
+RETRY_AFTER_HEADERS: Final[tuple[tuple[str, bool], ...]] = (
+    ("retry-after-ms", True),
+    ("retry-after", False),
+    ("llm_provider-retry-after-ms", True),
+    ("llm_provider-retry-after", False),
+)
+
+
 def parse_retry_after(
     headers: Mapping[str, str] | Iterable[tuple[str, str]], *, now: float | None = None
 ) -> float | None:
-    """Seconds to wait, from ``retry-after-ms`` then ``retry-after`` (seconds or HTTP date).
+    """Seconds to wait, from the first usable header of :data:`RETRY_AFTER_HEADERS`:
+    ``retry-after-ms``, ``retry-after`` (seconds or HTTP date), then LiteLLM's
+    ``llm_provider-retry-after-ms`` and ``llm_provider-retry-after``.
 
-    Header names are matched case-insensitively. Negative, non-finite or
-    unparsable values give ``None`` (the policy's own backoff applies);
-    a date in the past gives ``0.0``.
+    Header names are matched case-insensitively; the first value of a name counts.
+    Negative, non-finite or unparsable values are skipped (the next header is read; with
+    none usable the result is ``None`` and the policy's own backoff applies); a date in
+    the past gives ``0.0``.
     """
     items = headers.items() if isinstance(headers, Mapping) else headers
     lowered: dict[str, str] = {}
     for name, value in items:
         lowered.setdefault(name.lower(), value)
-    raw_ms = lowered.get("retry-after-ms")
-    if raw_ms is not None:
-        try:
-            ms = float(raw_ms.strip())
-        except ValueError:
-            ms = math.nan
-        delay = _finite_delay(ms / 1000.0)
+    for name, in_milliseconds in RETRY_AFTER_HEADERS:
+        raw = lowered.get(name)
+        if raw is None:
+            continue
+        delay = _milliseconds(raw) if in_milliseconds else _seconds_or_date(raw, now)
         if delay is not None:
             return delay
-    raw = lowered.get("retry-after")
-    if raw is None:
+    return None
+
+
+def _milliseconds(raw: str) -> float | None:
+    try:
+        milliseconds = float(raw.strip())
+    except ValueError:
         return None
+    return _finite_delay(milliseconds / 1000.0)
+
+
+def _seconds_or_date(raw: str, now: float | None) -> float | None:
     raw = raw.strip()
     try:
         return _finite_delay(float(raw))

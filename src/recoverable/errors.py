@@ -72,8 +72,8 @@ from recoverable.error_base import (
 from recoverable.failure_text import (
     REASONS,
     bounded,
-    interruption_facts,
     reason_todo,
+    reason_what,
 )
 from recoverable.failure_text import describe_interruption as describe_interruption
 from recoverable.outcome import Interruption
@@ -229,8 +229,7 @@ class PermanentlyFailed(_EndedWithFailure):
     def _what(self) -> str:
         reason = self._detail
         if reason in REASONS:
-            facts = interruption_facts(self.last_failure) if self.last_failure is not None else ()
-            return REASONS[reason][0] + (f" ({', '.join(facts)})" if facts else "")
+            return reason_what(reason, self.last_failure)
         cause = f"it failed permanently ({bounded(reason)})" if reason else "it failed permanently"
         return f"{cause}{self._last()}"
 
@@ -607,8 +606,7 @@ class ProviderError(RecoveryError):
         text = describe_interruption(self.interruption)
         reason = self._detail if self._detail != self.interruption.kind else ""
         if reason in REASONS:
-            facts = interruption_facts(self.interruption)
-            return REASONS[reason][0] + (f" ({', '.join(facts)})" if facts else "")
+            return reason_what(reason, self.interruption)
         return f"the attempt failed: {text}"
 
     def _todo(self) -> str:

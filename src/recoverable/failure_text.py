@@ -11,9 +11,16 @@ import re
 from collections.abc import Mapping
 from typing import Final
 
-from recoverable.outcome import Interruption
+from recoverable.outcome import ERROR_EVENT, Interruption
 
-__all__ = ["REASONS", "bounded", "describe_interruption", "interruption_facts", "reason_todo"]
+__all__ = [
+    "REASONS",
+    "bounded",
+    "describe_interruption",
+    "interruption_facts",
+    "reason_todo",
+    "reason_what",
+]
 
 _CODE_CHARS = re.compile(r"[^A-Za-z0-9_.:/-]")
 
@@ -86,6 +93,17 @@ REASONS: Final[Mapping[str, tuple[str, str]]] = {
 }
 
 
+def reason_what(reason: str, failure: Interruption | None) -> str:
+    """What happened, for a terminal failure reason listed in :data:`REASONS`: its
+    sentence, naming the error event that reported it when it was one, and the typed
+    facts of the failure."""
+    what = REASONS[reason][0]
+    if reason == "provider_failed" and failure is not None and _is_error_event(failure):
+        what = _ERROR_EVENT_TEXT
+    facts = interruption_facts(failure) if failure is not None else ()
+    return what + (f" ({', '.join(facts)})" if facts else "")
+
+
 def reason_todo(reason: str) -> str:
     """What to do after a terminal failure reason."""
     if reason in REASONS:
@@ -108,6 +126,16 @@ _KINDS: dict[str, str] = {
     "reattach_unavailable": "its saved response could not be resumed (gone, expired or "
     "cancelled on the provider)",
 }
+
+# ``provider_failed`` also comes from an ``error`` event without an HTTP status (as a proxy
+# forwards an upstream failure): naming ``response.failed`` then would send a person
+# looking for an event the provider never sent.
+_ERROR_EVENT_TEXT: Final = "the provider sent an error event"
+
+
+def _is_error_event(failure: Interruption) -> bool:
+    return failure.kind == "provider_failed" and failure.transport_code == ERROR_EVENT
+
 
 _TRANSPORT_CODES: dict[str, str] = {
     "connect_refused": "connection refused",
@@ -146,7 +174,10 @@ def _transport_text(code: str) -> str:
 
 def describe_interruption(interruption: Interruption) -> str:
     """A short readable description of a typed interruption (bounded codes only)."""
-    text = _KINDS.get(interruption.kind, bounded(interruption.kind))
+    if _is_error_event(interruption):
+        text = _ERROR_EVENT_TEXT
+    else:
+        text = _KINDS.get(interruption.kind, bounded(interruption.kind))
     facts = interruption_facts(interruption)
     return f"{text} ({', '.join(facts)})" if facts else text
 
@@ -160,7 +191,8 @@ def interruption_facts(interruption: Interruption) -> tuple[str, ...]:
         facts.append(f"code {bounded(interruption.provider_code)}")
     elif interruption.provider_type:
         facts.append(f"type {bounded(interruption.provider_type)}")
-    if interruption.transport_code:
+    # The error-event marker is not a fact of its own: the sentence before the facts names it.
+    if interruption.transport_code and not _is_error_event(interruption):
         facts.append(_transport_text(interruption.transport_code))
     if interruption.retry_after is not None:
         facts.append(f"retry after {interruption.retry_after:g} s")

@@ -40,6 +40,11 @@ InterruptionKind = Literal[
     "reattach_unavailable",
 ]
 
+# The ``transport_code`` of a ``provider_failed`` that came from an ``error`` event (no HTTP
+# status) rather than ``response.failed``: both are judged alike, but a person reading the
+# failure must be told which of the two the provider sent.
+ERROR_EVENT: Final = "error_event"
+
 # -- bounds on every provider-supplied string -------------------------------------------------
 # A provider code/type/reason is kept only when it looks like a code: a short token. Anything
 # else (too long, spaces, control or non-ASCII characters) becomes ``UNRECOGNIZED_CODE``, so no
@@ -201,7 +206,9 @@ class Interruption(msgspec.Struct, frozen=True, gc=False, kw_only=True, forbid_u
     sequence_number: int | None = None
     had_output: bool = False
     had_tool_activity: bool = False
-    transport_code: str | None = None  # e.g. "ws_close_1006", "connect_refused", "frame_too_large"
+    # e.g. "ws_close_1006", "connect_refused", "frame_too_large"; ``ERROR_EVENT`` on a
+    # ``provider_failed`` that an ``error`` event (not ``response.failed``) reported.
+    transport_code: str | None = None
     # The tokens the provider reported for this attempt (response.incomplete / .failed, or
     # a completion that failed validation). The operation record keeps them on the
     # attempt (``AttemptRecord.usage``), not here: a persisted failure has ``None``.
