@@ -139,6 +139,10 @@ def _reattach(status: Status) -> str | None:
     text = f"yes: {status.reattachments} resume GET(s)"
     if status.reattached:
         text += ", the result came by reattachment"
+    last = status.attempts[-1] if status.attempts else None
+    if last is not None and last.not_resumable is not None:
+        # Why an interruption of it is replaced, not resumed (a stable code).
+        text += f"; its last attempt cannot be resumed ({safe_text(last.not_resumable)})"
     return text
 
 
