@@ -442,6 +442,16 @@ def _parser() -> argparse.ArgumentParser:
         help="bind a WebSocket connection to the model of its first response.create, as "
         "the LiteLLM proxy does: a create for another model on it gets a server_error event",
     )
+    parser.add_argument(
+        "--resumes-as-objects", action="store_true",
+        help="answer every resume GET (stream=true) with the response object as JSON, as a "
+        "server that drops stream and starting_after does (the LiteLLM proxy)",
+    )
+    parser.add_argument(
+        "--ignore-background", action="store_true",
+        help="answer a background POST as a plain one (nothing stored; background: false), "
+        "as a server that accepts the flag and ignores it",
+    )
     return parser
 
 
@@ -499,6 +509,8 @@ def fixture_main(argv: list[str]) -> int:
                 background_ttl=args.background_ttl, ws_bind_model=args.ws_bind_model,
             ) as provider:
                 provider.script(script)
+                provider.resumes_as_objects = args.resumes_as_objects
+                provider.ignore_background = args.ignore_background
                 line = {
                     "http_url": provider.http_url,
                     "websocket_url": provider.websocket_url,

@@ -28,14 +28,13 @@ POINT = "reattach.checkpoint_saved"
 STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
 
 
-@pytest.fixture(scope="module")
-def provider_process() -> Iterator[dict[str, Any]]:
+def _provider(*flags: str) -> Iterator[dict[str, Any]]:
     # 100 deltas, 10 ms apart: a generation of about a second, killed early in it.
     proc = subprocess.Popen(
         [sys.executable, "-c",
          "import sys; from recoverable.transport.fixture import fixture_main;"
          " sys.exit(fixture_main(sys.argv[1:]))", "--port", "0",
-         "--deltas", "100:100", "--event-delay", "0.01"],
+         "--deltas", "100:100", "--event-delay", "0.01", *flags],
         stdout=subprocess.PIPE, text=True,
     )
     assert proc.stdout is not None
@@ -48,6 +47,18 @@ def provider_process() -> Iterator[dict[str, Any]]:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@pytest.fixture(scope="module")
+def provider_process() -> Iterator[dict[str, Any]]:
+    yield from _provider()
+
+
+@pytest.fixture(scope="module")
+def object_provider_process() -> Iterator[dict[str, Any]]:
+    """A provider that answers every resume GET with the response object (as the LiteLLM
+    proxy does: ``stream`` and ``starting_after`` dropped)."""
+    yield from _provider("--resumes-as-objects")
 
 
 def _driver(
@@ -112,3 +123,29 @@ def test_sigkill_after_the_checkpoint_then_the_restart_reattaches_and_commits_on
         assert store.check_integrity() == []
     finally:
         store.close()
+
+
+def test_sigkill_after_the_checkpoint_then_a_restart_behind_an_object_answering_proxy(
+    object_provider_process: dict[str, Any], tmp_path: Path, store_location: str
+) -> None:
+    """The same kill, rerun against a server that answers the resume GET with the response
+    object: read as a retrieve (polled while still generating), committed once, zero new
+    POSTs (before: ``unexpected_content_type``, and with one attempt, no result at all)."""
+    info = object_provider_process
+    job = "reattach-object"
+    killed = _driver(tmp_path, store_location, info["http_url"], job, "sse", POINT)
+    assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr[-2000:])
+    finished = _driver(tmp_path, store_location, info["http_url"], job, "sse", None)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    op_id = json.loads(finished.stdout.strip().splitlines()[-1])["operation_id"]
+    assert len(_log(info, "requests", "attempt_id", op_id)) == 1  # zero new POSTs
+    gets = [r for r in httpx.get(info["retrievals_url"], timeout=10).json()
+            if str(r.get("attempt_id") or "").startswith(op_id)]
+    assert gets and gets[0]["kind"] == "resume" and gets[0]["answer"] == "object"
+    assert all(get["answer"] == "object" for get in gets)  # then plain retrieves, if any
+    db = sqlite3.connect(tmp_path / "host.db")
+    try:
+        commits = db.execute("SELECT COUNT(*) FROM commit_log WHERE job=?", (job,)).fetchone()[0]
+    finally:
+        db.close()
+    assert commits == 1
