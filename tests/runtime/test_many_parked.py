@@ -11,7 +11,9 @@ operation completed exactly once, with two POSTs, and no lease was lost.
 
 from __future__ import annotations
 
+import functools
 import random
+import time
 from pathlib import Path
 
 import trio
@@ -80,3 +82,89 @@ async def test_a_thousand_parked_sse_operations_complete_once_with_no_lease_lost
     # Nearly all of them waited on the scheduler (one whose cooldown had passed before
     # its failure was processed goes straight on: a loaded machine may see a few).
     assert parked >= 0.9 * OPERATIONS
+
+
+STOPPED = 300
+PARKED_FOR = 15.0  # seconds: all are parked before the first is due, even on a loaded machine
+
+
+async def test_a_clean_stop_with_hundreds_parked_then_the_rerun_completes_each_once(
+    tmp_path: Path,
+) -> None:
+    """The clean stop and the rerun at scale: hundreds of operations parked on their
+    persisted cooldowns when the host stops (its tasks cancelled, the runtime closed: no
+    lease left behind, nothing lost); a new runtime then sends each of them again and
+    each completes with exactly one more POST, and no lease is lost in either run."""
+    first_attempts: set[str] = set()
+    authorized: dict[str, list[int]] = {}
+    handles: list[recoverable.Handle] = []
+    started: dict[str, float] = {}  # operation id -> when its second attempt was authorized
+    policy = recoverable.RetryPolicy(initial_backoff=0.0, maximum_backoff=0.0)
+    async with FixtureProvider.serve() as provider:
+        # Long enough to be parked when the stop comes; short enough to be due at the rerun.
+        provider.script_for(
+            lambda attempt_id: Reply.rate_limited(PARKED_FOR) if attempt_id in first_attempts else None
+        )
+
+        def authorizer(op: str) -> recoverable.Authorize:
+            numbers = authorized.setdefault(op, [])
+
+            async def authorize(attempt: recoverable.Attempt) -> bool:
+                numbers.append(attempt.number)
+                if attempt.number == 1:
+                    first_attempts.add(attempt.attempt_id)
+                else:
+                    started[op] = time.time()
+                return True
+
+            return authorize
+
+        with recoverable.RecoveryStore.open(str(tmp_path / "store")) as store:
+            with trio.fail_after(300):  # a bound, not a timing
+                async with recoverable.open_runtime(
+                    store, make_backend(provider, "sse"), account=ACCOUNT
+                ) as rt:
+                    async with trio.open_nursery() as nursery:
+
+                        async def job(i: int) -> None:
+                            request = recoverable.StructuredRequest(
+                                model="gpt-test", instructions="wait", input=f"stopped {i}"
+                            )
+                            handle = await rt.prepare(request, response=Answer,
+                                                      maximum_attempts=2, retry_policy=policy)
+                            handles.append(handle)
+                            await rt.send_recovering(handle, response=Answer,
+                                                     authorize=authorizer(handle.operation_id))
+
+                        for i in range(STOPPED):
+                            nursery.start_soon(job, i)
+                        while rt.scheduler.waiting < STOPPED:
+                            await trio.sleep(0.01)  # polls a count, never a correctness wait
+                        nursery.cancel_scope.cancel()  # the host stops
+                    assert rt.leases.lost == 0
+                # Closed: every lease let go; each operation suspended (its caller was
+                # cancelled: docs/lifecycle.md) with its attempt spent and its cooldown saved.
+                assert all(store.get_lease(handle.operation_id) is None for handle in handles)
+                stopped = [store.get_operation(handle.operation_id) for handle in handles]
+                assert all(record is not None and record.phase == "suspended"
+                           and record.attempts_used == 1 and record.next_attempt_at is not None
+                           for record in stopped)
+                due = {record.operation_id: record.next_attempt_at
+                       for record in stopped if record is not None}
+                async with recoverable.open_runtime(
+                    store, make_backend(provider, "sse"), account=ACCOUNT
+                ) as rt:
+                    async with trio.open_nursery() as nursery:
+                        for handle in handles:
+                            nursery.start_soon(functools.partial(
+                                rt.send_recovering, handle, response=Answer,
+                                authorize=authorizer(handle.operation_id)))
+                    assert rt.leases.lost == 0
+            finished = [store.get_operation(handle.operation_id) for handle in handles]
+    assert len(handles) == STOPPED
+    assert all(numbers == [1, 2] for numbers in authorized.values())
+    assert all(record is not None and record.phase == "completed"
+               and record.attempts_used == 2 for record in finished)
+    assert len(provider.requests) == 2 * STOPPED  # one 429 and one completion each
+    # The saved cooldown outlived the stop: no replacement was asked for before it.
+    assert all(started[op] >= at for op, at in due.items() if at is not None)
