@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import trio
+import trio.testing
 
 import recoverable
 from recoverable.testing import FixtureProvider, Reply
@@ -103,7 +104,8 @@ async def test_a_clean_stop_with_hundreds_parked_then_the_rerun_completes_each_o
     async with FixtureProvider.serve() as provider:
         # Long enough to be parked when the stop comes; short enough to be due at the rerun.
         provider.script_for(
-            lambda attempt_id: Reply.rate_limited(PARKED_FOR) if attempt_id in first_attempts else None
+            lambda attempt_id: Reply.rate_limited(PARKED_FOR)
+            if attempt_id in first_attempts else None
         )
 
         def authorizer(op: str) -> recoverable.Authorize:
@@ -136,10 +138,20 @@ async def test_a_clean_stop_with_hundreds_parked_then_the_rerun_completes_each_o
                             await rt.send_recovering(handle, response=Answer,
                                                      authorize=authorizer(handle.operation_id))
 
+                        all_parked = trio.Event()
+                        park = rt.scheduler.wait_until
+
+                        async def parked(at: float) -> None:
+                            # Every operation parks here on its persisted cooldown.
+                            if rt.scheduler.waiting + 1 >= STOPPED:
+                                all_parked.set()
+                            await park(at)
+
+                        setattr(rt.scheduler, "wait_until", parked)  # noqa: B010 (observed)
                         for i in range(STOPPED):
                             nursery.start_soon(job, i)
-                        while rt.scheduler.waiting < STOPPED:
-                            await trio.sleep(0.01)  # polls a count, never a correctness wait
+                        await all_parked.wait()
+                        await trio.testing.wait_all_tasks_blocked()  # the last one parked too
                         nursery.cancel_scope.cancel()  # the host stops
                     assert rt.leases.lost == 0
                 # Closed: every lease let go; each operation suspended (its caller was
