@@ -5,6 +5,10 @@ Scenario: a slow provider (``recoverable fixture-provider --reply-delay``) and a
 jobs over it; the dashboard on the batch's store; the overview's counts change by
 themselves (server-sent events, no reload); an unfinished operation is opened from the
 list and cancelled through the confirmation dialog; its state becomes ``cancelled``.
+On a saved, validated result (a store made by real batch runs): the cancel's dialog says
+what cancel really does to it (never delivered; kept until an abandon), and it is so; the
+acknowledge asks for the same confirmation, and one click that is not confirmed does not
+acknowledge.
 A screenshot of each page is saved to ``bench/results/screenshots/dashboard-*.png`` (not
 tracked: the CI artifact); ``RECOVERABLE_UPDATE_SCREENSHOTS=1`` writes them to
 ``docs/images/`` instead (the README's copies).
@@ -37,8 +41,17 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 import recoverable
 
-from ..cli.cli_helpers import child_env, cli_command, job_line, write_jobs
-from .helpers import ACCOUNT_ID, PROMPT_MARKER, REPO, dashboard, signed_in, wait_for
+from ..cli.cli_helpers import child_env, cli_command, job_line, run_cli, write_jobs
+from .helpers import (
+    ACCOUNT_ID,
+    PROMPT_MARKER,
+    REPO,
+    copy_store,
+    dashboard,
+    make_store,
+    signed_in,
+    wait_for,
+)
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -49,6 +62,9 @@ IMAGES = (
 )
 JOBS = 40
 WAIT = 60.0  # seconds: generous, a loaded 2-core machine runs a browser and a batch
+# The --show-content view's saved completion (the <pre> after its heading).
+SAVED_COMPLETION = "//h3[text()='Saved completion']/following-sibling::pre[1]"
+DIALOG = 10.0  # seconds for a confirmation dialog to show (a click without one acts at once)
 
 
 @pytest.fixture(scope="module")
@@ -218,3 +234,90 @@ def _scenario(browser: WebDriver, info: dict[str, Any], api: Any,
         lambda driver: _count(driver, "count-by_state-cancelled") == 1,
         "the overview does not count the cancelled operation")
     return str(row["job_id"])
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A store made by real batch runs, with one saved, unacknowledged result."""
+    return make_store(tmp_path_factory.mktemp("dashboard-browser-store"))
+
+
+def _open_saved(browser: WebDriver, info: dict[str, Any], api: Any) -> str:
+    """The saved result's page, opened in the browser (signed in with the printed URL)."""
+    rows = api.get("/api/operations", params={"state": "completed"}).json()["operations"]
+    assert len(rows) == 1, rows
+    operation_id = str(rows[0]["operation_id"])
+    browser.get(info["url"])
+    browser.get(f"{info['base']}/operations/{operation_id}")
+    WebDriverWait(browser, WAIT).until(
+        expected_conditions.presence_of_element_located((By.ID, "op-state")))
+    assert browser.find_element(By.ID, "op-state").text == "completed"
+    return operation_id
+
+
+def _confirm(browser: WebDriver, element_id: str) -> Any:
+    browser.find_element(By.ID, element_id).click()
+    dialog = WebDriverWait(browser, DIALOG).until(
+        expected_conditions.alert_is_present(),
+        f"{element_id}: one click acted without a confirmation dialog")
+    assert dialog is not False
+    return dialog
+
+
+def test_cancel_of_a_saved_result_says_what_it_does_and_does_it(
+    browser: WebDriver, made: dict[str, Any], tmp_path: Path
+) -> None:
+    store = copy_store(made, tmp_path)
+    with dashboard(store, "--account", ACCOUNT_ID, "--show-content") as info, \
+            signed_in(info) as api:
+        operation_id = _open_saved(browser, info, api)
+        completion = browser.find_element(By.XPATH, SAVED_COMPLETION).text
+        assert completion and completion != "(none)"
+        dialog = _confirm(browser, "action-cancel")
+        # The promise is the library's: cancel never delivers it; the content stays in the
+        # store until an abandon removes it (not "it can never be read").
+        assert "never be read" not in dialog.text
+        assert "NEVER delivered" in dialog.text and "until you Abandon" in dialog.text
+        dialog.accept()
+        WebDriverWait(browser, WAIT).until(
+            expected_conditions.presence_of_element_located((By.ID, "flash")))
+        assert browser.find_element(By.ID, "op-state").text == "cancelled"
+        assert "stays in the store until you abandon" in browser.find_element(
+            By.ID, "flash").text
+        # And so it is: the content view still shows it, and says it is fenced off ...
+        assert browser.find_element(By.XPATH, SAVED_COMPLETION).text == completion
+        assert "never delivered" in browser.find_element(By.ID, "content-fenced").text
+        # ... no read path of the library delivers it ...
+        receipt = run_cli("receipt", "--store", str(store), "--account", ACCOUNT_ID,
+                          operation_id)
+        assert receipt.returncode == 1 and "operation_cancelled" in receipt.stderr
+        assert completion not in receipt.stdout
+        # ... and the abandon the dialog named removes it.
+        _confirm(browser, "action-abandon").accept()
+        WebDriverWait(browser, WAIT).until(
+            lambda driver: driver.find_element(By.ID, "op-state").text == "abandoned")
+        assert not browser.find_elements(By.XPATH, SAVED_COMPLETION)
+        assert completion not in browser.page_source
+
+
+def test_acknowledge_needs_the_confirmation(
+    browser: WebDriver, made: dict[str, Any], tmp_path: Path
+) -> None:
+    store = copy_store(made, tmp_path)
+    with dashboard(store, "--account", ACCOUNT_ID) as info, signed_in(info) as api:
+        operation_id = _open_saved(browser, info, api)
+        # One click asks first; declined, nothing is acknowledged.
+        dialog = _confirm(browser, "action-acknowledge")
+        assert "REMOVES the saved" in dialog.text
+        dialog.dismiss()
+        browser.refresh()
+        assert browser.find_element(By.ID, "op-state").text == "completed"
+        summary = api.get("/api/summary").json()["by_state"]
+        assert summary.get("completed") == 1 and summary.get("acknowledged") == 3
+        # Confirmed, it acknowledges.
+        _confirm(browser, "action-acknowledge").accept()
+        WebDriverWait(browser, WAIT).until(
+            expected_conditions.presence_of_element_located((By.ID, "flash")))
+        assert browser.find_element(By.ID, "flash").text == (
+            f"acknowledge: {operation_id} is now acknowledged")
+        assert browser.find_element(By.ID, "op-state").text == "acknowledged"

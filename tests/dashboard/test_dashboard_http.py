@@ -263,7 +263,7 @@ def test_each_action_is_the_cli_s_call_and_is_recorded(
         # The saved completion: cancel without the confirmation's force is refused.
         saved = _operations(client, "completed")[0]["operation_id"]
         page = client.get(f"/operations/{saved}").text
-        assert "DISCARDS" in page  # the confirmation says the completion is discarded
+        assert "NEVER delivered" in page  # the confirmation says what cancel does to it
         refused = client.post(f"/operations/{saved}/cancel", data={"csrf": _csrf(page)},
                               headers=origin)
         assert "completion_saved" in refused.headers["location"]
@@ -299,6 +299,30 @@ def test_each_action_is_the_cli_s_call_and_is_recorded(
     # The CLI sees what the dashboard did (same store, same library calls).
     status = run_cli("status", "--store", str(store), "--account", ACCOUNT_ID, idle[0], "--json")
     assert json.loads(status.stdout)["state"] == "suspended"
+
+
+def test_acknowledge_without_the_confirmation_is_refused(
+    made: dict[str, Any], tmp_path: Path
+) -> None:
+    store = copy_store(made, tmp_path)
+    with dashboard(store, "--account", ACCOUNT_ID) as info, signed_in(info) as client:
+        origin = {"origin": info["base"]}
+        saved = _operations(client, "completed")[0]["operation_id"]
+        page = client.get(f"/operations/{saved}").text
+        assert "REMOVES the saved" in page  # the button's confirmation says what it does
+        assert _field(page, "action-acknowledge", "force") == "1"
+        for form in ({"csrf": _csrf(page)}, {"csrf": _csrf(page), "force": "0"}):
+            refused = client.post(f"/operations/{saved}/acknowledge", data=form,
+                                  headers=origin)
+            assert refused.status_code == 303
+            error = httpx.QueryParams(refused.headers["location"].split("?", 1)[1])["error"]
+            assert error.startswith("acknowledge: confirmation_required: ")
+            assert "removes the saved result for good" in error
+            assert _state(client, saved) == "completed"
+        confirmed = client.post(f"/operations/{saved}/acknowledge",
+                                data={"csrf": _csrf(page), "force": "1"}, headers=origin)
+        assert confirmed.status_code == 303 and "done=" in confirmed.headers["location"]
+        assert _state(client, saved) == "acknowledged"
 
 
 def test_usage_errors_exit_2_without_credentials(made: dict[str, Any], tmp_path: Path) -> None:

@@ -602,7 +602,7 @@ def _add_ops_command(sub: argparse._SubParsersAction[_Parser], name: str) -> Non
             command.add_argument(
                 "--force",
                 action="store_true",
-                help="cancel even though a validated result is saved (it is discarded)",
+                help="cancel even though a validated result is saved (it is never delivered)",
             )
         case "retry":
             command.add_argument(

@@ -8,7 +8,10 @@ account is refused by the library itself). Each is recorded in telemetry by the 
 that makes it (``recovery.operation.suspended``/``cancelled``/``abandoned``,
 ``recovery.receipt.acknowledged``, ``recovery.operation.manual_retry_created``).
 Cancel keeps the CLI's guard: an operation with a saved completion is cancelled only with
-``force=1`` (the page's confirmation says the completion will be discarded).
+``force=1``. Cancel fences the completion off (never delivered) but keeps its content until
+an abandon removes it (docs/lifecycle.md), and the confirmation says exactly that.
+Acknowledge removes a saved, paid-for result, so it asks for the same confirmation: the
+confirmed form carries ``force=1`` and the server refuses the action without it.
 """
 
 from __future__ import annotations
@@ -32,13 +35,24 @@ __all__ = ["ACTIONS", "ActionRefused", "buttons", "perform"]
 ACTIONS: Final = ("suspend", "cancel", "retry", "acknowledge", "abandon")
 _ACTION_ID: Final = re.compile(r"[A-Za-z0-9_-]{8,100}")
 _ENDED_FOR_GOOD: Final = frozenset({"cancelled", "superseded", "acknowledged", "abandoned"})
-DISCARD_WARNING: Final = (
-    "Cancel permanently? This operation has a saved, validated completion: cancel DISCARDS "
-    "it for good (it can never be read or delivered, and it was paid for)."
+# The saved completion stays in the store after a cancel (only an abandon removes content),
+# so the warning promises no more than the library does.
+FENCE_WARNING: Final = (
+    "Cancel permanently? This operation has a saved, validated (paid-for) completion: after "
+    "cancel it is NEVER delivered (receipt refuses it, it cannot be acknowledged). Its "
+    "content stays in the store until you Abandon the operation, which removes it."
 )
 CANCEL_WARNING: Final = (
     "Cancel permanently? No further attempt will ever be made for this operation."
 )
+ACKNOWLEDGE_WARNING: Final = (
+    "Acknowledge? This REMOVES the saved, validated (paid-for) result for good: its request "
+    "and response are deleted, only a small marker is kept. Acknowledge only after your "
+    "system has committed the result (read it with `recoverable receipt` first)."
+)
+# What a confirmed form carries (the CLI's --force, for cancel); the server checks it, so
+# a POST that skipped the page's confirmation is refused.
+CONFIRM_FIELD: Final = "force"
 
 
 class ActionRefused(errors.RecoveryError):
@@ -89,8 +103,8 @@ def buttons(runtime: Runtime, view: OperationView) -> list[ActionButton]:
         ActionButton("cancel", "Cancel…", danger=True,
                      disabled=why(state not in _ENDED_FOR_GOOD,
                                   f"already {state}"),
-                     confirm=DISCARD_WARNING if saved else CANCEL_WARNING,
-                     fields={"force": "1"} if saved else {}),
+                     confirm=FENCE_WARNING if saved else CANCEL_WARNING,
+                     fields={CONFIRM_FIELD: "1"} if saved else {}),
         ActionButton("retry", "Manual retry (preserve)",
                      disabled=why(can_retry, "manual retry is for a failed or exhausted "
                                   "operation without a successor"),
@@ -98,10 +112,11 @@ def buttons(runtime: Runtime, view: OperationView) -> list[ActionButton]:
         ActionButton("retry", "Manual retry (reselect)", suffix="reselect",
                      disabled=why(can_retry, "as above"),
                      fields={"action_id": new_action_id(), "selection": "reselect"}),
-        ActionButton("acknowledge", "Acknowledge",
+        ActionButton("acknowledge", "Acknowledge…", danger=True,
                      disabled=why(state == "completed",
                                   "acknowledge is for a completed operation whose result "
-                                  "the host committed")),
+                                  "the host committed"),
+                     confirm=ACKNOWLEDGE_WARNING, fields={CONFIRM_FIELD: "1"}),
         ActionButton("abandon", "Abandon…", danger=True,
                      disabled=why(True, ""),
                      confirm="Abandon? Its request and any saved result are removed; only a "
@@ -129,12 +144,17 @@ async def perform(
         case "suspend":
             await runtime.suspend(handle)
         case "cancel":
-            if view.status.has_saved_completion and form.get("force") != "1":
-                raise ActionRefused(
-                    "it has a saved, validated result: cancel discards it for good; confirm "
-                    "the cancel that says so", code="completion_saved", operation_id=operation_id)
+            if view.status.has_saved_completion:
+                _require_confirmed(
+                    form, "it has a saved, validated result: cancel means it is never "
+                    "delivered; confirm the cancel that says so", code="completion_saved",
+                    operation_id=operation_id)
             await runtime.cancel(handle)
         case "acknowledge":
+            _require_confirmed(
+                form, "acknowledge removes the saved result for good; confirm the "
+                "acknowledge that says so", code="confirmation_required",
+                operation_id=operation_id)
             await runtime.acknowledge(handle)
         case "abandon":
             await runtime.abandon(handle)
@@ -144,7 +164,18 @@ async def perform(
     if after.state == view.status.state and action in ("suspend", "cancel"):
         return (f"{action}: requested; another process runs it and applies the {action} at "
                 "its next check")
-    return f"{action}: {operation_id} is now {after.state}"
+    kept = (after.state == "cancelled" and view.status.has_saved_completion)
+    return f"{action}: {operation_id} is now {after.state}" + (
+        "; its saved result is never delivered and stays in the store until you abandon "
+        "the operation" if kept else "")
+
+
+def _require_confirmed(
+    form: Mapping[str, str], message: str, *, code: str, operation_id: str
+) -> None:
+    """Refuse an action whose form did not come through the page's confirmation."""
+    if form.get(CONFIRM_FIELD) != "1":
+        raise ActionRefused(message, code=code, operation_id=operation_id)
 
 
 async def _retry(

@@ -382,9 +382,14 @@ def operation_page(
     content = ""
     if view.content is not None:
         request, completion = view.content
+        # A cancel fences the completion off but keeps it until an abandon: say so
+        # where it is still shown.
+        fenced = ('<p class="muted" id="content-fenced">cancelled: never delivered; it stays '
+                  "in the store until you Abandon the operation</p>"
+                  if completion is not None and status.state == "cancelled" else "")
         content = ("<h2>Content (--show-content, your account)</h2><h3>Frozen request</h3>"
                    f"<pre>{escape(request or '(removed)')}</pre><h3>Saved completion</h3>"
-                   f"<pre>{escape(completion or '(none)')}</pre>")
+                   f"{fenced}<pre>{escape(completion or '(none)')}</pre>")
     body = (
         f"<h1>Operation <code>{escape(op_id)}</code></h1>{notes}"
         f'<div class="actions">{buttons}</div>'

@@ -287,7 +287,7 @@ def _command_outcome(rt: Runtime, command: str, operation_id: str, status: Statu
 
 
 def _cancel_refusal(rt: Runtime, operation_id: str) -> str | None:
-    """Cancel fences delivery: a saved, validated (paid) result could never be read."""
+    """Cancel fences delivery: a saved, validated (paid) result would never be delivered."""
     try:
         status = rt.status_of(operation_id)
     except errors.RecoveryError:
@@ -295,9 +295,10 @@ def _cancel_refusal(rt: Runtime, operation_id: str) -> str | None:
     if not status.has_saved_completion:
         return None
     return (
-        f"{operation_id} has a saved, validated result: cancel discards it for good (it can "
-        "never be read or delivered). Read it with `recoverable receipt` (then acknowledge), "
-        "or pass --force to cancel anyway"
+        f"{operation_id} has a saved, validated result: after cancel it is never delivered "
+        "(`receipt` refuses it; its content stays in the store until `abandon` removes it). "
+        "Read it with `recoverable receipt` (then acknowledge), or pass --force to cancel "
+        "anyway"
     )
 
 
