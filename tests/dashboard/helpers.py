@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import trio
+from recoverable.storage import acquire_lease
 
 import recoverable
 
@@ -141,3 +142,28 @@ def wait_for(predicate: Any, what: str, timeout: float = 30.0) -> Any:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.05)
+
+
+def make_small_store(root: Path) -> dict[str, Any]:
+    """A store of one failed operation (a batch whose answer broke the schema) and two
+    prepared ones: the operations the action rules are tried on."""
+    store_dir = root / "store"
+    failing = write_jobs(root / "failing.jsonl", [job_line(1, input=f"{PROMPT_MARKER} x")])
+    run = run_cli("batch", str(failing), "--out", str(root / "out.jsonl"), "--store",
+                  str(store_dir), "--account", ACCOUNT_ID, "--faults", "schema_violation=1.0",
+                  "--max-attempts", "1")
+    assert run.returncode == 1, run.stderr
+    idle = _prepare(store_dir, ACCOUNT, ["idle-1", "idle-2"])
+    return {"store": store_dir, "idle": idle}
+
+
+@contextmanager
+def lease_held(store_dir: Path | str, operation_id: str) -> Iterator[str]:
+    """This test process holds the operation's lease (as a running batch would) until the
+    block ends: another process than the dashboard runs it. Yields the lease's owner id."""
+    store = recoverable.RecoveryStore.open(str(store_dir))
+    try:
+        lease = store.write_sync(lambda txn: acquire_lease(txn, operation_id, time.time()))
+        yield lease.owner_id
+    finally:
+        store.close()

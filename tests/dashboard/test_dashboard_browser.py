@@ -48,6 +48,8 @@ from .helpers import (
     REPO,
     copy_store,
     dashboard,
+    lease_held,
+    make_small_store,
     make_store,
     signed_in,
     wait_for,
@@ -321,3 +323,60 @@ def test_acknowledge_needs_the_confirmation(
         assert browser.find_element(By.ID, "flash").text == (
             f"acknowledge: {operation_id} is now acknowledged")
         assert browser.find_element(By.ID, "op-state").text == "acknowledged"
+
+
+def _signed_in_page(browser: WebDriver, url: str) -> None:
+    browser.get(url)
+    assert "token_required" not in browser.page_source, f"not signed in at {url}"
+    WebDriverWait(browser, WAIT).until(
+        expected_conditions.presence_of_element_located((By.ID, "count-total")),
+        f"not signed in at {url}: {browser.page_source[:300]}")
+
+
+def test_two_dashboards_on_two_ports_keep_their_own_sessions(
+    browser: WebDriver, tmp_path: Path
+) -> None:
+    store = tmp_path / "store"
+    recoverable.RecoveryStore.open(str(store)).close()
+    with dashboard(store) as first, dashboard(store) as second:
+        _signed_in_page(browser, first["url"])
+        _signed_in_page(browser, second["url"])
+        # Signing into the second kept the first signed in (the cookies of a host are
+        # shared by all its ports: each dashboard has its own name).
+        _signed_in_page(browser, first["base"] + "/")
+        names = {cookie["name"] for cookie in browser.get_cookies()}
+        assert {f"recoverable_dashboard_{first['port']}",
+                f"recoverable_dashboard_{second['port']}"} <= names
+        assert all(cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+                   for cookie in browser.get_cookies())
+
+
+def test_the_page_offers_only_the_actions_the_server_allows(
+    browser: WebDriver, tmp_path: Path
+) -> None:
+    made = make_small_store(tmp_path)
+    leased = made["idle"][0]
+    with lease_held(made["store"], leased), \
+            dashboard(made["store"], "--account", ACCOUNT_ID) as info, signed_in(info) as api:
+        failed = api.get("/api/operations", params={"state": "failed"}).json()["operations"]
+        browser.get(info["url"])
+
+        def offered(element_id: str) -> bool:
+            return browser.find_element(By.ID, element_id).is_enabled()
+
+        def why(element_id: str) -> str:
+            return str(browser.find_element(By.ID, f"{element_id}-why").text)
+
+        browser.get(f"{info['base']}/operations/{leased}")
+        assert browser.find_element(By.ID, "op-state").text == "prepared"
+        assert not offered("action-abandon")
+        assert why("action-abandon").startswith("another process runs it (lease owner ")
+        assert offered("action-suspend") and offered("action-cancel")
+        browser.get(f"{info['base']}/operations/{failed[0]['operation_id']}")
+        assert browser.find_element(By.ID, "op-state").text == "failed"
+        assert not offered("action-suspend")
+        assert why("action-suspend") == "nothing to suspend: it is failed"
+        assert offered("action-cancel") and offered("action-retry")
+        # An operation nobody runs may be abandoned.
+        browser.get(f"{info['base']}/operations/{made['idle'][1]}")
+        assert offered("action-abandon")

@@ -22,6 +22,7 @@ from .helpers import (
     PROMPT_MARKER,
     copy_store,
     dashboard,
+    lease_held,
     make_store,
     signed_in,
     wait_for,
@@ -225,6 +226,67 @@ def test_actions_need_csrf_same_origin_and_the_account(
         multipart = client.post(f"/operations/{idle}/suspend", files={"csrf": b"x"},
                                 headers=origin)
         assert multipart.status_code == 400
+
+
+def test_each_dashboard_has_its_own_session_cookie(made: dict[str, Any]) -> None:
+    # Cookies are not scoped by port: with one shared name, signing into a second
+    # dashboard on the same host replaced (logged out) the first one's session.
+    with dashboard(made["store"]) as first, dashboard(made["store"]) as second, \
+            httpx.Client(timeout=30, follow_redirects=False) as client:
+        names = []
+        for info in (first, second):
+            opened = client.get(info["url"])
+            assert opened.status_code == 303
+            cookie = opened.headers["set-cookie"]
+            names.append(cookie.split("=", 1)[0])
+            assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Path=/" in cookie
+            assert "domain=" not in cookie.lower()  # the exact host only
+        assert names == [f"recoverable_dashboard_{first['port']}",
+                         f"recoverable_dashboard_{second['port']}"]
+        for info in (first, second):  # one client (one cookie jar), both still signed in
+            assert client.get(info["base"] + "/api/summary").status_code == 200
+
+
+def test_the_server_refuses_what_the_page_does_not_offer(
+    made: dict[str, Any], tmp_path: Path
+) -> None:
+    store = copy_store(made, tmp_path)
+    leased = made["idle"][0]
+    with lease_held(store, leased) as owner, \
+            dashboard(store, "--account", ACCOUNT_ID) as info, signed_in(info) as client:
+        origin = {"origin": info["base"]}
+
+        def refused(operation_id: str, action: str, reason: str) -> None:
+            page = client.get(f"/operations/{operation_id}").text
+            assert f'disabled id="action-{action}"' in page  # not offered, and why
+            assert reason in page
+            before = client.get("/api/operations", params={"limit": 200}).json()
+            answer = client.post(f"/operations/{operation_id}/{action}",
+                                 data={"csrf": _csrf(page)}, headers=origin)
+            assert answer.status_code == 303  # back to the page, with the reason
+            error = httpx.QueryParams(answer.headers["location"].split("?", 1)[1])["error"]
+            assert error.startswith(f"{action}: not_allowed: ") and reason in error
+            assert reason in client.get(answer.headers["location"]).text  # the banner
+            after = client.get("/api/operations", params={"limit": 200}).json()
+            assert after == before  # nothing changed
+
+        # A failed operation is settled: the library's suspend would change nothing.
+        failed = _operations(client, "failed")[0]["operation_id"]
+        refused(failed, "suspend", "nothing to suspend: it is failed")
+        assert _state(client, failed) == "failed"
+        # A leased operation (another process runs it): abandon would be OperationBusy.
+        refused(leased, "abandon", f"another process runs it (lease owner {owner[:12]})")
+        assert _state(client, leased) == "prepared"
+        page = client.get(f"/operations/{leased}").text
+        assert 'disabled id="action-suspend"' not in page  # suspend is a command it gets
+    with dashboard(store, "--account", ACCOUNT_ID) as info, signed_in(info) as client:
+        # The lease is gone with its owner: abandon is offered again, and done.
+        page = client.get(f"/operations/{leased}").text
+        assert 'disabled id="action-abandon"' not in page
+        done = client.post(f"/operations/{leased}/abandon", data={"csrf": _csrf(page)},
+                           headers={"origin": info["base"]})
+        assert "done" in done.headers["location"]
+        assert _state(client, leased) == "abandoned"
 
 
 def _state(client: httpx.Client, operation_id: str) -> str:

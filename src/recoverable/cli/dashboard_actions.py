@@ -12,6 +12,11 @@ Cancel keeps the CLI's guard: an operation with a saved completion is cancelled 
 an abandon removes it (docs/lifecycle.md), and the confirmation says exactly that.
 Acknowledge removes a saved, paid-for result, so it asks for the same confirmation: the
 confirmed form carries ``force=1`` and the server refuses the action without it.
+
+What may be done to an operation is decided once, by :func:`refusals`: the page disables
+the buttons it refuses (with its reason) and :func:`perform` refuses the same actions
+(``not_allowed``, with the reason) before any library call, so a stale page or a hand-made
+POST never gets an answer the page would not have offered.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from recoverable.status import SETTLED_STATES
 from recoverable.telemetry import TelemetrySink
 from recoverable.types import Handle
 
-__all__ = ["ACTIONS", "ActionRefused", "buttons", "perform"]
+__all__ = ["ACTIONS", "ActionRefused", "buttons", "perform", "refusals"]
 
 ACTIONS: Final = ("suspend", "cancel", "retry", "acknowledge", "abandon")
 _ACTION_ID: Final = re.compile(r"[A-Za-z0-9_-]{8,100}")
@@ -83,42 +88,80 @@ def _binding_refusal(runtime: Runtime, view: OperationView) -> str | None:
     return None
 
 
-def buttons(runtime: Runtime, view: OperationView) -> list[ActionButton]:
-    """The operation page's actions, each enabled or disabled with why."""
+def _busy(view: OperationView) -> str | None:
+    """Why an operation is not free to dispose of: a live lease (the dashboard's own
+    runtime never executes, so its holder is another process)."""
+    owner = view.status.lease_owner
+    if owner is None:
+        return None
+    return (f"another process runs it (lease owner {owner[:12]}): suspend or cancel it "
+            "first, and wait until it has stopped")
+
+
+def refusals(
+    runtime: Runtime, view: OperationView, *, retry_action_id: str | None = None
+) -> dict[str, str | None]:
+    """For each action, why it is refused now (``None``: allowed): the one statement the
+    page's buttons and ``perform`` share. The rules are the library's own:
+
+    - suspend: not once the operation is settled (``SETTLED_STATES``) or suspended, where
+      the library's suspend changes nothing (``command_on_idle``);
+    - cancel: not once it ended for good (cancelled, superseded, acknowledged, abandoned);
+    - manual retry: only where the status suggests it (``manual_retry``) and no successor
+      exists, or as the resubmission of the form that made the successor (its
+      ``retry_action_id``: the library returns the same successor);
+    - acknowledge and abandon: only where the status suggests them (its availability and
+      blockers), and never under a live lease (the library's ``OperationBusy``).
+    """
     status = view.status
     state = status.state
-    refusal = _binding_refusal(runtime, view)
+    common = _binding_refusal(runtime, view)
     if view.marker is not None:
-        refusal = f"already {state}: only a marker is left"
+        common = f"already {state}: only a marker is left"
+    suggested = status.suggested_actions
+    busy = _busy(view)
+    reservation = view.record.retry_reservation if view.record is not None else None
+    resubmitted = reservation is not None and reservation.retry_action_id == retry_action_id
+    retry = None
+    if status.successor_id is not None and not resubmitted:
+        retry = f"its successor {status.successor_id} exists: retry from it"
+    elif "manual_retry" not in suggested and not resubmitted:
+        retry = "manual retry is for a failed or exhausted operation"
+    rules: dict[str, str | None] = {
+        "suspend": (f"nothing to suspend: it is {state}"
+                    if state in SETTLED_STATES or state == "suspended" else None),
+        "cancel": f"already {state}" if state in _ENDED_FOR_GOOD else None,
+        "retry": retry,
+        "acknowledge": (None if "acknowledge" in suggested
+                        else "acknowledge is for a completed operation whose result the "
+                        "host committed (and whose saved result is readable)") or busy,
+        "abandon": busy or (None if "abandon" in suggested
+                            else f"not while it is {status.availability}"),
+    }
+    return {action: common or reason for action, reason in rules.items()}
 
-    def why(allowed: bool, otherwise: str) -> str | None:
-        return refusal if refusal is not None else None if allowed else otherwise
 
-    saved = status.has_saved_completion
-    can_retry = "manual_retry" in status.suggested_actions and status.successor_id is None
+def buttons(runtime: Runtime, view: OperationView) -> list[ActionButton]:
+    """The operation page's actions, each enabled or disabled with why (``refusals``)."""
+    refused = refusals(runtime, view)
+    saved = view.status.has_saved_completion
     return [
-        ActionButton("suspend", "Suspend",
-                     disabled=why(state not in SETTLED_STATES and state != "suspended",
-                                  f"nothing to suspend: {state}")),
+        ActionButton("suspend", "Suspend", disabled=refused["suspend"]),
         ActionButton("cancel", "Cancel…", danger=True,
-                     disabled=why(state not in _ENDED_FOR_GOOD,
-                                  f"already {state}"),
+                     disabled=refused["cancel"],
                      confirm=FENCE_WARNING if saved else CANCEL_WARNING,
                      fields={CONFIRM_FIELD: "1"} if saved else {}),
         ActionButton("retry", "Manual retry (preserve)",
-                     disabled=why(can_retry, "manual retry is for a failed or exhausted "
-                                  "operation without a successor"),
+                     disabled=refused["retry"],
                      fields={"action_id": new_action_id(), "selection": "preserve"}),
         ActionButton("retry", "Manual retry (reselect)", suffix="reselect",
-                     disabled=why(can_retry, "as above"),
+                     disabled=refused["retry"] and "as above",
                      fields={"action_id": new_action_id(), "selection": "reselect"}),
         ActionButton("acknowledge", "Acknowledge…", danger=True,
-                     disabled=why(state == "completed",
-                                  "acknowledge is for a completed operation whose result "
-                                  "the host committed"),
+                     disabled=refused["acknowledge"],
                      confirm=ACKNOWLEDGE_WARNING, fields={CONFIRM_FIELD: "1"}),
         ActionButton("abandon", "Abandon…", danger=True,
-                     disabled=why(True, ""),
+                     disabled=refused["abandon"],
                      confirm="Abandon? Its request and any saved result are removed; only a "
                      "small marker is kept."),
     ]
@@ -139,6 +182,9 @@ async def perform(
     refusal = _binding_refusal(runtime, view)
     if refusal is not None:
         raise ActionRefused(refusal, code="account_required", operation_id=operation_id)
+    refusal = refusals(runtime, view, retry_action_id=form.get("action_id"))[action]
+    if refusal is not None:
+        raise ActionRefused(refusal, code="not_allowed", operation_id=operation_id)
     handle = Handle(operation_id)
     match action:
         case "suspend":

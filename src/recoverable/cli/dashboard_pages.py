@@ -299,7 +299,8 @@ class ActionButton:
     def render(self, operation_id: str, csrf: str) -> str:
         if self.disabled is not None:
             return (f'<form><button type="button" disabled id="{self.element_id}">'
-                    f"{escape(self.label)}</button> <span class=muted>"
+                    f"{escape(self.label)}</button> "
+                    f'<span class=muted id="{self.element_id}-why">'
                     f"{escape(self.disabled)}</span></form>")
         confirm = f' data-confirm="{escape(self.confirm)}"' if self.confirm else ""
         hidden = "".join(

@@ -3,9 +3,14 @@ of every form, and the Host/Origin checks (an ASGI middleware around the app).
 
 - The access token (``secrets.token_urlsafe(32)``) is made per start and never written to
   disk. A ``GET`` with ``?token=`` (checked in constant time) opens a session: an
-  ``HttpOnly; SameSite=Strict`` cookie with a random session id, then a redirect to the
-  same URL without the token (so it leaves the address bar and the history). Every other
-  request without a valid session cookie is answered 401.
+  ``HttpOnly; SameSite=Strict; Path=/`` cookie with a random session id, then a redirect
+  to the same URL without the token (so it leaves the address bar and the history). Every
+  other request without a valid session cookie is answered 401.
+- The cookie is named after the dashboard's port (:func:`cookie_name`): cookies are not
+  scoped by port, so with one shared name signing into a second dashboard on the same
+  host replaced the first one's session (it was logged out). It has no ``Domain``
+  attribute (the exact host only). The ``__Host-`` prefix would pin it further, but
+  browsers accept it only with ``Secure``, which an ``http://`` loopback page cannot set.
 - Each session has its own CSRF token, put in a hidden field of every form; a ``POST``
   must carry it (``check_csrf``) and an ``Origin`` (or, without one, a ``Referer``) of the
   dashboard itself.
@@ -25,9 +30,9 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["COOKIE", "Guard", "Sessions"]
+__all__ = ["COOKIE", "Guard", "Sessions", "cookie_name"]
 
-COOKIE: Final = "recoverable_dashboard"
+COOKIE: Final = "recoverable_dashboard"  # the prefix of the per-port cookie name
 MAX_SESSIONS: Final = 64  # the oldest is forgotten past this (it signs in again)
 _HEADERS: Final = (
     (b"cache-control", b"no-store"),
@@ -73,7 +78,13 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
-def _cookie(scope: Scope) -> str | None:
+def cookie_name(port: int) -> str:
+    """The session cookie of the dashboard on ``port``: browsers send every cookie of a
+    host to all its ports, so each dashboard reads only the one named after its own."""
+    return f"{COOKIE}_{port}"
+
+
+def _cookie(scope: Scope, name: str) -> str | None:
     raw = _header(scope, b"cookie")
     if raw is None:
         return None
@@ -82,7 +93,7 @@ def _cookie(scope: Scope) -> str | None:
         jar.load(raw)
     except Exception:  # a malformed Cookie header is no session
         return None
-    morsel = jar.get(COOKIE)
+    morsel = jar.get(name)
     return morsel.value if morsel is not None else None
 
 
@@ -94,6 +105,7 @@ class Guard:
         self.sessions = sessions
         self.hosts: frozenset[str] = frozenset()  # set once the port is known
         self.any_host = False
+        self.cookie = COOKIE  # named after the port once it is known (allow_hosts)
 
     def allow_hosts(self, host: str, port: int) -> None:
         """The Host headers this dashboard answers: its own address (and ``localhost``
@@ -102,6 +114,7 @@ class Guard:
         self.any_host = host in ("0.0.0.0", "[::]")
         names = {host, "127.0.0.1", "localhost"} if host == "127.0.0.1" else {host}
         self.hosts = frozenset(f"{name}:{port}" for name in names)
+        self.cookie = cookie_name(port)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -118,7 +131,7 @@ class Guard:
             await _plain(send_with_headers, 403, "host_refused",
                          "this dashboard answers only at its own address")
             return
-        session = _cookie(scope)
+        session = _cookie(scope, self.cookie)
         if not self.sessions.known(session):
             await self._sign_in(scope, send_with_headers)
             return
@@ -155,7 +168,9 @@ class Guard:
         rest = urlencode([(key, value) for key, value in query if key != "token"])
         path = scope["path"] if not scope["path"].startswith("//") else "/"  # never offsite
         location = path + ("?" + rest if rest else "")
-        cookie = f"{COOKIE}={session}; HttpOnly; SameSite=Strict; Path=/"
+        # No Domain (this host only), no Expires (gone with the browser session), no
+        # Secure: it is served over http on loopback (see the module's docstring).
+        cookie = f"{self.cookie}={session}; HttpOnly; SameSite=Strict; Path=/"
         await send({"type": "http.response.start", "status": 303, "headers": [
             (b"location", location.encode("latin-1")),
             (b"set-cookie", cookie.encode("latin-1")),
