@@ -3,12 +3,17 @@ Debian's chromedriver, against a real batch that is running while the page is op
 
 Scenario: a slow provider (``recoverable fixture-provider --reply-delay``) and a batch of
 jobs over it; the dashboard on the batch's store; the overview's counts change by
-themselves (server-sent events, no reload); an unfinished operation is opened from the
-list and cancelled through the confirmation dialog; its state becomes ``cancelled``.
+themselves (the page polls the dashboard, no reload); an unfinished operation is opened
+from the list and cancelled through the confirmation dialog; its state becomes ``cancelled``.
 On a saved, validated result (a store made by real batch runs): the cancel's dialog says
 what cancel really does to it (never delivered; kept until an abandon), and it is so; the
 acknowledge asks for the same confirmation, and one click that is not confirmed does not
 acknowledge.
+Ten overview tabs in one browser (more than its six connections per host, more than the
+old cap on streams): another page still loads, every tab updates and says "live", and
+each says "disconnected" once the dashboard stops. Under a live overview, another process
+takes a lease and a batch fails an operation: the cards, the failure table, the attempts
+histogram, availability and the owners all show it.
 A screenshot of each page is saved to ``bench/results/screenshots/dashboard-*.png`` (not
 tracked: the CI artifact); ``RECOVERABLE_UPDATE_SCREENSHOTS=1`` writes them to
 ``docs/images/`` instead (the README's copies).
@@ -180,8 +185,8 @@ def _scenario(browser: WebDriver, info: dict[str, Any], api: Any,
     WebDriverWait(browser, WAIT).until(
         expected_conditions.presence_of_element_located((By.ID, "count-total")))
     assert _count(browser, "count-total") == 0
-    # The batch starts while the page is open: its counts change by themselves
-    # (server-sent events), no reload.
+    # The batch starts while the page is open: its counts change by themselves (the
+    # page polls), no reload.
     batch = start_batch()
     WebDriverWait(browser, WAIT).until(
         lambda driver: _count(driver, "count-by_state-acknowledged") > 0,
@@ -191,7 +196,7 @@ def _scenario(browser: WebDriver, info: dict[str, Any], api: Any,
     WebDriverWait(browser, WAIT).until(
         lambda driver: _count(driver, "count-by_state-acknowledged") >= JOBS // 2,
         "the batch did not go on")
-    browser.refresh()  # the charts are drawn at load (the counts are live)
+    browser.refresh()  # a fresh page for the screenshot
     WebDriverWait(browser, WAIT).until(
         expected_conditions.presence_of_element_located((By.ID, "count-total")))
     _screenshot(browser, "overview", height=1500)
@@ -380,3 +385,107 @@ def test_the_page_offers_only_the_actions_the_server_allows(
         # An operation nobody runs may be abandoned.
         browser.get(f"{info['base']}/operations/{made['idle'][1]}")
         assert offered("action-abandon")
+
+
+TABS = 10  # overview tabs in one browser: over the old cap of 8 streams and 6 connections
+PAGE_LOAD = 20.0  # seconds: a page held up behind the browser's six connections never loads
+
+
+def _live_state(driver: WebDriver) -> str:
+    return str(driver.find_element(By.ID, "live-state").text)
+
+
+def test_many_overview_tabs_all_update_and_say_when_the_dashboard_is_gone(
+    browser: WebDriver, tmp_path: Path
+) -> None:
+    made = make_small_store(tmp_path)
+    first_tab = browser.current_window_handle
+    tabs: list[str] = []
+    browser.set_page_load_timeout(PAGE_LOAD)
+    try:
+        with dashboard(made["store"], "--account", ACCOUNT_ID) as info:
+            browser.get(info["url"])
+            for _ in range(TABS):
+                browser.switch_to.new_window("tab")
+                tabs.append(browser.current_window_handle)
+                browser.get(info["base"] + "/")
+                WebDriverWait(browser, WAIT).until(
+                    expected_conditions.presence_of_element_located((By.ID, "count-total")))
+            # With every overview open, another page of the same dashboard still loads.
+            browser.switch_to.new_window("tab")
+            tabs.append(browser.current_window_handle)
+            browser.get(f"{info['base']}/operations/{made['idle'][0]}")
+            assert browser.find_element(By.ID, "op-state").text == "prepared"
+            # Another process changes the store: every overview shows it, and says live.
+            done = run_cli("suspend", "--store", str(made["store"]), "--account", ACCOUNT_ID,
+                           made["idle"][1])
+            assert done.returncode == 0, done.stderr
+            for handle in tabs[:TABS]:
+                browser.switch_to.window(handle)
+                WebDriverWait(browser, WAIT).until(
+                    lambda driver: _count(driver, "count-by_state-suspended") == 1
+                    and _live_state(driver) == "live",
+                    "an overview tab did not update")
+        # The dashboard stopped: every overview says so instead of "live".
+        for handle in tabs[:TABS]:
+            browser.switch_to.window(handle)
+            WebDriverWait(browser, WAIT).until(
+                lambda driver: _live_state(driver) == "disconnected",
+                "an overview tab still says live with the dashboard gone")
+            assert "does not answer" in browser.find_element(By.ID, "live-reason").text
+    finally:
+        for handle in tabs:
+            browser.switch_to.window(handle)
+            browser.close()
+        browser.switch_to.window(first_tab)
+        browser.set_page_load_timeout(WAIT)
+
+
+OWNER_LIVE = "#panel-owners tr:nth-child(2) td:nth-child(3)"  # the first owner's "live"
+
+
+def _text(driver: WebDriver, element_id: str) -> str:
+    """An element's whole text, hidden parts included (the charts' SVG titles)."""
+    return str(driver.execute_script(
+        "return document.getElementById(arguments[0]).textContent;", element_id))
+
+
+def test_every_panel_of_a_live_overview_follows_the_store(
+    browser: WebDriver, tmp_path: Path
+) -> None:
+    made = make_small_store(tmp_path)
+    store = made["store"]
+    with dashboard(store, "--account", ACCOUNT_ID) as info:
+        browser.get(info["url"])
+        WebDriverWait(browser, WAIT).until(
+            expected_conditions.presence_of_element_located((By.ID, "count-total")))
+        assert _count(browser, "count-by_state-failed") == 1
+        assert "invalid_output1" in _text(browser, "panel-failures")
+        assert "no process holds a lease" in _text(browser, "panel-owners")
+        # Another process takes a lease: the owners panel shows it, live.
+        with lease_held(store, made["idle"][0]) as owner_id:
+            WebDriverWait(browser, WAIT).until(
+                lambda driver: owner_id in str(driver.find_element(
+                    By.CSS_SELECTOR, "#panel-owners code").get_attribute("title")),
+                "the owners panel did not show the new lease")
+            assert browser.find_element(By.CSS_SELECTOR, OWNER_LIVE).text == "yes"
+        # Its process let go of the store: the same row, no longer live.
+        WebDriverWait(browser, WAIT).until(
+            lambda driver: driver.find_element(By.CSS_SELECTOR, OWNER_LIVE).text == "no",
+            "the owners panel still shows a gone owner as live")
+        # Another batch's operation fails: the card, the failure table, the attempts
+        # histogram, the availability table all show it, from the same read.
+        failing = write_jobs(tmp_path / "more.jsonl",
+                             [job_line(2, input=f"{PROMPT_MARKER} more")])
+        run = run_cli("batch", str(failing), "--out", str(tmp_path / "out.jsonl"),
+                      "--store", str(store), "--account", ACCOUNT_ID,
+                      "--faults", "schema_violation=1.0", "--max-attempts", "1")
+        assert run.returncode == 1, run.stderr
+        WebDriverWait(browser, WAIT).until(
+            lambda driver: _count(driver, "count-by_state-failed") == 2,
+            "the failed card did not update")
+        assert _count(browser, "count-total") == 4
+        assert "invalid_output2" in _text(browser, "panel-failures")
+        assert "1 attempt(s): 2" in _text(browser, "panel-histogram")
+        assert "failed2" in _text(browser, "panel-availability")
+        assert _live_state(browser) == "live"

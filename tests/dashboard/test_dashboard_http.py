@@ -1,19 +1,22 @@
 """The dashboard over HTTP (httpx against the real process on 127.0.0.1): the token, the
 session cookie, CSRF and Origin checks, no content or account id in any page, bounded
-pages, typed 400s, the live stream's cap, and the actions with their telemetry."""
+pages, typed 400s, the overview's live endpoint, and the actions with their telemetry."""
 
 from __future__ import annotations
 
 import json
 import re
 import socket
+import time
 from collections.abc import Iterator
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
+
+import recoverable
 
 from ..cli.cli_helpers import run_cli
 from .helpers import (
@@ -23,6 +26,7 @@ from .helpers import (
     copy_store,
     dashboard,
     lease_held,
+    make_small_store,
     make_store,
     signed_in,
     wait_for,
@@ -67,7 +71,7 @@ def test_every_request_needs_the_printed_token(readonly: dict[str, Any]) -> None
     base = readonly["base"]
     assert readonly["url"].startswith("http://127.0.0.1:")
     with httpx.Client(base_url=base, timeout=30, follow_redirects=False) as anonymous:
-        for path in ("/", "/operations", "/api/summary", "/api/operations", "/events",
+        for path in ("/", "/operations", "/api/summary", "/api/operations", "/api/overview",
                      "/operations/anything"):
             response = anonymous.get(path)
             assert response.status_code == 401, path
@@ -169,26 +173,59 @@ def test_pages_are_bounded_and_bad_input_is_a_typed_400(readonly: dict[str, Any]
         assert summary["by_state"]["acknowledged"] == 3
 
 
-def test_live_counts_stream_is_capped(readonly: dict[str, Any]) -> None:
-    with signed_in(readonly) as client, ExitStack() as stack:
-        streams = []
-        for _ in range(8):
-            response = stack.enter_context(client.stream("GET", "/events"))
-            assert response.status_code == 200
-            assert response.headers["content-type"].startswith("text/event-stream")
-            streams.append(response)
-        lines = streams[0].iter_lines()
-        assert next(lines) == "event: counts"
-        data = json.loads(next(lines).removeprefix("data: "))
-        assert data["total"] == 10
-        refused = client.get("/events")
-        assert refused.status_code == 503
-        assert refused.json()["error"] == "too_many_streams"
+def test_the_overview_updates_by_short_polls_with_no_cap(readonly: dict[str, Any]) -> None:
+    """No connection is held between two updates, so any number of pages poll: each poll
+    answers the live region (the same rendering as the page's) or only its version when
+    the page already has it."""
     with signed_in(readonly) as client:
-        # The streams were closed: a new one is served again.
-        wait_for(lambda: client.get("/api/summary").status_code == 200, "the dashboard")
-        with client.stream("GET", "/events") as again:
-            assert again.status_code == 200
+        page = client.get("/")
+        version = re.search(r'id="live" data-version="(\d+)"', page.text)
+        assert version is not None
+        answers = [client.get("/api/overview") for _ in range(20)]  # over the old cap of 8
+        assert all(answer.status_code == 200 for answer in answers)
+        full = answers[-1].json()
+        assert full["counts"]["total"] == 10
+        assert 'id="count-total">10<' in full["html"]
+        assert 'id="panel-failures"' in full["html"] and "invalid_output" in full["html"]
+        if full["version"] == int(version.group(1)):  # no rebuild in between (15 s idle)
+            assert full["html"] in page.text  # the first render is this very region
+        same = client.get("/api/overview", params={"since": str(full["version"])})
+        assert same.json() == {"version": full["version"]}
+
+
+COOLDOWN = 3.0  # seconds: a saved cooldown that ends while the dashboard is idle
+IDLE_REFRESH = 15.0  # the dashboard's rebuild without any commit (cli/dashboard_app.py)
+
+
+def test_a_cooldown_that_ends_leaves_the_overview_without_a_commit(tmp_path: Path) -> None:
+    made = make_small_store(tmp_path)
+    with dashboard(made["store"]) as info, signed_in(info) as client:
+        # Another process saves a cooldown (as an execution that waits would).
+        store = recoverable.RecoveryStore.open(str(made["store"]))
+        try:
+            record = store.get_operation(made["idle"][0])
+            assert record is not None
+            until = time.time() + COOLDOWN
+            waiting = msgspec.structs.replace(record, phase="waiting", next_attempt_at=until)
+            store.write_sync(lambda txn: txn.put_operation(waiting))
+        finally:
+            store.close()
+
+        def region() -> dict[str, Any]:
+            answer = client.get("/api/overview")
+            assert answer.status_code == 200, answer.text
+            data: dict[str, Any] = answer.json()
+            return data
+
+        shown = wait_for(lambda: region()["counts"]["waiting"] == 1 and region(),
+                         "the overview to show the saved cooldown")
+        assert made["idle"][0] in shown["html"] and "no saved cooldown" not in shown["html"]
+        # Nothing commits when it ends: the overview drops it at once (not at the next
+        # idle rebuild, 15 s after the commit).
+        ended = wait_for(lambda: region()["counts"]["waiting"] == 0 and region(),
+                         "the ended cooldown to leave the overview",
+                         timeout=until - time.time() + IDLE_REFRESH / 2)
+        assert "no saved cooldown" in ended["html"]
 
 
 def test_actions_need_csrf_same_origin_and_the_account(

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -169,22 +168,20 @@ def test_an_unreachable_database_is_a_typed_503_and_the_dashboard_stays_up(
 
 def test_the_live_counts_follow_a_change_made_by_another_process(pg_url: str) -> None:
     """The dashboard notices another process's commit on the database (the commit count,
-    ``last_txnid``, moves for every process's commits) and streams the new counts."""
+    ``last_txnid``, moves for every process's commits) and its overview's poll answers
+    the new counts."""
     [first, second] = _prepare(pg_url, ACCOUNT, ["idle-1", "idle-2"])
-    with dashboard(pg_url) as info, signed_in(info) as client, client.stream(
-        "GET", "/events"
-    ) as stream:
-        assert stream.status_code == 200
-        lines = stream.iter_lines()
-        assert next(lines) == "event: counts"
-        counts = json.loads(next(lines).removeprefix("data: "))
+    with dashboard(pg_url) as info, signed_in(info) as client:
+        answer = client.get("/api/overview")
+        assert answer.status_code == 200
+        counts = answer.json()["counts"]
         assert counts["total"] == 2 and counts["by_state"]["prepared"] == 2
         for op_id in (first, second):  # another process: the CLI, on the same database
             done = run_cli("suspend", "--store", pg_url, "--account", ACCOUNT_ID, op_id)
             assert done.returncode == 0, done.stderr
-        deadline = time.monotonic() + 30  # generous: a loaded 2-core machine; a barrier
-        while counts["by_state"].get("suspended") != 2:
-            assert time.monotonic() < deadline, counts
-            line = next(lines)
-            if line.startswith("data: "):
-                counts = json.loads(line.removeprefix("data: "))
+
+        def suspended() -> bool:
+            live = client.get("/api/overview").json()["counts"]["by_state"]
+            return bool(live.get("suspended") == 2)
+
+        wait_for(suspended, "the overview to count both suspended operations")

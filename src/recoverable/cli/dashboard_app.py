@@ -1,11 +1,12 @@
 """The dashboard's web app: Starlette routes over one store and one runtime.
 
-- ``GET /``: the overview (live: ``/events``);
+- ``GET /``: the overview (live: its page polls ``/api/overview``);
 - ``GET /operations?state=&cursor=&limit=``: the list, a page at a time;
 - ``GET /operations/{id}``: one operation; ``POST /operations/{id}/{action}``: an action
   (a form with the session's CSRF token), then a redirect back to the operation;
-- ``GET /events``: server-sent events, one ``counts`` event whenever the summary is
-  rebuilt (at most one a second), at most ``MAX_STREAMS`` streams at once (then 503);
+- ``GET /api/overview?since=VERSION``: the overview's live region, rendered from the
+  current summary, with its version (``{"version": N}`` alone while it is still
+  ``since``): the page polls it every 2 s, no connection is held between two polls;
 - ``GET /api/summary`` and ``GET /api/operations``: the same data as JSON.
 
 Bad input is a 400 with a typed code (``invalid_request``), an unknown operation a 404
@@ -18,7 +19,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any, Final
 from urllib.parse import parse_qsl, quote, urlencode
 
@@ -30,7 +31,6 @@ from starlette.responses import (
     JSONResponse,
     RedirectResponse,
     Response,
-    StreamingResponse,
 )
 from starlette.routing import Route
 
@@ -48,12 +48,11 @@ from recoverable.cli.dashboard_data import (
 )
 from recoverable.telemetry import TelemetrySink
 
-__all__ = ["MAX_STREAMS", "Dashboard"]
+__all__ = ["Dashboard"]
 
-MAX_STREAMS: Final = 8  # open /events streams at once
 MAX_FORM_BYTES: Final = 4096
 MIN_REFRESH: Final = 1.0  # seconds between two summaries, at least
-IDLE_REFRESH: Final = 15.0  # rebuild even without a commit (cooldowns and leases age)
+IDLE_REFRESH: Final = 15.0  # rebuild even without a commit (the charts' minutes move)
 _STATUS_OF: Final = {
     "invalid_request": 400,
     "state_unavailable": 404,
@@ -93,8 +92,7 @@ class Dashboard:
         self.summary: Summary | None = None
         self.failure: errors.RecoveryError | None = None  # the store's, at the last read
         self.version = 0
-        self.streams = 0
-        self._rebuilt = trio.Event()
+        self._rendered: tuple[int, str] = (-1, "")  # the live region of ``version``
         self._poke = trio.Event()
         self._ready = trio.Event()
 
@@ -102,17 +100,16 @@ class Dashboard:
 
     async def refresh_forever(self) -> None:
         """Rebuild the summary when the store changed: at most every ``max(MIN_REFRESH,
-        3 x the last build time)``, and every ``IDLE_REFRESH`` seconds anyway. A store
-        that cannot be read is reported (``failure``: every page answers 503 with its
-        code) and tried again at the next round; the dashboard stays up."""
+        3 x the last build time)``, when a value it shows ends by time alone
+        (``Summary.changes_at``: a cooldown, a shared pause, a lease), and every
+        ``IDLE_REFRESH`` seconds anyway. A store that cannot be read is reported
+        (``failure``: every page answers 503 with its code) and tried again at the next
+        round; the dashboard stays up."""
         while True:
             try:
                 await self._refresh()
                 self.failure = None
             except errors.RecoveryError as exc:
-                if self.failure is None:  # live pages learn it once, at once
-                    self._rebuilt.set()
-                    self._rebuilt = trio.Event()
                 self.failure = exc
                 self._ready.set()  # waiting requests get the failure now
             summary = self.summary
@@ -123,14 +120,14 @@ class Dashboard:
 
     async def _refresh(self) -> None:
         summary = self.summary
+        now = time.time()
         if (summary is None or self.failure is not None
-                or time.time() - summary.built_at >= IDLE_REFRESH
+                or now - summary.built_at >= IDLE_REFRESH
+                or (summary.changes_at is not None and now >= summary.changes_at)
                 or self.store.last_txnid() != summary.txnid):
             self.summary = await trio.to_thread.run_sync(build_summary, self.store)
             self.version += 1
             self._ready.set()
-            self._rebuilt.set()
-            self._rebuilt = trio.Event()
 
     async def current(self) -> Summary:
         """The current summary; the store's typed failure while it cannot be read."""
@@ -163,8 +160,23 @@ class Dashboard:
             summary = await self.current()
         except errors.RecoveryError as exc:
             return self._error(request, exc)
+        version = self.version
         return self._html(lambda nonce: pages.overview_page(
-            summary, nonce=nonce, context=self.context))
+            summary, version, nonce=nonce, context=self.context))
+
+    async def overview_json(self, request: Request) -> Response:
+        """The overview's live region, unless the page already has this version."""
+        try:
+            summary = await self.current()
+        except errors.RecoveryError as exc:
+            return self._error(request, exc)
+        version = self.version
+        if request.query_params.get("since") == str(version):
+            return JSONResponse({"version": version})
+        if self._rendered[0] != version:  # rendered once per summary, for every page
+            self._rendered = (version, pages.overview_live(summary))
+        return JSONResponse({"version": version, "built_at": summary.built_at,
+                             "counts": summary.counts(), "html": self._rendered[1]})
 
     async def operations(self, request: Request) -> Response:
         try:
@@ -230,41 +242,13 @@ class Dashboard:
         return RedirectResponse(f"/operations/{quote(operation_id, safe='')}?{query}",
                                 status_code=303)
 
-    async def events(self, request: Request) -> Response:
-        if self.streams >= MAX_STREAMS:
-            return JSONResponse({"error": "too_many_streams",
-                                 "message": f"at most {MAX_STREAMS} live views at once"},
-                                status_code=503)
-        self.streams += 1
-        return StreamingResponse(self._stream(), media_type="text/event-stream",
-                                 headers={"x-accel-buffering": "no"})
-
-    async def _stream(self) -> AsyncIterator[bytes]:
-        try:
-            seen = -1
-            while True:
-                try:
-                    summary = await self.current()
-                except errors.RecoveryError as exc:
-                    yield pages.sse_failure(exc.code)
-                else:
-                    if self.version != seen:
-                        seen = self.version
-                        yield pages.sse_counts(summary.counts())
-                    else:
-                        yield b": idle\n\n"  # keeps proxies and the browser's timer happy
-                with trio.move_on_after(IDLE_REFRESH):
-                    await self._rebuilt.wait()
-        finally:
-            self.streams -= 1
-
     def app(self) -> Starlette:
         return Starlette(routes=[
             Route("/", self.overview, methods=["GET"]),
             Route("/operations", self.operations, methods=["GET"]),
             Route("/api/operations", self.operations, methods=["GET"]),
             Route("/api/summary", self.summary_json, methods=["GET"]),
-            Route("/events", self.events, methods=["GET"]),
+            Route("/api/overview", self.overview_json, methods=["GET"]),
             Route("/operations/{operation_id}", self.operation, methods=["GET"]),
             Route("/operations/{operation_id}/{action}", self.act, methods=["POST"]),
         ])

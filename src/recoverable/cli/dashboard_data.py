@@ -140,11 +140,14 @@ class Summary:
     governors: list[GovernorState]
     owners: list[Owner]
     workers: list[Worker]
+    # The soonest moment a value shown here changes by time alone (a cooldown or a shared
+    # pause ends, a lease expires): the summary is rebuilt then, with no commit to say so.
+    changes_at: float | None
     rows: dict[str, list[Row]]  # "all" and each state -> rows sorted by ``Row.key``
     keys: dict[str, list[tuple[float, str]]]  # the same lists' keys (for bisection)
 
     def counts(self) -> dict[str, object]:
-        """The live counts (the SSE event and ``/api/summary``)."""
+        """The counts (``/api/summary``; the overview shows them from the same summary)."""
         return {
             "total": self.total,
             "unreadable": self.unreadable,
@@ -259,6 +262,10 @@ def build_summary(store: DashboardStore, *, now: float | None = None) -> Summary
     records, unreadable = store.inventory()
     leases, commands = store.control_rows()
     markers = store.dispositions()
+    # The markers are read after the records: an operation acknowledged or abandoned in
+    # between is in both reads, and its marker (the newer state) stands for it alone.
+    disposed = {marker.operation_id for marker in markers}
+    records = [record for record in records if record.operation_id not in disposed]
     live: dict[str, bool] = {}
     rows: list[Row] = []
     failures: Counter[str] = Counter()
@@ -311,6 +318,11 @@ def build_summary(store: DashboardStore, *, now: float | None = None) -> Summary
         by_state.setdefault(row.state, []).append(row)
     minutes = [horizon + 60.0 * index for index in range(THROUGHPUT_MINUTES)]
     cooldowns.sort()
+    governors = _governors(store, pairs, now)
+    owners = _owners(store, leases, now)
+    ends = [until for until, _ in cooldowns[:1] if until > now]
+    ends += [gov.paused_until for gov in governors if gov.paused_until is not None]
+    ends += [owner.next_expiry for owner in owners if owner.next_expiry is not None]
     return Summary(
         built_at=now,
         build_seconds=time.perf_counter() - started,
@@ -328,13 +340,14 @@ def build_summary(store: DashboardStore, *, now: float | None = None) -> Summary
         cost=None if math.isnan(cost) else cost,
         cooldowns=[(op_id, until) for until, op_id in cooldowns[:10]],
         waiting=len(cooldowns),
-        governors=_governors(store, pairs, now),
-        owners=_owners(store, leases, now),
+        governors=governors,
+        owners=owners,
         workers=[
             Worker(owner_id=owner_id, endpoint_id=row.endpoint_id, concurrency=row.concurrency,
                    started_at=row.started_at, live=store.owner_is_live(owner_id))
             for owner_id, _token, row in store.workers()
         ],
+        changes_at=min(ends) if ends else None,
         rows=by_state,
         keys={state: [row.key for row in listed] for state, listed in by_state.items()},
     )

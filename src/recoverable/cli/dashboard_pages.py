@@ -8,7 +8,6 @@ attribute or event handler is used (the Content-Security-Policy forbids them).
 from __future__ import annotations
 
 import datetime as _dt
-import json
 from collections.abc import Iterable, Sequence
 from html import escape
 from typing import Final
@@ -22,6 +21,7 @@ __all__ = [
     "error_page",
     "operation_page",
     "operations_page",
+    "overview_live",
     "overview_page",
 ]
 
@@ -51,25 +51,66 @@ pre{white-space:pre-wrap;background:#fff;border:1px solid #d8dde6;padding:8px;ma
 overflow:auto}
 """
 
+# The overview polls one small JSON endpoint instead of holding an event stream: a
+# stream per tab held one of the six connections a browser allows per host (the seventh
+# tab hung) and ran into the server's cap on streams (the ninth got a 503 it never
+# showed). A poll holds a connection only while it is answered; when polls fail the page
+# says so and backs off (2 s doubling to 30 s), and says "live" again only once one
+# succeeds.
 _LIVE_JS: Final = """
 (function(){
-  var source = new EventSource('/events');
-  source.addEventListener('counts', function(event){
-    var data = JSON.parse(event.data);
-    document.querySelectorAll('[data-count]').forEach(function(node){
-      var path = node.getAttribute('data-count').split('.');
-      var value = data;
-      path.forEach(function(part){ value = value == null ? null : value[part]; });
-      node.textContent = value == null ? '0' : String(value);
-    });
-    var stamp = document.getElementById('updated');
-    if (stamp) { stamp.textContent = new Date(data.built_at * 1000).toLocaleTimeString(); }
-  });
-  source.addEventListener('failure', function(event){
-    var stamp = document.getElementById('updated');
-    var code = JSON.parse(event.data).error;
-    if (stamp) { stamp.textContent = 'NOT updated: the store cannot be read (' + code + ')'; }
-  });
+  var region = document.getElementById('live');
+  var state = document.getElementById('live-state');
+  var reason = document.getElementById('live-reason');
+  var version = region.getAttribute('data-version');
+  var PERIOD = 2000, LONGEST = 30000, TIMEOUT = 10000;
+  var failures = 0;
+  function show(text, css, why){
+    state.textContent = text; state.className = css; reason.textContent = why;
+  }
+  function fail(status, why){
+    failures += 1;
+    if (status === 401 || status === 403) {
+      show('disconnected', 'bad', ': ' + why + ' (open the printed URL again)');
+      return;
+    }
+    var delay = Math.min(PERIOD * Math.pow(2, failures), LONGEST);
+    var text = status >= 500 && status !== 502 && status !== 504 ? 'not updated'
+      : 'disconnected';
+    show(text, 'bad', ': ' + why + '; retrying in ' + Math.round(delay / 1000) + ' s');
+    window.setTimeout(poll, delay);
+  }
+  function poll(){
+    var controller = new AbortController();
+    var timer = window.setTimeout(function(){ controller.abort(); }, TIMEOUT);
+    fetch('/api/overview?since=' + encodeURIComponent(version),
+          {credentials: 'same-origin', cache: 'no-store', signal: controller.signal})
+      .then(function(response){
+        return response.json().catch(function(){ return {}; }).then(function(data){
+          return {status: response.status, data: data};
+        });
+      })
+      .then(function(answer){
+        window.clearTimeout(timer);
+        var data = answer.data;
+        if (answer.status !== 200 || data.version === undefined) {
+          var code = data.error ? data.error + ': ' + (data.message || '') : '';
+          fail(answer.status, code || 'the dashboard answered ' + answer.status);
+          return;
+        }
+        if (data.html !== undefined) {
+          region.innerHTML = data.html;
+          version = String(data.version);
+        }
+        failures = 0;
+        show('live', 'ok', '');
+        window.setTimeout(poll, PERIOD);
+      }, function(){
+        window.clearTimeout(timer);
+        fail(0, 'the dashboard does not answer');
+      });
+  }
+  window.setTimeout(poll, PERIOD);
 })();
 """
 
@@ -167,7 +208,10 @@ def _link(operation_id: str) -> str:
             f"<code>{escape(operation_id)}</code></a>")
 
 
-def overview_page(summary: Summary, *, nonce: str, context: str) -> str:
+def overview_live(summary: Summary) -> str:
+    """Everything the overview shows of the store, from one summary (one rebuild): the
+    page's first render and each of its updates (``/api/overview``), so no two panels can
+    show two different reads."""
     counts = summary.counts()
     states = [(state, f"by_state.{state}", summary.by_state[state]) for state in STATES]
     cards = _cards([("operations", "total", counts["total"]), *states])
@@ -229,28 +273,36 @@ def overview_page(summary: Summary, *, nonce: str, context: str) -> str:
          for worker in summary.workers),
         empty="no registered worker",
     )
-    body = (
-        "<h1>Overview</h1>"
-        f'<p class="muted">live; updated <span id="updated">{_time(summary.built_at)}</span>'
+    return (
+        f'<p class="muted">updated <span id="updated">{_time(summary.built_at)}</span>'
         f" (one read of the store took {summary.build_seconds * 1000:.0f} ms); "
         f'<span data-count="waiting" id="count-waiting">{summary.waiting}</span> in a saved '
         f"cooldown; {summary.unreadable} unreadable record(s)</p>"
         f"{cards}"
         '<div class="grid">'
-        f'<div class="box"><h2>Completed per minute (last hour; acknowledged ones at '
-        f"their acknowledgement)</h2>{throughput}</div>"
-        f'<div class="box"><h2>Attempts spent per minute (records in the store)</h2>'
-        f"{posts}</div>"
-        f'<div class="box"><h2>Attempts per job</h2>{histogram}</div>'
-        f'<div class="box"><h2>Availability</h2>{availability}</div>'
-        f'<div class="box"><h2>Failures by typed kind</h2>{failures}</div>'
-        '<div class="box"><h2>Tokens and cost</h2>'
+        '<div class="box" id="panel-throughput"><h2>Completed per minute (last hour; '
+        f"acknowledged ones at their acknowledgement)</h2>{throughput}</div>"
+        '<div class="box" id="panel-spent"><h2>Attempts spent per minute (records in the '
+        f"store)</h2>{posts}</div>"
+        f'<div class="box" id="panel-histogram"><h2>Attempts per job</h2>{histogram}</div>'
+        f'<div class="box" id="panel-availability"><h2>Availability</h2>{availability}</div>'
+        f'<div class="box" id="panel-failures"><h2>Failures by typed kind</h2>{failures}</div>'
+        '<div class="box" id="panel-usage"><h2>Tokens and cost</h2>'
         f"<p>{escape(tokens or 'no usage reported yet')}</p><p>cost: {escape(cost)}</p></div>"
-        f'<div class="box"><h2>Cooldowns (soonest)</h2>{cooldowns}</div>'
-        f'<div class="box"><h2>Rate governor</h2>{governors}</div>'
-        f'<div class="box"><h2>Owners and leases</h2>{owners}</div>'
-        f'<div class="box"><h2>Workers</h2>{workers}</div>'
+        f'<div class="box" id="panel-cooldowns"><h2>Cooldowns (soonest)</h2>{cooldowns}</div>'
+        f'<div class="box" id="panel-governor"><h2>Rate governor</h2>{governors}</div>'
+        f'<div class="box" id="panel-owners"><h2>Owners and leases</h2>{owners}</div>'
+        f'<div class="box" id="panel-workers"><h2>Workers</h2>{workers}</div>'
         "</div>"
+    )
+
+
+def overview_page(summary: Summary, version: int, *, nonce: str, context: str) -> str:
+    """The overview: the live region (``overview_live``) and the state of its updates."""
+    body = (
+        '<h1>Overview</h1><p><span id="live-state" class="ok">live</span>'
+        '<span id="live-reason"></span></p>'
+        f'<div id="live" data-version="{version}">{overview_live(summary)}</div>'
     )
     return layout("Overview", body, nonce=nonce, context=context, script=_LIVE_JS)
 
@@ -417,12 +469,3 @@ def error_page(status: int, code: str, message: str, *, nonce: str, context: str
     body = (f'<h1>{status}</h1><p class="error" id="error-code">{escape(code)}: '
             f"{escape(message)}</p>")
     return layout(f"{status} {code}", body, nonce=nonce, context=context)
-
-
-def sse_counts(counts: dict[str, object]) -> bytes:
-    return f"event: counts\ndata: {json.dumps(counts, sort_keys=True)}\n\n".encode()
-
-
-def sse_failure(code: str) -> bytes:
-    """The store cannot be read: the page says so (its counts are stale)."""
-    return f"event: failure\ndata: {json.dumps({'error': code})}\n\n".encode()
