@@ -1,4 +1,4 @@
-"""The fenced reattachment checkpoint of a streaming attempt (issue 15).
+"""The fenced reattachment checkpoint of a streaming attempt.
 
 For an operation prepared with ``reattach=True``, the attempt's response id is saved as
 soon as ``response.created`` arrives and its cursor (the last ``sequence_number``) at

@@ -1,4 +1,4 @@
-"""Opt-in continuation after a terminal stream failure (issue 18): decide, then dispatch.
+"""Opt-in continuation after a terminal stream failure: decide, then dispatch.
 
 **Decide.** :func:`decide_on_failure` runs inside the fenced write that ends an operation
 ``failed`` (``actors/fenced.py``): when the store-wide preference is on
@@ -80,7 +80,7 @@ def decide_on_failure(
         return record, None  # it was already failed: not a new terminal failure
     preference = read_continuation(txn)
     if not preference.enabled:
-        return record, None  # off: exactly the behaviour before issue 18
+        return record, None  # off: it just ends failed; nothing is decided
     decided = continuation.decide(
         record, now=now, delay=preference.delay_seconds, budget=preference.budget
     )
@@ -163,7 +163,7 @@ def dispatch(
         lease_live=lease is not None and txn.lease_is_live(lease, now),
         newer_revision=newer_revision(txn, record),
         newer_turn=is_newer_turn(txn, record),
-        source_refusal=(  # issue 16: the successor would be bound to a stale digest
+        source_refusal=(  # the successor would be bound to a stale digest
             None if record.source is None
             else receipt_refusal(record, txn.get_source(record.source.key))
         ),
@@ -212,7 +212,7 @@ def dispatch(
         maximum_output_tokens_total=record.maximum_output_tokens_total,
         on_interruption=record.on_interruption,
         # The same choices as a manual retry's successor (actors/retry.py): the body was
-        # frozen for them (issue 15: background and stored), so they go with it.
+        # frozen for them (reattach: background and stored), so they go with it.
         live=record.live,
         reattach=record.reattach,
     )

@@ -1,4 +1,4 @@
-"""Delegated operations (issue 18): a parent operation fed by child operations.
+"""Delegated operations: a parent operation fed by child operations.
 
 ``runtime.delegate(group_id, builder=..., response=..., ...)`` names a group; each
 :meth:`Delegation.child` is an ordinary operation (scope :data:`DELEGATE_SCOPE`,
@@ -159,7 +159,7 @@ class Delegation:
 
     def _check_child(self, key: str, handle: Handle) -> None:
         """``handle`` is this group's child ``key`` (or a continuation successor of it):
-        ``InvalidRequest`` otherwise (issue 29: another operation never feeds the parent)."""
+        ``InvalidRequest`` otherwise (fail closed: another operation never feeds the parent)."""
         account = require_signed_in(self.rt.account, "a delegation needs an account")
         operation_id = getattr(handle, "operation_id", None)
         if not isinstance(operation_id, str):

@@ -55,7 +55,7 @@ class Opened(msgspec.Struct, frozen=True, gc=False):
     The per-write values of this module (``Opened``, :class:`FencedWrite`,
     :class:`Persisted`) are ``gc=False`` structs: one of each is alive per write in flight,
     and nothing they hold refers back to them (no cycle), so the collector need not walk
-    them (issue 20)."""
+    them."""
 
     lease: LeaseRecord | None  # None: read as it is, without a lease (see acquire)
     transition: machine.Transition
@@ -66,7 +66,7 @@ class Opened(msgspec.Struct, frozen=True, gc=False):
 
 class Acquisition(msgspec.Struct, frozen=True, gc=False):
     """The mutation of :func:`acquire`, handed to ``store.write`` as is (no
-    ``functools.partial`` with its keywords dict per execution; untracked, issue 20)."""
+    ``functools.partial`` with its keywords dict per execution; untracked by the collector)."""
 
     operation_id: str
     now: float
@@ -153,7 +153,7 @@ class FencedWrite(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     check_commands: bool  # refuse (CommandArrived) if a newer command arrived
     completion: bytes | None = None  # the validated completion, saved with the record
     release_token: str | None = None  # the execution ends: release the lease too
-    # (issue 18) the writer's wall clock: a record that ends ``failed`` here gets its
+    # The writer's wall clock: a record that ends ``failed`` here gets its
     # continuation decided in this same write (``actors/continuation.py``)
     now: float | None = None
 
@@ -176,8 +176,8 @@ def folds(command: CommandKind, record: OperationRecord) -> bool:
 
 class Persisted(msgspec.Struct, frozen=True, gc=False):
     """What :func:`persist` wrote: the transition with the record as written (a source-bound
-    completion refused becomes the ``superseded`` transition, issue 16; a record ending
-    ``failed`` carries its continuation decision, issue 18), and that decision, if any."""
+    completion refused becomes the ``superseded`` transition; a record ending
+    ``failed`` carries its continuation decision), and that decision, if any."""
 
     transition: machine.Transition
     continuation: ContinuationRecord | None = None
@@ -189,11 +189,11 @@ def persist(write: FencedWrite, txn: WriteTxn) -> Persisted:
     Returns what was written (:class:`Persisted`): ``write.transition``; for a source-bound
     operation whose completion may not be saved (the manifest no longer holds its digest)
     the ``superseded`` transition written instead (:func:`_refuse_receipt`); and the
-    continuation decided for a record that ended ``failed`` here (issue 18).
+    continuation decided for a record that ended ``failed`` here.
     """
     op_id = write.operation_id
     record = write.transition.record
-    if record.source is not None:  # issue 16: a source-bound operation (admission field)
+    if record.source is not None:  # a source-bound operation (admission field)
         stored = txn.get_operation(op_id)
         if stored is not None and stored.phase == "superseded":
             # A manifest change superseded it meanwhile (and told us with a cancel
@@ -229,7 +229,7 @@ def persist(write: FencedWrite, txn: WriteTxn) -> Persisted:
     if decided is not None and isinstance(action, machine.Stop) and isinstance(
         action.error, errors.AttemptsExhausted
     ):
-        # Issue 29: the error says what was decided in this write (a pending continuation).
+        # The error says what was decided in this write (a pending continuation).
         action = machine.Stop(machine.terminal_error(record))
     return Persisted(machine.Transition(record, action, write.transition.changed), decided)
 

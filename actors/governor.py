@@ -17,7 +17,7 @@ endpoint+account, one row in the store's ``governor`` table:
   claims its cost from the shared row in one store transaction (claims of one process
   are group-committed), so the budget is exact across processes: N processes together
   stay within one limit.
-- small limits (issue 29.9): a request is admitted once its bucket holds its cost, or,
+- small limits (nothing waits forever): a request is admitted once its bucket holds its cost, or,
   when its cost is larger than the whole bucket (``--rpm 1``: a bucket of 0.08
   requests at the default 5 s; one request estimated above ``tpm * burst / 60``
   tokens), once the bucket is full. It is charged its whole cost either way: the bucket

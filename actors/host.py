@@ -40,13 +40,13 @@ class Backend(Protocol):
         token: str,
         on_progress: Callable[[Progress], None] | None = None,
         before_send: Callable[[], Awaitable[None]] | None = None,
-        on_delta: Callable[[str], None] | None = None,  # each output text delta (issue 16)
+        on_delta: Callable[[str], None] | None = None,  # each output text delta (a live view)
     ) -> Outcome: ...
 
 
 @runtime_checkable
 class ReattachBackend(Protocol):
-    """Issue 15: what a backend offers for background responses (``ResponsesBackend``'s
+    """Reattachment: what a backend offers for background responses (``ResponsesBackend``'s
     ``reattachment``, a ``transport.resume.ReattachClient``)."""
 
     async def stream(
@@ -95,7 +95,7 @@ class OperationHost(Protocol):
     telemetry: Telemetry
     attempts_consumed: int
     usage_malformed: int
-    reattachments: int  # issue 15: resume GETs this runtime finished (an outcome read)
+    reattachments: int  # resume GETs this runtime finished (an outcome read)
 
     def endpoint_gate(self, endpoint_id: str) -> EndpointGate: ...
 

@@ -4,7 +4,7 @@ Named transaction functions (run by ``store.write``): :func:`write_command` reco
 ``suspend``/``cancel`` for a running operation (any process's monitor delivers it) or
 applies it directly to an idle one; :func:`write_lineage_command` does so for an
 operation and, in the same transaction, for the continuation successors dispatched
-after it (issue 29: user intent on any member of a lineage applies to what runs after
+after it (user intent on any member of a lineage applies to what runs after
 it); :func:`dispose` acknowledges or abandons an operation, removing its content and
 keeping a small marker, in one transaction (a thread turn leaves what its thread needs:
 ``actors/turns.py``).
@@ -42,7 +42,7 @@ def write_command(
     require_owner(account, record.account, operation_id)
     existing = txn.get_command(operation_id)
     lease = txn.get_lease(operation_id)
-    # A derivative's unexpired lease holds even after its owner died (issue 16): the
+    # A derivative's unexpired lease holds even after its owner died: the
     # command waits in its row for the claim after the expiry, which applies it.
     if lease is not None and lease_blocks(txn, lease, record, now):
         standing = machine.merge_command(
@@ -56,7 +56,7 @@ def write_command(
     # (and drops the stale row), so that owner's next fenced write is refused.
     applied = machine.command_on_idle(record, kind)
     if continuation.is_pending(record):
-        # Issue 18: a stop (cancel, or suspend: also a snooze) cancels a pending
+        # A stop (cancel, or suspend: also a snooze) cancels a pending
         # continuation before its dispatch; recovery never resumes what a host stopped.
         stopped = continuation.cancelled(
             applied.record, "cancelled" if kind == "cancel" else "suspended", now
@@ -160,7 +160,7 @@ def dispose(
     try:
         lease = txn.get_lease(operation_id)
     except (errors.CorruptRecord, errors.UnsupportedRecordVersion):
-        # Issue 29.10: only a deliberate abandon removes an operation whose lease row
+        # Only a deliberate abandon removes an operation whose lease row
         # cannot be read; an owner still running it could write nothing afterwards (every
         # owner write is fenced on the record, which is gone).
         if disposition != "abandoned":
@@ -182,7 +182,7 @@ def dispose(
                 "acknowledge (abandon the operation instead)",
                 operation_id=operation_id,
             )
-    # Issue 29: a thread turn leaves its thread what it needs (numbering, and a committed
+    # A thread turn leaves its thread what it needs (numbering, and a committed
     # turn's history) in the thread's row, in this same transaction.
     remember_turn(txn, record)
     # The marker and the removal of the content commit together: the operation

@@ -1,4 +1,4 @@
-"""Live operations (issue 16): partial views of an operation while it streams.
+"""Live operations: partial views of an operation while it streams.
 
 ``Runtime.live(handle, response=..., authorize=...)`` returns a :class:`Live`: an async
 context manager that runs the operation like ``send_recovering`` (an attached execution

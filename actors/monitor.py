@@ -166,7 +166,7 @@ class LifecycleMonitor:
                     # a newer commit; then the next poll scans again instead of missing it.
                     last = self.scan()
             except StorageUnavailable:
-                # A damaged or unusable store (issue 11.3): every operation meets the typed
+                # A damaged or unusable store: every operation meets the typed
                 # error on its own next store access; the monitor must not end the runtime.
                 continue
 

@@ -51,7 +51,7 @@ class OperationActor(Reattacher):
         self._expected_contract_version = expected_contract_version
         self._check_contract_version = check_contract_version
         try:
-            # A bound method, not a closure (no cells per execution; issue 20).
+            # A bound method, not a closure (no cells per execution to collect).
             opening = await self._acquire(self._open_step)
             try:
                 with self.guard.scope:  # cancelled by the heartbeat: the lease is lost
@@ -120,7 +120,7 @@ class OperationActor(Reattacher):
                     if current.reattach and isinstance(
                         error, (errors.OperationCancelled, errors.OperationSuperseded)
                     ):
-                        await self._cancel_on_server(current)  # issue 15: best effort
+                        await self._cancel_on_server(current)  # best effort
                     raise error
                 case machine.Deliver():
                     return await self._deliver(current)
@@ -136,7 +136,7 @@ class OperationActor(Reattacher):
                         transition = await self._advance(functools.partial(self._wake, current))
                 case machine.AskHost(attempt=attempt):
                     transition = await self._ask_host(current, attempt)
-                case machine.Reattach() as reattach:  # issue 15: no new POST, no budget
+                case machine.Reattach() as reattach:  # no new POST, no budget
                     transition = await self._reattach(current, reattach)
                 case _:
                     raise machine.InvalidTransition(f"no action after {current.phase}")

@@ -74,7 +74,7 @@ class OperationCore:
         self._body: bytes | None = None  # the frozen body, read with the lease
         self.guard = ExecutionLease(host.leases)  # heartbeat-kept; its loss stops this actor
         self._sending: Sending | None = None  # the attempt being sent (for an honest close)
-        self.checkpoint_writes = 0  # issue 15: reattachment checkpoints written
+        self.checkpoint_writes = 0  # reattachment checkpoints written
 
     # --- lease ----------------------------------------------------------------------
 
@@ -184,7 +184,7 @@ class OperationCore:
                 "a newer owner took the operation over", operation_id=self.operation_id
             ) from exc
         written, decided = persisted.transition, persisted.continuation
-        if decided is not None:  # issue 18: a continuation was decided for this failure
+        if decided is not None:  # a continuation was decided for this failure
             _killpoints.hit("continuation.decided")
             self.host.telemetry.emit(
                 "continuation.scheduled" if decided.state == "pending" else "continuation.declined",

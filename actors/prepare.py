@@ -58,10 +58,10 @@ class Identity:
     scope: str | None = None
     job_id: str | None = None
     input_revision: str | None = None
-    # issue 16: the source it derives from, and its attempts' hard timeout (seconds)
+    # the source it derives from, and its attempts' hard timeout (seconds)
     source: SourceRef | None = None
     attempt_timeout: float | None = None
-    # issue 29.4: submitted for workers with this unclaimed bound (seconds; None: not)
+    # submitted for workers with this unclaimed bound (seconds; None: not)
     unclaimed_after: float | None = None
 
 
@@ -132,7 +132,7 @@ def new_operation_record(
 
 
 def interruption_policy(live: object, on_interruption: object) -> OnInterruption:
-    """The interruption policy saved with a new operation (issue 16).
+    """The interruption policy saved with a new operation (live or not).
 
     ``live=True`` fixes it to ``"fail"``: a person may have seen the partial output of
     an attempt, so an interruption is never silently replaced. Asking for ``"replace"``
@@ -154,7 +154,7 @@ def interruption_policy(live: object, on_interruption: object) -> OnInterruption
 def put_new_operation(txn: WriteTxn, record: OperationRecord, body: bytes, stored: bytes) -> None:
     """Write a new operation with its frozen body and saved request (inside a transaction).
 
-    A source-bound operation (issue 16) is written only while the source manifest holds
+    A source-bound operation is written only while the source manifest holds
     its digest (``InvalidParameter``, ``parameter="source"``, ``reason="not_current"``):
     work bound to a digest that is already stale would be superseded at birth.
     """
@@ -241,7 +241,7 @@ def job_operation(txn: WriteTxn, record: OperationRecord) -> OperationRecord | N
 
 
 def check_reattach(reattach: object, backend: Backend) -> None:
-    """Issue 15: ``reattach`` is a bool, and ``True`` needs a backend that can resume a
+    """Reattachment: ``reattach`` is a bool, and ``True`` needs a backend that can resume a
     background response (``ResponsesBackend`` can, in both modes: over WebSocket its
     reattachable attempts use the HTTP SSE transport of the same base URL)."""
     if not isinstance(reattach, bool):
@@ -282,8 +282,8 @@ def new_admission(
     """What ``prepare`` and ``submit`` save: the checked new record, its frozen body and
     its saved request (nothing is written here). The options default as ``prepare``'s.
     ``lease_seconds`` is the preparing runtime's lease: a hard ``attempt_timeout`` must
-    be shorter (issue 16, ``sources_rules.check_attempt_timeout``). ``unclaimed_after``:
-    ``submit``'s bound (issue 29.4)."""
+    be shorter (``sources_rules.check_attempt_timeout``). ``unclaimed_after``:
+    ``submit``'s bound on unclaimed work."""
     account = require_signed_in(account, "cannot prepare")
     if unclaimed_after is not None:
         unclaimed_after = check_unclaimed_after(unclaimed_after)
@@ -308,7 +308,7 @@ def new_admission(
         raise errors.ConfigurationUnavailable("no backend: cannot prepare generation")
     check_reattach(reattach, backend)
     if live and reattach:
-        # A live attempt that showed output is never continued (issue 16), and a resumed
+        # A live attempt that showed output is never continued, and a resumed
         # stream would hand views from the middle of an answer: not combined (yet).
         raise errors.InvalidParameter(
             "live=True cannot be combined with reattach=True (docs/live.md, docs/reattach.md)",

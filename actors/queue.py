@@ -65,7 +65,7 @@ class Runtime(Protocol):
     selector: Callable[[StructuredRequest], StructuredRequest] | None
     now: Callable[[], float]
     telemetry: Telemetry
-    leases: LeaseKeeper  # its lease_seconds bounds a hard attempt_timeout (issue 16)
+    leases: LeaseKeeper  # its lease_seconds bounds a hard attempt_timeout
     queue_watch: QueueWatch  # wakes ``wait`` when the operation leaves the queue
 
 __all__ = [
@@ -160,7 +160,7 @@ def settled(rt: Runtime, operation_id: str, contract: ResponseContract) -> Any:
             )
         raise errors.StateUnavailable("no such operation", operation_id=operation_id)
     require_owner(rt.account, record.account, operation_id)
-    if record.phase == "superseded":  # issue 16: no result of it may count
+    if record.phase == "superseded":  # no result of it may count
         raise superseded_error(record)
     command = store.get_command(operation_id)
     if machine.cancel_fences(record, command.kind if command is not None else None):
@@ -180,9 +180,9 @@ def settled(rt: Runtime, operation_id: str, contract: ResponseContract) -> Any:
     if record.phase == "failed":
         pending = record.continuation
         if pending is not None and pending.state == "pending":
-            return _PENDING  # issue 18: a continuation will run it again (or be cancelled)
+            return _PENDING  # a continuation will run it again (or be cancelled)
         if pending is not None and pending.state == "dispatched" and pending.successor_id:
-            # Issue 18: its continuation successor (same body, model, account, endpoint)
+            # Its continuation successor (same body, model, account, endpoint)
             # settles the job; its own continuation counts against the same budget.
             return settled(rt, pending.successor_id, contract)
         raise machine.terminal_error(record)
@@ -210,7 +210,7 @@ async def wait(
     ``OperationCancelled``, ``AttemptsExhausted``/``PermanentlyFailed`` (the failed
     record's error), ``StateExpired``, ``OperationSuspended`` (suspended by a host, not
     by a stopping worker), ``StateUnavailable`` (acknowledged, abandoned or missing),
-    ``AccountChanged`` and ``FormatMismatch`` like ``send_recovering``. Issue 29: a
+    ``AccountChanged`` and ``FormatMismatch`` like ``send_recovering``. Nothing waits forever: a
     submitted operation that no live worker of its account and endpoint served within
     its unclaimed bound (counted from this wait's start at the earliest) is ended
     ``no_worker`` by this runtime's poller: ``PermanentlyFailed``; a damaged queue or
@@ -236,7 +236,7 @@ def with_queue_state(
     (queued, and no live worker serves its account and endpoint: ``queue_reason`` says
     whether one serves the endpoint for another account, ``no_worker_at`` when it ends
     ``no_worker`` if none comes). Unchanged for an operation that is not queued, is
-    settled, or was suspended by a host. A damaged queue or lease row (issue 29.10) is the
+    settled, or was suspended by a host. A damaged queue or lease row is the
     blocker ``incompatible_record`` (availability ``blocked``), ``queue_reason`` naming
     which row, and ``queue`` None: no worker will run it. ``served`` and ``look`` (the
     queue and lease rows of many operations, ``find_damage``) are read here if not given."""

@@ -59,7 +59,7 @@ def saved_receipt(
     """The saved, validated completion of the viewer's operation, or a typed error."""
     record = read_record(store, operation_id)
     require_owner(viewer, record.account, record.operation_id)
-    if record.phase == "superseded":  # issue 16: no result of it may count
+    if record.phase == "superseded":  # no result of it may count
         raise superseded_error(record)
     command = store.get_command(record.operation_id)
     if machine.cancel_fences(record, command.kind if command is not None else None):

@@ -160,7 +160,7 @@ def source_conditions(plan: RetryPlan, view: SourceView) -> OperationRecord:
     lease = view.get_lease(source_id)
     if lease is not None and view.lease_is_live(lease, plan.now):
         raise errors.OperationBusy(operation_id=source_id)
-    if reattachment.can_resume(source, plan.now):  # issue 15: it can still run
+    if reattachment.can_resume(source, plan.now):  # reattachment: it can still run
         raise errors.RetryNotAllowed(
             "its spent attempt can still be resumed from its saved background response "
             "(reattach=True, no budget needed): resume it instead",
@@ -170,7 +170,7 @@ def source_conditions(plan: RetryPlan, view: SourceView) -> OperationRecord:
     if source.source is not None and receipt_refusal(
         source, view.get_source(source.source.key)
     ) is not None:
-        # Issue 16: the successor would be bound to a digest that is no longer current
+        # The successor would be bound to a digest that is no longer current
         # (refused here, before any reservation is written on the source).
         raise errors.InvalidParameter(  # the same typed error as put_new_operation's
             "the source manifest does not hold this digest of the source: set it first "
@@ -190,7 +190,7 @@ def reserve_successor(plan: RetryPlan, checked_body_hash: str, txn: WriteTxn) ->
         raise errors.RequestUnavailable(
             "the source's frozen request changed or disappeared", operation_id=plan.source_id
         )
-    # Issue 18: a deliberate retry is newer intent: it cancels a pending continuation.
+    # A deliberate retry is newer intent: it cancels a pending continuation.
     reserved = msgspec.structs.replace(
         continuation.cancelled(source, "manual_retry", plan.now),
         retry_reservation=RetryReservation(
@@ -301,11 +301,11 @@ async def retry(
         maximum_output_tokens_total=source.maximum_output_tokens_total,
         # The same interruption policy: a manual retry does not loosen it.
         on_interruption=source.on_interruption,
-        live=source.live,  # issue 16: a live operation's successor is live too
-        # Issue 15: the same reattachment choice (its body was frozen with it).
+        live=source.live,  # a live operation's successor is live too
+        # The same reattachment choice (its body was frozen with it).
         reattach=source.reattach,
     )
-    # Issue 18: the lineage's continuation count is carried (the budget never resets).
+    # The lineage's continuation count is carried (the budget never resets).
     child = msgspec.structs.replace(child, continuations_used=source.continuations_used)
     await store.write(functools.partial(create_successor, plan, child, request))
     telemetry.emit("operation.manual_retry_created", plan.successor_id,

@@ -115,7 +115,7 @@ class Runtime:
         self.governor = governor or RateGovernor(store, wall_clock=wall_clock, telemetry=telemetry)
         self.attempts_consumed = 0  # attempts this runtime consumed (persisted before sending)
         self.usage_malformed = 0  # attempts whose reported usage was ignored as malformed
-        self.reattachments = 0  # issue 15: resume GETs of background responses that ended
+        self.reattachments = 0  # resume GETs of background responses that ended
         self.supervisor = Supervisor()  # every active operation: a task of open_runtime's nursery
         self.queue_watch = QueueWatch(store, wall_clock)  # every ``wait``'s poller (waiters.py)
         # The leases this runtime holds, renewed by the heartbeat task (actors/heartbeat.py).
@@ -192,7 +192,7 @@ class Runtime:
         thirds of the lease), which must be shorter than this runtime's lease
         (``InvalidParameter``). ``attempt_timeout`` may also be given without a source.
 
-        ``live=True`` (issue 16) makes a live operation, run with :meth:`live` to show
+        ``live=True`` makes a live operation, run with :meth:`live` to show
         partial views while it streams; its policy is fixed: ``on_interruption="fail"``
         (an explicit ``"replace"`` is ``InvalidRequest``). See docs/live.md.
 
@@ -211,7 +211,7 @@ class Runtime:
         has its own budget and its own root; nothing about the prior one is checked,
         reserved or changed (it may even be gone). Use ``retry`` for a linked successor.
 
-        ``reattach=True`` (issue 15) freezes the body with ``background: true, store:
+        ``reattach=True`` freezes the body with ``background: true, store:
         true``: an attempt interrupted by a disconnect, an idle timeout, a crash or a lost
         lease is first resumed by its saved response id (a GET: no new POST, no budget)
         before seed 000 replaces it. The provider keeps the response for a limited time
@@ -259,7 +259,7 @@ class Runtime:
 
     submit = submitted.submit
     wait = submitted.wait
-    live = live_operations.live  # a live operation's partial views (issue 16, docs/live.md)
+    live = live_operations.live  # a live operation's partial views (docs/live.md)
 
     # --- send -----------------------------------------------------------------------
 
@@ -315,7 +315,7 @@ class Runtime:
             ),
             check_contract_version=expected_contract_version is not _UNSET,
         )
-        if live is not None:  # a live operation's views (issue 16)
+        if live is not None:  # a live operation's views
             actor.live_slot = live
             run = live.closing(run)
         return self.supervisor.start(handle.operation_id, run, attached=attached)
@@ -358,13 +358,13 @@ class Runtime:
         )
 
     def thread(self, thread_id: str, **settings: Any) -> Thread:
-        """A durable multi-turn thread (issue 18, ``actors/thread.py``): ``response``,
+        """A durable multi-turn thread (``actors/thread.py``): ``response``,
         ``model``, ``instructions``, ``maximum_attempts``, ``retry_policy``,
         ``reasoning_effort``; ``server_state=True`` is refused (an unsupported form)."""
         return open_thread(self, thread_id, **settings)
 
     def delegate(self, group_id: str, **settings: Any) -> Delegation:
-        """A parent fed by child operations (issue 18, ``actors/delegate.py``): ``builder``
+        """A parent fed by child operations (``actors/delegate.py``): ``builder``
         (deterministic: children's values by key -> the parent's request), ``response``,
         ``maximum_attempts``, ``retry_policy``."""
         return open_delegation(self, group_id, **settings)
@@ -400,9 +400,9 @@ class Runtime:
         try:
             lease = self.store.get_lease(record.operation_id)
         except (errors.CorruptRecord, errors.UnsupportedRecordVersion):
-            lease = None  # with_queue_state names the damaged row (issue 29.10)
+            lease = None  # with_queue_state names the damaged row
         now = self.now()
-        # A derivative's lease holds until it expires, even after its owner died (issue 16).
+        # A derivative's lease holds until it expires, even after its owner died.
         live = lease is not None and lease_blocks(self.store, lease, record, now)
         command = self.store.get_command(record.operation_id)
         payloads = self.store.payload_kinds([record.operation_id])[record.operation_id]
@@ -469,7 +469,7 @@ class Runtime:
 
     async def suspend(self, handle: Handle) -> None:
         """Suspend from any runtime on the store, also while another process streams it.
-        A continuation successor dispatched after it is suspended too (issue 29)."""
+        A continuation successor dispatched after it is suspended too."""
         await self._command(handle.operation_id, "suspend")
 
     async def cancel(self, handle: Handle) -> None:
@@ -480,12 +480,12 @@ class Runtime:
         returned by ``send_recovering``. Read and commit it first if it may be
         needed (``status().has_saved_completion``); the CLI's ``cancel`` refuses
         such an operation unless given ``--force``. A continuation successor
-        dispatched after it (not completed yet) is cancelled too (issue 29).
+        dispatched after it (not completed yet) is cancelled too.
         """
         await self._command(handle.operation_id, "cancel")
 
     async def _command(self, operation_id: str, kind: CommandKind) -> None:
-        # Issue 29: also for the continuation successors dispatched after it.
+        # User intent applies to the lineage: also the continuation successors dispatched after it.
         commands = await self.store.write(
             functools.partial(write_lineage_command, operation_id, kind, self.now(),
                               self.account),
@@ -497,7 +497,7 @@ class Runtime:
             "operation.cancelled" if kind == "cancel" else "operation.suspended", operation_id
         )
         own = [command for command in commands if command.operation_id == operation_id]
-        if kind == "cancel" and not own:  # applied here: nobody runs it (issue 15)
+        if kind == "cancel" and not own:  # applied here: nobody runs it (cancel on the server)
             record = self.store.get_operation(operation_id)
             if record is not None and record.reattach:
                 await cancel_on_server(self, record)
@@ -610,7 +610,7 @@ async def open_runtime(
         nursery.start_soon(runtime.queue_watch.run)
         runtime.supervisor.open(nursery)
         try:
-            # Close what dead owners left behind before anything runs (issue 14).
+            # Close what dead owners left behind before anything runs.
             await sweep_at_open(store, now=runtime.now(), telemetry=pump, serving=(
                 None if account is None or backend is None
                 else (account.account_id, account.source, backend.endpoint_id)

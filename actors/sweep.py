@@ -1,4 +1,4 @@
-"""The recovery sweep: close what dead owners left behind, honestly (issue 14, seed 004's
+"""The recovery sweep: close what dead owners left behind, honestly (seed 004's
 TurnRecovery in our terms).
 
 The store is the authority; a process that ran an operation is only a projection of it
@@ -16,15 +16,15 @@ conditional on the fence the scan read:
 An operation whose lease is live is never touched. A second sweep changes nothing (the
 rows it closed no longer hold a lease and are no longer in flight).
 
-Unclaimed work (issue 29.4, ``actors/unclaimed.py``): a queued operation with a saved
+Unclaimed work (``actors/unclaimed.py``): a queued operation with a saved
 bound (``submit(unclaimed_after=)``) that no live worker of its account and endpoint has
 served for that long ends ``failed`` with ``failure_reason="no_worker"``; with
 ``unclaimed_after`` (``recoverable sweep --unclaimed-after S``) every runnable operation is
 judged by that bound instead. An operation a live worker of its account and endpoint
-could claim is never ended so (issue 29.11), and neither is one of ``serving`` (the
+could claim is never ended so, and neither is one of ``serving`` (the
 account and endpoint of the runtime that sweeps as it opens).
 
-Damage (issue 29.10, ``storage/queue_checks.py``): a full sweep also names the queue and
+Damage (``storage/queue_checks.py``): a full sweep also names the queue and
 lease rows that would keep an unfinished operation from any worker for ever, and a
 rolled-back queue serial counter (``damaged``, ``damaged_rows``); it never rewrites them.
 
@@ -97,7 +97,7 @@ class SweepReport(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
       nothing was ever spent);
     - ``failed``: closed and made terminal by this sweep (``failure_reason``
       ``owner_lost``, ``expired`` or ``no_worker``);
-    - ``unclaimed``: of those, ended ``no_worker`` (issue 29.4);
+    - ``unclaimed``: of those, ended ``no_worker`` (unclaimed);
     - ``raced``: changed by another process between the scan and the write (skipped;
       the next sweep looks again);
     - ``unreadable``: records that could not be decoded (never rewritten);

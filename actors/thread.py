@@ -1,4 +1,4 @@
-"""Threads (issue 18): multi-turn structured conversations made of ordinary operations.
+"""Threads: multi-turn structured conversations made of ordinary operations.
 
 A thread is named by the host (``runtime.thread(thread_id, ...)``) and lives in the store
 as its turns: each turn is an operation in scope :data:`THREAD_SCOPE`, ``job_id`` = the
@@ -109,7 +109,7 @@ def _create_turn(
     next turn's body from the committed history, save it (idempotent for the same input)."""
     account = build.account
     turns = thread_turns(txn, account, plan.thread_id)
-    # Issue 29: what the thread's disposed turns left (their records are gone).
+    # What the thread's disposed turns left (their records are gone).
     row = read_row(txn, account, plan.thread_id)
     latest = max(max(turns, default=0), row.latest_turn if row is not None else 0)
     gone = functools.partial(_disposed, txn)
@@ -154,7 +154,7 @@ def _committed_history(txn: WriteTxn, turns: dict[int, list[OperationRecord]],
                        committed: list[int], before: int, row: ThreadRow | None
                        ) -> list[dict[str, Any]]:
     """The history a turn numbered ``before`` carries: up to the last committed turn —
-    its records, or the thread's row when that turn was disposed (issue 29)."""
+    its records, or the thread's row when that turn was disposed."""
     live = max((turn for turn in committed if turn < before), default=0)
     if row is not None and live < row.committed_turn < before:
         return list(row.history)
@@ -174,7 +174,7 @@ def _commit(operation_id: str, account: Any, thread_id: str, txn: WriteTxn) -> O
     if record is None or turn_number(record) is None:
         raise errors.StateUnavailable("no such thread turn", operation_id=operation_id)
     require_owner(account, record.account, operation_id)
-    if record.job_id != thread_id:  # issue 29: never another thread's turn
+    if record.job_id != thread_id:  # fail closed: never another thread's turn
         raise errors.InvalidRequest(
             f"the operation is a turn of another thread, not of {thread_id!r}",
             operation_id=operation_id)

@@ -33,7 +33,7 @@ class _NotTransmitted(Exception):
 
 class StoppedAtCheckpoint(Exception):
     """Raised from a background stream: a checkpoint write found the operation ended
-    meanwhile (issue 16: superseded; the write deleted the cancel command that was to
+    meanwhile (e.g. superseded; the write deleted the cancel command that was to
     tell the monitor) and persisted a Stop instead; ``transition`` is that Stop."""
 
     def __init__(self, transition: machine.Transition) -> None:
@@ -92,7 +92,7 @@ class _Attempt(Sending):
 class Transmitter(OperationCore):
     """The actor's core plus the path of one approved attempt to its outcome."""
 
-    # A live operation's consumer (issue 16; None for every other execution): the text
+    # A live operation's consumer (None for every other execution): the text
     # deltas of each consumed attempt go to it, never to the store.
     live_slot: LiveSlot | None = None
 
@@ -196,7 +196,7 @@ class Transmitter(OperationCore):
                     # No stream starts on a lease past its margin (late: renewed first).
                     await self.guard.fresh()
                     with self.guard.transport():  # the hard deadline: the lease's safety margin
-                        if authorized.reattach:  # issue 15: a background POST, checkpointed
+                        if authorized.reattach:  # reattachable: a background POST, checkpointed
                             call = self._background_post(
                                 body, attempt_id, token, sending.on_progress,
                                 sending.before_send,
@@ -210,7 +210,7 @@ class Transmitter(OperationCore):
                         hard = authorized.attempt_timeout
                         if hard is None:
                             sending.result = await call
-                        else:  # issue 16: a hard timeout shorter than the lease
+                        else:  # the attempt's hard timeout, shorter than the lease
                             sending.result = await self._within(hard, call, sending)
                     await self.guard.checkpoint()  # cut by it: stop here (the lease is lost)
                 streamed = None
@@ -266,7 +266,7 @@ class Transmitter(OperationCore):
                     maximum_pause=current.retry_policy.maximum_retry_after,
                 )
 
-    # --- issue 15: background responses (``reattach=True``) -------------------------
+    # --- reattachment: background responses (``reattach=True``) ---------------------
 
     async def _background_post(
         self,
@@ -423,7 +423,7 @@ class Transmitter(OperationCore):
     async def _within(
         self, seconds: float, call: Awaitable[Completed | Interruption], sending: Sending
     ) -> Completed | Interruption:
-        """Run one attempt's transport under its hard timeout (issue 16): never longer
+        """Run one attempt's transport under its hard timeout: never longer
         than ``seconds``, nor than the executing runtime's lease less its safety margin
         (a worker with a shorter lease than the preparer's still ends the call before its
         claim could expire). Cut, the attempt ends as a ``timeout`` interruption

@@ -1,6 +1,6 @@
-"""The turns of a thread as the store holds them (issue 18): their scope, numbering and
+"""The turns of a thread as the store holds them: their scope, numbering and
 the "newer turn" check a continuation makes before its dispatch, and what a disposed turn
-leaves its thread (issue 29, :func:`remember_turn`). ``actors/thread.py`` is the thread
+leaves its thread (:func:`remember_turn`). ``actors/thread.py`` is the thread
 itself; this module is what ``actors/continuation.py`` and ``actors/lifecycle.py`` need.
 """
 
@@ -86,7 +86,7 @@ def turn_history(txn: WriteTxn, turn: OperationRecord) -> list[dict[str, Any]]:
 
 
 def remember_turn(txn: WriteTxn, record: OperationRecord) -> None:
-    """Issue 29: a thread turn is about to be disposed (acknowledged or abandoned, its
+    """A thread turn is about to be disposed (acknowledged or abandoned, its
     content removed in this transaction): its thread's row keeps its number and, when the
     turn is committed, the history up to and including it, so the thread's numbering and
     context go on. A committed turn whose input or output cannot be read (damage) leaves

@@ -1,4 +1,4 @@
-"""The unclaimed bound of submitted work (issue 29.4 and 29.11): when nobody can run it.
+"""The unclaimed bound of submitted work: when nobody can run it.
 
 ``runtime.submit`` saves the operation's bound (``OperationRecord.unclaimed_after``,
 default ``preconditions.DEFAULT_UNCLAIMED_AFTER``). **Unclaimed** means no live worker of

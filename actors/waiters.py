@@ -16,7 +16,7 @@ have settled (:func:`may_settle`). A waiter wakes on its own at least every
 watch (a runtime not opened with ``open_runtime``): a bounded poll, never a hang.
 
 Two more things keep a queued operation from ever settling, and the same full read finds
-them (issue 29): a damaged queue or lease row (``storage/queue_checks.py``: no worker would
+them: a damaged queue or lease row (``storage/queue_checks.py``: no worker would
 ever run it), whose ``CorruptRecord`` its waiters raise; and no live worker of its account
 and endpoint for its unclaimed bound (``actors/unclaimed.py``): the watch ends it
 ``no_worker`` itself (one fenced write), counting the bound from the moment the wait

@@ -81,7 +81,7 @@ MAX_SKIPPED: Final = 4096  # remembered skips past which the lapsed ones are dro
 BUSY_SECONDS: Final = 0.1  # one running in another process is looked at again after this
 POLL_FIRST: Final = 0.005  # seconds between looks at the queue when work was found
 POLL_MAX: Final = 0.1  # ... and at most this long when there was none
-CONTINUATION_RECHECK: Final = 1.0  # a pending continuation not yet due: seconds (issue 18)
+CONTINUATION_RECHECK: Final = 1.0  # a pending continuation not yet due: seconds
 
 
 class WorkerRuntime(Protocol):
@@ -109,7 +109,7 @@ class WorkerReport:
     stopped: int = 0  # ended without a terminal state (declined, suspended, ...)
     removed: int = 0  # queue rows removed (terminal, disposed, expired)
     resumable: int = 0  # suspended by this worker's stop, flagged for the next one
-    continued: int = 0  # continuation successors dispatched (issue 18)
+    continued: int = 0  # continuation successors dispatched
 
 
 def claimable(
@@ -166,7 +166,7 @@ def _dequeue(operation_ids: list[str], txn: WriteTxn) -> int:
         except (errors.CorruptRecord, errors.UnsupportedRecordVersion):
             record = None
         if record is not None and is_pending(record):
-            continue  # issue 18: a pending continuation stays queued until dispatched
+            continue  # a pending continuation stays queued until dispatched
         removed += txn.dequeue(operation_id)
     return removed
 
@@ -241,7 +241,7 @@ class _Worker:
         self.changed.set()
 
     def _served(self, ahead: float) -> ServedRow:
-        """Its account and endpoint served until ``ahead`` seconds from now (issue 29.4)."""
+        """Its account and endpoint served until ``ahead`` seconds from now."""
         return ServedRow(
             account_id=self.account.account_id, source=self.account.source,
             endpoint_id=self.endpoint_id, until=self.rt.now() + ahead,
@@ -312,7 +312,7 @@ class _Worker:
 
     async def _renew_served(self) -> None:
         """Keep the served mark of its account and endpoint ``SERVED_GRACE`` seconds ahead
-        while it runs (one write every ``SERVED_RENEW`` seconds; issue 29.4)."""
+        while it runs (one write every ``SERVED_RENEW`` seconds)."""
         while True:
             await trio.sleep(SERVED_RENEW)
             with contextlib.suppress(errors.RecoveryError):  # the next renewal tries again
@@ -359,7 +359,7 @@ class _Worker:
                 if record is None:
                     done.append(operation_id)  # acknowledged, abandoned or purged
                     continue
-                if is_pending(record):  # issue 18: a failed run's pending continuation
+                if is_pending(record):  # a failed run's pending continuation
                     continuing.append(operation_id)
                     continue
                 verdict = claimable(
@@ -385,9 +385,9 @@ class _Worker:
         return started
 
     async def _continue(self, operation_id: str, clock: float) -> int:
-        """Dispatch a pending continuation (issue 18) when due: 1 if a successor was
+        """Dispatch a pending continuation when due: 1 if a successor was
         created (it is queued: a later round claims it)."""
-        # The runtime's account NOW (issue 29): a signed-out runtime dispatches nothing.
+        # The runtime's account NOW (fail closed): a signed-out runtime dispatches nothing.
         result = await dispatch_continuation(self.store, self.rt.telemetry, operation_id,
                                              account=self.rt.account,
                                              endpoint_id=self.endpoint_id, now=self.rt.now())

@@ -47,7 +47,7 @@ Touches = Iterable[str | OperationRecord]  # see Store.write
 
 # The named tables of a store. ``get_raw``/``put_raw`` reach the rows that are not typed
 # records (the governor's advisory rows, a version-1 operation's bytes). ``schedule`` is
-# retired (nothing writes it since issue 13; an older store's rows are dropped at open).
+# retired (nothing writes it; an older store's rows are dropped at open).
 Table = Literal[
     "operations", "payloads", "commands", "leases", "schedule", "hosts", "dispositions",
     "governor", "meta", "queue", "sources",
@@ -71,7 +71,7 @@ class RecordReader(Protocol):
     def get_raw(self, table: Table, key: bytes) -> bytes | None: ...
 
     def get_source(self, key: str) -> str | None:
-        """The source manifest's current digest of ``key`` (issue 16); None: no such source."""
+        """The source manifest's current digest of ``key``; None: no such source."""
         ...
 
     def lease_is_live(self, lease: LeaseRecord, now: float | None = None) -> bool:
@@ -122,7 +122,7 @@ class WriteTransaction(RecordReader, Protocol):
 
     def put_raw(self, table: Table, key: bytes, value: bytes) -> None: ...
 
-    # -- the source manifest (issue 16, storage/sources.py) --
+    # -- the source manifest (storage/sources.py) --
     # ``put_operation`` of a NEW record with ``source`` also indexes it under its source
     # key, and ``delete_operation`` removes that index entry; the rules that run on a
     # manifest change are ``storage.sources.change_source`` (over these four methods).
@@ -144,7 +144,7 @@ class WriteTransaction(RecordReader, Protocol):
         ...
 
     def put_preference(self, name: str, value: bytes) -> None:
-        """Save the store-wide preference ``name`` (issue 18, ``storage/preferences.py``);
+        """Save the store-wide preference ``name`` (``storage/preferences.py``);
         read back with ``get_raw("meta", b"preference." + name)``. Small, not counted
         against the quotas."""
         ...

@@ -4,7 +4,7 @@ The rows are the same bytes in both stores (LMDB and PostgreSQL), so a move is a
 table by table, through the destination's own write path: every row is counted against its
 quotas, and the command and queue serials are carried over (a command written afterwards
 must have a higher serial than every copied one, or a monitor would miss it), and so are
-the store-wide preferences (``meta`` rows ``preference.*``, issue 18: a store with
+the store-wide preferences (``meta`` rows ``preference.*``: a store with
 continuation turned on has it on after the move). Refused unless no other process has the
 source open (its operations would go on changing) and the destination holds nothing yet.
 Leases are copied as they are: they name the source's owners, which are dead in the
@@ -100,8 +100,8 @@ def copy_store(source: RecoveryStore, destination: RecoveryStore) -> dict[str, i
             counts[table] += len(chunk)
     serials = (
         u64(source.get_raw("meta", META_SERIAL)),
-        # Never below a serial in use: a source counter that was rolled back (damage,
-        # issue 29.10) is repaired by the copy instead of overwriting queued places.
+        # Never below a serial in use: a source counter that was rolled back (damage)
+        # is repaired by the copy instead of overwriting queued places.
         max(u64(source.get_raw("meta", META_QUEUE_SERIAL)), in_use),
     )
 

@@ -1,4 +1,4 @@
-"""What the store checks about its own files (issue 11): damage and lock replacement.
+"""What the store checks about its own files: damage and lock replacement.
 
 - **The data file against its own metadata**, before LMDB maps it: LMDB's two meta
   pages (at offsets 0 and one page) name the last used page; a ``data.mdb``
@@ -351,7 +351,7 @@ def _walk(fd: int) -> None:
                 elif freelist:
                     # The key is the id of the transaction that freed these pages: 8 bytes,
                     # never newer than the snapshot (LMDB asserts it when it saves the
-                    # list, an abort of the whole process, issue 16's CI run).
+                    # list, an abort of the whole process).
                     if ksize != 8 or _U64.unpack_from(buf, ptr + _NODE.size)[0] > txnid:
                         raise _Damage(f"free-page list page {pgno} has a malformed key")
                     if len(value) < 8 or len(value) % 8:

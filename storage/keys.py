@@ -6,7 +6,7 @@
 - ``governor``: h("governor", endpoint, account) (no account identifier in a key)
 - ``schedule``: retired (an older store's ``sortable(next_attempt_at) + operation id``
   rows are dropped when the store is opened; see ``RecoveryStore``)
-- ``sources`` (issue 16): ``b"m" + key`` → the manifest's current digest of a source key;
+- ``sources``: ``b"m" + key`` → the manifest's current digest of a source key;
   ``b"b" + h(key) + operation id`` → ``b""`` (the operations bound to a source key)
 - ``meta``: ``format_version``, ``bytes_used``, ``command_serial`` (8-byte big-endian)
 

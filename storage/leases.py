@@ -213,7 +213,7 @@ def lease_blocks(
     txn: RecordReader, lease: LeaseRecord, record: OperationRecord, now: float
 ) -> bool:
     """The lease still keeps the operation from a new claim at ``now``: it is live, or
-    (issue 16) the operation is source-bound and the lease has not expired yet — a
+    the operation is source-bound and the lease has not expired yet — a
     derivative's lease is reclaimed only once expired, even when its owner died, so no
     earlier claim's provider call (bounded by a hard timeout shorter than the lease) can
     still be running when the next one starts."""

@@ -56,7 +56,7 @@ SQL_TABLES: Final[tuple[str, ...]] = tuple(sql_table(table) for table in TABLES)
 TABLE_INDEX: Final[dict[str, int]] = {name: index for index, name in enumerate(SQL_TABLES)}
 # A row's id in the caches and the write buffers: its table's index (one byte), then its
 # key — the form ``recoverable_changes`` logs. Bytes, not a (table, key) tuple: a dict of
-# bytes is never tracked by the garbage collector, and a tuple per read was (issue 17).
+# bytes is never tracked by the garbage collector, and a tuple per read was.
 _TAG: Final[dict[str, bytes]] = {name: bytes((index,)) for name, index in TABLE_INDEX.items()}
 _META: Final = sql_table("meta")
 _META_INDEX: Final = TABLE_INDEX[_META]  # a row id's first byte, as an int

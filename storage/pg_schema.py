@@ -11,7 +11,7 @@ bytes the LMDB store writes, see ``storage/pg_sql.py``), the ``meta`` counters, 
 owners (one row per opened store: its advisory-lock key and its heartbeat expiry in
 server time) and the transaction log (the last batch id of each owner: a commit whose
 acknowledgement was lost is resolved by reading it back, never guessed).
-Version 2: the ``sources`` table (issue 16's source manifest and its index).
+Version 2: the ``sources`` table (the source manifest and its index).
 Version 3: ``recoverable_operations`` gains typed columns projected from each record
 (filled for every existing row), their indexes, and the triggers that refuse a falling
 fence or attempts count, a finished phase made live again, a changed admission column
@@ -113,7 +113,7 @@ def _step_1(conn: psycopg.Connection[Any]) -> None:
 
 
 def _step_2(conn: psycopg.Connection[Any]) -> None:
-    """Version 2: the source manifest of issue 16 (``storage/sources.py``)."""
+    """Version 2: the source manifest (``storage/sources.py``)."""
     conn.execute(
         f"CREATE TABLE IF NOT EXISTS {sql_table('sources')} "
         "(key bytea PRIMARY KEY, value bytea NOT NULL)"

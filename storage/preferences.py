@@ -1,8 +1,8 @@
-"""Store-wide preferences (issue 18): the opt-in continuation after terminal stream failures.
+"""Store-wide preferences: the opt-in continuation after terminal stream failures.
 
 One row in the ``meta`` table, ``b"preference.continuation"`` (msgpack of
 :class:`ContinuationPreference`), written by ``WriteTransaction.put_preference``. A store
-without the row (every store created before issue 18, and every new one) reads as
+without the row (a store older than preferences, and every new one) reads as
 **off** with the documented defaults. An unreadable row also reads as off (fail closed:
 nothing starts on a preference nobody can read) and :func:`read_continuation` with
 ``strict=True`` raises ``CorruptRecord`` so the CLI can say so.

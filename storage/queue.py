@@ -14,7 +14,7 @@ Three kinds of rows, all in the ``queue`` table:
   live while its owner's lock is held (a row left by a killed worker is dead at once,
   and removed by the next worker that starts).
 - ``b"v" + sha256(account, source, endpoint)`` -> a :class:`ServedRow` (msgpack): until
-  when the workers of one account and endpoint are known to have served it (issue 29.4):
+  when the workers of one account and endpoint are known to have served it (unclaimed work):
   each worker of it moves ``until`` to ``SERVED_GRACE`` seconds ahead when it starts and
   every ``SERVED_RENEW`` seconds while it runs, and to at least its own stop when it
   stops. Never moved back, never removed: the unclaimed bound of an operation counts

@@ -1,4 +1,4 @@
-"""Store URLs and database driver messages without their secrets (issue 28, item 5).
+"""Store URLs and database driver messages without their secrets (fail closed).
 
 A ``postgresql://`` URL may hold a password, and users write it unencoded: with a ``/``,
 ``?``, ``#`` or ``@`` in it a URL parser (``urllib``, and libpq too) splits the string

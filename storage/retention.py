@@ -103,7 +103,7 @@ def purge_account(
             _remove_operation(txn, op_id)
             removed.append(op_id)
         if scope is None or scope == THREAD_SCOPE:
-            delete_rows(txn, account)  # issue 29: the threads' kept history goes too
+            delete_rows(txn, account)  # the threads' kept history goes too
         return removed, skipped
 
     removed, skipped = store.write_sync(purge)

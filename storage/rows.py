@@ -55,7 +55,7 @@ class RecordGetters:
         return self._get(table, key)
 
     def get_source(self, key: str) -> str | None:
-        """The source manifest's current digest of ``key`` (issue 16)."""
+        """The source manifest's current digest of ``key``."""
         raw = self._get("sources", source_key(key))
         return None if raw is None else raw.decode("ascii", "replace")
 

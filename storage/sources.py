@@ -1,4 +1,4 @@
-"""The source manifest and what a change to it does (issue 16, docs/sources.md).
+"""The source manifest and what a change to it does (docs/sources.md).
 
 The ``sources`` table holds the manifest (a source key → the digest that is current) and
 an index (a source key → the operations bound to it; ``put_operation`` of a new

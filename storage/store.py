@@ -563,7 +563,7 @@ class RecoveryStore(RecordGetters):
 
     # -- retention (explicit maintenance; see storage/retention.py) --
 
-    # -- the source manifest (issue 16, storage/sources.py, docs/sources.md) --
+    # -- the source manifest (storage/sources.py, docs/sources.md) --
 
     async def set_source(
         self, key: str, digest: str, *, now: float | None = None

@@ -1,4 +1,4 @@
-"""A thread's own row (issue 29): what a thread needs once its turns' records are gone.
+"""A thread's own row: what a thread needs once its turns' records are gone.
 
 A thread (``actors/thread.py``) numbers its turns and builds each turn's body from its
 committed history. Both were read only from the turns' operation records, which

@@ -70,7 +70,7 @@ _MISSING: Final = object()
 _TAG: Final[dict[str, bytes]] = {table: bytes((index,)) for index, table in enumerate(TABLES)}
 _META_TAG: Final = _TAG["meta"]
 
-# What an operation was admitted with (issue 14): fixed by ``prepare``, never changed by a
+# What an operation was admitted with: fixed by ``prepare``, never changed by a
 # later write of the same record (``put_operation`` refuses it with ``AdmissionChanged``).
 # A field is listed only once the record has it (``on_interruption`` arrives with the
 # interruption policy).
@@ -81,9 +81,9 @@ ADMISSION_FIELDS: Final[tuple[str, ...]] = tuple(
         "maximum_attempts", "maximum_output_tokens_total", "retry_policy", "expires_at",
         "format_hash", "contract_version", "scope", "job_id", "input_revision",
         "on_interruption", "source", "attempt_timeout",
-        "reattach",  # issue 15: reattach is chosen at prepare
-        "live",  # issue 16: chosen at prepare (it fixed on_interruption="fail")
-        "unclaimed_after",  # issue 29.4: chosen at submit
+        "reattach",  # chosen at prepare
+        "live",  # chosen at prepare (it fixed on_interruption="fail")
+        "unclaimed_after",  # chosen at submit
     )
     if name in OperationRecord.__struct_fields__
 )
@@ -131,7 +131,7 @@ class WriteTxn(RecordGetters, MutationContext, QueueWrites):
         # Keyed by ``_TAG[table] + key`` (bytes, not a tuple) and holding bytes, None and
         # ``gc=False`` records only: the collector never tracks these dicts nor their keys
         # (a tuple key per read was ~25 tracked objects per durable job, alive for the
-        # whole batch: issue 20).
+        # whole batch).
         self._cache: dict[bytes, bytes | None] = {}
         self._decoded_raw: dict[bytes, bytes] = {}  # the bytes each record was decoded from
         self._decoded: dict[bytes, Any] = {}
@@ -323,7 +323,7 @@ class WriteTxn(RecordGetters, MutationContext, QueueWrites):
         return record
 
     def put_preference(self, name: str, value: bytes) -> None:
-        """Save a store-wide preference row (issue 18, ``storage/preferences.py``) in the
+        """Save a store-wide preference row (``storage/preferences.py``) in the
         ``meta`` table under ``b"preference." + name``: small (at most 4 KiB), not counted
         in ``bytes_used`` (like the store's own counters, so a full store can still be
         configured)."""
@@ -364,7 +364,7 @@ class WriteTxn(RecordGetters, MutationContext, QueueWrites):
             if old is None:
                 self._put("operations", key, data)
                 self._put("hosts", hosts_key(record), b"")
-                if record.source is not None:  # issue 16: the source's bound operations
+                if record.source is not None:  # the source's bound operations
                     self._put("sources", source_bound_prefix(record.source.key) + key, b"")
                 return
             if old.awaiting_upgrade:  # a version-1 record is frozen by its upgrade
@@ -513,7 +513,7 @@ class WriteTxn(RecordGetters, MutationContext, QueueWrites):
         owners = {key.rpartition(b"\0")[0] for key in self._keys("payloads", prefix.encode())}
         return sorted(key_str(owner) for owner in owners)
 
-    # -- the source manifest and its index (issue 16, storage/sources.py) --
+    # -- the source manifest and its index (storage/sources.py) --
 
     def put_source(self, key: str, digest: str) -> None:
         self._put("sources", source_key(key), digest.encode("ascii"))

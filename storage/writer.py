@@ -122,7 +122,7 @@ class MapGuard:
 class _Job(msgspec.Struct, gc=False, eq=False):
     """One queued mutation and, once its batch is resolved, its outcome.
 
-    Untracked by the collector (``gc=False``; issue 20): one is alive per write in flight
+    Untracked by the collector (``gc=False``): one is alive per write in flight
     and nothing it holds refers back to it (the queue and the batch list hold it, never
     the reverse). Compared by identity (``eq=False``: ``job in queue``)."""
 

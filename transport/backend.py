@@ -128,7 +128,7 @@ class ResponsesBackend:
                 normalized, limits=limits, max_connections=max_connections
             )
         self._stack: contextlib.AsyncExitStack | None = None
-        # Issue 15: background responses (``prepare(..., reattach=True)``) always go over
+        # Reattachment: background responses (``prepare(..., reattach=True)``) always go over
         # HTTP SSE: the SSE transport itself, or (WebSocket mode, where background mode is
         # not available) one of the same base URL made on first use.
         self.reattachment = ReattachClient(

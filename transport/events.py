@@ -65,7 +65,7 @@ def _is_tool_event(event_type: str) -> bool:
     return _TOOL_EVENT_MARKER.match(event_type) is not None
 
 
-# Issue 15: a resumed stream's terminal ``response.completed`` carried no message output.
+# Reattachment: a resumed stream's terminal ``response.completed`` carried no message output.
 RESUMED_WITHOUT_OUTPUT = "resumed_without_output"
 
 
@@ -205,7 +205,7 @@ class ResponseStream:
         resume_after: int | None = None,
         response_id: str | None = None,
     ) -> None:
-        # Issue 15: a stream resumed after ``resume_after`` (a saved cursor) of the known
+        # Reattachment: a stream resumed after ``resume_after`` (a saved cursor) of the known
         # ``response_id``. Events at or below the cursor are skipped (never applied twice);
         # the deltas before it are missing, so a completion is taken only from the terminal
         # response's own output, never assembled from partial events.
@@ -492,7 +492,7 @@ class ResponseStream:
 
 class DeltaResponseStream(ResponseStream):
     """A :class:`ResponseStream` that also hands each output text delta to ``on_delta``
-    as it arrives (a live operation's views, issue 16). ``on_delta`` is synchronous and
+    as it arrives (a live operation's views). ``on_delta`` is synchronous and
     must never wait. Only a stream that asked is of this class: no other stream pays."""
 
     def __init__(

@@ -1,8 +1,8 @@
 """The idle timer of one stream: a Trio cancel scope pushed forward by activity, lazily.
 
 Setting a cancel scope's deadline re-registers it with Trio's deadline heap; a stream
-that did so for every chunk and every message paid that per event on the shared path
-(issue 20). ``IdleTimer.touch`` moves the deadline only when it is outside
+that did so for every chunk and every message paid that per event on the shared path.
+``IdleTimer.touch`` moves the deadline only when it is outside
 ``[now + timeout, now + timeout + slack]``: the timer never fires earlier than ``timeout``
 after the last activity and at most ``slack`` later (``timeout / 16``, at most 1 s), and the
 deadline moves at most once per ``slack`` of activity.

@@ -7,7 +7,7 @@ one idle connection too many (a list built over the whole pool: quadratic). With
 thousands of parked operations each keeping a connection alive, that examination was the
 event loop's whole time: measured with ``bench/scheduler_lateness.py`` over SSE, 300
 parked operations woke with a p99 lateness of 9.6 s, and at a few thousand the heartbeat's
-renewals were starved past the leases' margins (``LeaseLost``, issue 36).
+renewals were starved past the leases' margins (``LeaseLost``).
 
 :class:`ClientShards` keeps the same total bound (``max_connections``) over shards of at
 most :data:`SHARD_CONNECTIONS` connections each, made on first use and sharing one TLS

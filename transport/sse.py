@@ -77,7 +77,7 @@ class SseTransport:
     def __init__(self, base_url: str, *, limits: StreamLimits, max_connections: int) -> None:
         self.url = base_url.rstrip("/") + "/responses"
         self._limits = limits
-        # Small pools, not one large one: see transport/shards.py (issue 36).
+        # Small pools, not one large one: see transport/shards.py (thousands of waiting operations).
         self._shards = ClientShards(
             max_connections=max_connections, connect_timeout=limits.connect_timeout
         )
@@ -135,7 +135,7 @@ class SseTransport:
 
     def request(self, method: str, url: str, *, token: str, attempt_id: str | None = None,
                 params: dict[str, str] | None = None, stream: bool = False) -> httpx.Request:
-        """A request on this transport's client and headers (issue 15: the GETs and the
+        """A request on this transport's client and headers (reattachment: the GETs and the
         cancel POST of a background response; no body)."""
         headers = {
             "authorization": f"Bearer {token}",

@@ -37,7 +37,7 @@ POINTS = (
     "host.committed",  # 9: host commit done, before acknowledge (host side)
     "acknowledge.marker_saved",  # 10: acknowledgement marker saved, before payload removal
 )
-# Issue 15 (reattach=True; not rows of the seed's table): a reattachment checkpoint was
+# Reattachment (reattach=True; not rows of the seed's table): a reattachment checkpoint was
 # committed (actors/transmit.py), and the reattachment of an attempt is counted and saved,
 # its resume GET not sent yet (actors/reattach.py).
 REATTACH_POINTS = ("reattach.checkpoint_saved", "reattach.saved")

@@ -7,8 +7,8 @@ transport adds what its mode needs) nor credentials. Encoding is canonical
 (``msgspec.json.encode(..., order="sorted")``), so the same request and
 contract always give identical bytes.
 
-The optional Responses parameters (``temperature``, ``service_tier``, ``metadata``...,
-issue 19.2) are validated here and added only when set: a request that sets none of
+The optional Responses parameters (``temperature``, ``service_tier``, ``metadata``...)
+are validated here and added only when set: a request that sets none of
 them freezes to exactly the bytes it did before they existed. Numbers are normalized
 (``temperature=1`` and ``1.0`` freeze alike), ``include`` is sorted and de-duplicated.
 """
@@ -96,7 +96,7 @@ def freeze_body(
 ) -> bytes:
     """Validate ``request`` and return its canonical tool-free Responses body.
 
-    With ``reattach=True`` (issue 15, ``prepare(..., reattach=True)``) the body is frozen
+    With ``reattach=True`` (reattachment, ``prepare(..., reattach=True)``) the body is frozen
     with ``"background": true, "store": true``: the provider keeps the response (for a
     limited time) so an interrupted attempt can be resumed by id instead of generated
     again (docs/reattach.md). The request's own ``store``/``background`` stay refused:

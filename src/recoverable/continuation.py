@@ -1,4 +1,4 @@
-"""Opt-in continuation after a terminal stream failure (issue 18, seed 002): the pure rules.
+"""Opt-in continuation after a terminal stream failure (seed 002): the pure rules.
 
 An operation that ended ``failed`` because its budget was spent on *confirmed stream
 failures* may get ONE automatic successor per failed run, through the manual-retry
@@ -74,7 +74,7 @@ STREAM_ERROR_CODES: Final = frozenset({
 })
 # Uninformative final codes: they qualify only AFTER confirmed stream failures, never alone.
 # ``unrecognized`` (``outcome.UNRECOGNIZED_CODE``: a provider word that was not a short
-# token, so nobody can read it) is NOT one: it is no evidence at all (issue 29).
+# token, so nobody can read it) is NOT one: it is no evidence at all (fail closed).
 GENERIC_CODES: Final = frozenset({
     "other", "unknown", "unknown_error", "server_error", "internal_error",
 })
@@ -97,8 +97,8 @@ POLICY_WORDS: Final = (
 )
 _SEPARATORS: Final = str.maketrans("-.:/", "____")
 # Transport codes of a "timeout" that are not a stream going quiet: nothing was read yet
-# (connect), or the host's own elapsed-time bound cut it (issue 16's hard
-# ``attempt_timeout``: a successor has the same bound, so it is never continued).
+# (connect), or the host's own elapsed-time bound cut it (the attempt's
+# hard ``attempt_timeout``: a successor has the same bound, so it is never continued).
 _HARD_TIMEOUT: Final = "hard_timeout"
 _NOT_STREAM_TIMEOUTS: Final = frozenset({"connect_timeout", _HARD_TIMEOUT})
 
@@ -116,7 +116,7 @@ Reason = Literal[
     # cancelled before dispatch
     "cancelled", "suspended", "disabled", "newer_revision", "newer_turn", "manual_retry",
     "disposed", "not_failed", "lease_live", "command_pending",
-    # a source-bound operation's source changed or was deleted (issue 16): a successor
+    # a source-bound operation's source changed or was deleted: a successor
     # bound to a digest that is no longer current would be superseded at birth
     "source_changed", "source_deleted",
 ]

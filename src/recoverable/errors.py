@@ -91,7 +91,7 @@ class OperationBusy(RecoveryError):
 
 
 class ThreadTurnActive(RecoveryError):
-    """A thread never has two turns in flight (issue 18): its latest turn is not
+    """A thread never has two turns in flight: its latest turn is not
     committed (or abandoned) yet."""
 
     code = "thread_turn_active"
@@ -123,7 +123,7 @@ class _EndedWithFailure(RecoveryError):
 
 class AttemptsExhausted(_EndedWithFailure):
     """The saved total attempt budget is spent; only a deliberate manual retry can continue
-    — unless ``continuation_pending``: the store's opt-in continuation (issue 18) will
+    — unless ``continuation_pending``: the store's opt-in continuation will
     create one successor after its delay (``docs/continuation.md``)."""
 
     code = "attempts_exhausted"
@@ -257,7 +257,7 @@ class OperationSuspended(RecoveryError):
 
 
 class OperationSuperseded(RecoveryError):
-    """Its source changed or was deleted, or a newer revision of its job arrived (issue 16):
+    """Its source changed or was deleted, or a newer revision of its job arrived:
     no result of it may count. ``reason``: source_changed | source_deleted | newer_revision."""
 
     code = "operation_superseded"

@@ -88,7 +88,7 @@ RATE_LIMIT_NAMES: Final[frozenset[str]] = frozenset({"rate_limit_exceeded", "rat
 # published output and no tool effect, so a tool-free replacement is safe.
 TRANSPORT_KINDS: Final = frozenset(
     {"disconnected", "timeout", "premature_eof", "malformed", "interrupted",
-     "reattach_unavailable"}  # issue 15: a saved background response that is gone
+     "reattach_unavailable"}  # a saved background response that is gone
 )
 
 

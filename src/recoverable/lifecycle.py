@@ -36,7 +36,7 @@ def suspended_record(rec: OperationRecord) -> OperationRecord:
     (``failed``, ``interrupted``): a suspension never opens a way to replace it."""
     closed = close_interrupted(rec, "suspended")
     if closed.phase == "failed" and reattach_target(close_in_flight(rec, "suspended")):
-        # Issue 15: the attempt can still be resumed by its saved response id (no
+        # Reattachment: the attempt can still be resumed by its saved response id (no
         # replacement): resuming the operation reattaches to it first.
         closed = close_in_flight(rec, "suspended")
     return closed if closed.phase == "failed" else evolve(closed, phase="suspended")
@@ -63,7 +63,7 @@ def merge_command(existing: CommandKind | None, new: CommandKind) -> CommandKind
 
 def apply_command(rec: OperationRecord, kind: CommandKind) -> Transition:
     """A lifecycle command observed at a checkpoint: suspend keeps everything, cancel fences.
-    A superseded record (issue 16) stays as it is: it already fences everything."""
+    A superseded record stays as it is: it already fences everything."""
     if rec.phase == "superseded":
         return stopped(rec, rec, superseded_error(rec))
     match kind:

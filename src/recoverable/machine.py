@@ -280,7 +280,7 @@ def open_operation(
     account_error = _account_error(rec, ctx)
     if account_error is not None:
         return stopped(rec, rec, account_error)  # nothing about it, not even a cancel
-    if rec.phase == "superseded":  # terminal (issue 16): nothing runs or is delivered
+    if rec.phase == "superseded":  # terminal: nothing runs or is delivered
         return stopped(rec, rec, superseded_error(rec))
     if rec.phase == "cancelled" or ctx.command == "cancel":
         return apply_command(rec, "cancel")
@@ -305,7 +305,7 @@ def open_operation(
     if not ctx.body_available:
         # Found before the host is asked and before an attempt is spent (fail closed).
         return stopped(rec, rec, _body_error(rec, ctx))
-    resumed = reattachment.at_open(rec, ctx)  # issue 15: resume before replacing
+    resumed = reattachment.at_open(rec, ctx)  # reattach: resume before replacing
     if resumed is not None:
         return resumed
     work = rec
@@ -418,7 +418,7 @@ def attempt_failed(
     so a suspend never turns a terminal failure into a replaceable one and never
     drops a persisted cooldown or a pending 401 reissue.
     """
-    resumed = reattachment.after_failure(rec, attempt_id, failure, ctx)  # issue 15
+    resumed = reattachment.after_failure(rec, attempt_id, failure, ctx)  # resume first
     if resumed is not None:
         return resumed
     last = require_in_flight("attempt_failed", rec, attempt_id)
@@ -438,7 +438,7 @@ def attempt_failed(
     base = with_last_attempt(rec, ended, last_failure=failure)
     reason = classify(failure, rec.retry_policy)
     if reason is None and rec.on_interruption == "fail" and (
-        failure.kind in TRANSPORT_KINDS or (rec.live and failure.had_output)  # issue 16
+        failure.kind in TRANSPORT_KINDS or (rec.live and failure.had_output)  # output was shown
     ):
         # Replaceable by kind, but its policy forbids replacing it: an interruption, or a
         # live operation's attempt whose output a person may have seen (docs/live.md).
@@ -573,7 +573,7 @@ def owner_lost(rec: OperationRecord, *, now: float) -> Transition:
     interrupted = closed is not rec
     reason: FailureReason | None = None
     if reattachment.keeps_through_owner_loss(closed) and not is_expired(closed, now):
-        pass  # issue 15: the next owner resumes it first (no budget, no replacement)
+        pass  # reattachment: the next owner resumes it first (no budget, no replacement)
     elif _budget_spent(closed) is not None or (interrupted and rec.on_interruption == "fail"):
         reason = "owner_lost"
     elif is_expired(closed, now):
@@ -607,7 +607,7 @@ def unclaimed(
     rec: OperationRecord, *, now: float, unclaimed_after: float,
     served_until: float | None = None,
 ) -> Transition:
-    """The bound on waiting for a worker (issue 29.4): an operation no live process owns,
+    """The bound on waiting for a worker (unclaimed work): an operation no live process owns,
     runnable (``prepared``, or ``waiting`` once its cooldown passed) and not served for
     ``unclaimed_after`` seconds since :func:`unclaimed_since` ends ``failed`` with
     ``failure_reason="no_worker"``. Any other phase, or a younger wait, is returned

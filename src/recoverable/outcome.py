@@ -35,7 +35,7 @@ InterruptionKind = Literal[
     "refusal",  # the model refused (response.refusal.*) instead of producing output
     "invalid_output",  # completed, but the text is not valid JSON / not schema-valid
     "interrupted",  # the local process died or was cancelled while the attempt was in flight
-    # Issue 15: the saved background response could not be resumed (404 / expired on the
+    # Reattachment: the saved background response could not be resumed (404 / expired on the
     # provider, or cancelled there): replaceable like an interruption (seed 000 decides).
     "reattach_unavailable",
 ]

@@ -1,4 +1,4 @@
-"""Partial views of a live operation (issue 16): ephemeral, never a result.
+"""Partial views of a live operation: ephemeral, never a result.
 
 A :class:`PartialView` is what ``async for view in live`` yields while a live operation
 streams (``docs/live.md``): ``text`` is the output text of the current attempt so far,

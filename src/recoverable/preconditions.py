@@ -36,7 +36,7 @@ MAX_OUTPUT_TOKENS_TOTAL: Final = MAX_ATTEMPTS * MAX_USAGE_TOKENS
 MAX_METADATA_CHARS: Final = 1024
 # The interruption policies a preparation may save (records.OnInterruption).
 ON_INTERRUPTION: Final[frozenset[str]] = frozenset(get_args(OnInterruption))
-# The unclaimed bound ``submit`` saves when the host names none (seconds; issue 29.4,
+# The unclaimed bound ``submit`` saves when the host names none (seconds;
 # docs/workers.md): once no live worker of its account and endpoint has served it for this
 # long, any sweep ends a submitted operation ``no_worker``. An hour is 120 leases of 30 s
 # and far longer than a worker restart or a deploy, so a served queue never meets it; yet

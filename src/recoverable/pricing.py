@@ -1,4 +1,4 @@
-"""Token totals and an estimated cost for ``recoverable batch`` (issue 19.3).
+"""Token totals and an estimated cost for ``recoverable batch``.
 
 The ledger sums the usage the provider reported per attempt (``AttemptRecord.usage``)
 by model, and separately the attempts that did not produce the result (replaced

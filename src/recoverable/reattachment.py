@@ -1,4 +1,4 @@
-"""Reattach instead of regenerate (issue 15): the machine's rules for background responses.
+"""Reattach instead of regenerate: the machine's rules for background responses.
 
 An operation prepared with ``reattach=True`` sends a body frozen with ``background: true,
 store: true``: the provider keeps generating the response when the client goes away, and

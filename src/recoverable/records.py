@@ -42,7 +42,7 @@ Phase = Literal[
     "failed",  # terminal failure (see failure_reason)
     "suspended",  # suspended by the owner task's cancellation or by a suspend command
     "cancelled",  # permanently cancelled
-    # Terminal (issue 16): its source changed or was deleted, or a newer revision of its
+    # Terminal: its source changed or was deleted, or a newer revision of its
     # job arrived; any completion was discarded (never saved, or removed unread).
     "superseded",
 ]
@@ -64,7 +64,7 @@ OnInterruption = Literal["replace", "fail"]
 # tuples/frozensets of such frozen values, all of which exist before the record that
 # refers to them — nothing can point back. Reference counting frees them. It matters
 # for throughput: thousands of decoded records are alive at once in a busy runtime and
-# every collection used to walk them (issue 20, bench/results/profile-2026-11-30.md).
+# every collection used to walk them (bench/results/profile-2026-11-30.md).
 
 
 class PendingAttempt(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=True):
@@ -85,7 +85,7 @@ class AttemptRecord(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields
     # The tokens the provider reported for this attempt (added after version 2 was
     # released: optional, so records written before decode unchanged; None = not reported).
     usage: Usage | None = None
-    # Issue 15 (reattachment; optional, so records written before decode unchanged). For an
+    # Reattachment (optional, so records written before decode unchanged). For an
     # operation prepared with ``reattach=True``, ``response_id`` and ``sequence_number``
     # above are its reattachment checkpoint (saved fenced, the cursor never goes back):
     # ``checkpoint_at`` is when the cursor was last saved, ``reattachments`` how many
@@ -93,7 +93,7 @@ class AttemptRecord(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields
     # response by GET instead of generating it again (bounded per attempt).
     checkpoint_at: float | None = None
     reattachments: int = 0
-    # Issue 15: the provider was asked to cancel this attempt's background response after
+    # The provider was asked to cancel this attempt's background response after
     # the operation was cancelled (best effort; None = not asked).
     server_cancel: str | None = None
     # Why this attempt's saved response id cannot be resumed (None: it can, as far as is
@@ -103,7 +103,7 @@ class AttemptRecord(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields
 
     @property
     def reattached(self) -> bool:
-        """Issue 15: this attempt's completion came by reattachment (a resume GET)."""
+        """This attempt's completion came by reattachment (a resume GET)."""
         return self.outcome == "completed" and self.reattachments > 0
 
 
@@ -116,8 +116,8 @@ class RetryReservation(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fie
     created: bool = False
 
 
-# The state of an opt-in continuation after a terminal stream failure (issue 18,
-# ``recoverable.continuation``): "pending" until its persisted due time, "dispatched"
+# The state of an opt-in continuation after a terminal stream failure
+# (``recoverable.continuation``): "pending" until its persisted due time, "dispatched"
 # once its one successor exists, "cancelled" when something invalidated it before
 # dispatch, "declined" when the preference was on but the failure did not qualify.
 ContinuationState = Literal["pending", "dispatched", "cancelled", "declined"]
@@ -125,7 +125,7 @@ ContinuationState = Literal["pending", "dispatched", "cancelled", "declined"]
 
 class ContinuationRecord(msgspec.Struct, frozen=True, gc=False, kw_only=True,
                          forbid_unknown_fields=True):
-    """The one durable dispatch record of a failed operation's continuation (issue 18).
+    """The one durable dispatch record of a failed operation's continuation.
 
     Kept on the failed operation itself (so it is keyed by it, written in the same fenced
     transaction that ended the operation, and removed with it by acknowledge, abandon or
@@ -184,35 +184,35 @@ class OperationRecord(
     # The interruption policy chosen at prepare (added after version 2 was released:
     # optional, so records written before decode unchanged, as "replace").
     on_interruption: OnInterruption = "replace"
-    # A live operation (issue 16): partial views may be shown while it streams, so its
+    # A live operation: partial views may be shown while it streams, so its
     # interruptions are never replaced (on_interruption is "fail"). Optional: records
     # written before decode unchanged, as not live.
     live: bool = False
-    # (issue 16) The source this operation's result is derived from, at a digest (an
+    # Source-bound results: the source this operation's result is derived from, at a digest (an
     # admission field; None: not source-bound), the hard timeout of each of its attempts
     # in seconds (shorter than the lease; None: none), and why it was superseded.
     # Optional: records written before decode unchanged.
     source: SourceRef | None = None
     attempt_timeout: float | None = None
     superseded_reason: SupersededReason | None = None
-    # Issue 15: chosen at prepare (an admission field, never changed): the frozen body asks
+    # Reattachment, chosen at prepare (an admission field, never changed): the frozen body asks
     # for a background, stored response, and an interrupted attempt is first resumed by
     # its saved response id (no new POST, no budget) before seed 000 replaces it.
     reattach: bool = False
 
     @property
     def reattachments(self) -> int:
-        """Issue 15: the resume GETs started across every attempt of this operation."""
+        """The resume GETs started across every attempt of this operation."""
         return sum(attempt.reattachments for attempt in self.attempts)
-    # (issue 18) The continuation dispatch record of this failed operation (None: none was
+    # The continuation dispatch record of this failed operation (None: none was
     # decided), and how many automatic continuations its lineage already used (carried to
     # every successor, manual ones included: the continuation budget never resets).
     continuation: ContinuationRecord | None = None
     continuations_used: int = 0
-    # (issue 18) a thread turn the host committed (``actors/thread.py``): its saved input
+    # A thread turn the host committed (``actors/thread.py``): its saved input
     # and validated output are the history of the thread's next turn.
     thread_committed: bool = False
-    # (issue 29.4) Submitted for workers: once no live worker of its account and endpoint
+    # Unclaimed work: submitted for workers; once no live worker of its account and endpoint
     # has served it for this many seconds, any sweep ends it ``failed``/``no_worker``
     # (an admission field, saved by ``submit``; None: not bounded, e.g. prepared only).
     # Optional: records written before decode unchanged.

@@ -1,4 +1,4 @@
-"""The rules of source-bound (derivative) operations (issue 16, docs/sources.md). Pure; no I/O.
+"""The rules of source-bound (derivative) operations (docs/sources.md). Pure; no I/O.
 
 An operation prepared with ``source=SourceRef(key, digest)`` derives its result from a
 source at a digest. The store's source manifest (key → current digest) says which digest

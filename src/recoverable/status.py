@@ -102,11 +102,11 @@ def _state_and_availability(
     rec: OperationRecord, phase: str, *, now: float, lease_live: bool
 ) -> tuple[State, Availability]:
     """The operation's state and, before blockers, its availability."""
-    # Issue 15: an attempt that can still be resumed by its saved response id needs no
+    # Reattachment: an attempt that can still be resumed by its saved response id needs no
     # budget (a reattachment is not a new attempt): executing it again resumes it.
     resumable = reattach_target(rec) is not None
     spent = (rec.attempts_remaining == 0 or rec.token_budget_spent) and not resumable
-    if phase == "superseded":  # terminal (issue 16); its completion, if any, is gone
+    if phase == "superseded":  # terminal; its completion, if any, is gone
         return "superseded", "superseded"
     if phase == "completed" or (rec.has_completion and phase != "cancelled"):
         return "completed", "completion_saved"
@@ -259,7 +259,7 @@ def derive_status(
 
 
 def _continuation(rec: OperationRecord) -> ContinuationStatus | None:
-    """The continuation decided for this failed operation (issue 18), as a host sees it."""
+    """The continuation decided for this failed operation, as a host sees it."""
     decided = rec.continuation
     if decided is None:
         return None

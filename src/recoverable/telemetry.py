@@ -63,7 +63,7 @@ _SAFE_STRING_FIELDS = frozenset(
     {
         "reason", "kind", "code", "model", "effort", "state", "error", "selection",
         "availability", "previous_operation_id", "successor_id",
-        "result",  # issue 15: what the provider answered to a cancel (an enumeration)
+        "result",  # reattachment: what the provider answered to a cancel (an enumeration)
     }
 )
 

@@ -35,7 +35,7 @@ Event = Literal[
     "endpoint_given_up",  # ... and kept failing past the runtime's bound; nothing sent
     "credentials_unavailable",  # renewal for a 401 reissue failed; nothing sent
     "progress",  # response id / cursor of the attempt in flight
-    "checkpoint",  # issue 15: the fenced reattachment checkpoint of the attempt in flight
+    "checkpoint",  # the fenced reattachment checkpoint of the attempt in flight
     "completion_validated",  # the attempt in flight completed with a valid output
     "attempt_failed",  # the attempt in flight ended without a usable completion
     "account_stopped",  # the runtime signed out or changed account
@@ -144,7 +144,7 @@ class Stop:
 
 @attrs.frozen
 class Reattach:
-    """Issue 15: resume the attempt's saved background response: a GET of its events after
+    """Reattachment: resume the attempt's saved background response: a GET of its events after
     ``after`` (or of its final state). No new POST, no authorization, no budget; the
     attempt is in flight again and its reattachment is counted (``reattachment.py``)."""
 

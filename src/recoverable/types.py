@@ -30,7 +30,7 @@ State = Literal[
     "suspended",
     "acknowledged",
     "abandoned",
-    "superseded",  # its source changed or was deleted: no result of it may count (issue 16)
+    "superseded",  # its source changed or was deleted: no result of it may count
 ]
 Availability = Literal[
     "ready",
@@ -48,8 +48,8 @@ Availability = Literal[
     "abandoned",
     "blocked",
     "endpoint_unavailable",  # the endpoint could not be connected to; nothing was spent
-    "superseded",  # its source changed or was deleted (issue 16): prepare a new operation
-    # (issue 18) failed, and an opt-in continuation is pending: a worker creates its one
+    "superseded",  # its source changed or was deleted: prepare a new operation
+    # Failed, and an opt-in continuation is pending: a worker creates its one
     # successor at ``Status.continuation.due_at`` unless something cancels it first
     "continuation_pending",
 ]
@@ -110,7 +110,7 @@ class StructuredRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     previous_response_id: str | None = None
     conversation: str | None = None
     model_override: bool = False  # an explicit per-request model choice (binding on reselect)
-    # Optional Responses parameters (issue 19.2): omitted from the body while None.
+    # Optional Responses parameters: omitted from the body while None.
     temperature: float | None = None
     top_p: float | None = None
     top_logprobs: int | None = None
@@ -142,13 +142,13 @@ class StructuredRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
         return cls(**parameters_from_wire(params))
 
 
-# Why an operation is ``superseded`` (issue 16, docs/sources.md): its source's digest
+# Why an operation is ``superseded`` (docs/sources.md): its source's digest
 # changed, its source was deleted, or a newer revision of its batch job arrived.
 SupersededReason = Literal["source_changed", "source_deleted", "newer_revision"]
 
 
 class SourceRef(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=True):
-    """The source an operation's result is derived from, at a digest (issue 16).
+    """The source an operation's result is derived from, at a digest (a source-bound result).
 
     ``key`` names the source in the host's terms (a document id, a record id); ``digest``
     is the host's digest of the source's current content. Both are bounded text, checked
@@ -191,7 +191,7 @@ class AttemptSummary(msgspec.Struct, frozen=True, kw_only=True):
     sequence_number: int | None = None
     failure: Interruption | None = None
     usage: Usage | None = None  # the tokens the provider reported (None: not reported)
-    # Issue 15 (reattach=True): resume GETs of this attempt's saved response, whether its
+    # Reattachment (reattach=True): resume GETs of this attempt's saved response, whether its
     # completion came by one, and what the provider answered to its cancel (if asked).
     reattachments: int = 0
     reattached: bool = False
@@ -202,7 +202,7 @@ class AttemptSummary(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ContinuationStatus(msgspec.Struct, frozen=True, kw_only=True):
-    """A failed operation's opt-in continuation (issue 18, docs/continuation.md).
+    """A failed operation's opt-in continuation (docs/continuation.md).
 
     ``state``: ``pending`` (a successor is created at ``due_at``), ``dispatched`` (it
     exists: ``successor_id``), ``cancelled`` (something invalidated it before dispatch:
@@ -260,7 +260,7 @@ class Status(msgspec.Struct, frozen=True, kw_only=True):
     # and endpoint), "resuming" (suspended by a stopping worker; the next one resumes it)
     # or "waiting_for_worker" (no live worker serves its account and endpoint).
     queue: Literal["queued", "resuming", "waiting_for_worker"] | None = None
-    # Why (issue 29): with "waiting_for_worker", "no_worker_for_endpoint" (no live worker
+    # Why nothing runs it: with "waiting_for_worker", "no_worker_for_endpoint" (no live worker
     # serves its endpoint) or "no_worker_for_account" (live workers serve its endpoint for
     # other accounts only), and when it ends failed/no_worker if no worker comes by then
     # (its saved unclaimed bound; None: none). With the blocker "incompatible_record":
@@ -270,22 +270,22 @@ class Status(msgspec.Struct, frozen=True, kw_only=True):
         "damaged_lease_row",
     ] | None = None
     no_worker_at: _dt.datetime | None = None
-    # Who runs it now (issue 14): the owner id (an opaque store-opener id, not an account)
+    # Who runs it now: the owner id (an opaque store-opener id, not an account)
     # of the live lease and when that lease expires unless renewed (None: no live lease,
     # or a lease without expiry), and the generation fence (incremented by every claim).
     lease_owner: str | None = None
     lease_expires_at: _dt.datetime | None = None
     fence: int = 0
-    # The source it is bound to (issue 16; None: not source-bound), and why it was
+    # The source it is bound to (None: not source-bound), and why it was
     # superseded while its state is "superseded".
     source: SourceRef | None = None
     superseded_reason: SupersededReason | None = None
-    # Issue 15 (docs/reattach.md): prepared with reattach=True; the resume GETs across its
+    # Reattachment (docs/reattach.md): prepared with reattach=True; the resume GETs across its
     # attempts; whether its saved result came by reattachment (no second generation).
     reattach: bool = False
     reattachments: int = 0
     reattached: bool = False
-    # (issue 18) the opt-in continuation decided for this failed operation, if any.
+    # The opt-in continuation decided for this failed operation, if any.
     continuation: ContinuationStatus | None = None
 
 
@@ -308,7 +308,7 @@ class Receipt(msgspec.Struct, frozen=True, kw_only=True):
     # The tokens reported across every attempt of the operation, including the attempts
     # replaced before this result (what the result cost).
     usage: Usage = Usage()
-    # Issue 15: the result came by reattachment (a resume GET of the saved background
+    # The result came by reattachment (a resume GET of the saved background
     # response, no second generation), and the resume GETs across the operation.
     reattached: bool = False
     reattachments: int = 0

@@ -427,7 +427,7 @@ def _add_sweep(sub: argparse._SubParsersAction[_Parser]) -> None:
 
 
 def _add_source(sub: argparse._SubParsersAction[_Parser]) -> None:
-    """``recoverable source set KEY DIGEST | delete KEY`` (issue 16, cli/source.py)."""
+    """``recoverable source set KEY DIGEST | delete KEY`` (source manifest, cli/source.py)."""
     source = sub.add_parser(
         "source",
         help="update the source manifest: a new digest (or deletion) supersedes the "
@@ -469,7 +469,7 @@ CONFIG_KEYS = ("continuation.enabled", "continuation.delay_seconds", "continuati
 
 
 def _add_config(sub: argparse._SubParsersAction[_Parser]) -> None:
-    """``recoverable config get|set KEY [VALUE] --store DIR [--json]`` (issue 18)."""
+    """``recoverable config get|set KEY [VALUE] --store DIR [--json]`` (store-wide preferences)."""
     config = sub.add_parser(
         "config",
         help="read or change a store-wide preference (continuation.enabled: the opt-in "

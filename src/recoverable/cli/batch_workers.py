@@ -204,7 +204,7 @@ class WorkersHost(BatchHost):
 
     async def _handle(self, job: Job) -> Handle:
         adopted = self.find_existing(job) is not None  # raises revision_conflict
-        await self.supersede_older(job)  # issue 16: older revisions of the job
+        await self.supersede_older(job)  # older revisions of the job stop counting
         try:
             handle = await self.rt.submit(job.request, **self.admission(job))
         except errors.JobConflict:
@@ -224,7 +224,7 @@ class WorkersHost(BatchHost):
         A failure is reported as the execution that ended it raised it (``--workers 0``
         reports it so): ``wait`` raises the record's reopening error.
 
-        Issue 29.3: an operation saved for another endpoint is never claimed by a worker
+        Nothing waits forever: an operation saved for another endpoint is never claimed by a worker
         of this batch's endpoint, so it is refused before waiting, as ``send_recovering``
         refuses it with ``--workers 0`` (``configuration_unavailable``)."""
         refusal = self._endpoint_refusal(handle.operation_id)

@@ -46,16 +46,16 @@ class BatchConfig:
     retry_provider_codes: frozenset[str] = DEFAULT_RETRY_PROVIDER_CODES
     prices: PriceTable | None = None  # --prices FILE (None: the dated built-in estimate)
     prices_path: str | None = None  # that FILE (an input the outputs must not be)
-    # Issue 19.5: the shape of the --out lines ("recoverable" or "openai-batch"), the
+    # The shape of the --out lines ("recoverable" or "openai-batch"), the
     # --errors file, --retry-failed, and the --revision of Batch API lines.
     output_format: str = "recoverable"
     errors_path: str | None = None
     retry_failed: bool = False
     revision: str | None = None
-    # Issue 14: run the jobs in N ``recoverable worker`` processes (0: in this process),
+    # Run the jobs in N ``recoverable worker`` processes (0: in this process),
     # replacing a worker that dies at most ``worker_restarts`` times (None: 4 per worker).
     workers: int = 0
     worker_restarts: int | None = None
-    # Issue 29.5: the batch ends (exit 1, nothing spent) once the endpoint could not be
+    # Nothing waits forever: the batch ends (exit 1, nothing spent) once the endpoint could not be
     # connected to for this long (``open_runtime(unreachable_after=)``; inf: no bound).
     unreachable_after: float = UNREACHABLE_AFTER

@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         _usage_error(args.command, exc, getattr(args, "json", False))
         return EXIT_USAGE
     except errors.RecoveryError as exc:
-        # Last resort (a damaged store met outside an operation, issue 11.3): the typed
+        # Last resort (a damaged store met outside an operation): the typed
         # code and message, never a traceback.
         sys.stderr.write(f"recoverable {args.command}: {exc.code}: {safe_text(scrub(str(exc)))}\n")
         return EXIT_FAILED

@@ -120,7 +120,7 @@ def _failure(failure: Any) -> str:
 
 
 def _continuation(status: Status) -> str | None:
-    """Issue 18: the continuation decided for a failed operation, in one line."""
+    """The continuation decided for a failed operation, in one line."""
     decided = status.continuation
     if decided is None:
         return None
@@ -133,7 +133,7 @@ def _continuation(status: Status) -> str | None:
 
 
 def _reattach(status: Status) -> str | None:
-    """Issue 15: prepared with ``reattach=True``; its resume GETs; a result by reattachment."""
+    """Reattachment: prepared with ``reattach=True``; its resume GETs; a result by reattachment."""
     if not status.reattach:
         return None
     text = f"yes: {status.reattachments} resume GET(s)"
@@ -162,11 +162,11 @@ def format_status(status: Status) -> str:
         ("job", status.job_id),
         ("revision", status.input_revision),
         ("scope", status.scope),
-        ("source", (  # issue 16: the source it derives from, at its digest
+        ("source", (  # source-bound: the source it derives from, at its digest
             f"{status.source.key} @ {status.source.digest}" if status.source else None
         )),
-        ("superseded", status.superseded_reason),  # why (issue 16)
-        ("reattach", _reattach(status)),  # issue 15
+        ("superseded", status.superseded_reason),  # why it stopped counting
+        ("reattach", _reattach(status)),  # background responses
         ("model", status.model),
         ("next attempt at", status.next_attempt_at.isoformat() if status.next_attempt_at else None),
         ("expires at", status.expires_at.isoformat() if status.expires_at else None),
@@ -195,8 +195,8 @@ def format_status(status: Status) -> str:
 
 
 def _queue(status: Status) -> str | None:
-    """The queue state, and why (issue 29: no worker of its account or endpoint, and when
-    it ends no_worker; or which row is damaged)."""
+    """The queue state, and why (no worker of its account or endpoint, and when it ends
+    no_worker; or which row is damaged)."""
     why: list[str] = [status.queue_reason] if status.queue_reason else []
     if status.no_worker_at is not None:
         why.append(f"no_worker at {status.no_worker_at.isoformat()}")

@@ -95,7 +95,7 @@ class BatchHost:
         self.say = say
         self.running = 0
         self.gave_up = False  # the endpoint stayed unreachable past --unreachable-after
-        # (issue 16) per job: older revisions of its id to supersede (find_existing)
+        # Per job: older revisions of its id to supersede (find_existing)
         self.older: dict[tuple[str, str], frozenset[str]] = {}
         self._shown: Counter[str] = Counter()
         self.policy = RetryPolicy(
@@ -142,7 +142,7 @@ class BatchHost:
 
         Operations of the same job id with another revision that could still produce a
         result (or hold an unacknowledged receipt) are remembered for
-        :meth:`supersede_older` (issue 16: the revision being run is the newer one)."""
+        :meth:`supersede_older` (the revision being run is the newer one)."""
         found = []
         older: set[str] = set()
         committed = self.log.committed
@@ -229,7 +229,7 @@ class BatchHost:
     async def run_operation(self, handle: Handle, job: Job) -> Any:
         """Run the job's operation here, to its validated value (``--workers 0``).
 
-        Issue 18: a failed operation with a pending opt-in continuation is not failed
+        A failed operation with a pending opt-in continuation is not failed
         yet: its successor is dispatched here when due and run the same way."""
         while True:
             try:
@@ -259,7 +259,7 @@ class BatchHost:
                 value: Any = await self.run_operation(handle, job)
             finally:
                 self.running -= 1
-            # Issue 18: the result may be a continuation successor's: commit that one
+            # The result may be a continuation successor's: commit that one
             # (the tokens its failed predecessors spent are counted too).
             final = continued_id(self.store, handle.operation_id)
             while final != handle.operation_id:
@@ -344,7 +344,7 @@ class BatchHost:
             self.say(f"warning: job {job.id!r}: acknowledge failed ({exc.code}); rerun to finish")
 
     def endpoint_gave_up(self, kind: str | None) -> None:
-        """The endpoint could not be connected to for ``--unreachable-after`` (issue 29.5):
+        """The endpoint could not be connected to for ``--unreachable-after``:
         no more jobs start, those running end at the same bound (nothing spent, their
         operations as they were), and every job not done counts as unfinished, with this
         one message (exit 1). The same with ``--workers N`` (``WorkersHost``)."""

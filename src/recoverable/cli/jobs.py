@@ -269,7 +269,7 @@ def parse_job_line(line: str, lineno: int, *, revision: str | None = None) -> Jo
     )
 
 
-# -- OpenAI Batch API lines (issue 19.5) ---------------------------------------------------
+# -- OpenAI Batch API lines ----------------------------------------------------------------
 
 
 class _BatchApiLine(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -394,7 +394,7 @@ class JobsFile:
     duplicates: list[LinePair]  # same id, revision and content as an earlier line
     # same id and revision as an earlier line, different content
     conflicts: list[LinePair] = attrs.field(factory=list)
-    # (issue 16) an earlier line of an id that a later line names with another revision:
+    # An earlier line of an id that a later line names with another revision:
     # ``line`` is the superseded earlier line, ``first`` the newer line; not run
     superseded: list[LinePair] = attrs.field(factory=list)
     # "recoverable" or "openai-batch": the format of the file's first valid job (None: none)

@@ -215,7 +215,7 @@ class _StoreCommand:
     async def _retry(self, rt: Runtime, operation_id: str) -> int:
         record = rt.store.get_operation(operation_id)
         if record is not None:
-            # The account first (issue 29): another account's operation is account_changed,
+            # The account first (fail closed): another account's operation is account_changed,
             # never a budget read from its redacted status.
             require_owner(rt.account, record.account, operation_id)
         source = rt.status_of(operation_id)
@@ -257,7 +257,7 @@ def _snapshot(rt: Runtime, operation_id: str) -> Snapshot:
 
 def _command_outcome(rt: Runtime, command: str, operation_id: str, status: Status,
                      before: Snapshot) -> str:
-    """What a suspend or cancel really did (issue 29): requested of the process that runs
+    """What a suspend or cancel really did: requested of the process that runs
     it (a command row it applies at its next check); nothing at all (a completed or
     failed operation has nothing to suspend); and what it did to the continuation
     successor dispatched after it, if any."""

@@ -40,7 +40,7 @@ class BatchSummary:
     unfinished: int = 0
     skipped_lines: int = 0
     duplicates: int = 0
-    # (issue 16) older revisions superseded by a newer revision of the same job id: job
+    # Older revisions superseded by a newer revision of the same job id: job
     # lines of this file not run, and operations of earlier runs; neither done nor failed
     superseded: int = 0
     prepared: int = 0

@@ -1,5 +1,5 @@
 """``recoverable config get|set KEY [VALUE] --store DIR [--json]``: the store-wide
-preferences (issue 18; not ``cli/config.py``, the batch's option record).
+preferences (not ``cli/config.py``, the batch's option record).
 
 Keys: ``continuation.enabled`` (``true``/``false``; off for every store until set),
 ``continuation.delay_seconds`` (0..86400) and ``continuation.budget`` (0..10). A change

@@ -1,5 +1,5 @@
 """``recoverable source set KEY DIGEST | delete KEY --store DIR [--json]``: update the
-store's source manifest from the shell (issue 16, docs/sources.md).
+store's source manifest from the shell (docs/sources.md).
 
 ``set`` makes DIGEST the current digest of source KEY; ``delete`` removes KEY. In the same
 transaction every operation bound to another digest of KEY that could still produce a

@@ -42,7 +42,7 @@ def run_sweep(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
 
 def format_sweep(report: SweepReport) -> str:
     """The report for people: the counts, then the ids (bounded) by what became of them,
-    then the damaged rows (issue 29.10)."""
+    then the damaged rows."""
     lines = [
         f"sweep: examined {report.examined}, closed {report.closed} (waiting for adoption "
         f"{report.waiting}, failed {report.failed}), of which no_worker {report.unclaimed}, "

@@ -83,7 +83,7 @@ class WorkerConfig:
     idle_timeout: float = 120.0
     lease_seconds: float = 30.0
     stop_with_stdin: bool = False  # stop when standard input closes (batch --workers)
-    unreachable_after: float = 300.0  # then exit EXIT_UNAVAILABLE (issue 29.5)
+    unreachable_after: float = 300.0  # then exit EXIT_UNAVAILABLE
     # The rate governor's limits (--rpm/--tpm/--rate-burst-seconds), shared through the
     # store by every process with the same endpoint and account (docs/rate-limits.md).
     requests_per_minute: float | None = None
