@@ -1,4 +1,4 @@
-"""Reattach instead of regenerate (issue 15): the actor's side of ``machine.Reattach``.
+"""Reattach instead of regenerate: the actor's side of ``machine.Reattach``.
 
 ``Reattacher`` adds to the transmitter (``actors/transmit.py``) the one step the machine
 asks for before it would replace an interrupted attempt of a ``reattach=True``
@@ -40,7 +40,7 @@ from recoverable.records import OperationRecord
 # never allowed to hold the execution up longer than this.
 SERVER_CANCEL_SECONDS = 10.0
 # The terminal phases whose background response is cancelled on the server: cancelled, and
-# superseded (issue 16: a manifest change or a newer revision; its result never counts).
+# superseded (a manifest change or a newer revision of its source: its result never counts).
 STOPPED = frozenset({"cancelled", "superseded"})
 
 
@@ -88,7 +88,7 @@ class Reattacher(Transmitter):
 
         # The attempt is already consumed (its first POST was): a cut is a hard timeout.
         sending.consumed = machine.Transition(current, None, False)
-        hard = current.attempt_timeout  # issue 16: it bounds every call of the attempt
+        hard = current.attempt_timeout  # the hard timeout bounds every call of the attempt
 
         # Resume tries of one attempt in this execution are spaced by the endpoint's
         # connect backoff (0.5 s, then 1 s by default): the try before this one lost its
@@ -177,7 +177,7 @@ class Reattacher(Transmitter):
 
 async def cancel_on_server(host: OperationHost, record: OperationRecord) -> str | None:
     """Ask the provider to cancel the last attempt's background response of a cancelled
-    (or superseded, issue 16: its result can never count) ``reattach=True`` operation
+    (or superseded: its result can never count) ``reattach=True`` operation
     (best effort, bounded, never raises). Returns what the provider answered
     (``transport.resume.CancelResult``), or ``None`` when there was nothing to cancel."""
     if record.phase not in STOPPED or not record.reattach or not record.attempts:

@@ -72,7 +72,7 @@ class Reply:
     response_id: str | None = None
     framing: str | None = None
     usage: Any = None  # replaces the computed ``usage`` object of the terminal event
-    # The connection drops after this many events while the response goes on (issue 15:
+    # The connection drops after this many events while the response goes on (reattachment:
     # a background response that fails on the server after its client went away).
     disconnect_after: int | None = None
 
@@ -313,7 +313,7 @@ def _headers(headers: Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(headers.items()))
 
 
-# -- faults on the retrieval of a stored response (issue 15) -----------------------------
+# -- faults on the retrieval of a stored response (reattachment) ------------------------
 ResumeFaultKind = Literal["not_found", "expired", "disconnect", "stall", "object"]
 _RESUME_KINDS: frozenset[str] = frozenset(get_args(ResumeFaultKind))
 
@@ -395,7 +395,7 @@ _FAULT_DEFAULTS: dict[str, Reply] = {
     "schema_violation": Reply.schema_violation(),
     "tool_call": Reply.tool_call(),
     "refusal": Reply.refusal(),
-    # issue 15: a background response whose client is cut off after 3 events and which
+    # Reattachment: a background response whose client is cut off after 3 events and which
     # then fails on the server (its resume shows ``response.failed``).
     "failed_in_background": Reply.failed("server_error", after_events=6, disconnect_after=3),
 }

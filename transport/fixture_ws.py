@@ -192,7 +192,7 @@ async def _ws_create(
         return True
     if obj.get("background") is True:
         # Background mode is not available over the WebSocket mode: refused like the API
-        # refuses an unsupported parameter, nothing generated (issue 15).
+        # refuses an unsupported parameter, nothing generated.
         where[1] += 1
         state._record("websocket", headers, canonical, "bad_request", attempt_id,
                       (where[0], where[1]))

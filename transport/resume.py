@@ -1,4 +1,4 @@
-"""Background responses over HTTP (issue 15): create, resume, retrieve and cancel by id.
+"""Background responses over HTTP (reattachment): create, resume, retrieve and cancel by id.
 
 A body frozen with ``reattach=True`` carries ``"background": true, "store": true``; the
 provider keeps generating it when the client goes away and keeps it retrievable for a
