@@ -6,13 +6,15 @@ stay on the dashboard, odd paths answered cleanly, action banners carried in the
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from .helpers import dashboard, make_store, signed_in
+from .helpers import ACCOUNT_ID, copy_store, dashboard, make_store, signed_in
 
 
 @pytest.fixture(scope="module")
@@ -85,3 +87,30 @@ def test_a_token_url_always_leaves_the_address_bar(readonly: dict[str, Any]) -> 
             assert again.headers["location"] == expected
             assert "set-cookie" not in again.headers  # the session it has is kept
             assert client.get(again.headers["location"]).status_code == 200
+
+
+def test_action_banners_come_from_the_session_never_the_url(
+    made: dict[str, Any], tmp_path: Path
+) -> None:
+    store = copy_store(made, tmp_path)
+    idle = made["idle"][0]
+    with dashboard(store, "--account", ACCOUNT_ID) as info, signed_in(info) as client:
+        forged = client.get(f"/operations/{idle}",
+                            params={"done": "FORGED-DONE", "error": "FORGED-ERROR"}).text
+        assert "FORGED" not in forged
+        assert 'id="flash"' not in forged and 'id="action-error"' not in forged
+        csrf = re.search(r'name="csrf" value="([^"]+)"', forged)
+        assert csrf is not None
+        answer = client.post(f"/operations/{idle}/suspend", data={"csrf": csrf.group(1)},
+                             headers={"origin": info["base"]})
+        assert answer.status_code == 303
+        assert answer.headers["location"] == f"/operations/{idle}"  # no banner in the URL
+        shown = client.get(answer.headers["location"]).text
+        assert re.search(r'id="flash">suspend', shown), "the result is shown"
+        assert 'id="flash"' not in client.get(f"/operations/{idle}").text  # once only
+        # Another session (another browser) never sees this one's banner.
+        answer = client.post(f"/operations/{idle}/suspend", data={"csrf": csrf.group(1)},
+                             headers={"origin": info["base"]})
+        with signed_in(info) as other:
+            assert 'id="action-error"' not in other.get(f"/operations/{idle}").text
+        assert 'id="action-error"' in client.get(f"/operations/{idle}").text

@@ -122,6 +122,7 @@ async def _serve(store: RecoveryStore, args: argparse.Namespace, out: IO[str],
                                 monitor_interval=0.25) as runtime:
             dashboard = Dashboard(
                 store, runtime, sessions_csrf=sessions.csrf, check_csrf=sessions.check_csrf,
+                flash=sessions.flash, take_flash=sessions.take_flash,
                 context=f"store {store_label(args.store)}; "
                 + ("acting within --account" if account is not None else "read-only")
                 + ("; content shown" if args.show_content else ""),

@@ -3,7 +3,8 @@
 - ``GET /``: the overview (live: ``/events``);
 - ``GET /operations?state=&cursor=&limit=``: the list, a page at a time;
 - ``GET /operations/{id}``: one operation; ``POST /operations/{id}/{action}``: an action
-  (a form with the session's CSRF token), then a redirect back to the operation;
+  (a form with the session's CSRF token), then a redirect back to the operation, whose
+  next page shows the result once (kept in the session, never in the URL);
 - ``GET /events``: server-sent events, one ``counts`` event whenever the summary is
   rebuilt (at most one a second), at most ``MAX_STREAMS`` streams at once (then 503);
 - ``GET /api/summary`` and ``GET /api/operations``: the same data as JSON.
@@ -20,7 +21,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
-from urllib.parse import parse_qsl, quote, urlencode
+from urllib.parse import parse_qsl, quote
 
 import trio
 from starlette.applications import Starlette
@@ -79,6 +80,8 @@ class Dashboard:
         *,
         sessions_csrf: Callable[[str], str],
         check_csrf: Callable[[str | None, str | None], bool],
+        flash: Callable[[str, str, str, str], None],
+        take_flash: Callable[[str, str], tuple[str, str] | None],
         context: str,
         show_content: bool,
         telemetry: TelemetrySink,
@@ -87,6 +90,8 @@ class Dashboard:
         self.runtime = runtime
         self.csrf_of = sessions_csrf
         self.check_csrf = check_csrf
+        self.flash = flash
+        self.take_flash = take_flash
         self.context = context
         self.show_content = show_content
         self.telemetry = telemetry
@@ -201,18 +206,19 @@ class Dashboard:
             return self._error(request, exc)
         session = request.scope["state"]["session"]
         csrf = self.csrf_of(session)
-        flash = request.query_params.get("done")
-        error = request.query_params.get("error")
+        # The banner comes from the session only: a "?done=" in a link shows nothing.
+        kind, text = self.take_flash(session, operation_id) or ("", "")
         return self._html(lambda nonce: pages.operation_page(
             view, buttons(self.runtime, view), csrf=csrf, nonce=nonce, context=self.context,
-            flash=flash[:300] if flash else None, error=error[:300] if error else None))
+            flash=text if kind == "done" else None, error=text if kind == "error" else None))
 
     async def act(self, request: Request) -> Response:
         operation_id = request.path_params["operation_id"]
         action = request.path_params["action"]
+        session = request.scope["state"]["session"]
         try:
             form = await _form(request)
-            if not self.check_csrf(request.scope["state"]["session"], form.get("csrf")):
+            if not self.check_csrf(session, form.get("csrf")):
                 raise ActionRefused("the form is stale or not from this dashboard: reload "
                                     "the page", code="csrf_refused", operation_id=operation_id)
             view = operation_view(self.store, operation_id, viewer=self.runtime.account,
@@ -222,12 +228,11 @@ class Dashboard:
         except (errors.RecoveryError, ActionRefused) as exc:
             if exc.code in ("csrf_refused", "invalid_request", "state_unavailable"):
                 return self._error(request, exc)
-            query = urlencode({"error": f"{action}: {exc.code}: {exc}"})
-            return RedirectResponse(f"/operations/{quote(operation_id, safe='')}?{query}",
-                                    status_code=303)
-        self._poke.set()
-        query = urlencode({"done": message})
-        return RedirectResponse(f"/operations/{quote(operation_id, safe='')}?{query}",
+            self.flash(session, operation_id, "error", f"{action}: {exc.code}: {exc}")
+        else:
+            self._poke.set()
+            self.flash(session, operation_id, "done", message)
+        return RedirectResponse(f"/operations/{quote(operation_id, safe='')}",
                                 status_code=303)
 
     async def events(self, request: Request) -> Response:

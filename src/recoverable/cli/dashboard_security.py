@@ -50,6 +50,10 @@ class Sessions:
     def __init__(self, token: str | None = None) -> None:
         self.token = token or secrets.token_urlsafe(32)
         self._csrf: OrderedDict[str, str] = OrderedDict()  # session id -> CSRF token
+        # session id -> (operation id, "done" or "error", text): an action's result, shown
+        # once by the operation's next page. Kept here, never in the URL, so a link
+        # cannot put a forged banner on the dashboard's page.
+        self._flashes: dict[str, tuple[str, str, str]] = {}
 
     def token_matches(self, candidate: str) -> bool:
         return hmac.compare_digest(candidate.encode(), self.token.encode())
@@ -58,8 +62,22 @@ class Sessions:
         session = secrets.token_urlsafe(32)
         self._csrf[session] = secrets.token_urlsafe(32)
         while len(self._csrf) > MAX_SESSIONS:
-            self._csrf.popitem(last=False)
+            forgotten, _csrf = self._csrf.popitem(last=False)
+            self._flashes.pop(forgotten, None)
         return session
+
+    def flash(self, session: str, operation_id: str, kind: str, text: str) -> None:
+        """Keep an action's result for the session's next page of ``operation_id``."""
+        if session in self._csrf:
+            self._flashes[session] = (operation_id, kind, text[:300])
+
+    def take_flash(self, session: str, operation_id: str) -> tuple[str, str] | None:
+        """The result kept for this page, ``(kind, text)``, once (then it is gone)."""
+        kept = self._flashes.get(session)
+        if kept is None or kept[0] != operation_id:
+            return None
+        del self._flashes[session]
+        return kept[1], kept[2]
 
     def known(self, session: str | None) -> bool:
         return session is not None and session in self._csrf
