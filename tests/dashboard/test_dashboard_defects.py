@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from ..cli.cli_helpers import run_cli
 from .helpers import ACCOUNT_ID, copy_store, dashboard, make_store, signed_in
 
 
@@ -114,3 +115,20 @@ def test_action_banners_come_from_the_session_never_the_url(
         with signed_in(info) as other:
             assert 'id="action-error"' not in other.get(f"/operations/{idle}").text
         assert 'id="action-error"' in client.get(f"/operations/{idle}").text
+
+
+def test_a_remote_bind_needs_allow_remote_and_warns(made: dict[str, Any],
+                                                    tmp_path: Path) -> None:
+    store = copy_store(made, tmp_path)
+    for host in ("0.0.0.0", "::", "192.0.2.7", "dashboard.example"):
+        refused = run_cli("dashboard", "--store", str(store), "--host", host)
+        assert refused.returncode == 2, (host, refused.stderr)
+        assert f"--host {host} is not a loopback address" in refused.stderr
+        assert "--allow-remote" in refused.stderr and "Traceback" not in refused.stderr
+        assert refused.stdout == ""  # nothing served, no URL printed
+    with dashboard(store, "--host", "0.0.0.0", "--allow-remote") as info:
+        assert info["host"] == "0.0.0.0"
+    assert "warning: the dashboard listens on 0.0.0.0" in info["stderr"]
+    with dashboard(store, "--host", "127.0.0.1") as quiet:
+        pass
+    assert "warning" not in quiet["stderr"]

@@ -1,5 +1,6 @@
-"""``recoverable dashboard --store S [--host 127.0.0.1] [--port 0] [--account ID]
-[--show-content]``: the operator's web dashboard over a store (docs/dashboard.md).
+"""``recoverable dashboard --store S [--host 127.0.0.1 [--allow-remote]] [--port 0]
+[--account ID] [--show-content] [--prices FILE]``: the operator's web dashboard over a
+store (docs/dashboard.md).
 
 It opens the store (an LMDB directory, or a ``postgresql://`` URL once that store is
 installed: ``RecoveryStore.open`` picks it), a runtime without a backend (it never
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import ipaddress
 import json
 import os
 import signal
@@ -95,7 +97,37 @@ class _StderrSink:
             pass  # a closed stderr loses diagnostics, never an action
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is reachable from this machine only (a name other than
+    ``localhost`` may resolve to anything: it is not)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_remote(host: str, allow_remote: bool, err: IO[str]) -> None:
+    """A bind other machines can reach needs ``--allow-remote``, and is then warned about:
+    the dashboard speaks plain http, so its token and session cross the network in clear."""
+    if is_loopback(host):
+        return
+    if not allow_remote:
+        raise UsageError(
+            f"--host {host} is not a loopback address: other machines could reach the "
+            "dashboard, over plain http (the token and the session cookie unencrypted). "
+            "Pass --allow-remote to listen there anyway, or keep the default 127.0.0.1 "
+            "(and an SSH tunnel)"
+        )
+    err.write(f"warning: the dashboard listens on {host}, reachable from other machines "
+              "over plain http: anyone who sees its URL or traffic can act as you "
+              "(--allow-remote)\n")
+    err.flush()
+
+
 def run_dashboard(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    check_remote(args.host, args.allow_remote, err)
     store = open_dashboard_store(args.store)
     try:
         return trio.run(partial(_serve, store, args, out, err))
