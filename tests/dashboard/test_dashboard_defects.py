@@ -6,6 +6,7 @@ stay on the dashboard, odd paths answered cleanly, action banners carried in the
 
 from __future__ import annotations
 
+import html
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -132,3 +133,28 @@ def test_a_remote_bind_needs_allow_remote_and_warns(made: dict[str, Any],
     with dashboard(store, "--host", "127.0.0.1") as quiet:
         pass
     assert "warning" not in quiet["stderr"]
+
+
+def test_a_disposed_operation_s_page_says_where_its_attempts_went(
+    readonly: dict[str, Any]
+) -> None:
+    with signed_in(readonly) as client:
+        acknowledged = client.get("/api/operations", params={"state": "acknowledged"})
+        row = acknowledged.json()["operations"][0]
+        assert row["attempts_used"] == 1
+        page = html.unescape(client.get(f"/operations/{row['operation_id']}").text)
+        assert "no attempt authorized yet" not in page  # one was: it left with the record
+        assert ("1 attempt(s) used; their timeline was removed with the operation's "
+                "record when it was acknowledged") in page
+
+
+def test_the_governor_table_has_one_row_per_endpoint(readonly: dict[str, Any]) -> None:
+    # Two accounts' operations on the endpoint "fixture": two governor rows in the store,
+    # one row in the table (it names no account, two would look like a duplicate).
+    with signed_in(readonly) as client:
+        page = client.get("/").text
+    table = page.split("<h2>Rate governor</h2>", 1)[1].split("</table>", 1)[0]
+    endpoints = re.findall(r"<tr><td>([^<]*)</td>", table)
+    assert endpoints, table
+    assert len(endpoints) == len(set(endpoints)), endpoints
+    assert "fixture@127.0.0.1" in endpoints

@@ -215,22 +215,44 @@ def _owners(store: Store, leases: dict[str, LeaseRecord], now: float) -> list[Ow
     return owners
 
 
+def _lowest(first: float | None, second: float | None) -> float | None:
+    """The lower bucket level; ``None`` (full) only when both are full."""
+    if first is None or second is None:
+        return second if first is None else first
+    return min(first, second)
+
+
 def _governors(
     store: Store, pairs: Counter[tuple[str, AccountBinding]], now: float
 ) -> list[GovernorState]:
-    states = []
+    """One row per endpoint. Each account has its own governor row in the store, but the
+    table names no account: two rows with the same endpoint would look like a duplicate.
+    So the accounts of an endpoint are merged: their operations summed, the latest pause
+    and the lowest bucket levels (the most constrained account) shown."""
+    merged: dict[str, GovernorState] = {}
     for (endpoint_id, account), operations in sorted(
         pairs.items(), key=lambda item: (item[0][0], -item[1])
-    )[:20]:
+    ):
+        if endpoint_id not in merged and len(merged) >= 20:
+            continue
         row = load_governor(store.get_raw("governor", governor_key(endpoint_id, account)))
-        states.append(GovernorState(
+        paused = row.paused_until if row.paused_until > now else None
+        seen = merged.get(endpoint_id)
+        if seen is None:
+            merged[endpoint_id] = GovernorState(
+                endpoint_id=endpoint_id, operations=operations, paused_until=paused,
+                requests_level=row.requests_level, tokens_level=row.tokens_level,
+            )
+            continue
+        merged[endpoint_id] = GovernorState(
             endpoint_id=endpoint_id,
-            operations=operations,
-            paused_until=row.paused_until if row.paused_until > now else None,
-            requests_level=row.requests_level,
-            tokens_level=row.tokens_level,
-        ))
-    return states
+            operations=seen.operations + operations,
+            paused_until=max((until for until in (seen.paused_until, paused)
+                              if until is not None), default=None),
+            requests_level=_lowest(seen.requests_level, row.requests_level),
+            tokens_level=_lowest(seen.tokens_level, row.tokens_level),
+        )
+    return list(merged.values())
 
 
 def _cost(records: Iterable[OperationRecord], prices: PriceTable) -> tuple[Usage, bool, float]:
