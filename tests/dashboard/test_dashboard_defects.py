@@ -158,3 +158,41 @@ def test_the_governor_table_has_one_row_per_endpoint(readonly: dict[str, Any]) -
     assert endpoints, table
     assert len(endpoints) == len(set(endpoints)), endpoints
     assert "fixture@127.0.0.1" in endpoints
+
+
+def _cost_line(client: httpx.Client) -> str:
+    page = html.unescape(client.get("/").text)
+    match = re.search(r"<p>cost: ([^<]*)</p>", page)
+    assert match is not None
+    return match.group(1)
+
+
+def test_the_cost_names_the_model_without_a_price_and_prices_can_be_given(
+    made: dict[str, Any], readonly: dict[str, Any], tmp_path: Path
+) -> None:
+    with signed_in(readonly) as client:
+        assert _cost_line(client) == (
+            "unknown: no price for gpt-test (give its prices with --prices FILE)")
+    prices = tmp_path / "prices.json"
+    prices.write_text('{"gpt-test": {"input": 1.0, "cached_input": 0.5, "output": 2.0}}')
+    with dashboard(made["store"], "--prices", str(prices)) as info, \
+            signed_in(info) as client:
+        cost = _cost_line(client)
+        assert re.match(r"^\$\d+\.\d{4} \(estimate; prices: ", cost), cost
+        assert str(prices) in cost
+    for text, reason in (
+        ('{"gpt-test": {"input": -1, "output": 2}}', "gpt-test.input must be a number"),
+        ('{"gpt-test": {"input": 1}}', "the price file must be a JSON object"),
+        ('{"gpt-test": {"input": 1, "output": 1}, "gpt-test": {"input": 2, "output": 2}}',
+         "model 'gpt-test' is given twice"),
+        ("[1, 2]", "the price file must be a JSON object"),
+    ):
+        prices.write_text(text)
+        refused = run_cli("dashboard", "--store", str(made["store"]), "--prices", str(prices))
+        assert refused.returncode == 2, text
+        assert refused.stderr.count("--prices: ") == 1 and reason in refused.stderr, (
+            text, refused.stderr)
+        assert "Traceback" not in refused.stderr and refused.stdout == ""
+    missing = run_cli("dashboard", "--store", str(made["store"]), "--prices",
+                      str(tmp_path / "nothing.json"))
+    assert missing.returncode == 2 and "--prices: cannot read the price file" in missing.stderr

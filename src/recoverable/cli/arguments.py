@@ -587,6 +587,11 @@ def _add_dashboard(sub: argparse._SubParsersAction[_Parser]) -> None:
         "--show-content", action="store_true",
         help="also show the frozen request and the saved result of --account's operations",
     )
+    dashboard.add_argument(
+        "--prices", metavar="FILE",
+        help="JSON price table for the cost estimate, as batch's --prices: model -> {input, "
+        "cached_input, output} in USD per 1M tokens (default: a small dated built-in estimate)",
+    )
 
 
 def _add_ops_command(sub: argparse._SubParsersAction[_Parser], name: str) -> None:

@@ -36,6 +36,7 @@ from recoverable.cli.dashboard_app import Dashboard
 from recoverable.cli.dashboard_security import Guard, Sessions
 from recoverable.cli.exits import EXIT_OK, UsageError
 from recoverable.cli.ops import resolve_account
+from recoverable.pricing import PriceTable, load_prices
 from recoverable.storage.redact import url_host
 from recoverable.storage.store import RecoveryStore, url_scheme
 from recoverable.telemetry import TelemetryEvent
@@ -126,11 +127,23 @@ def check_remote(host: str, allow_remote: bool, err: IO[str]) -> None:
     err.flush()
 
 
+def dashboard_prices(path: str | None) -> PriceTable | None:
+    """``--prices FILE`` (the batch's format, pricing.py); a bad file is a usage error
+    naming what is wrong. None: the built-in estimate."""
+    if path is None:
+        return None
+    try:
+        return load_prices(path)
+    except errors.InvalidRequest as exc:
+        raise UsageError(f"--prices: {exc}") from None
+
+
 def run_dashboard(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     check_remote(args.host, args.allow_remote, err)
+    prices = dashboard_prices(args.prices)
     store = open_dashboard_store(args.store)
     try:
-        return trio.run(partial(_serve, store, args, out, err))
+        return trio.run(partial(_serve, store, args, out, err, prices))
     finally:
         store.close()
 
@@ -140,7 +153,7 @@ def _bind(host: str, port: int) -> str:
 
 
 async def _serve(store: RecoveryStore, args: argparse.Namespace, out: IO[str],
-                 err: IO[str]) -> int:
+                 err: IO[str], prices: PriceTable | None) -> int:
     account = resolve_account(args.account)
     sessions = Sessions()
     sink = _StderrSink(err)
@@ -158,7 +171,7 @@ async def _serve(store: RecoveryStore, args: argparse.Namespace, out: IO[str],
                 context=f"store {store_label(args.store)}; "
                 + ("acting within --account" if account is not None else "read-only")
                 + ("; content shown" if args.show_content else ""),
-                show_content=args.show_content, telemetry=sink,
+                show_content=args.show_content, telemetry=sink, prices=prices,
             )
             guard = Guard(dashboard.app(), sessions)
             stop = trio.Event()

@@ -20,6 +20,7 @@ import json
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 from typing import Any, Final
 from urllib.parse import parse_qsl, quote
 
@@ -47,6 +48,7 @@ from recoverable.cli.dashboard_data import (
     operation_view,
     page_of,
 )
+from recoverable.pricing import PriceTable
 from recoverable.telemetry import TelemetrySink
 
 __all__ = ["MAX_STREAMS", "Dashboard"]
@@ -85,6 +87,7 @@ class Dashboard:
         context: str,
         show_content: bool,
         telemetry: TelemetrySink,
+        prices: PriceTable | None = None,
     ) -> None:
         self.store = store
         self.runtime = runtime
@@ -95,6 +98,7 @@ class Dashboard:
         self.context = context
         self.show_content = show_content
         self.telemetry = telemetry
+        self.prices = prices
         self.summary: Summary | None = None
         self.failure: errors.RecoveryError | None = None  # the store's, at the last read
         self.version = 0
@@ -131,7 +135,8 @@ class Dashboard:
         if (summary is None or self.failure is not None
                 or time.time() - summary.built_at >= IDLE_REFRESH
                 or self.store.last_txnid() != summary.txnid):
-            self.summary = await trio.to_thread.run_sync(build_summary, self.store)
+            self.summary = await trio.to_thread.run_sync(
+                partial(build_summary, self.store, prices=self.prices))
             self.version += 1
             self._ready.set()
             self._rebuilt.set()

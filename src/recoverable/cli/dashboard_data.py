@@ -134,7 +134,9 @@ class Summary:
     throughput: list[tuple[float, int, int]]  # minute start -> (completed, attempts spent)
     usage: Usage
     usage_reported: bool
-    cost: float | None  # estimated USD (built-in prices); None when a model has no price
+    cost: float | None  # estimated USD; None when a model has no price (``unpriced``)
+    unpriced: list[str]  # the models with reported usage and no price (at most 10)
+    price_source: str  # where the prices come from (--prices, or the built-in table)
     cooldowns: list[tuple[str, float]]  # the soonest saved cooldowns (id, until)
     waiting: int  # operations in a saved cooldown
     governors: list[GovernorState]
@@ -255,10 +257,15 @@ def _governors(
     return list(merged.values())
 
 
-def _cost(records: Iterable[OperationRecord], prices: PriceTable) -> tuple[Usage, bool, float]:
+def _cost(
+    records: Iterable[OperationRecord], prices: PriceTable
+) -> tuple[Usage, bool, float, set[str]]:
+    """The reported usage, whether any was, its cost and the models without a price (a
+    cost leaving some out would look complete: it is then no cost at all)."""
     total = Usage()
     reported = False
     cost = 0.0
+    unpriced: set[str] = set()
     for record in records:
         for attempt in record.attempts:
             if attempt.usage is None:
@@ -267,14 +274,18 @@ def _cost(records: Iterable[OperationRecord], prices: PriceTable) -> tuple[Usage
             total = total + attempt.usage
             price = prices.for_model(record.model)
             if price is None:
-                cost = math.nan
+                unpriced.add(record.model)
             else:
                 cost += price.cost(attempt.usage)
-    return total, reported, cost
+    return total, reported, cost, unpriced
 
 
-def build_summary(store: DashboardStore, *, now: float | None = None) -> Summary:
-    """One pass over the store (synchronous: run it in a thread)."""
+def build_summary(
+    store: DashboardStore, *, now: float | None = None, prices: PriceTable | None = None
+) -> Summary:
+    """One pass over the store (synchronous: run it in a thread). ``prices``: the cost's
+    price table (``--prices``; the built-in estimate by default)."""
+    prices = builtin_prices() if prices is None else prices
     started = time.perf_counter()
     txnid = store.last_txnid()
     now = time.time() if now is None else now
@@ -325,7 +336,7 @@ def build_summary(store: DashboardStore, *, now: float | None = None) -> Summary
         attempts[marker.attempts_used] += 1
         if marker.usage is not None:
             disposed_usage = disposed_usage + marker.usage
-    usage, reported, cost = _cost(records, builtin_prices())
+    usage, reported, cost, unpriced = _cost(records, prices)
     usage = usage + disposed_usage
     rows.sort(key=lambda row: row.key)
     by_state: dict[str, list[Row]] = {"all": rows}
@@ -347,7 +358,9 @@ def build_summary(store: DashboardStore, *, now: float | None = None) -> Summary
                     for minute in minutes],
         usage=usage,
         usage_reported=reported or disposed_usage != Usage(),
-        cost=None if math.isnan(cost) else cost,
+        cost=None if unpriced else cost,
+        unpriced=sorted(unpriced)[:10],
+        price_source=prices.source,
         cooldowns=[(op_id, until) for until, op_id in cooldowns[:10]],
         waiting=len(cooldowns),
         governors=_governors(store, pairs, now),

@@ -213,8 +213,7 @@ def overview_page(summary: Summary, *, nonce: str, context: str) -> str:
         title="operations by attempts used",
     )
     tokens = usage_text(summary.usage) if summary.usage_reported else None
-    cost = ("-" if summary.cost is None or not summary.usage_reported
-            else f"${summary.cost:.4f} (built-in price estimate)")
+    cost = _cost_text(summary)
     cooldowns = _table(
         ("operation", "cooldown until (UTC)"),
         ([_link(op_id), _clock(until)] for op_id, until in summary.cooldowns),
@@ -268,6 +267,16 @@ def overview_page(summary: Summary, *, nonce: str, context: str) -> str:
         "</div>"
     )
     return layout("Overview", body, nonce=nonce, context=context, script=_LIVE_JS)
+
+
+def _cost_text(summary: Summary) -> str:
+    """The estimated cost, or why there is none (never a bare "-")."""
+    if not summary.usage_reported:
+        return "none yet (no usage reported)"
+    if summary.cost is None:
+        return (f"unknown: no price for {', '.join(summary.unpriced)} (give its prices with "
+                "--prices FILE)")
+    return f"${summary.cost:.4f} (estimate; prices: {summary.price_source})"
 
 
 def operations_page(page: Page, *, nonce: str, context: str) -> str:
