@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from ..cli.cli_helpers import run_cli
-from .helpers import ACCOUNT_ID, copy_store, dashboard, make_store, signed_in
+from .helpers import ACCOUNT_ID, copy_store, dashboard, make_store, signed_in, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -196,3 +196,34 @@ def test_the_cost_names_the_model_without_a_price_and_prices_can_be_given(
     missing = run_cli("dashboard", "--store", str(made["store"]), "--prices",
                       str(tmp_path / "nothing.json"))
     assert missing.returncode == 2 and "--prices: cannot read the price file" in missing.stderr
+
+
+def test_a_list_walk_sees_every_operation_while_one_is_disposed(
+    made: dict[str, Any], tmp_path: Path
+) -> None:
+    store = copy_store(made, tmp_path)
+    with dashboard(store) as info, signed_in(info) as client:
+        everything = client.get("/api/operations", params={"limit": 200}).json()
+        listed = [row["operation_id"] for row in everything["operations"]]
+        oldest_failed = next(row["operation_id"] for row in reversed(everything["operations"])
+                             if row["state"] == "failed")
+        first = client.get("/api/operations", params={"limit": 2}).json()
+        seen = [row["operation_id"] for row in first["operations"]]
+        assert oldest_failed not in seen  # still ahead of the walk
+        # Another process abandons it while the walk is under way: its row must not jump
+        # to the top (behind the cursor), where the walk would never see it.
+        run = run_cli("abandon", "--store", str(store), "--account", ACCOUNT_ID,
+                      oldest_failed)
+        assert run.returncode == 0, run.stderr
+        wait_for(lambda: client.get("/api/summary").json()["by_state"]["abandoned"] == 1,
+                 "the summary to see the abandon")
+        cursor = first["next_cursor"]
+        while cursor is not None:
+            page = client.get("/api/operations", params={"limit": 2, "cursor": cursor}).json()
+            seen += [row["operation_id"] for row in page["operations"]]
+            cursor = page["next_cursor"]
+        assert sorted(seen) == sorted(listed), "the walk skipped or repeated a row"
+        after = client.get("/api/operations", params={"limit": 200}).json()["operations"]
+        assert [row["operation_id"] for row in after] == listed  # the same order
+        assert {row["operation_id"]: row["state"] for row in after}[oldest_failed] == (
+            "abandoned")

@@ -136,7 +136,7 @@ class Dashboard:
                 or time.time() - summary.built_at >= IDLE_REFRESH
                 or self.store.last_txnid() != summary.txnid):
             self.summary = await trio.to_thread.run_sync(
-                partial(build_summary, self.store, prices=self.prices))
+                partial(build_summary, self.store, prices=self.prices, previous=summary))
             self.version += 1
             self._ready.set()
             self._rebuilt.set()

@@ -83,10 +83,15 @@ class Row:
     attempts_used: int
     maximum_attempts: int
     failure: str | None  # the typed failure kind (or the failure reason), if any
+    # Where the row sorts when that is not ``created_at``: a disposed operation (shown at
+    # its disposition time) keeps the place its record had (see ``build_summary``).
+    listed_at: float | None = None
     # The list's order: newest first, then by id (made once: the lists share it).
     key: tuple[float, str] = attrs.field(
         init=False, eq=False,
-        default=attrs.Factory(lambda row: (-row.created_at, row.operation_id), takes_self=True),
+        default=attrs.Factory(lambda row: (
+            -(row.created_at if row.listed_at is None else row.listed_at), row.operation_id,
+        ), takes_self=True),
     )
 
 
@@ -187,7 +192,7 @@ def _row(record: OperationRecord, status: Status) -> Row:
     )
 
 
-def _disposed_row(marker: DispositionRecord) -> Row:
+def _disposed_row(marker: DispositionRecord, listed_at: float | None) -> Row:
     return Row(
         operation_id=marker.operation_id,
         created_at=marker.at,
@@ -197,6 +202,7 @@ def _disposed_row(marker: DispositionRecord) -> Row:
         attempts_used=marker.attempts_used,
         maximum_attempts=marker.maximum_attempts,
         failure=None,
+        listed_at=listed_at,
     )
 
 
@@ -280,11 +286,29 @@ def _cost(
     return total, reported, cost, unpriced
 
 
+def _places(previous: Summary | None) -> dict[str, float]:
+    """Each listed operation's place in the previous summary's list (its sort time)."""
+    if previous is None:
+        return {}
+    return {row.operation_id: -row.key[0] for row in previous.rows.get("all", ())}
+
+
 def build_summary(
-    store: DashboardStore, *, now: float | None = None, prices: PriceTable | None = None
+    store: DashboardStore,
+    *,
+    now: float | None = None,
+    prices: PriceTable | None = None,
+    previous: Summary | None = None,
 ) -> Summary:
     """One pass over the store (synchronous: run it in a thread). ``prices``: the cost's
-    price table (``--prices``; the built-in estimate by default)."""
+    price table (``--prices``; the built-in estimate by default).
+
+    The list pages walk a cursor (keyset, never an offset), which is only sound while a
+    row's sort key stays put. A marker has no creation time, so an acknowledged or
+    abandoned operation would jump from its record's place to its disposition time (the
+    top): a walk under way would skip it. It keeps the place ``previous`` (the summary
+    before) gave it instead; only a marker this process never saw as a record sorts at its
+    disposition time, which does not move either."""
     prices = builtin_prices() if prices is None else prices
     started = time.perf_counter()
     txnid = store.last_txnid()
@@ -328,8 +352,9 @@ def build_summary(
             if attempt.consumed_at >= horizon:
                 attempt_minutes[math.floor(attempt.consumed_at / 60.0) * 60.0] += 1
     disposed_usage = Usage()
+    places = _places(previous) if markers else {}
     for marker in markers:
-        rows.append(_disposed_row(marker))
+        rows.append(_disposed_row(marker, places.get(marker.operation_id)))
         if marker.disposition == "acknowledged" and marker.at >= horizon:
             # Its completion time left with the record: the acknowledgement stands in.
             completed_minutes[math.floor(marker.at / 60.0) * 60.0] += 1
