@@ -570,7 +570,13 @@ def _add_dashboard(sub: argparse._SubParsersAction[_Parser]) -> None:
     )
     dashboard.add_argument("--store", required=True, metavar="DIR|URL")
     dashboard.add_argument("--host", default="127.0.0.1",
-                           help="address to listen on (default 127.0.0.1: this machine only)")
+                           help="address to listen on (default 127.0.0.1: this machine only; "
+                           "any other than a loopback address needs --allow-remote)")
+    dashboard.add_argument(
+        "--allow-remote", action="store_true",
+        help="allow a --host other machines can reach (plain http: the token and the session "
+        "travel unencrypted); a warning is printed on stderr",
+    )
     dashboard.add_argument("--port", type=_port, default=0,
                            help="port (default 0: a free one, printed)")
     dashboard.add_argument(
@@ -580,6 +586,11 @@ def _add_dashboard(sub: argparse._SubParsersAction[_Parser]) -> None:
     dashboard.add_argument(
         "--show-content", action="store_true",
         help="also show the frozen request and the saved result of --account's operations",
+    )
+    dashboard.add_argument(
+        "--prices", metavar="FILE",
+        help="JSON price table for the cost estimate, as batch's --prices: model -> {input, "
+        "cached_input, output} in USD per 1M tokens (default: a small dated built-in estimate)",
     )
 
 

@@ -1,5 +1,6 @@
-"""``recoverable dashboard --store S [--host 127.0.0.1] [--port 0] [--account ID]
-[--show-content]``: the operator's web dashboard over a store (docs/dashboard.md).
+"""``recoverable dashboard --store S [--host 127.0.0.1 [--allow-remote]] [--port 0]
+[--account ID] [--show-content] [--prices FILE]``: the operator's web dashboard over a
+store (docs/dashboard.md).
 
 It opens the store (an LMDB directory, or a ``postgresql://`` URL once that store is
 installed: ``RecoveryStore.open`` picks it), a runtime without a backend (it never
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import ipaddress
 import json
 import os
 import signal
@@ -34,6 +36,7 @@ from recoverable.cli.dashboard_app import Dashboard
 from recoverable.cli.dashboard_security import Guard, Sessions
 from recoverable.cli.exits import EXIT_OK, UsageError
 from recoverable.cli.ops import resolve_account
+from recoverable.pricing import PriceTable, load_prices
 from recoverable.storage.redact import url_host
 from recoverable.storage.store import RecoveryStore, url_scheme
 from recoverable.telemetry import TelemetryEvent
@@ -95,10 +98,52 @@ class _StderrSink:
             pass  # a closed stderr loses diagnostics, never an action
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is reachable from this machine only (a name other than
+    ``localhost`` may resolve to anything: it is not)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_remote(host: str, allow_remote: bool, err: IO[str]) -> None:
+    """A bind other machines can reach needs ``--allow-remote``, and is then warned about:
+    the dashboard speaks plain http, so its token and session cross the network in clear."""
+    if is_loopback(host):
+        return
+    if not allow_remote:
+        raise UsageError(
+            f"--host {host} is not a loopback address: other machines could reach the "
+            "dashboard, over plain http (the token and the session cookie unencrypted). "
+            "Pass --allow-remote to listen there anyway, or keep the default 127.0.0.1 "
+            "(and an SSH tunnel)"
+        )
+    err.write(f"warning: the dashboard listens on {host}, reachable from other machines "
+              "over plain http: anyone who sees its URL or traffic can act as you "
+              "(--allow-remote)\n")
+    err.flush()
+
+
+def dashboard_prices(path: str | None) -> PriceTable | None:
+    """``--prices FILE`` (the batch's format, pricing.py); a bad file is a usage error
+    naming what is wrong. None: the built-in estimate."""
+    if path is None:
+        return None
+    try:
+        return load_prices(path)
+    except errors.InvalidRequest as exc:
+        raise UsageError(f"--prices: {exc}") from None
+
+
 def run_dashboard(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    check_remote(args.host, args.allow_remote, err)
+    prices = dashboard_prices(args.prices)
     store = open_dashboard_store(args.store)
     try:
-        return trio.run(partial(_serve, store, args, out, err))
+        return trio.run(partial(_serve, store, args, out, err, prices))
     finally:
         store.close()
 
@@ -108,7 +153,7 @@ def _bind(host: str, port: int) -> str:
 
 
 async def _serve(store: RecoveryStore, args: argparse.Namespace, out: IO[str],
-                 err: IO[str]) -> int:
+                 err: IO[str], prices: PriceTable | None) -> int:
     account = resolve_account(args.account)
     sessions = Sessions()
     sink = _StderrSink(err)
@@ -122,10 +167,11 @@ async def _serve(store: RecoveryStore, args: argparse.Namespace, out: IO[str],
                                 monitor_interval=0.25) as runtime:
             dashboard = Dashboard(
                 store, runtime, sessions_csrf=sessions.csrf, check_csrf=sessions.check_csrf,
+                flash=sessions.flash, take_flash=sessions.take_flash,
                 context=f"store {store_label(args.store)}; "
                 + ("acting within --account" if account is not None else "read-only")
                 + ("; content shown" if args.show_content else ""),
-                show_content=args.show_content, telemetry=sink,
+                show_content=args.show_content, telemetry=sink, prices=prices,
             )
             guard = Guard(dashboard.app(), sessions)
             stop = trio.Event()

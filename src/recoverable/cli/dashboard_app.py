@@ -3,7 +3,8 @@
 - ``GET /``: the overview (live: its page polls ``/api/overview``);
 - ``GET /operations?state=&cursor=&limit=``: the list, a page at a time;
 - ``GET /operations/{id}``: one operation; ``POST /operations/{id}/{action}``: an action
-  (a form with the session's CSRF token), then a redirect back to the operation;
+  (a form with the session's CSRF token), then a redirect back to the operation, whose
+  next page shows the result once (kept in the session, never in the URL);
 - ``GET /api/overview?since=VERSION``: the overview's live region, rendered from the
   current summary, with its version (``{"version": N}`` alone while it is still
   ``since``): the page polls it every 2 s, no connection is held between two polls;
@@ -20,8 +21,9 @@ import json
 import secrets
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any, Final
-from urllib.parse import parse_qsl, quote, urlencode
+from urllib.parse import parse_qsl, quote
 
 import trio
 from starlette.applications import Starlette
@@ -46,6 +48,7 @@ from recoverable.cli.dashboard_data import (
     operation_view,
     page_of,
 )
+from recoverable.pricing import PriceTable
 from recoverable.telemetry import TelemetrySink
 
 __all__ = ["Dashboard"]
@@ -78,17 +81,23 @@ class Dashboard:
         *,
         sessions_csrf: Callable[[str], str],
         check_csrf: Callable[[str | None, str | None], bool],
+        flash: Callable[[str, str, str, str], None],
+        take_flash: Callable[[str, str], tuple[str, str] | None],
         context: str,
         show_content: bool,
         telemetry: TelemetrySink,
+        prices: PriceTable | None = None,
     ) -> None:
         self.store = store
         self.runtime = runtime
         self.csrf_of = sessions_csrf
         self.check_csrf = check_csrf
+        self.flash = flash
+        self.take_flash = take_flash
         self.context = context
         self.show_content = show_content
         self.telemetry = telemetry
+        self.prices = prices
         self.summary: Summary | None = None
         self.failure: errors.RecoveryError | None = None  # the store's, at the last read
         self.version = 0
@@ -125,7 +134,8 @@ class Dashboard:
                 or now - summary.built_at >= IDLE_REFRESH
                 or (summary.changes_at is not None and now >= summary.changes_at)
                 or self.store.last_txnid() != summary.txnid):
-            self.summary = await trio.to_thread.run_sync(build_summary, self.store)
+            self.summary = await trio.to_thread.run_sync(
+                partial(build_summary, self.store, prices=self.prices, previous=summary))
             self.version += 1
             self._ready.set()
 
@@ -213,18 +223,19 @@ class Dashboard:
             return self._error(request, exc)
         session = request.scope["state"]["session"]
         csrf = self.csrf_of(session)
-        flash = request.query_params.get("done")
-        error = request.query_params.get("error")
+        # The banner comes from the session only: a "?done=" in a link shows nothing.
+        kind, text = self.take_flash(session, operation_id) or ("", "")
         return self._html(lambda nonce: pages.operation_page(
             view, buttons(self.runtime, view), csrf=csrf, nonce=nonce, context=self.context,
-            flash=flash[:300] if flash else None, error=error[:300] if error else None))
+            flash=text if kind == "done" else None, error=text if kind == "error" else None))
 
     async def act(self, request: Request) -> Response:
         operation_id = request.path_params["operation_id"]
         action = request.path_params["action"]
+        session = request.scope["state"]["session"]
         try:
             form = await _form(request)
-            if not self.check_csrf(request.scope["state"]["session"], form.get("csrf")):
+            if not self.check_csrf(session, form.get("csrf")):
                 raise ActionRefused("the form is stale or not from this dashboard: reload "
                                     "the page", code="csrf_refused", operation_id=operation_id)
             view = operation_view(self.store, operation_id, viewer=self.runtime.account,
@@ -234,12 +245,11 @@ class Dashboard:
         except (errors.RecoveryError, ActionRefused) as exc:
             if exc.code in ("csrf_refused", "invalid_request", "state_unavailable"):
                 return self._error(request, exc)
-            query = urlencode({"error": f"{action}: {exc.code}: {exc}"})
-            return RedirectResponse(f"/operations/{quote(operation_id, safe='')}?{query}",
-                                    status_code=303)
-        self._poke.set()
-        query = urlencode({"done": message})
-        return RedirectResponse(f"/operations/{quote(operation_id, safe='')}?{query}",
+            self.flash(session, operation_id, "error", f"{action}: {exc.code}: {exc}")
+        else:
+            self._poke.set()
+            self.flash(session, operation_id, "done", message)
+        return RedirectResponse(f"/operations/{quote(operation_id, safe='')}",
                                 status_code=303)
 
     def app(self) -> Starlette:

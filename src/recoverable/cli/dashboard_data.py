@@ -83,10 +83,15 @@ class Row:
     attempts_used: int
     maximum_attempts: int
     failure: str | None  # the typed failure kind (or the failure reason), if any
+    # Where the row sorts when that is not ``created_at``: a disposed operation (shown at
+    # its disposition time) keeps the place its record had (see ``build_summary``).
+    listed_at: float | None = None
     # The list's order: newest first, then by id (made once: the lists share it).
     key: tuple[float, str] = attrs.field(
         init=False, eq=False,
-        default=attrs.Factory(lambda row: (-row.created_at, row.operation_id), takes_self=True),
+        default=attrs.Factory(lambda row: (
+            -(row.created_at if row.listed_at is None else row.listed_at), row.operation_id,
+        ), takes_self=True),
     )
 
 
@@ -134,7 +139,9 @@ class Summary:
     throughput: list[tuple[float, int, int]]  # minute start -> (completed, attempts spent)
     usage: Usage
     usage_reported: bool
-    cost: float | None  # estimated USD (built-in prices); None when a model has no price
+    cost: float | None  # estimated USD; None when a model has no price (``unpriced``)
+    unpriced: list[str]  # the models with reported usage and no price (at most 10)
+    price_source: str  # where the prices come from (--prices, or the built-in table)
     cooldowns: list[tuple[str, float]]  # the soonest saved cooldowns (id, until)
     waiting: int  # operations in a saved cooldown
     governors: list[GovernorState]
@@ -188,7 +195,7 @@ def _row(record: OperationRecord, status: Status) -> Row:
     )
 
 
-def _disposed_row(marker: DispositionRecord) -> Row:
+def _disposed_row(marker: DispositionRecord, listed_at: float | None) -> Row:
     return Row(
         operation_id=marker.operation_id,
         created_at=marker.at,
@@ -198,6 +205,7 @@ def _disposed_row(marker: DispositionRecord) -> Row:
         attempts_used=marker.attempts_used,
         maximum_attempts=marker.maximum_attempts,
         failure=None,
+        listed_at=listed_at,
     )
 
 
@@ -218,28 +226,55 @@ def _owners(store: Store, leases: dict[str, LeaseRecord], now: float) -> list[Ow
     return owners
 
 
+def _lowest(first: float | None, second: float | None) -> float | None:
+    """The lower bucket level; ``None`` (full) only when both are full."""
+    if first is None or second is None:
+        return second if first is None else first
+    return min(first, second)
+
+
 def _governors(
     store: Store, pairs: Counter[tuple[str, AccountBinding]], now: float
 ) -> list[GovernorState]:
-    states = []
+    """One row per endpoint. Each account has its own governor row in the store, but the
+    table names no account: two rows with the same endpoint would look like a duplicate.
+    So the accounts of an endpoint are merged: their operations summed, the latest pause
+    and the lowest bucket levels (the most constrained account) shown."""
+    merged: dict[str, GovernorState] = {}
     for (endpoint_id, account), operations in sorted(
         pairs.items(), key=lambda item: (item[0][0], -item[1])
-    )[:20]:
+    ):
+        if endpoint_id not in merged and len(merged) >= 20:
+            continue
         row = load_governor(store.get_raw("governor", governor_key(endpoint_id, account)))
-        states.append(GovernorState(
+        paused = row.paused_until if row.paused_until > now else None
+        seen = merged.get(endpoint_id)
+        if seen is None:
+            merged[endpoint_id] = GovernorState(
+                endpoint_id=endpoint_id, operations=operations, paused_until=paused,
+                requests_level=row.requests_level, tokens_level=row.tokens_level,
+            )
+            continue
+        merged[endpoint_id] = GovernorState(
             endpoint_id=endpoint_id,
-            operations=operations,
-            paused_until=row.paused_until if row.paused_until > now else None,
-            requests_level=row.requests_level,
-            tokens_level=row.tokens_level,
-        ))
-    return states
+            operations=seen.operations + operations,
+            paused_until=max((until for until in (seen.paused_until, paused)
+                              if until is not None), default=None),
+            requests_level=_lowest(seen.requests_level, row.requests_level),
+            tokens_level=_lowest(seen.tokens_level, row.tokens_level),
+        )
+    return list(merged.values())
 
 
-def _cost(records: Iterable[OperationRecord], prices: PriceTable) -> tuple[Usage, bool, float]:
+def _cost(
+    records: Iterable[OperationRecord], prices: PriceTable
+) -> tuple[Usage, bool, float, set[str]]:
+    """The reported usage, whether any was, its cost and the models without a price (a
+    cost leaving some out would look complete: it is then no cost at all)."""
     total = Usage()
     reported = False
     cost = 0.0
+    unpriced: set[str] = set()
     for record in records:
         for attempt in record.attempts:
             if attempt.usage is None:
@@ -248,14 +283,36 @@ def _cost(records: Iterable[OperationRecord], prices: PriceTable) -> tuple[Usage
             total = total + attempt.usage
             price = prices.for_model(record.model)
             if price is None:
-                cost = math.nan
+                unpriced.add(record.model)
             else:
                 cost += price.cost(attempt.usage)
-    return total, reported, cost
+    return total, reported, cost, unpriced
 
 
-def build_summary(store: DashboardStore, *, now: float | None = None) -> Summary:
-    """One pass over the store (synchronous: run it in a thread)."""
+def _places(previous: Summary | None) -> dict[str, float]:
+    """Each listed operation's place in the previous summary's list (its sort time)."""
+    if previous is None:
+        return {}
+    return {row.operation_id: -row.key[0] for row in previous.rows.get("all", ())}
+
+
+def build_summary(
+    store: DashboardStore,
+    *,
+    now: float | None = None,
+    prices: PriceTable | None = None,
+    previous: Summary | None = None,
+) -> Summary:
+    """One pass over the store (synchronous: run it in a thread). ``prices``: the cost's
+    price table (``--prices``; the built-in estimate by default).
+
+    The list pages walk a cursor (keyset, never an offset), which is only sound while a
+    row's sort key stays put. A marker has no creation time, so an acknowledged or
+    abandoned operation would jump from its record's place to its disposition time (the
+    top): a walk under way would skip it. It keeps the place ``previous`` (the summary
+    before) gave it instead; only a marker this process never saw as a record sorts at its
+    disposition time, which does not move either."""
+    prices = builtin_prices() if prices is None else prices
     started = time.perf_counter()
     txnid = store.last_txnid()
     now = time.time() if now is None else now
@@ -302,15 +359,16 @@ def build_summary(store: DashboardStore, *, now: float | None = None) -> Summary
             if attempt.consumed_at >= horizon:
                 attempt_minutes[math.floor(attempt.consumed_at / 60.0) * 60.0] += 1
     disposed_usage = Usage()
+    places = _places(previous) if markers else {}
     for marker in markers:
-        rows.append(_disposed_row(marker))
+        rows.append(_disposed_row(marker, places.get(marker.operation_id)))
         if marker.disposition == "acknowledged" and marker.at >= horizon:
             # Its completion time left with the record: the acknowledgement stands in.
             completed_minutes[math.floor(marker.at / 60.0) * 60.0] += 1
         attempts[marker.attempts_used] += 1
         if marker.usage is not None:
             disposed_usage = disposed_usage + marker.usage
-    usage, reported, cost = _cost(records, builtin_prices())
+    usage, reported, cost, unpriced = _cost(records, prices)
     usage = usage + disposed_usage
     rows.sort(key=lambda row: row.key)
     by_state: dict[str, list[Row]] = {"all": rows}
@@ -337,7 +395,9 @@ def build_summary(store: DashboardStore, *, now: float | None = None) -> Summary
                     for minute in minutes],
         usage=usage,
         usage_reported=reported or disposed_usage != Usage(),
-        cost=None if math.isnan(cost) else cost,
+        cost=None if unpriced else cost,
+        unpriced=sorted(unpriced)[:10],
+        price_source=prices.source,
         cooldowns=[(op_id, until) for until, op_id in cooldowns[:10]],
         waiting=len(cooldowns),
         governors=governors,

@@ -47,6 +47,9 @@ button.danger{border-color:#a3231b;color:#a3231b}
 .flash{background:#e6f4ea;border:1px solid #9fd3ad;padding:6px 10px;border-radius:4px}
 .error{background:#fbe9e7;border:1px solid #e5a39b;padding:6px 10px;border-radius:4px}
 nav.filter a{margin-right:10px}
+.clip{display:inline-block;max-width:22em;overflow:hidden;text-overflow:ellipsis;
+white-space:nowrap;vertical-align:bottom}
+h1 .clip{max-width:40em}
 pre{white-space:pre-wrap;background:#fff;border:1px solid #d8dde6;padding:8px;max-height:360px;
 overflow:auto}
 """
@@ -203,9 +206,17 @@ def _short(owner_id: str) -> str:
     return f'<code title="{escape(owner_id)}">{escape(owner_id[:12])}…</code>'
 
 
+def _clipped(value: str | None) -> str:
+    """An id of any length (a response id may be hundreds of characters) on one line,
+    cut with an ellipsis by the CSS so it never widens the page; the whole value is in
+    its tooltip (and selectable)."""
+    if value is None:
+        return "<code>-</code>"
+    return f'<code class="clip" title="{escape(value)}">{escape(value)}</code>'
+
+
 def _link(operation_id: str) -> str:
-    return (f'<a href="/operations/{quote(operation_id, safe="")}">'
-            f"<code>{escape(operation_id)}</code></a>")
+    return f'<a href="/operations/{quote(operation_id, safe="")}">{_clipped(operation_id)}</a>'
 
 
 def overview_live(summary: Summary) -> str:
@@ -242,8 +253,7 @@ def overview_live(summary: Summary) -> str:
         title="operations by attempts used",
     )
     tokens = usage_text(summary.usage) if summary.usage_reported else None
-    cost = ("-" if summary.cost is None or not summary.usage_reported
-            else f"${summary.cost:.4f} (built-in price estimate)")
+    cost = _cost_text(summary)
     cooldowns = _table(
         ("operation", "cooldown until (UTC)"),
         ([_link(op_id), _clock(until)] for op_id, until in summary.cooldowns),
@@ -305,6 +315,16 @@ def overview_page(summary: Summary, version: int, *, nonce: str, context: str) -
         f'<div id="live" data-version="{version}">{overview_live(summary)}</div>'
     )
     return layout("Overview", body, nonce=nonce, context=context, script=_LIVE_JS)
+
+
+def _cost_text(summary: Summary) -> str:
+    """The estimated cost, or why there is none (never a bare "-")."""
+    if not summary.usage_reported:
+        return "none yet (no usage reported)"
+    if summary.cost is None:
+        return (f"unknown: no price for {', '.join(summary.unpriced)} (give its prices with "
+                "--prices FILE)")
+    return f"${summary.cost:.4f} (estimate; prices: {summary.price_source})"
 
 
 def operations_page(page: Page, *, nonce: str, context: str) -> str:
@@ -393,7 +413,7 @@ def operation_page(
          + (f" until {_when(status.rate_limited_until)}" if status.rate_limited_until else "")
          + (f"; endpoint paused until {_time(view.paused_until)}" if view.paused_until else "")],
         ["queue", escape(status.queue or "-")],
-        ["lease owner", f"<code>{escape(status.lease_owner or '-')}</code>"
+        ["lease owner", _clipped(status.lease_owner) +
                         f" (expires {_when(status.lease_expires_at)})"],
         ["endpoint failure", escape(status.endpoint_failure or "-")],
         ["model", escape(status.model or "-")],
@@ -408,7 +428,7 @@ def operation_page(
          _link(status.previous_operation_id) if status.previous_operation_id else "-"],
         ["successor (manual retry)", _link(status.successor_id) if status.successor_id else "-"],
         ["pending attempt (reserved, not yet authorized)",
-         f"<code>{escape(status.pending_attempt_id or '-')}</code>"],
+         _clipped(status.pending_attempt_id)],
         ["fence (lease generation)", str(status.fence)],
     ], empty="")
     consumed = {stored.attempt_id: stored.consumed_at
@@ -421,10 +441,10 @@ def operation_page(
           f'<span class="{"ok" if attempt.outcome == "completed" else "bad"}">'
           f"{escape(attempt.outcome)}</span>",
           "-" if attempt.sequence_number is None else str(attempt.sequence_number),
-          f"<code>{escape(attempt.response_id or '-')}</code>",
+          _clipped(attempt.response_id),
           _failure(attempt.failure), escape(usage_text(attempt.usage) or "-")]
          for attempt in status.attempts),
-        empty="no attempt authorized yet",
+        empty=_no_timeline(view),
     )
     notes = ""
     if flash:
@@ -444,13 +464,24 @@ def operation_page(
                    f"<pre>{escape(request or '(removed)')}</pre><h3>Saved completion</h3>"
                    f"{fenced}<pre>{escape(completion or '(none)')}</pre>")
     body = (
-        f"<h1>Operation <code>{escape(op_id)}</code></h1>{notes}"
+        f"<h1>Operation {_clipped(op_id)}</h1>{notes}"
         f'<div class="actions">{buttons}</div>'
         f'<div class="grid"><div class="box"><h2>Status</h2>{dimensions}</div>'
         f'<div class="box"><h2>Job and lineage</h2>{lineage}</div></div>'
         f"<h2>Attempt timeline</h2>{timeline}{content}"
     )
     return layout(f"Operation {op_id}", body, nonce=nonce, context=context, script=_CONFIRM_JS)
+
+
+def _no_timeline(view: OperationView) -> str:
+    """Why the timeline is empty. An acknowledged or abandoned operation keeps only a
+    small marker: its attempts left the store with its record, they were not missing."""
+    marker = view.marker
+    if marker is None:
+        return "no attempt authorized yet"
+    return (f"{marker.attempts_used} attempt(s) used; their timeline was removed with the "
+            f"operation's record when it was {marker.disposition} (only a small marker "
+            "is kept)")
 
 
 def _failure(failure: object) -> str:

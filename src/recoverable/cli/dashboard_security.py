@@ -4,8 +4,10 @@ of every form, and the Host/Origin checks (an ASGI middleware around the app).
 - The access token (``secrets.token_urlsafe(32)``) is made per start and never written to
   disk. A ``GET`` with ``?token=`` (checked in constant time) opens a session: an
   ``HttpOnly; SameSite=Strict; Path=/`` cookie with a random session id, then a redirect
-  to the same URL without the token (so it leaves the address bar and the history). Every
-  other request without a valid session cookie is answered 401.
+  to the same URL without the token (so it leaves the address bar and the history); a
+  token URL opened with a session already is redirected the same way. Every other
+  request without a valid session cookie is answered 401. A redirect's target is always
+  a path of this dashboard (:func:`same_origin_path`).
 - The cookie is named after the dashboard's port (:func:`cookie_name`): cookies are not
   scoped by port, so with one shared name signing into a second dashboard on the same
   host replaced the first one's session (it was logged out). It has no ``Domain``
@@ -26,7 +28,7 @@ import secrets
 from collections import OrderedDict
 from http.cookies import SimpleCookie
 from typing import Final
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import parse_qsl, quote, unquote_plus, urlsplit
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -48,6 +50,10 @@ class Sessions:
     def __init__(self, token: str | None = None) -> None:
         self.token = token or secrets.token_urlsafe(32)
         self._csrf: OrderedDict[str, str] = OrderedDict()  # session id -> CSRF token
+        # session id -> (operation id, "done" or "error", text): an action's result, shown
+        # once by the operation's next page. Kept here, never in the URL, so a link
+        # cannot put a forged banner on the dashboard's page.
+        self._flashes: dict[str, tuple[str, str, str]] = {}
 
     def token_matches(self, candidate: str) -> bool:
         return hmac.compare_digest(candidate.encode(), self.token.encode())
@@ -56,8 +62,22 @@ class Sessions:
         session = secrets.token_urlsafe(32)
         self._csrf[session] = secrets.token_urlsafe(32)
         while len(self._csrf) > MAX_SESSIONS:
-            self._csrf.popitem(last=False)
+            forgotten, _csrf = self._csrf.popitem(last=False)
+            self._flashes.pop(forgotten, None)
         return session
+
+    def flash(self, session: str, operation_id: str, kind: str, text: str) -> None:
+        """Keep an action's result for the session's next page of ``operation_id``."""
+        if session in self._csrf:
+            self._flashes[session] = (operation_id, kind, text[:300])
+
+    def take_flash(self, session: str, operation_id: str) -> tuple[str, str] | None:
+        """The result kept for this page, ``(kind, text)``, once (then it is gone)."""
+        kept = self._flashes.get(session)
+        if kept is None or kept[0] != operation_id:
+            return None
+        del self._flashes[session]
+        return kept[1], kept[2]
 
     def known(self, session: str | None) -> bool:
         return session is not None and session in self._csrf
@@ -135,6 +155,10 @@ class Guard:
         if not self.sessions.known(session):
             await self._sign_in(scope, send_with_headers)
             return
+        if scope["method"] == "GET" and _query_token(scope) is not None:
+            # Signed in already: the token still leaves the address bar and the history.
+            await _see_other(send_with_headers, without_token(scope))
+            return
         if scope["method"] not in ("GET", "HEAD", "POST"):
             await _plain(send_with_headers, 405, "method_refused", "GET or POST only")
             return
@@ -156,27 +180,49 @@ class Guard:
         return origin == f"http://{host}"
 
     async def _sign_in(self, scope: Scope, send: Send) -> None:
-        query = parse_qsl(bytes(scope.get("query_string", b"")).decode("latin-1"),
-                          keep_blank_values=True)
-        token = next((value for key, value in query if key == "token"), None)
+        token = _query_token(scope)
         if scope["method"] != "GET" or token is None or not self.sessions.token_matches(token):
             await _plain(send, 401, "token_required",
                          "open the URL that `recoverable dashboard` printed (it carries the "
                          "access token)")
             return
         session = self.sessions.open()
-        rest = urlencode([(key, value) for key, value in query if key != "token"])
-        path = scope["path"] if not scope["path"].startswith("//") else "/"  # never offsite
-        location = path + ("?" + rest if rest else "")
         # No Domain (this host only), no Expires (gone with the browser session), no
         # Secure: it is served over http on loopback (see the module's docstring).
         cookie = f"{self.cookie}={session}; HttpOnly; SameSite=Strict; Path=/"
-        await send({"type": "http.response.start", "status": 303, "headers": [
-            (b"location", location.encode("latin-1")),
-            (b"set-cookie", cookie.encode("latin-1")),
-            (b"content-length", b"0"),
-        ]})
-        await send({"type": "http.response.body", "body": b""})
+        await _see_other(send, without_token(scope), cookie)
+
+
+def _query_token(scope: Scope) -> str | None:
+    query = parse_qsl(bytes(scope.get("query_string", b"")).decode("latin-1"),
+                      keep_blank_values=True)
+    return next((value for key, value in query if key == "token"), None)
+
+
+def same_origin_path(path: str) -> str:
+    """``path`` as a redirect target that stays on this dashboard: one ``/`` first, then
+    the path percent-encoded. Browsers read a backslash as a slash, so a decoded
+    ``/\\evil.example`` (or ``//evil.example``) sent back as it is would be a link to
+    another site; encoding also keeps CR, LF and non-Latin-1 characters out of the
+    header."""
+    return "/" + quote(path.lstrip("/\\"), safe="/:@!$&'()*+,;=")
+
+
+def without_token(scope: Scope) -> str:
+    """The request's own path and query, minus ``token`` (kept byte for byte otherwise)."""
+    raw = bytes(scope.get("query_string", b"")).decode("latin-1")
+    kept = [part for part in raw.split("&")
+            if part and unquote_plus(part.partition("=")[0]) != "token"]
+    query = "&".join(quote(part, safe="=&+%/:@!$'()*,;") for part in kept)
+    return same_origin_path(scope["path"]) + ("?" + query if query else "")
+
+
+async def _see_other(send: Send, location: str, cookie: str | None = None) -> None:
+    headers = [(b"location", location.encode("ascii")), (b"content-length", b"0")]
+    if cookie is not None:
+        headers.append((b"set-cookie", cookie.encode("latin-1")))
+    await send({"type": "http.response.start", "status": 303, "headers": headers})
+    await send({"type": "http.response.body", "body": b""})
 
 
 async def _plain(send: Send, status: int, code: str, message: str) -> None:
