@@ -150,7 +150,9 @@ def test_an_unreachable_database_is_a_typed_503_and_the_dashboard_stays_up(
         action = client.post(f"/operations/{idle}/suspend", data={"csrf": csrf.group(1)},
                              headers={"origin": info["base"]})
         assert action.status_code == 303
-        assert "storage_unavailable" in action.headers["location"]
+        # The refusal is the next page's banner (kept in the session, never in the URL).
+        location = action.headers["location"]
+        assert "?" not in location
 
         def refused() -> bool:
             page = client.get("/api/summary")
@@ -162,6 +164,13 @@ def test_an_unreachable_database_is_a_typed_503_and_the_dashboard_stays_up(
             assert page.status_code == 503 and "storage_unavailable" in page.text
         assert info["proc"].poll() is None  # still serving
         proxy.up()
+
+        def served() -> bool:
+            return client.get("/api/summary").status_code == 200
+
+        wait_for(served, "the dashboard to read the database again")
+        banner = re.search(r'id="action-error">([^<]*)</p>', client.get(location).text)
+        assert banner is not None and "storage_unavailable" in banner.group(1)
     with recoverable.RecoveryStore.open(pg_url) as store:  # the refused action wrote nothing
         assert store.get_command(idle) is None
 

@@ -64,7 +64,7 @@ def open_dashboard_store(spec: str) -> RecoveryStore:
     label = store_label(spec)
     if "://" in spec:
         scheme = url_scheme(spec)
-        # The PostgreSQL store (issue 17) is opened by RecoveryStore.open from its URL;
+        # The PostgreSQL store is opened by RecoveryStore.open from its URL;
         # until that module is installed a URL is refused (never a directory named
         # "postgresql:").
         if scheme not in _URL_SCHEMES or importlib.util.find_spec(_PG_MODULE) is None:
