@@ -36,7 +36,7 @@ from typing import Any
 
 import pytest
 from selenium import webdriver
-from selenium.common.exceptions import WebDriverException
+from selenium.common.exceptions import NoSuchElementException, WebDriverException
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
@@ -124,7 +124,14 @@ def provider() -> Iterator[dict[str, Any]]:
 
 
 def _count(driver: WebDriver, element_id: str) -> int:
-    return int(driver.find_element(By.ID, element_id).text)
+    # Read in one script: the live region is replaced whole by each poll, so an element
+    # found first and read after could be a stale one.
+    text = driver.execute_script(
+        "var node = document.getElementById(arguments[0]);"
+        " return node === null ? null : node.textContent;", element_id)
+    if text is None:
+        raise NoSuchElementException(element_id)
+    return int(str(text).strip())
 
 
 def _screenshot(driver: WebDriver, name: str, height: int | None = None) -> None:
@@ -392,7 +399,9 @@ PAGE_LOAD = 20.0  # seconds: a page held up behind the browser's six connections
 
 
 def _live_state(driver: WebDriver) -> str:
-    return str(driver.find_element(By.ID, "live-state").text)
+    return str(driver.execute_script(
+        "var node = document.getElementById('live-state');"
+        " return node === null ? '' : node.textContent;")).strip()
 
 
 def test_many_overview_tabs_all_update_and_say_when_the_dashboard_is_gone(
