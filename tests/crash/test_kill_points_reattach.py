@@ -82,6 +82,17 @@ def _log(info: dict[str, Any], which: str, key: str, value: str) -> list[dict[st
             if str(r.get(key) or "").startswith(value)]
 
 
+def _commits(tmp: Path, job: str) -> int:
+    """How many times the host committed the job's result (its own database)."""
+    db = sqlite3.connect(tmp / "host.db")
+    try:
+        count: int = db.execute(
+            "SELECT COUNT(*) FROM commit_log WHERE job=?", (job,)).fetchone()[0]
+    finally:
+        db.close()
+    return count
+
+
 @pytest.mark.parametrize("mode", ["sse", "websocket"])
 def test_sigkill_after_the_checkpoint_then_the_restart_reattaches_and_commits_once(
     provider_process: dict[str, Any], tmp_path: Path, store_location: str, mode: str
@@ -109,12 +120,7 @@ def test_sigkill_after_the_checkpoint_then_the_restart_reattaches_and_commits_on
     resumes = _log(provider_process, "retrievals", "response_id", rid)
     assert [r["kind"] for r in resumes] == ["resume"]
     assert resumes[0]["starting_after"] is not None
-    db = sqlite3.connect(tmp_path / "host.db")
-    try:
-        commits = db.execute("SELECT COUNT(*) FROM commit_log WHERE job=?", (job,)).fetchone()[0]
-    finally:
-        db.close()
-    assert commits == 1
+    assert _commits(tmp_path, job) == 1
     store = recoverable.RecoveryStore.open(store_location)
     try:
         disposition = store.get_disposition(op_id)
@@ -143,9 +149,4 @@ def test_sigkill_after_the_checkpoint_then_a_restart_behind_an_object_answering_
             if str(r.get("attempt_id") or "").startswith(op_id)]
     assert gets and gets[0]["kind"] == "resume" and gets[0]["answer"] == "object"
     assert all(get["answer"] == "object" for get in gets)  # then plain retrieves, if any
-    db = sqlite3.connect(tmp_path / "host.db")
-    try:
-        commits = db.execute("SELECT COUNT(*) FROM commit_log WHERE job=?", (job,)).fetchone()[0]
-    finally:
-        db.close()
-    assert commits == 1
+    assert _commits(tmp_path, job) == 1
