@@ -157,17 +157,15 @@ class Reattacher(Transmitter):
             completed=isinstance(result, Completed),
             kind=None if isinstance(result, Completed) else result.kind,
         )
-        try:
-            return await self._attempt_ended(current, attempt_id, result)
-        finally:
-            # The rate governor's usage correction: the POST's estimate was charged when it
-            # was admitted; the tokens the resumed response reports settle the rest.
-            with trio.CancelScope(shield=True):
-                await host.governor.settle(
-                    self.operation_id, backend.endpoint_id, current.account,
-                    estimate=estimate_tokens(self._body or b""), outcome=result,
-                    maximum_pause=current.retry_policy.maximum_retry_after,
-                )
+        # The rate governor's usage correction: the POST's estimate was charged when it
+        # was admitted; the tokens the resumed response reports settle the rest (first:
+        # ``Transmitter._settle``).
+        unsettled = await self._settle(current.account, estimate_tokens(self._body or b""),
+                                       result, current.retry_policy.maximum_retry_after)
+        transition = await self._attempt_ended(current, attempt_id, result)
+        if unsettled is not None:
+            raise unsettled
+        return transition
 
     async def _cancel_on_server(self, record: OperationRecord) -> None:
         """After the operation's cancel is saved: ask the provider to cancel the attempt's

@@ -25,6 +25,7 @@ from recoverable import _killpoints, errors, machine, reattachment
 from recoverable.contract import OutputInvalid
 from recoverable.outcome import Completed, Interruption, Outcome, Progress
 from recoverable.records import CommandKind, OperationRecord
+from recoverable.types import AccountBinding
 
 
 class _NotTransmitted(Exception):
@@ -254,17 +255,34 @@ class Transmitter(OperationCore):
             return await self._on_stop(current)
         # The stream ended before a stop could cut it: its outcome is used as received
         # (a completion is validated and saved; the step applies the stop on top).
-        try:
-            return await self._attempt_ended(current, attempt_id, result)
-        finally:
-            # After the attempt's own record is saved: the shared pause (429), the
-            # x-ratelimit-* headers and the usage correction, for every operation.
-            with trio.CancelScope(shield=True):
-                await host.governor.settle(
-                    self.operation_id, backend.endpoint_id, authorized.account,
-                    estimate=estimate, outcome=result,
-                    maximum_pause=current.retry_policy.maximum_retry_after,
+        unsettled = await self._settle(authorized.account, estimate, result,
+                                       current.retry_policy.maximum_retry_after)
+        transition = await self._attempt_ended(current, attempt_id, result)
+        if unsettled is not None:
+            raise unsettled
+        return transition
+
+    async def _settle(
+        self, account: AccountBinding, estimate: int, result: Completed | Interruption,
+        maximum_pause: float,
+    ) -> errors.RecoveryError | None:
+        """The rate governor learns how the attempt ended — the shared pause (429), the
+        x-ratelimit-* headers, the usage beyond the estimate — before the attempt's own
+        record is written: the provider counted those tokens when it answered, so an
+        admission made while the receipt is being saved must already see them (a slow
+        disk made that window long enough for a 429). Shielded; a failure to write it
+        never stops the outcome from being saved: it is returned, to raise after."""
+        backend = self.host.backend
+        assert backend is not None
+        with trio.CancelScope(shield=True):
+            try:
+                await self.host.governor.settle(
+                    self.operation_id, backend.endpoint_id, account, estimate=estimate,
+                    outcome=result, maximum_pause=maximum_pause,
                 )
+            except errors.RecoveryError as exc:
+                return exc
+        return None
 
     # --- reattachment: background responses (``reattach=True``) ---------------------
 
