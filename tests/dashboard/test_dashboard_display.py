@@ -61,6 +61,14 @@ def test_a_long_response_id_never_widens_the_page(
         assert shown.size["width"] < 600  # cut (with an ellipsis), on one line
 
 
+def _text(driver: WebDriver, element_id: str) -> str:
+    """An element's text, read in one script: each poll replaces the live region whole,
+    so an element found first and read after could be a stale one."""
+    return str(driver.execute_script(
+        "var node = document.getElementById(arguments[0]);"
+        " return node === null ? '' : node.textContent;", element_id)).strip()
+
+
 def test_the_updated_time_stays_in_utc(
     browser: WebDriver, made: dict[str, Any], tmp_path: Path  # noqa: F811
 ) -> None:
@@ -71,15 +79,15 @@ def test_the_updated_time_stays_in_utc(
     try:
         with dashboard(store) as info:
             browser.get(info["url"])
-            assert utc.match(browser.find_element(By.ID, "updated").text)  # served in UTC
-            suspended = browser.find_element(By.ID, "count-by_state-suspended").text
+            assert utc.match(_text(browser, "updated"))  # served in UTC
+            suspended = _text(browser, "count-by_state-suspended")
             # Another process changes the store: the live view updates the page.
             run = run_cli("suspend", "--store", str(store), "--account", ACCOUNT_ID,
                           made["idle"][0])
             assert run.returncode == 0, run.stderr
-            WebDriverWait(browser, WAIT).until(lambda driver: driver.find_element(
-                By.ID, "count-by_state-suspended").text != suspended)
-            stamp = browser.find_element(By.ID, "updated").text
+            WebDriverWait(browser, WAIT).until(
+                lambda driver: _text(driver, "count-by_state-suspended") != suspended)
+            stamp = _text(browser, "updated")
             assert utc.match(stamp), f"the live update switched zone: {stamp!r}"
     finally:
         browser.execute_cdp_cmd("Emulation.setTimezoneOverride", {"timezoneId": ""})

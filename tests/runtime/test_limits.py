@@ -176,7 +176,10 @@ def test_cli_concurrency_and_rps_hold_at_the_provider(
     rate = 10.0
     log = cli_batch(tmp_path, slow_provider, "rps", "--concurrency", "12", "--rps", str(rate))
     arrivals = sorted(r["received_at"] for r in log)
-    assert arrivals[-1] - arrivals[0] >= 11 / rate - JITTER, arrivals
+    # From the second arrival: the first request may also wait for its connection to be
+    # made (one loaded CI run: 43 ms), which shortens a span measured from it; every later
+    # one keeps its slot.
+    assert arrivals[-1] - arrivals[1] >= 10 / rate - JITTER, arrivals
     assert most_in_window(arrivals, 1.0) <= rate * 1.0 + 1 + 1, arrivals
 
 
