@@ -61,7 +61,7 @@ from recoverable.actors.sweep import sweep
 from recoverable.storage import codec
 from recoverable.storage.base import Store as RecoveryStore
 from recoverable.storage.base import WriteTransaction as WriteTxn
-from recoverable.storage.keys import operation_key
+from recoverable.storage.keys import operation_key, payload_key
 from recoverable.storage.leases import lease_expired
 from recoverable.storage.queue import SERVED_GRACE, SERVED_RENEW, QueueEntry, ServedRow, WorkerRow
 
@@ -379,8 +379,13 @@ class _Worker:
         started = 0
         for operation_id in continuing:
             started += await self._continue(operation_id, clock)
-        for record, _entry in claims:
-            if self._start(record, nursery):
+        # The saved requests of every claim in one read (on PostgreSQL a read is a round
+        # trip that holds the event loop: one per round, not one per claim).
+        requests = self.store.get_raw_many(
+            "payloads", [payload_key(record.operation_id, "request") for record, _ in claims]
+        ) if claims else []
+        for (record, _entry), stored in zip(claims, requests, strict=True):
+            if self._start(record, stored, nursery):
                 started += 1
         return started
 
@@ -402,10 +407,13 @@ class _Worker:
             return 1
         return 0
 
-    def _start(self, record: OperationRecord, nursery: trio.Nursery) -> bool:
+    def _start(
+        self, record: OperationRecord, stored: bytes | None, nursery: trio.Nursery
+    ) -> bool:
+        """Start an execution of ``record`` (``stored``: its saved request, read with the
+        round's others); False if it cannot run from here now."""
         operation_id = record.operation_id
         try:
-            stored = self.store.get_payload(operation_id, "request")
             if stored is None:
                 raise errors.RequestUnavailable(operation_id=operation_id)
             saved = msgspec.json.decode(stored, type=StoredRequest)
@@ -448,11 +456,17 @@ class _Worker:
         if isinstance(error, errors.OperationBusy | errors.FenceMismatch):
             self.report.busy += 1
             return
-        try:
-            record = self.store.get_operation(operation_id)
-        except errors.RecoveryError:
-            record = None
-        finished = record is None or record.phase in FINISHED or record.has_completion
+        record: OperationRecord | None = None
+        if error is None:
+            # It ended without an error: its completion is saved (the execution returns
+            # only after the receipt's write committed), so it is finished: no read.
+            finished = True
+        else:
+            try:
+                record = self.store.get_operation(operation_id)
+            except errors.RecoveryError:
+                record = None
+            finished = record is None or record.phase in FINISHED or record.has_completion
         expired = isinstance(error, errors.StateExpired)
         if finished or expired:
             if error is None:

@@ -25,7 +25,10 @@ after it), so the writer avoids the ones it can prove it does not need:
   sent at the end of the batch, one statement per table (``unnest`` arrays). A scan
   (``cursor``, ``stat``) first sends what is buffered, so SQL sees every write.
 
-Savepoints (a batch run again with each mutation alone, ``pg_writer``): the writer calls
+A mutation that raises is rolled back in memory (``end_mutation(False)`` forgets its
+layer) when none of its writes reached the server (:attr:`BatchSnapshot.mutation_sent`):
+the batch goes on without it, no statement needed. Otherwise, savepoints (a batch run
+again with each mutation alone, ``pg_writer``): the writer calls
 :meth:`BatchSnapshot.flush` before each ``SAVEPOINT`` and :meth:`end_mutation` after the
 mutation, so a mutation rolled back to its savepoint takes only its own writes with it.
 """
@@ -247,6 +250,9 @@ class BatchSnapshot(SqlSnapshot):
         self._batch: dict[bytes, bytes | None] = {}  # this batch's writes
         self._unsent: dict[bytes, bytes | None] = {}  # not yet sent
         self._mutation: dict[bytes, bytes | None] = {}  # the running mutation's
+        # Whether some of the running mutation's writes were sent to the server (a scan
+        # flushes them): then only a savepoint (or a rerun) can take them back.
+        self.mutation_sent = False
 
     # -- reads ------------------------------------------------------------------------
 
@@ -323,12 +329,15 @@ class BatchSnapshot(SqlSnapshot):
             self._batch.update(self._mutation)
             self._unsent.update(self._mutation)
         self._mutation = {}
+        self.mutation_sent = False
 
     def flush(self) -> None:
         """Send every buffered write (the batch's and the running mutation's)."""
         pending = {**self._unsent, **self._mutation}
         if not pending:
             return
+        if self._mutation:
+            self.mutation_sent = True
         upserts: dict[str, tuple[list[bytes], list[bytes]]] = {}
         deletes: dict[str, list[bytes]] = {}
         for rid, value in pending.items():

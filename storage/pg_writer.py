@@ -11,9 +11,15 @@ only how a batch commits differs. A batch is one PostgreSQL transaction:
    writes, so a mutation's reads and its conditional writes (a fenced ``put_operation``,
    a lease taken with its fence incremented) are one atomic step, and the command and
    queue serials commit in serial order (a poller never misses one).
-2. Every mutation runs straight in the transaction; if one raises, the run is discarded
-   and the batch run again with each mutation in a savepoint, so the failing one is
-   rolled back alone (the LMDB writer's child transactions).
+2. Every mutation runs straight in the transaction, its writes buffered in memory
+   (``pg_batch``). If one raises before any of its writes was sent (the usual case: a
+   refused precondition, a lease another owner holds), its writes are forgotten in memory
+   and the batch goes on without it: no statement, no rerun. If some were sent (a scan
+   flushed them), the run is discarded and the batch run again with each mutation in a
+   savepoint, so the failing one is rolled back alone (the LMDB writer's child
+   transactions). Under the writers' lock a rerun costs a round trip per mutation, so
+   the common failure must not cause one: with two workers racing for the same queued
+   operations, every batch had one.
 3. The ``bytes_used`` counter, the commit counter and this owner's ``txn_log`` row (a
    fresh batch id) are written; ``NOTIFY recoverable`` when commands or the queue
    changed; ``COMMIT``.
@@ -105,6 +111,7 @@ class PgWriter(Writer[WriteTxn]):
         self.reconnects = 0
         self.unknown_resolved = 0
         self.reruns = 0
+        self.rolled_back_in_memory = 0  # failed mutations undone without a statement
         # The owners live at the start of the running batch (None between batches), read
         # in its first round trip: the batch's lease checks ask this, not the database.
         self.live_owners: frozenset[str] | None = None
@@ -273,7 +280,11 @@ class PgWriter(Writer[WriteTxn]):
                             shared = WriteTxn(self._state, cast(Any, snapshot))
                         else:
                             shared.next_mutation()
-                        self._run_in(snapshot, shared, job)
+                        if not self._run_in(snapshot, shared, job):
+                            # Rolled back in memory; the shared context's read caches saw
+                            # its writes: the next mutation gets a fresh context.
+                            shared = None
+                            continue
                         self._check(snapshot)
                         snapshot.end_mutation(True)
                         committed_any = True
@@ -325,15 +336,27 @@ class PgWriter(Writer[WriteTxn]):
             except psycopg.Error:
                 conn.close()
 
-    def _run_in(self, snapshot: BatchSnapshot, ctx: WriteTxn, job: _Job) -> None:
+    def _run_in(self, snapshot: BatchSnapshot, ctx: WriteTxn, job: _Job) -> bool:
+        """Run ``job`` in the batch's shared context: True if it succeeded; False if it
+        raised and was rolled back in memory (its result is the error)."""
         job.ctx = ctx  # shared by the run: its abort hooks run once if the run is discarded
+        mark = ctx.hooks_mark()
         try:
             value = job.fn(ctx)
             ctx.finish()
         except BaseException as exc:
-            self._check(snapshot)
-            raise _Isolate from exc
+            self._check(snapshot)  # a failed statement: the transaction is lost
+            if snapshot.mutation_sent or not isinstance(exc, Exception):
+                raise _Isolate from exc
+            # None of its writes left this process: forgetting them undoes it whole
+            # (``bytes_used`` too: the state carries the last finished mutation's count).
+            snapshot.end_mutation(False)
+            ctx.run_abort_hooks(since=mark)
+            job.result = outcome.Error(exc)
+            self.rolled_back_in_memory += 1
+            return False
         job.result = outcome.Value(value)
+        return True
 
     def _run_saved(
         self, conn: psycopg.Connection[Any], snapshot: BatchSnapshot, job: _Job, index: int

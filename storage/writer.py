@@ -66,11 +66,18 @@ class MutationContext:
         of one per write). Reset what belongs to one mutation; caches of what the
         transaction holds may stay."""
 
-    def run_abort_hooks(self) -> None:
-        hooks, self._abort_hooks = self._abort_hooks, []
+    def run_abort_hooks(self, since: int = 0) -> None:
+        """Run the hooks registered since ``hooks_mark()`` returned ``since`` (default:
+        all of them), newest first, and forget them."""
+        hooks = self._abort_hooks[since:]
+        del self._abort_hooks[since:]
         for hook in reversed(hooks):
             with contextlib.suppress(Exception):
                 hook()
+
+    def hooks_mark(self) -> int:
+        """Where the next mutation's abort hooks start (``run_abort_hooks(since=...)``)."""
+        return len(self._abort_hooks)
 
 
 class MapGuard:

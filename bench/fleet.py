@@ -1,0 +1,239 @@
+"""The fleet, latency-bound: ``recoverable batch --workers N`` on LMDB and PostgreSQL.
+
+Run:  python bench/fleet.py [--jobs 3000] [--concurrency 128] [--reply-delay 0.5]
+                            [--db-delay-ms 1] [--stop-seconds 10] [--mode websocket|sse]
+                            [--quick]
+
+One fixture provider process holding every generation ``--reply-delay`` seconds (so a
+worker's ``--concurrency`` slots, not the CPU, should bound it: the ceiling is
+``concurrency / reply_delay`` jobs/s per worker) and one throwaway PostgreSQL cluster
+(``tests/pg/cluster.py``, fsync on, 127.0.0.1) serve every row, so the ratios are from one
+run on one machine. Each row is a real ``recoverable batch`` process on a fresh store
+(a fresh LMDB directory, or a fresh database):
+
+1. LMDB and PostgreSQL, ``--workers 0`` (in-process), ``1`` and ``2``;
+2. PostgreSQL through ``bench/delay_proxy.py`` (``--db-delay-ms`` each way: every round
+   trip to the database costs twice that more), ``--workers 1`` and ``2``;
+3. PostgreSQL ``--workers 2`` with one worker SIGSTOPped for ``--stop-seconds`` once a
+   fifth of the results are written: the results written per second during the stop
+   against half the rate of the 5 s before it (the stopped worker's share gone, the other
+   worker's kept: 1.00 means the other worker did not notice).
+
+Printed: jobs/s per row and the ratios the fleet store is held to (``docs/benchmarks.md``):
+PostgreSQL ``--workers 2`` / ``--workers 1``, PostgreSQL / LMDB at ``--workers 1``, the same
+through the proxy, and the stop ratio. The round-trip time through the proxy is measured
+and printed beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import _common
+import workers
+
+from tests.pg.cluster import Cluster, start_cluster
+from tests.pg.fixtures import TEMPLATE, _prepare_template, new_database
+
+HERE = Path(__file__).resolve().parent
+
+
+@contextmanager
+def delay_proxy(cluster: Cluster, delay_ms: float) -> Iterator[int]:
+    """``bench/delay_proxy.py`` in front of the cluster; yields its port."""
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / "delay_proxy.py"), "--target",
+         f"{cluster.host}:{cluster.port}", "--delay-ms", str(delay_ms)],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the delay proxy exited with {proc.wait()}")
+        yield int(json.loads(line)["port"])
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def round_trip_ms(url: str, count: int = 200) -> float:
+    """The median time of ``SELECT 1`` on one connection (ms)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        samples = []
+        for _ in range(count):
+            started = time.perf_counter()
+            conn.execute("SELECT 1").fetchone()
+            samples.append(time.perf_counter() - started)
+    return statistics.median(samples) * 1000.0
+
+
+def run(
+    info: dict[str, Any], args: argparse.Namespace, workers_count: int, store: str | None,
+    *, stop: bool = False,
+) -> dict[str, Any]:
+    """One ``recoverable batch`` run (see the module doc); ``stop``: the SIGSTOP row."""
+    with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
+        root = Path(tmp)
+        workers.write_jobs(root / "jobs.jsonl", args.jobs)
+        out = root / "out.jsonl"
+        argv = [
+            sys.executable, "-m", "recoverable", "batch", str(root / "jobs.jsonl"),
+            "--out", str(out), "--store", store or str(root / "store"), "--endpoint",
+            info["http_url"], "--api-key-env", workers.KEY_ENV, "--mode", args.mode,
+            "--concurrency", str(args.concurrency), "--workers", str(workers_count),
+        ]
+        before = len(_common.provider_requests(info))
+        started = time.monotonic()
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env={**os.environ, workers.KEY_ENV: "sk-bench"})
+        stopped: dict[str, float] = {}
+        if stop:
+            stopped = stop_one_worker(proc, out, args)
+        stdout, stderr = proc.communicate(timeout=3600)
+        wall = time.monotonic() - started
+        if proc.returncode != 0:
+            raise RuntimeError(f"batch --workers {workers_count} exited {proc.returncode}:\n"
+                               f"{stderr[-3000:]}")
+        found = re.search(r"^elapsed\s+([\d.]+) s", stdout, re.M)
+        elapsed = float(found.group(1)) if found else wall
+        return {
+            "workers": workers_count, "wall": wall, "elapsed": elapsed,
+            "jobs_per_s": args.jobs / elapsed if elapsed > 0 else 0.0,
+            "posts": len(_common.provider_requests(info)) - before,
+            "lines": workers.lines(out), **stopped,
+        }
+
+
+def _wait_lines(proc: subprocess.Popen[str], out: Path, count: int) -> None:
+    while workers.lines(out) < count and proc.poll() is None:
+        time.sleep(0.02)  # polling the output file (a progress barrier)
+
+
+def stop_one_worker(
+    proc: subprocess.Popen[str], out: Path, args: argparse.Namespace
+) -> dict[str, float]:
+    """SIGSTOP one worker for ``--stop-seconds`` once a fifth of the lines are written;
+    the lines per second in the 5 s before and during the stop."""
+    _wait_lines(proc, out, args.jobs // 5)
+    t0, l0 = time.monotonic(), workers.lines(out)
+    time.sleep(5.0)  # the window before the stop (a measurement window, not a barrier)
+    pids = workers.worker_pids(proc.pid)
+    if proc.poll() is not None or not pids:
+        return {}
+    t1, l1 = time.monotonic(), workers.lines(out)
+    os.kill(pids[0], signal.SIGSTOP)
+    try:
+        time.sleep(args.stop_seconds)  # the stop itself
+        t2, l2 = time.monotonic(), workers.lines(out)
+    finally:
+        os.kill(pids[0], signal.SIGCONT)
+    before = (l1 - l0) / (t1 - t0)
+    during = (l2 - l1) / (t2 - t1)
+    return {"before_per_s": before, "during_per_s": during,
+            "stop_ratio": during / (before / 2) if before else 0.0}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=3000)
+    parser.add_argument("--concurrency", type=int, default=128)
+    parser.add_argument("--reply-delay", type=float, default=0.5)
+    parser.add_argument("--db-delay-ms", type=float, default=1.0)
+    parser.add_argument("--stop-seconds", type=float, default=10.0)
+    parser.add_argument("--mode", choices=("websocket", "sse"), default="websocket")
+    parser.add_argument("--rows", default="plain,proxy,stop",
+                        help="which rows: plain (LMDB and PostgreSQL at 0/1/2 workers), "
+                        "proxy, stop (comma-separated)")
+    parser.add_argument("--stores", default="lmdb,postgresql",
+                        help="the plain rows' stores (comma-separated)")
+    parser.add_argument("--workers", default="0,1,2",
+                        help="the plain rows' worker counts (comma-separated)")
+    parser.add_argument("--quick", action="store_true",
+                        help="60 jobs at concurrency 16, no proxy or stop rows")
+    args = parser.parse_args()
+    wanted = set(args.rows.split(","))
+    if args.quick:
+        args.jobs, args.concurrency, args.reply_delay = 60, 16, 0.05
+        wanted = {"plain"}
+    _common.raise_fd_limit()
+    cluster = start_cluster()
+    rows: list[tuple[str, dict[str, Any]]] = []
+    try:
+        _prepare_template(cluster)
+        direct_rtt = round_trip_ms(cluster.url())
+        proxy_rtt = float("nan")
+        with _common.provider_process(extra=["--reply-delay", str(args.reply_delay)]) as info:
+            def add(kind: str, row: dict[str, Any]) -> None:
+                rows.append((kind, row))
+                print(f"  {kind} --workers {row['workers']}: {row['jobs_per_s']:.0f} jobs/s"
+                      f" ({row['elapsed']:.1f} s)", flush=True)
+
+            if "plain" in wanted:
+                for kind in args.stores.split(","):
+                    for count in (int(text) for text in args.workers.split(",")):
+                        store = None if kind == "lmdb" else cluster.url(
+                            new_database(cluster, TEMPLATE))
+                        add(kind, run(info, args, count, store))
+            if "proxy" in wanted:
+                with delay_proxy(cluster, args.db_delay_ms) as port:
+                    proxied = f"postgresql://{cluster.user}@127.0.0.1:{port}"
+                    proxy_rtt = round_trip_ms(f"{proxied}/postgres")
+                    for count in (1, 2):
+                        dbname = new_database(cluster, TEMPLATE)
+                        add("postgresql+delay", run(info, args, count, f"{proxied}/{dbname}"))
+            if "stop" in wanted:
+                store = cluster.url(new_database(cluster, TEMPLATE))
+                add("postgresql, 1 stopped", run(info, args, 2, store, stop=True))
+    finally:
+        cluster.stop()
+    ceiling = args.concurrency / args.reply_delay if args.reply_delay else float("inf")
+    print(f"{args.jobs} jobs, --concurrency {args.concurrency} per worker, reply delay "
+          f"{args.reply_delay} s (ceiling {ceiling:.0f} jobs/s per worker), {args.mode}, "
+          f"{os.cpu_count()} cores; round trip to the database {direct_rtt:.2f} ms direct, "
+          f"{proxy_rtt:.2f} ms through the proxy")
+    print(_common.table(
+        ["store", "workers", "batch s", "jobs/s", "POSTs", "lines"],
+        [[kind, r["workers"], f"{r['elapsed']:.2f}", f"{r['jobs_per_s']:.0f}", r["posts"],
+          r["lines"]] for kind, r in rows],
+    ))
+    rate = {(kind, r["workers"]): r["jobs_per_s"] for kind, r in rows if "stop_ratio" not in r}
+
+    def ratio(top: tuple[str, int], bottom: tuple[str, int]) -> str:
+        if top in rate and rate.get(bottom):
+            return f"{rate[top] / rate[bottom]:.2f}"
+        return "-"
+
+    print(f"PostgreSQL --workers 2 / --workers 1 = {ratio(('postgresql', 2), ('postgresql', 1))}"
+          " (target >= 1.6)")
+    print(f"PostgreSQL / LMDB at --workers 1 = {ratio(('postgresql', 1), ('lmdb', 1))}"
+          " (target >= 0.9)")
+    print("PostgreSQL through the proxy, --workers 2 / --workers 1 = "
+          f"{ratio(('postgresql+delay', 2), ('postgresql+delay', 1))} (target >= 1.5)")
+    for _kind, r in rows:
+        if "stop_ratio" in r:
+            print(f"one of 2 workers stopped {args.stop_seconds:.0f} s: {r['during_per_s']:.0f} "
+                  f"results/s during the stop, {r['before_per_s']:.0f}/s before (both): the "
+                  f"other worker kept {r['stop_ratio']:.2f} of its share (target >= 0.80)")
+
+
+if __name__ == "__main__":
+    main()
