@@ -83,6 +83,14 @@ class Row:
     attempts_used: int
     maximum_attempts: int
     failure: str | None  # the typed failure kind (or the failure reason), if any
+    # The last interruption's code (the provider's error code, else the transport's, else
+    # the HTTP status: the PostgreSQL store's ``failure_code`` column), the model, the
+    # lease owner, and the last time the row visibly changed (its creation, an attempt,
+    # its completion, its disposition): the list's filters and sorts.
+    failure_code: str | None = None
+    model: str | None = None
+    owner: str | None = None
+    updated_at: float = 0.0
     # Where the row sorts when that is not ``created_at``: a disposed operation (shown at
     # its disposition time) keeps the place its record had (see ``build_summary``).
     listed_at: float | None = None
@@ -180,7 +188,26 @@ def _failure_kind(record: OperationRecord) -> str | None:
     return record.failure_reason
 
 
-def _row(record: OperationRecord, status: Status) -> Row:
+def failure_code(record: OperationRecord) -> str | None:
+    """The last interruption's code, as the PostgreSQL store's ``failure_code`` column."""
+    failure = record.last_failure
+    if failure is None:
+        return None
+    return failure.provider_code or failure.transport_code or (
+        None if failure.http_status is None else str(failure.http_status))
+
+
+def _updated(record: OperationRecord) -> float:
+    moments = [record.created_at]
+    if record.attempts:
+        moments.append(record.attempts[-1].consumed_at)
+    if record.completed_at is not None:
+        moments.append(record.completed_at)
+    return max(moments)
+
+
+def _row(record: OperationRecord, status: Status, owner: str | None) -> Row:
+    shows_failure = status.state != "completed"
     return Row(
         operation_id=record.operation_id,
         created_at=record.created_at,
@@ -191,7 +218,11 @@ def _row(record: OperationRecord, status: Status) -> Row:
         maximum_attempts=record.maximum_attempts,
         # The last typed failure while it still matters (a cooldown, an end), not once
         # a later attempt completed.
-        failure=_failure_kind(record) if status.state != "completed" else None,
+        failure=_failure_kind(record) if shows_failure else None,
+        failure_code=failure_code(record) if shows_failure else None,
+        model=record.model,
+        owner=owner,
+        updated_at=_updated(record),
     )
 
 
@@ -205,6 +236,7 @@ def _disposed_row(marker: DispositionRecord, listed_at: float | None) -> Row:
         attempts_used=marker.attempts_used,
         maximum_attempts=marker.maximum_attempts,
         failure=None,
+        updated_at=marker.at,
         listed_at=listed_at,
     )
 
@@ -345,7 +377,7 @@ def build_summary(
             record, now=now, lease_live=is_live, viewer=record.account,
             command=command.kind if command is not None else None, lease=lease,
         )
-        row = _row(record, status)
+        row = _row(record, status, lease.owner_id if lease is not None else None)
         rows.append(row)
         if row.failure is not None and status.state == "failed":
             failures[row.failure] += 1
