@@ -132,7 +132,7 @@ def _precheck(runtime: Runtime, view: OperationView, action: BulkAction,
     if refusal is None and action == "cancel" and view.status.has_saved_completion \
             and not options.force:
         return ("it has a saved, validated result: cancel means it is never delivered "
-                "(choose force to cancel it anyway)")
+                "(force it: --force, or the bulk form's box)")
     return refusal
 
 

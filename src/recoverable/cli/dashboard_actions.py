@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 ACTIONS: Final = ("suspend", "cancel", "retry", "acknowledge", "abandon")
-_ACTION_ID: Final = re.compile(r"[A-Za-z0-9_-]{8,100}")
+ACTION_ID: Final = re.compile(r"[A-Za-z0-9_-]{8,100}")
 _ENDED_FOR_GOOD: Final = frozenset({"cancelled", "superseded", "acknowledged", "abandoned"})
 # The saved completion stays in the store after a cancel (only an abandon removes content),
 # so the warning promises no more than the library does.
@@ -95,7 +95,7 @@ def _binding_refusal(runtime: Runtime, view: OperationView) -> str | None:
     if runtime.account is None:
         return binding_refusal_text(runtime)
     if not view.same_account:
-        return "belongs to another account than the dashboard's --account"
+        return "belongs to another account than --account"
     return None
 
 
@@ -241,7 +241,7 @@ async def _retry(
     operation_id = view.status.operation_id
     action_id = form.get("action_id", "")
     selection = form.get("selection", "")
-    if _ACTION_ID.fullmatch(action_id) is None:
+    if ACTION_ID.fullmatch(action_id) is None:
         raise errors.InvalidRequest("action_id: 8..100 of A-Z a-z 0-9 _ -")
     if selection not in ("preserve", "reselect"):
         raise errors.InvalidRequest("selection: preserve or reselect")

@@ -76,11 +76,12 @@ def _filter_form(page: FilteredPage) -> str:
 
 
 def _bulk_controls(page: FilteredPage, csrf: str, can_act: str | None) -> str:
+    token = f'<input type="hidden" name="csrf" value="{escape(csrf)}">'
     if can_act is not None:
-        return f'<p class="muted" id="bulk-why">bulk actions: {escape(can_act)}</p>'
+        return token + f'<p class="muted" id="bulk-why">bulk actions: {escape(can_act)}</p>'
     actions = "".join(f'<option value="{action}">{action}</option>' for action in BULK_ACTIONS)
     return (
-        f'<input type="hidden" name="csrf" value="{escape(csrf)}">'
+        token +
         f'<input type="hidden" name="filter" value="{escape(page.filter.describe())}">'
         f'<input type="hidden" name="sort" value="{escape(page.sort)}">'
         f'<input type="hidden" name="order" value="{"desc" if page.descending else "asc"}">'

@@ -31,7 +31,10 @@ header a{color:#cfe0ff;text-decoration:none}header b{font-size:16px}
 main{padding:16px 20px;max-width:1200px}
 h1{font-size:20px;margin:4px 0 12px}h2{font-size:15px;margin:18px 0 6px}
 .cards{display:flex;flex-wrap:wrap;gap:8px}
-.card{background:#fff;border:1px solid #d8dde6;border-radius:6px;padding:8px 12px;min-width:92px}
+.card{background:#fff;border:1px solid #d8dde6;border-radius:6px;padding:8px 12px;min-width:92px;
+color:inherit;text-decoration:none}a.card:hover{border-color:#3b6fd4}
+.filters input,.filters select{margin:0 4px 6px 0}.bulk{margin:8px 0;padding:6px 8px;
+background:#eef1f5;border-radius:4px}
 .card .n{font-size:22px;font-weight:600}.card .l{color:#5b6678;font-size:12px}
 .grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(420px,1fr));gap:14px}
 .box{background:#fff;border:1px solid #d8dde6;border-radius:6px;padding:8px 12px;
@@ -162,14 +165,14 @@ def _filtered(text: str, **params: str) -> str:
 
 
 def _cards(items: Iterable[tuple[str, str, object]]) -> str:
-    """Count cards; each count is a link to its filtered list."""
+    """Count cards; each card is a link to its filtered list."""
     return '<div class="cards">' + "".join(
-        f'<div class="card"><div class="n" data-count="{escape(key)}" id="count-'
-        f'{escape(key.replace(".", "-"))}">'
-        + (_filtered(escape(str(value)), state=key.split(".", 1)[1])
-           if key.startswith("by_state.") else
-           f'<a href="/operations">{escape(str(value))}</a>')
-        + f'</div><div class="l">{escape(label)}</div></div>'
+        f'<a class="card" href="/operations'
+        + (f"?{escape(urlencode({'state': key.split('.', 1)[1]}))}"
+           if key.startswith("by_state.") else "")
+        + f'"><div class="n" data-count="{escape(key)}" id="count-'
+        f'{escape(key.replace(".", "-"))}">{escape(str(value))}</div>'
+        f'<div class="l">{escape(label)}</div></a>'
         for label, key, value in items
     ) + "</div>"
 
