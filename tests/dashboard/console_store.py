@@ -17,11 +17,11 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+
+import recoverable
 from recoverable.body import body_hash, freeze_body
 from recoverable.contract import contract_for
 from recoverable.records import AttemptRecord, OperationRecord, StoredRequest
-
-import recoverable
 
 from .helpers import ACCOUNT, OTHER
 

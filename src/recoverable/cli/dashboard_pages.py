@@ -167,7 +167,7 @@ def _filtered(text: str, **params: str) -> str:
 def _cards(items: Iterable[tuple[str, str, object]]) -> str:
     """Count cards; each card is a link to its filtered list."""
     return '<div class="cards">' + "".join(
-        f'<a class="card" href="/operations'
+        '<a class="card" href="/operations'
         + (f"?{escape(urlencode({'state': key.split('.', 1)[1]}))}"
            if key.startswith("by_state.") else "")
         + f'"><div class="n" data-count="{escape(key)}" id="count-'
