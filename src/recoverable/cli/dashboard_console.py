@@ -174,7 +174,7 @@ def bulk_preview_page(preview: BulkPreview, options: BulkOptions, *, action_id: 
             f'<input type="hidden" name="action_id" value="{escape(action_id)}">'
             f'<button type="submit" class="danger" id="bulk-confirm">Confirm: '
             f"{escape(preview.action)} {preview.allowed} operation(s)</button> "
-            '<a href="javascript:history.back()" id="bulk-back">back</a></form>')
+            '<a href="/operations" id="bulk-back">back to the list</a></form>')
     body = (
         f"<h1>Preview: {escape(_what(preview.action, options))}</h1>"
         f'<p>Selection: <code id="bulk-filter">{escape(described)}</code>: '

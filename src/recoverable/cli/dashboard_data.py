@@ -524,19 +524,7 @@ def operation_view(
     now = time.time() if now is None else now
     marker = store.get_disposition(operation_id)
     if marker is not None:
-        return OperationView(
-            status=Status(
-                operation_id=operation_id, state=marker.disposition,
-                availability=marker.disposition, attempts_used=marker.attempts_used,
-                maximum_attempts=marker.maximum_attempts,
-                root_operation_id=marker.root_operation_id,
-                previous_operation_id=marker.previous_operation_id, job_id=marker.job_id,
-                input_revision=marker.input_revision, scope=marker.scope,
-                usage=marker.usage or Usage(),
-            ),
-            record=None, marker=marker, same_account=viewer == marker.account,
-            paused_until=None, content=None,
-        )
+        return marker_view(marker, viewer)
     record = store.get_operation(operation_id)
     if record is None:
         raise errors.StateUnavailable("no such operation", operation_id=operation_id)
@@ -560,6 +548,24 @@ def operation_view(
         status=status, record=record, marker=None, same_account=same,
         paused_until=governor.paused_until if governor.paused_until > now else None,
         content=content,
+    )
+
+
+def marker_view(marker: DispositionRecord, viewer: AccountBinding | None) -> OperationView:
+    """The view of an acknowledged or abandoned operation: only its marker is left."""
+    operation_id = marker.operation_id
+    return OperationView(
+        status=Status(
+            operation_id=operation_id, state=marker.disposition,
+            availability=marker.disposition, attempts_used=marker.attempts_used,
+            maximum_attempts=marker.maximum_attempts,
+            root_operation_id=marker.root_operation_id,
+            previous_operation_id=marker.previous_operation_id, job_id=marker.job_id,
+            input_revision=marker.input_revision, scope=marker.scope,
+            usage=marker.usage or Usage(),
+        ),
+        record=None, marker=marker, same_account=viewer == marker.account,
+        paused_until=None, content=None,
     )
 
 
