@@ -82,7 +82,7 @@ def _bulk_controls(page: FilteredPage, csrf: str, can_act: str | None) -> str:
     actions = "".join(f'<option value="{action}">{action}</option>' for action in BULK_ACTIONS)
     return (
         token +
-        f'<input type="hidden" name="filter" value="{escape(page.filter.describe())}">'
+        f'<input type="hidden" name="filter" value="{escape(page.filter.text())}">'
         f'<input type="hidden" name="sort" value="{escape(page.sort)}">'
         f'<input type="hidden" name="order" value="{"desc" if page.descending else "asc"}">'
         '<div class="bulk" id="bulk-controls"><b>Act on many:</b> '

@@ -78,40 +78,42 @@ class Filter:
     time_field: TimeField = "updated"  # which time ``since``/``until`` bound
 
     def matches(self, row: Row) -> bool:
-        return self._predicate()(row)
+        return bool(self.apply([row]))
 
-    def _predicate(self) -> Callable[[Row], bool]:
-        checks: list[Callable[[Row], bool]] = []
+    def apply(self, rows: list[Row]) -> list[Row]:
+        """The rows every condition holds for, in their order. One pass per condition,
+        the most selective first, each an inline comprehension over what is left (no
+        call per row: 100,000 rows take a few milliseconds a condition)."""
         query = self.query
         if query is not None:
-            checks.append(lambda row: row.operation_id.startswith(query)
-                          or (row.job_id is not None and row.job_id.startswith(query)))
-        if self.state is not None:
-            state = self.state
-            checks.append(lambda row: row.state == state)
-        if self.availability is not None:
-            availability = self.availability
-            checks.append(lambda row: row.availability == availability)
-        if self.model is not None:
-            model = self.model
-            checks.append(lambda row: row.model == model)
-        if self.kind is not None:
-            kind = self.kind
-            checks.append(lambda row: row.failure == kind)
-        if self.code is not None:
-            code = self.code
-            checks.append(lambda row: row.failure_code == code)
-        if self.owner is not None:
-            owner = self.owner
-            checks.append(lambda row: row.owner is not None and row.owner.startswith(owner))
+            rows = [row for row in rows if row.operation_id.startswith(query)
+                    or (row.job_id is not None and row.job_id.startswith(query))]
+        code = self.code
+        if code is not None:
+            rows = [row for row in rows if row.failure_code == code]
+        kind = self.kind
+        if kind is not None:
+            rows = [row for row in rows if row.failure == kind]
+        owner = self.owner
+        if owner is not None:
+            rows = [row for row in rows if row.owner is not None and row.owner.startswith(owner)]
+        model = self.model
+        if model is not None:
+            rows = [row for row in rows if row.model == model]
+        availability = self.availability
+        if availability is not None:
+            rows = [row for row in rows if row.availability == availability]
+        state = self.state
+        if state is not None:
+            rows = [row for row in rows if row.state == state]
         if self.since is not None or self.until is not None:
             low = -math.inf if self.since is None else self.since
             high = math.inf if self.until is None else self.until
             if self.time_field == "created":
-                checks.append(lambda row: low <= row.created_at < high)
+                rows = [row for row in rows if low <= row.created_at < high]
             else:
-                checks.append(lambda row: low <= row.updated_at < high)
-        return lambda row: all(check(row) for check in checks)
+                rows = [row for row in rows if low <= row.updated_at < high]
+        return rows
 
     def params(self) -> dict[str, str]:
         """The filter as URL query parameters (and ``--filter`` pairs), in a fixed order."""
@@ -128,9 +130,13 @@ class Filter:
             found["time"] = self.time_field
         return found
 
+    def text(self) -> str:
+        """The filter as ``--filter`` text (empty when it selects everything)."""
+        return ",".join(f"{key}={value}" for key, value in self.params().items())
+
     def describe(self) -> str:
-        """The filter as ``--filter`` text (``all`` when empty)."""
-        return ",".join(f"{key}={value}" for key, value in self.params().items()) or "all"
+        """The filter as ``--filter`` text, or ``all``."""
+        return self.text() or "all"
 
     @property
     def empty(self) -> bool:
@@ -161,8 +167,9 @@ def parse_time(text: str) -> float:
 
 
 def _value(key: str, text: str) -> str:
-    if not 0 < len(text) <= _MAX_VALUE or not text.isprintable():
-        raise errors.InvalidRequest(f"{key}: 1..{_MAX_VALUE} printable characters")
+    if not 0 < len(text) <= _MAX_VALUE or not text.isprintable() or "," in text:
+        raise errors.InvalidRequest(
+            f"{key}: 1..{_MAX_VALUE} printable characters, no comma (--filter's separator)")
     return text
 
 
@@ -237,8 +244,11 @@ def select(summary: Summary, chosen: Filter, *, sort: Sort = "created",
            descending: bool = True) -> Selected:
     """The rows of ``summary`` that ``chosen`` selects, sorted (ties by operation id)."""
     base = summary.rows.get(chosen.state or "all", [])
-    rows = base if chosen.empty or chosen.params().keys() == {"state"} else [
-        row for row in base if chosen.matches(row)]
+    if chosen.empty or chosen.params().keys() == {"state"}:
+        rows = base
+    else:
+        # The state's own list is the base: its condition holds already.
+        rows = attrs.evolve(chosen, state=None).apply(base)
     if sort == "created" and descending:
         keys = summary.keys.get(chosen.state or "all", []) if rows is base else [
             row.key for row in rows]
