@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import bisect
 import math
 import time
 from collections import Counter
@@ -43,13 +42,12 @@ __all__ = [
     "STATES",
     "DashboardStore",
     "OperationView",
-    "Page",
     "Row",
     "Summary",
     "build_summary",
     "decode_cursor",
+    "encode_cursor",
     "operation_view",
-    "page_of",
 ]
 
 STATES: Final = (
@@ -171,15 +169,6 @@ class Summary:
             "waiting": self.waiting,
             "built_at": self.built_at,
         }
-
-
-@attrs.frozen
-class Page:
-    rows: list[Row]
-    next_cursor: str | None
-    state: str
-    limit: int
-    matching: int  # rows in the filtered list (all pages)
 
 
 def _failure_kind(record: OperationRecord) -> str | None:
@@ -466,26 +455,6 @@ def decode_cursor(text: str) -> tuple[float, str]:
     if not sep or not math.isfinite(value):
         raise errors.InvalidRequest("cursor: not a cursor of this dashboard")
     return value, operation_id
-
-
-def page_of(summary: Summary, *, state: str, cursor: str | None, limit: int) -> Page:
-    """The rows after ``cursor`` in the list of ``state`` ("all" or one state)."""
-    if state != "all" and state not in STATES:
-        raise errors.InvalidRequest(f"state: one of all, {', '.join(STATES)}")
-    if not 1 <= limit <= MAX_PAGE:
-        raise errors.InvalidRequest(f"limit: 1..{MAX_PAGE}")
-    rows = summary.rows.get(state, [])
-    keys = summary.keys.get(state, [])
-    start = 0 if cursor is None else bisect.bisect_right(keys, decode_cursor(cursor))
-    chosen = rows[start:start + limit]
-    more = start + limit < len(rows)
-    return Page(
-        rows=chosen,
-        next_cursor=encode_cursor(chosen[-1].key) if more and chosen else None,
-        state=state,
-        limit=limit,
-        matching=len(rows),
-    )
 
 
 # -- one operation ----------------------------------------------------------------------
