@@ -130,6 +130,10 @@ def check_dashboard_scale(out: str) -> None:
     assert "2000 operations" in out, out
     assert re.search(r"walk: every page of /api/operations \(200\)\s+10\s", out), out
     assert "10 pages, 2000 rows" in out and "GET /operations deepest page" in out, out
+    # The console: filtered pages and a bulk preview of the completed tenth (200 here).
+    assert re.search(r"filtered list page, a new filter each time\s+5\s", out), out
+    assert re.search(r"filtered list page, the same filter again\s+5\s", out), out
+    assert re.search(r"bulk preview of 200 operations \(POST /bulk/preview\)\s+3\s", out), out
 
 
 def check_store_scale(out: str) -> None:

@@ -11,6 +11,7 @@ from recoverable import errors
 from recoverable.actors.governor import DEFAULT_BURST_SECONDS, MINIMUM_PER_MINUTE
 from recoverable.actors.heartbeat import LEASE_SECONDS_MAX, LEASE_SECONDS_MIN
 from recoverable.actors.worker import MAX_CONCURRENCY
+from recoverable.cli.bulk_arguments import BULK_COMMANDS, add_bulk_arguments
 from recoverable.cli.config import DEFAULT_RETRY_PROVIDER_CODES, MINIMUM_RPS
 from recoverable.cli.exits import UsageError
 from recoverable.cli.jobs import id_problem
@@ -605,7 +606,10 @@ def _add_ops_command(sub: argparse._SubParsersAction[_Parser], name: str) -> Non
         + (" (without it, status is redacted)" if name == "status" else ""),
     )
     if name in _NEEDS_ID:
-        command.add_argument("operation_id", metavar="OPERATION_ID")
+        command.add_argument("operation_id", metavar="OPERATION_ID",
+                             nargs="?" if name in BULK_COMMANDS else None)
+    if name in BULK_COMMANDS:
+        add_bulk_arguments(command, name)
     match name:
         case "inventory" | "purge":
             command.add_argument("--scope", help="only operations with this host scope")

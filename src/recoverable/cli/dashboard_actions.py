@@ -31,14 +31,18 @@ from recoverable.actors.runtime import Runtime, open_runtime
 from recoverable.cli.dashboard_data import OperationView
 from recoverable.cli.dashboard_pages import ActionButton
 from recoverable.cli.ops import NoGeneration
+from recoverable.preconditions import MAX_ATTEMPTS
 from recoverable.status import SETTLED_STATES
 from recoverable.telemetry import TelemetrySink
 from recoverable.types import Handle
 
-__all__ = ["ACTIONS", "ActionRefused", "buttons", "perform", "refusals"]
+__all__ = [
+    "ACTIONS", "ActionRefused", "binding_refusal_text", "buttons", "new_action_id", "perform",
+    "refusals",
+]
 
 ACTIONS: Final = ("suspend", "cancel", "retry", "acknowledge", "abandon")
-_ACTION_ID: Final = re.compile(r"[A-Za-z0-9_-]{8,100}")
+ACTION_ID: Final = re.compile(r"[A-Za-z0-9_-]{8,100}")
 _ENDED_FOR_GOOD: Final = frozenset({"cancelled", "superseded", "acknowledged", "abandoned"})
 # The saved completion stays in the store after a cancel (only an abandon removes content),
 # so the warning promises no more than the library does.
@@ -80,11 +84,18 @@ def new_action_id() -> str:
     return "dash-" + secrets.token_urlsafe(12)
 
 
-def _binding_refusal(runtime: Runtime, view: OperationView) -> str | None:
+def binding_refusal_text(runtime: Runtime) -> str | None:
+    """Why this dashboard acts on nothing at all (no ``--account``), or ``None``."""
     if runtime.account is None:
         return "read-only: start the dashboard with --account ID (the operation's account) to act"
+    return None
+
+
+def _binding_refusal(runtime: Runtime, view: OperationView) -> str | None:
+    if runtime.account is None:
+        return binding_refusal_text(runtime)
     if not view.same_account:
-        return "belongs to another account than the dashboard's --account"
+        return "belongs to another account than --account"
     return None
 
 
@@ -230,13 +241,19 @@ async def _retry(
     operation_id = view.status.operation_id
     action_id = form.get("action_id", "")
     selection = form.get("selection", "")
-    if _ACTION_ID.fullmatch(action_id) is None:
+    if ACTION_ID.fullmatch(action_id) is None:
         raise errors.InvalidRequest("action_id: 8..100 of A-Z a-z 0-9 _ -")
     if selection not in ("preserve", "reselect"):
         raise errors.InvalidRequest("selection: preserve or reselect")
     if view.record is None:
         raise errors.StateUnavailable("the operation is already disposed",
                                       operation_id=operation_id)
+    budget = view.status.maximum_attempts
+    chosen = form.get("max_attempts", "")
+    if chosen:
+        if not chosen.isdigit() or not 1 <= int(chosen) <= MAX_ATTEMPTS:
+            raise errors.InvalidRequest(f"max_attempts: an integer 1..{MAX_ATTEMPTS}")
+        budget = int(chosen)
     account = runtime.account
     assert account is not None
     backend = NoGeneration(view.record.endpoint_id, account)
@@ -244,7 +261,7 @@ async def _retry(
                             monitor_interval=0.25) as retrying:
         successor = await retrying.retry(
             Handle(operation_id), retry_action_id=action_id,
-            maximum_attempts=view.status.maximum_attempts,
+            maximum_attempts=budget,
             selection="reselect" if selection == "reselect" else "preserve",
         )
     return (f"retry: {successor.operation_id} is the successor of {operation_id} "

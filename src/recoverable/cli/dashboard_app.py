@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from functools import partial
 from typing import Any, Final
@@ -38,22 +39,48 @@ from starlette.routing import Route
 
 from recoverable import errors
 from recoverable.actors.runtime import Runtime
+from recoverable.cli import dashboard_console as console
 from recoverable.cli import dashboard_pages as pages
-from recoverable.cli.dashboard_actions import ActionRefused, buttons, perform
+from recoverable.cli.bulk import (
+    BULK_ACTIONS,
+    BulkAction,
+    BulkOptions,
+    BulkResult,
+    Ledger,
+    act_on_many,
+)
+from recoverable.cli.bulk import preview as bulk_preview
+from recoverable.cli.dashboard_actions import (
+    ActionRefused,
+    binding_refusal_text,
+    buttons,
+    new_action_id,
+    perform,
+)
 from recoverable.cli.dashboard_data import (
     DEFAULT_PAGE,
     DashboardStore,
     Summary,
     build_summary,
     operation_view,
-    page_of,
 )
+from recoverable.cli.selection import (
+    FILTER_KEYS,
+    SelectionCache,
+    page_of,
+    parse_filter,
+    parse_filter_text,
+    parse_sort,
+)
+from recoverable.preconditions import MAX_ATTEMPTS
 from recoverable.pricing import PriceTable
 from recoverable.telemetry import TelemetrySink
 
 __all__ = ["Dashboard"]
 
 MAX_FORM_BYTES: Final = 4096
+MAX_BULK_FORM_BYTES: Final = 64 * 1024  # a preview form names up to a page of ticked ids
+MAX_PENDING: Final = 64  # previews awaiting their confirmation
 MIN_REFRESH: Final = 1.0  # seconds between two summaries, at least
 IDLE_REFRESH: Final = 15.0  # rebuild even without a commit (the charts' minutes move)
 _STATUS_OF: Final = {
@@ -104,6 +131,12 @@ class Dashboard:
         self._rendered: tuple[int, str] = (-1, "")  # the live region of ``version``
         self._poke = trio.Event()
         self._ready = trio.Event()
+        self.selections = SelectionCache()
+        self.ledger = Ledger()
+        # action id -> the preview awaiting its one confirmation: (session, action,
+        # options, the operation ids frozen at the preview, the selection's description)
+        self.pending: OrderedDict[
+            str, tuple[str, BulkAction, BulkOptions, tuple[str, ...], str]] = OrderedDict()
 
     # -- the summary ------------------------------------------------------------------
 
@@ -190,7 +223,13 @@ class Dashboard:
 
     async def operations(self, request: Request) -> Response:
         try:
-            page = page_of(await self.current(), **_page_arguments(request))
+            summary = await self.current()
+            params = _list_params(request)
+            chosen = parse_filter(params)
+            sort, descending = parse_sort(params)
+            selected = self.selections.get(summary, chosen, sort, descending)
+            page = page_of(selected, chosen, sort=sort, descending=descending,
+                           cursor=params.get("cursor"), limit=_limit(params))
         except errors.RecoveryError as exc:
             return self._error(request, exc)
         if request.url.path.startswith("/api/"):
@@ -200,13 +239,103 @@ class Dashboard:
                      "state": row.state, "availability": row.availability,
                      "attempts_used": row.attempts_used,
                      "maximum_attempts": row.maximum_attempts, "failure": row.failure,
-                     "created_at": row.created_at} for row in page.rows
+                     "failure_code": row.failure_code, "model": row.model,
+                     "owner": row.owner, "created_at": row.created_at,
+                     "updated_at": row.updated_at} for row in page.rows
                 ],
                 "next_cursor": page.next_cursor, "matching": page.matching,
-                "state": page.state, "limit": page.limit,
+                "state": page.state, "limit": page.limit, "filter": page.filter.params(),
+                "sort": page.sort, "order": "desc" if page.descending else "asc",
             })
-        return self._html(lambda nonce: pages.operations_page(
-            page, nonce=nonce, context=self.context))
+        csrf = self.csrf_of(request.scope["state"]["session"])
+        return self._html(lambda nonce: console.operations_page(
+            page, csrf=csrf, can_act=binding_refusal_text(self.runtime), nonce=nonce,
+            context=self.context))
+
+    # -- bulk actions -----------------------------------------------------------------
+
+    async def bulk_preview(self, request: Request) -> Response:
+        """A preview of a bulk action (nothing done): the selection is frozen under a
+        fresh action id, which the one confirmation names."""
+        session = request.scope["state"]["session"]
+        try:
+            pairs = await _form_pairs(request, MAX_BULK_FORM_BYTES, 1000)
+            form = dict(pairs)
+            self._check_form(session, form)
+            action, options = _bulk_choice(form)
+            if form.get("target") == "filter":
+                chosen = parse_filter_text(form.get("filter", ""))
+                sort, descending = parse_sort(form)
+                summary = await self.current()
+                ids = tuple(row.operation_id for row in self.selections.get(
+                    summary, chosen, sort, descending).rows)
+                described = f"filter {chosen.describe()}"
+            else:
+                ids = tuple(dict.fromkeys(value for key, value in pairs if key == "ids"))
+                if not ids:
+                    raise errors.InvalidRequest(
+                        "no operation ticked: tick some, or choose every operation "
+                        "matching the filter")
+                described = f"{len(ids)} ticked operation(s)"
+            preview = await trio.to_thread.run_sync(partial(
+                bulk_preview, self.runtime, self.store, ids, action, options))
+        except (errors.RecoveryError, ActionRefused) as exc:
+            return self._error(request, exc)
+        action_id = new_action_id()
+        self.pending[action_id] = (session, action, options, ids, described)
+        while len(self.pending) > MAX_PENDING:
+            self.pending.popitem(last=False)
+        csrf = self.csrf_of(session)
+        return self._html(lambda nonce: console.bulk_preview_page(
+            preview, options, action_id=action_id, described=described, csrf=csrf,
+            nonce=nonce, context=self.context))
+
+    async def bulk_confirm(self, request: Request) -> Response:
+        """The one confirmation: act on the preview's operations, once per action id (a
+        repeated confirmation does nothing and shows the first result)."""
+        session = request.scope["state"]["session"]
+        try:
+            form = await _form(request)
+            self._check_form(session, form)
+            action_id = form.get("action_id", "")
+            done = self.ledger.get(action_id)
+            if done is None:
+                pending = self.pending.get(action_id)
+                if pending is None or pending[0] != session:
+                    raise ActionRefused("no such preview in this session: preview the "
+                                        "action again", code="state_unavailable")
+                _, action, options, ids, _ = pending
+                result = await act_on_many(
+                    self.runtime, self.store, ids, action, options,
+                    action_id=action_id, telemetry=self.telemetry, ledger=self.ledger)
+                self.pending.pop(action_id, None)
+                self._poke.set()
+            else:
+                result = done
+                self.flash(session, f"bulk:{action_id}", "done",
+                           "this action id was done already: nothing was done again")
+        except (errors.RecoveryError, ActionRefused) as exc:
+            return self._error(request, exc)
+        return RedirectResponse(f"/bulk/{quote(result.action_id, safe='')}", status_code=303)
+
+    async def bulk_result(self, request: Request) -> Response:
+        action_id = request.path_params["action_id"]
+        found: BulkResult | None = self.ledger.get(action_id)
+        if found is None:
+            return self._error(request, errors.StateUnavailable("no such bulk action"))
+        result = found
+        session = request.scope["state"]["session"]
+        _kind, text = self.take_flash(session, f"bulk:{action_id}") or ("", "")
+        return self._html(lambda nonce: console.bulk_result_page(
+            result, note=text or None, nonce=nonce, context=self.context))
+
+    def _check_form(self, session: str, form: dict[str, str]) -> None:
+        if not self.check_csrf(session, form.get("csrf")):
+            raise ActionRefused("the form is stale or not from this dashboard: reload the "
+                                "page", code="csrf_refused")
+        refusal = binding_refusal_text(self.runtime)
+        if refusal is not None:
+            raise ActionRefused(refusal, code="account_required")
 
     async def summary_json(self, request: Request) -> Response:
         try:
@@ -261,37 +390,66 @@ class Dashboard:
             Route("/api/overview", self.overview_json, methods=["GET"]),
             Route("/operations/{operation_id}", self.operation, methods=["GET"]),
             Route("/operations/{operation_id}/{action}", self.act, methods=["POST"]),
+            Route("/bulk/preview", self.bulk_preview, methods=["POST"]),
+            Route("/bulk/confirm", self.bulk_confirm, methods=["POST"]),
+            Route("/bulk/{action_id}", self.bulk_result, methods=["GET"]),
         ])
 
 
-def _page_arguments(request: Request) -> dict[str, Any]:
+_LIST_KEYS: Final = frozenset({*FILTER_KEYS, "sort", "order", "cursor", "limit"})
+
+
+def _list_params(request: Request) -> dict[str, str]:
     params = request.query_params
-    unknown = set(params) - {"state", "cursor", "limit"}
+    unknown = set(params) - _LIST_KEYS
     if unknown:
         raise errors.InvalidRequest(f"unknown parameter(s): {', '.join(sorted(unknown))[:100]}")
+    return dict(params)
+
+
+def _limit(params: dict[str, str]) -> int:
     text = params.get("limit", str(DEFAULT_PAGE))
     if not text.isdigit() or len(text) > 4:
         raise errors.InvalidRequest("limit: an integer 1..200")
-    return {"state": params.get("state", "all"), "cursor": params.get("cursor"),
-            "limit": int(text)}
+    return int(text)
+
+
+def _bulk_choice(form: dict[str, str]) -> tuple[BulkAction, BulkOptions]:
+    """The bulk action and its options, from the list's form."""
+    action = next((known for known in BULK_ACTIONS if known == form.get("action")), None)
+    if action is None:
+        raise errors.InvalidRequest(f"action: one of {', '.join(BULK_ACTIONS)}")
+    selection = form.get("selection") or "preserve"
+    if selection not in ("preserve", "reselect"):
+        raise errors.InvalidRequest("selection: preserve or reselect")
+    budget = form.get("max_attempts", "").strip()
+    if budget and (not budget.isdigit() or not 1 <= int(budget) <= MAX_ATTEMPTS):
+        raise errors.InvalidRequest(f"max_attempts: an integer 1..{MAX_ATTEMPTS}")
+    return action, BulkOptions(
+        selection="reselect" if selection == "reselect" else "preserve",
+        max_attempts=int(budget) if budget else None, force=form.get("force") == "1")
 
 
 async def _form(request: Request) -> dict[str, str]:
     """An urlencoded form of at most ``MAX_FORM_BYTES`` (no multipart)."""
+    return dict(await _form_pairs(request, MAX_FORM_BYTES, 20))
+
+
+async def _form_pairs(request: Request, max_bytes: int, max_fields: int) -> list[tuple[str, str]]:
+    """An urlencoded form's fields, in order (a name may repeat: the ticked ids)."""
     kind = request.headers.get("content-type", "").split(";")[0].strip()
     if kind != "application/x-www-form-urlencoded":
         raise errors.InvalidRequest("a form (application/x-www-form-urlencoded) is expected")
     body = b""
     async for chunk in request.stream():
         body += chunk
-        if len(body) > MAX_FORM_BYTES:
-            raise errors.InvalidRequest(f"the form is larger than {MAX_FORM_BYTES} bytes")
+        if len(body) > max_bytes:
+            raise errors.InvalidRequest(f"the form is larger than {max_bytes} bytes")
     try:
-        pairs = parse_qsl(body.decode("utf-8"), keep_blank_values=True, max_num_fields=20,
-                          strict_parsing=bool(body))
+        return parse_qsl(body.decode("utf-8"), keep_blank_values=True,
+                         max_num_fields=max_fields, strict_parsing=bool(body))
     except (UnicodeDecodeError, ValueError):
         raise errors.InvalidRequest("not a form of this dashboard") from None
-    return dict(pairs)
 
 
 def json_line(data: dict[str, Any]) -> str:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import bisect
 import math
 import time
 from collections import Counter
@@ -43,13 +42,12 @@ __all__ = [
     "STATES",
     "DashboardStore",
     "OperationView",
-    "Page",
     "Row",
     "Summary",
     "build_summary",
     "decode_cursor",
+    "encode_cursor",
     "operation_view",
-    "page_of",
 ]
 
 STATES: Final = (
@@ -83,6 +81,14 @@ class Row:
     attempts_used: int
     maximum_attempts: int
     failure: str | None  # the typed failure kind (or the failure reason), if any
+    # The last interruption's code (the provider's error code, else the transport's, else
+    # the HTTP status: the PostgreSQL store's ``failure_code`` column), the model, the
+    # lease owner, and the last time the row visibly changed (its creation, an attempt,
+    # its completion, its disposition): the list's filters and sorts.
+    failure_code: str | None = None
+    model: str | None = None
+    owner: str | None = None
+    updated_at: float = 0.0
     # Where the row sorts when that is not ``created_at``: a disposed operation (shown at
     # its disposition time) keeps the place its record had (see ``build_summary``).
     listed_at: float | None = None
@@ -165,22 +171,32 @@ class Summary:
         }
 
 
-@attrs.frozen
-class Page:
-    rows: list[Row]
-    next_cursor: str | None
-    state: str
-    limit: int
-    matching: int  # rows in the filtered list (all pages)
-
-
 def _failure_kind(record: OperationRecord) -> str | None:
     if record.last_failure is not None:
         return record.last_failure.kind
     return record.failure_reason
 
 
-def _row(record: OperationRecord, status: Status) -> Row:
+def failure_code(record: OperationRecord) -> str | None:
+    """The last interruption's code, as the PostgreSQL store's ``failure_code`` column."""
+    failure = record.last_failure
+    if failure is None:
+        return None
+    return failure.provider_code or failure.transport_code or (
+        None if failure.http_status is None else str(failure.http_status))
+
+
+def _updated(record: OperationRecord) -> float:
+    moments = [record.created_at]
+    if record.attempts:
+        moments.append(record.attempts[-1].consumed_at)
+    if record.completed_at is not None:
+        moments.append(record.completed_at)
+    return max(moments)
+
+
+def _row(record: OperationRecord, status: Status, owner: str | None) -> Row:
+    shows_failure = status.state != "completed"
     return Row(
         operation_id=record.operation_id,
         created_at=record.created_at,
@@ -191,7 +207,11 @@ def _row(record: OperationRecord, status: Status) -> Row:
         maximum_attempts=record.maximum_attempts,
         # The last typed failure while it still matters (a cooldown, an end), not once
         # a later attempt completed.
-        failure=_failure_kind(record) if status.state != "completed" else None,
+        failure=_failure_kind(record) if shows_failure else None,
+        failure_code=failure_code(record) if shows_failure else None,
+        model=record.model,
+        owner=owner,
+        updated_at=_updated(record),
     )
 
 
@@ -205,6 +225,7 @@ def _disposed_row(marker: DispositionRecord, listed_at: float | None) -> Row:
         attempts_used=marker.attempts_used,
         maximum_attempts=marker.maximum_attempts,
         failure=None,
+        updated_at=marker.at,
         listed_at=listed_at,
     )
 
@@ -345,7 +366,7 @@ def build_summary(
             record, now=now, lease_live=is_live, viewer=record.account,
             command=command.kind if command is not None else None, lease=lease,
         )
-        row = _row(record, status)
+        row = _row(record, status, lease.owner_id if lease is not None else None)
         rows.append(row)
         if row.failure is not None and status.state == "failed":
             failures[row.failure] += 1
@@ -436,26 +457,6 @@ def decode_cursor(text: str) -> tuple[float, str]:
     return value, operation_id
 
 
-def page_of(summary: Summary, *, state: str, cursor: str | None, limit: int) -> Page:
-    """The rows after ``cursor`` in the list of ``state`` ("all" or one state)."""
-    if state != "all" and state not in STATES:
-        raise errors.InvalidRequest(f"state: one of all, {', '.join(STATES)}")
-    if not 1 <= limit <= MAX_PAGE:
-        raise errors.InvalidRequest(f"limit: 1..{MAX_PAGE}")
-    rows = summary.rows.get(state, [])
-    keys = summary.keys.get(state, [])
-    start = 0 if cursor is None else bisect.bisect_right(keys, decode_cursor(cursor))
-    chosen = rows[start:start + limit]
-    more = start + limit < len(rows)
-    return Page(
-        rows=chosen,
-        next_cursor=encode_cursor(chosen[-1].key) if more and chosen else None,
-        state=state,
-        limit=limit,
-        matching=len(rows),
-    )
-
-
 # -- one operation ----------------------------------------------------------------------
 
 
@@ -492,19 +493,7 @@ def operation_view(
     now = time.time() if now is None else now
     marker = store.get_disposition(operation_id)
     if marker is not None:
-        return OperationView(
-            status=Status(
-                operation_id=operation_id, state=marker.disposition,
-                availability=marker.disposition, attempts_used=marker.attempts_used,
-                maximum_attempts=marker.maximum_attempts,
-                root_operation_id=marker.root_operation_id,
-                previous_operation_id=marker.previous_operation_id, job_id=marker.job_id,
-                input_revision=marker.input_revision, scope=marker.scope,
-                usage=marker.usage or Usage(),
-            ),
-            record=None, marker=marker, same_account=viewer == marker.account,
-            paused_until=None, content=None,
-        )
+        return marker_view(marker, viewer)
     record = store.get_operation(operation_id)
     if record is None:
         raise errors.StateUnavailable("no such operation", operation_id=operation_id)
@@ -528,6 +517,24 @@ def operation_view(
         status=status, record=record, marker=None, same_account=same,
         paused_until=governor.paused_until if governor.paused_until > now else None,
         content=content,
+    )
+
+
+def marker_view(marker: DispositionRecord, viewer: AccountBinding | None) -> OperationView:
+    """The view of an acknowledged or abandoned operation: only its marker is left."""
+    operation_id = marker.operation_id
+    return OperationView(
+        status=Status(
+            operation_id=operation_id, state=marker.disposition,
+            availability=marker.disposition, attempts_used=marker.attempts_used,
+            maximum_attempts=marker.maximum_attempts,
+            root_operation_id=marker.root_operation_id,
+            previous_operation_id=marker.previous_operation_id, job_id=marker.job_id,
+            input_revision=marker.input_revision, scope=marker.scope,
+            usage=marker.usage or Usage(),
+        ),
+        record=None, marker=marker, same_account=viewer == marker.account,
+        paused_until=None, content=None,
     )
 
 

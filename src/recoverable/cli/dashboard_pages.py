@@ -13,14 +13,13 @@ from html import escape
 from typing import Final
 from urllib.parse import quote, urlencode
 
-from recoverable.cli.dashboard_data import STATES, OperationView, Page, Summary
+from recoverable.cli.dashboard_data import STATES, OperationView, Summary
 from recoverable.pricing import usage_text
 
 __all__ = [
     "ActionButton",
     "error_page",
     "operation_page",
-    "operations_page",
     "overview_live",
     "overview_page",
 ]
@@ -32,7 +31,10 @@ header a{color:#cfe0ff;text-decoration:none}header b{font-size:16px}
 main{padding:16px 20px;max-width:1200px}
 h1{font-size:20px;margin:4px 0 12px}h2{font-size:15px;margin:18px 0 6px}
 .cards{display:flex;flex-wrap:wrap;gap:8px}
-.card{background:#fff;border:1px solid #d8dde6;border-radius:6px;padding:8px 12px;min-width:92px}
+.card{background:#fff;border:1px solid #d8dde6;border-radius:6px;padding:8px 12px;min-width:92px;
+color:inherit;text-decoration:none}a.card:hover{border-color:#3b6fd4}
+.filters input,.filters select{margin:0 4px 6px 0}.bulk{margin:8px 0;padding:6px 8px;
+background:#eef1f5;border-radius:4px}
 .card .n{font-size:22px;font-weight:600}.card .l{color:#5b6678;font-size:12px}
 .grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(420px,1fr));gap:14px}
 .box{background:#fff;border:1px solid #d8dde6;border-radius:6px;padding:8px 12px;
@@ -157,21 +159,33 @@ def layout(title: str, body: str, *, nonce: str, context: str, script: str = "")
     )
 
 
+def _filtered(text: str, **params: str) -> str:
+    """``text`` (already escaped) as a link to the operations list filtered by ``params``."""
+    return f'<a href="/operations?{escape(urlencode(params))}">{text}</a>'
+
+
 def _cards(items: Iterable[tuple[str, str, object]]) -> str:
+    """Count cards; each card is a link to its filtered list."""
     return '<div class="cards">' + "".join(
-        f'<div class="card"><div class="n" data-count="{escape(key)}" id="count-'
+        '<a class="card" href="/operations'
+        + (f"?{escape(urlencode({'state': key.split('.', 1)[1]}))}"
+           if key.startswith("by_state.") else "")
+        + f'"><div class="n" data-count="{escape(key)}" id="count-'
         f'{escape(key.replace(".", "-"))}">{escape(str(value))}</div>'
-        f'<div class="l">{escape(label)}</div></div>'
+        f'<div class="l">{escape(label)}</div></a>'
         for label, key, value in items
     ) + "</div>"
 
 
-def _table(head: Sequence[str], rows: Iterable[Sequence[str]], *, empty: str) -> str:
+def _table(head: Sequence[str], rows: Iterable[Sequence[str]], *, empty: str,
+           raw_head: bool = False) -> str:
+    """A table of already escaped cells (``raw_head``: the head cells are HTML too)."""
     body = "".join("<tr>" + "".join(f"<td>{cell}</td>" for cell in row) + "</tr>"
                    for row in rows)
     if not body:
         return f'<p class="muted">{escape(empty)}</p>'
-    return ("<table><tr>" + "".join(f"<th>{escape(name)}</th>" for name in head) + "</tr>"
+    return ("<table><tr>" + "".join(
+        f"<th>{name if raw_head else escape(name)}</th>" for name in head) + "</tr>"
             + body + "</table>")
 
 
@@ -228,14 +242,16 @@ def overview_live(summary: Summary) -> str:
     cards = _cards([("operations", "total", counts["total"]), *states])
     availability = _table(
         ("availability", "operations"),
-        ([escape(name), f'<span data-count="by_availability.{escape(name)}">{count}</span>']
+        ([escape(name), _filtered(
+            f'<span data-count="by_availability.{escape(name)}">{count}</span>',
+            availability=name)]
          for name, count in summary.by_availability.items()),
         empty="no operations",
     )
     failures = _table(
         ("typed failure", "failed operations"),
         ([f"<code>{escape(kind)}</code>",
-          f'<a href="/operations?state=failed">{count}</a>'] for kind, count in summary.failures),
+          _filtered(str(count), state="failed", kind=kind)] for kind, count in summary.failures),
         empty="no failed operation",
     )
     throughput = _bars(
@@ -271,7 +287,7 @@ def overview_live(summary: Summary) -> str:
     )
     owners = _table(
         ("owner (process)", "leases", "live", "lease expiry (UTC, renewed)"),
-        ([_short(owner.owner_id), str(owner.leases),
+        ([_short(owner.owner_id), _filtered(str(owner.leases), owner=owner.owner_id),
           '<span class="ok">yes</span>' if owner.live else '<span class="bad">no</span>',
           _clock(owner.next_expiry)] for owner in summary.owners),
         empty="no process holds a lease",
@@ -286,8 +302,9 @@ def overview_live(summary: Summary) -> str:
     return (
         f'<p class="muted">updated <span id="updated">{_time(summary.built_at)}</span>'
         f" (one read of the store took {summary.build_seconds * 1000:.0f} ms); "
-        f'<span data-count="waiting" id="count-waiting">{summary.waiting}</span> in a saved '
-        f"cooldown; {summary.unreadable} unreadable record(s)</p>"
+        + _filtered(f'<span data-count="waiting" id="count-waiting">{summary.waiting}</span>',
+                    availability="waiting")
+        + f" in a saved cooldown; {summary.unreadable} unreadable record(s)</p>"
         f"{cards}"
         '<div class="grid">'
         '<div class="box" id="panel-throughput"><h2>Completed per minute (last hour; '
@@ -325,33 +342,6 @@ def _cost_text(summary: Summary) -> str:
         return (f"unknown: no price for {', '.join(summary.unpriced)} (give its prices with "
                 "--prices FILE)")
     return f"${summary.cost:.4f} (estimate; prices: {summary.price_source})"
-
-
-def operations_page(page: Page, *, nonce: str, context: str) -> str:
-    filters = " ".join(
-        (f"<b>{escape(state)}</b>" if state == page.state
-         else f'<a href="/operations?{urlencode({"state": state})}">{escape(state)}</a>')
-        for state in ("all", *STATES)
-    )
-    rows = _table(
-        ("operation", "job", "state", "availability", "attempts", "failure",
-         "created (disposed: when)"),
-        ([_link(row.operation_id), escape(row.job_id or "-"),
-          f'<span class="state">{escape(row.state)}</span>', escape(row.availability),
-          f"{row.attempts_used}/{row.maximum_attempts}",
-          f"<code>{escape(row.failure)}</code>" if row.failure else "",
-          _time(row.created_at)] for row in page.rows),
-        empty="no operation in this state",
-    )
-    more = ""
-    if page.next_cursor is not None:
-        query = urlencode({"state": page.state, "cursor": page.next_cursor,
-                           "limit": page.limit})
-        more = f'<p><a id="next-page" href="/operations?{query}">next page</a></p>'
-    body = (f"<h1>Operations</h1><nav class=filter>{filters}</nav>"
-            f'<p class="muted">{page.matching} operation(s); {page.limit} per page, '
-            f"newest first</p>{rows}{more}")
-    return layout("Operations", body, nonce=nonce, context=context)
 
 
 class ActionButton:

@@ -11,6 +11,8 @@ from typing import IO
 from recoverable import errors
 from recoverable.cli.arguments import build_parser
 from recoverable.cli.batch import run_batch
+from recoverable.cli.bulk_arguments import BULK_COMMANDS
+from recoverable.cli.bulk_cli import is_bulk, run_bulk
 from recoverable.cli.config import DEFAULT_RETRY_PROVIDER_CODES, BatchConfig
 from recoverable.cli.dashboard import run_dashboard
 from recoverable.cli.db import run_db
@@ -76,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_db(args, out, sys.stderr)
         if args.command == "migrate-store":
             return run_migrate(args, out, sys.stderr)
+        if args.command in BULK_COMMANDS and is_bulk(args):
+            return run_bulk(args, out, sys.stderr)
         return run_ops(args, out, sys.stderr)
     except UsageError as exc:
         _usage_error(args.command, exc, getattr(args, "json", False))
