@@ -12,7 +12,7 @@ run on one machine. Each row is a real ``recoverable batch`` process on a fresh 
 (a fresh LMDB directory, or a fresh database):
 
 1. LMDB and PostgreSQL, ``--workers 0`` (in-process), ``1`` and ``2``;
-2. PostgreSQL through ``bench/delay_proxy.py`` (``--db-delay-ms`` each way: every round
+2. PostgreSQL through ``bench/_delay_proxy.py`` (``--db-delay-ms`` each way: every round
    trip to the database costs twice that more), ``--workers 1`` and ``2``;
 3. PostgreSQL ``--workers 2`` with one worker SIGSTOPped for ``--stop-seconds`` once a
    fifth of the results are written: the results written per second during the stop
@@ -58,9 +58,9 @@ HERE = Path(__file__).resolve().parent
 
 @contextmanager
 def delay_proxy(cluster: Cluster, delay_ms: float) -> Iterator[int]:
-    """``bench/delay_proxy.py`` in front of the cluster; yields its port."""
+    """``bench/_delay_proxy.py`` in front of the cluster; yields its port."""
     proc = subprocess.Popen(
-        [sys.executable, str(HERE / "delay_proxy.py"), "--target",
+        [sys.executable, str(HERE / "_delay_proxy.py"), "--target",
          f"{cluster.host}:{cluster.port}", "--delay-ms", str(delay_ms)],
         stdout=subprocess.PIPE, text=True,
     )

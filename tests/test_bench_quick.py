@@ -221,6 +221,18 @@ def check_pg_store(out: str) -> None:
         assert "recoverable on PostgreSQL / DBOS on PostgreSQL = " in out, out
 
 
+def check_fleet(out: str) -> None:
+    rows = [row for row in table_rows(out, "lmdb") + table_rows(out, "postgresql")
+            if len(row) == 6]
+    assert sorted((row[0], row[1]) for row in rows) == [
+        ("lmdb", "0"), ("lmdb", "1"), ("lmdb", "2"),
+        ("postgresql", "0"), ("postgresql", "1"), ("postgresql", "2"),
+    ], out
+    assert all(row[4] == row[5] == "60" for row in rows), out  # one POST, one line a job
+    assert re.search(r"^PostgreSQL --workers 2 / --workers 1 = \d+\.\d\d", out, re.M), out
+    assert re.search(r"^PostgreSQL / LMDB at --workers 1 = \d+\.\d\d", out, re.M), out
+
+
 ENTRY_POINTS = [
     ("harness.py", check_harness),
     ("live.py", check_live),
@@ -241,6 +253,7 @@ ENTRY_POINTS = [
     ("reattach.py", check_reattach),
     ("pg_cancel.py", check_pg_cancel),
     ("pg_store.py", check_pg_store),
+    ("fleet.py", check_fleet),
 ]
 
 

@@ -1,6 +1,6 @@
 """A TCP proxy on 127.0.0.1 that adds a fixed latency to every byte, each way.
 
-Run:  python bench/delay_proxy.py --target HOST:PORT --delay-ms 1 [--port 0]
+Run:  python bench/_delay_proxy.py --target HOST:PORT --delay-ms 1 [--port 0]
 
 Prints one JSON line ``{"port": N}`` once it listens, then forwards every connection to
 ``--target``. Each chunk read from one side is written to the other ``--delay-ms`` after
