@@ -20,7 +20,9 @@ after it), so the writer avoids the ones it can prove it does not need:
   writers' lock, fetches them all at once (:class:`Prefetch`) — every row of an operation
   not cached, the small rows (record, command, lease, disposition, queue membership) of
   one that is, since another process may have changed them — so a batch of N such writes
-  costs no read round trip at all instead of N.
+  costs no read round trip at all instead of N. A record about to be created brings its
+  job's whole range of the job index: admission's "is this job already here?" is then
+  answered from memory (``prefix_keys``), not by flushing and scanning under the lock.
 - **Buffered writes.** A mutation's writes are kept in memory (its reads see them) and
   sent at the end of the batch, one statement per table (``unnest`` arrays). A scan
   (``cursor``, ``stat``) first sends what is buffered, so SQL sees every write.
@@ -40,9 +42,9 @@ from typing import Any, Final
 
 import psycopg
 from recoverable.storage.base import TABLES
-from recoverable.storage.keys import PAYLOAD_KINDS, hosts_key, operation_key, u64
+from recoverable.storage.keys import PAYLOAD_KINDS, hosts_key, hosts_prefix, operation_key, u64
 from recoverable.storage.pg_operations import INSERT_MANY, columns_of
-from recoverable.storage.pg_sql import SqlCursor, SqlSnapshot, sql_table
+from recoverable.storage.pg_sql import SqlCursor, SqlSnapshot, prefix_end, sql_table
 from recoverable.storage.queue import MEMBER, META_QUEUE_SERIAL, ORDER
 
 from recoverable.records import OperationRecord
@@ -84,7 +86,10 @@ _MANY_OPERATIONS: Final = " UNION ALL ".join(
     + [f"SELECT '{_PAYLOADS}', key, value FROM {_PAYLOADS} WHERE key = ANY(%(payloads)b)",
        f"SELECT '{_QUEUE}', key, value FROM {_QUEUE} WHERE key = ANY(%(members)b)",
        _ORDER_ROWS.format(members="ANY(%(members)b)"),
-       f"SELECT '{_HOSTS}', key, value FROM {_HOSTS} WHERE key = ANY(%(hosts)b)"]
+       # Every job index entry of each job about to be admitted (its prefix's range).
+       f"SELECT '{_HOSTS}', h.key, h.value FROM {_HOSTS} h JOIN"
+       " unnest(%(jobs)b::bytea[], %(jobs_end)b::bytea[]) AS r(low, high)"
+       " ON h.key >= r.low AND (r.high IS NULL OR h.key < r.high)"]
 )
 
 
@@ -98,10 +103,15 @@ class Prefetch:
     index entry. :meth:`seed` caches what came back (absent rows as absent), after the
     change log was applied: the rows were read under the lock, so they are current."""
 
-    def __init__(self, ops: list[bytes], payloads: list[bytes], hosts: list[bytes]) -> None:
+    def __init__(
+        self, ops: list[bytes], payloads: list[bytes], hosts: list[bytes],
+        jobs: list[bytes] | None = None,
+    ) -> None:
+        jobs = jobs or []
         self.params = {
             "ops": ops, "payloads": payloads, "members": [MEMBER + key for key in ops],
-            "hosts": hosts,
+            "hosts": hosts, "jobs": jobs,
+            "jobs_end": [prefix_end(prefix) for prefix in jobs],
         }
         self.sql = _MANY_OPERATIONS
 
@@ -112,9 +122,13 @@ class Prefetch:
         ops: dict[bytes, None] = {}
         payloads: list[bytes] = []
         hosts: list[bytes] = []
+        jobs: list[bytes] = []
         for touched in hinted:
             if isinstance(touched, OperationRecord):
                 hosts.append(hosts_key(touched))
+                jobs.append(hosts_prefix(
+                    touched.account, touched.scope, touched.job_id, with_job=True
+                ))
                 touched = touched.operation_id
             key = operation_key(touched)
             if key in ops:
@@ -122,7 +136,7 @@ class Prefetch:
             ops[key] = None
             if _TAG[_OPERATIONS] + key not in rows:
                 payloads.extend(_payload_keys(key))
-        return cls(list(ops), payloads, hosts)
+        return cls(list(ops), payloads, hosts, jobs)
 
     @classmethod
     def one_operation(cls, operation: bytes) -> Prefetch:
@@ -148,6 +162,23 @@ class Prefetch:
     def seed(self, cache: RowCache, fetched: list[Any]) -> None:
         if len(cache.rows) < CACHE_ROWS:
             cache.rows.update(self.found(fetched))
+
+    def job_ranges(self, fetched: list[Any]) -> dict[bytes, set[bytes]]:
+        """The job index entries read for each job prefix (by ``_TAG[hosts] + prefix``):
+        the whole committed range, since it was read under the writers' lock."""
+        ranges: dict[bytes, set[bytes]] = {
+            _HOSTS_TAG + prefix: set() for prefix in self.params["jobs"]
+        }
+        if not ranges:
+            return ranges
+        for db, key, _value in fetched:
+            if db != _HOSTS:
+                continue
+            key = bytes(key)
+            for prefix in self.params["jobs"]:
+                if key.startswith(prefix):
+                    ranges[_HOSTS_TAG + prefix].add(key)
+        return ranges
 
 
 # The highest committed queue order row (its key), read with the meta rows (pg_writer).
@@ -184,6 +215,7 @@ def _operation_of(db: str, key: bytes) -> bytes | None:
 
 
 _BY_OPERATION_TAGS: Final = tuple(_TAG[db] for db in sorted(_BY_OPERATION))
+_HOSTS_TAG: Final = _TAG[_HOSTS]
 _OTHER_TAGS: Final = (
     (_TAG[_PAYLOADS], "payloads"), (_TAG[_QUEUE], "members"), (_TAG[_HOSTS], "hosts")
 )
@@ -253,6 +285,11 @@ class BatchSnapshot(SqlSnapshot):
         # Whether some of the running mutation's writes were sent to the server (a scan
         # flushes them): then only a savepoint (or a rerun) can take them back.
         self.mutation_sent = False
+        # Key ranges known whole at the batch's start (``Prefetch.job_ranges``), and the
+        # keys this batch wrote, by table tag: ``prefix_keys`` lays the second over the
+        # first (or over one statement) instead of flushing and scanning.
+        self.ranges: dict[bytes, set[bytes]] = {}
+        self._written_by_table: dict[bytes, set[bytes]] = {}
 
     # -- reads ------------------------------------------------------------------------
 
@@ -297,6 +334,29 @@ class BatchSnapshot(SqlSnapshot):
         self.flush()
         return super().cursor(db)
 
+    def prefix_keys(self, prefix: bytes, db: str) -> list[bytes]:
+        """Every key of ``db`` starting with ``prefix`` as this batch sees it: the range
+        read at the batch's start (or read now, one statement: it sees what this batch
+        already sent), with the batch's and the mutation's buffered writes laid over."""
+        tag = _TAG[db]
+        known = self.ranges.get(tag + prefix)
+        keys = set(known) if known is not None else set(super().prefix_keys(prefix, db))
+        for key in self._written_by_table.get(tag, ()):
+            if not key.startswith(prefix):
+                continue
+            where = tag + key
+            if where in self._mutation:
+                value = self._mutation[where]
+            elif where in self._batch:
+                value = self._batch[where]
+            else:
+                continue  # a rolled-back mutation's: the committed state decides
+            if value is _DELETED:
+                keys.discard(key)
+            else:
+                keys.add(key)
+        return sorted(keys)
+
     def stat(self, db: str) -> dict[str, int]:
         self.flush()
         return super().stat(db)
@@ -310,14 +370,18 @@ class BatchSnapshot(SqlSnapshot):
 
     def put(self, key: bytes, value: bytes, db: str) -> bool:
         self.written.add(db)
-        self._mutation[_TAG[db] + key] = value
+        tag = _TAG[db]
+        self._mutation[tag + key] = value
+        self._written_by_table.setdefault(tag, set()).add(key)
         return True
 
     def pop(self, key: bytes, db: str) -> bytes | None:
         old = self.get(key, db)
         if old is not None:
             self.written.add(db)
-            self._mutation[_TAG[db] + key] = _DELETED
+            tag = _TAG[db]
+            self._mutation[tag + key] = _DELETED
+            self._written_by_table.setdefault(tag, set()).add(key)
         return old
 
     # -- the batch --------------------------------------------------------------------

@@ -28,7 +28,9 @@ from recoverable.storage.pg_operations import INSERT_ONE, columns_of
 
 from recoverable.errors import StorageUnavailable
 
-__all__ = ["PAGE_ROWS", "SqlCursor", "SqlSnapshot", "sql_table", "table_names"]
+__all__ = [
+    "PAGE_ROWS", "SqlCursor", "SqlSnapshot", "prefix_end", "sql_table", "table_names",
+]
 
 PAGE_ROWS: Final = 512  # rows fetched per round trip by a cursor scan
 _OPERATIONS: Final = "recoverable_operations"  # its writes carry typed columns
@@ -56,6 +58,15 @@ def describe(exc: BaseException, url: str | None = None) -> str:
         + (f" (SQLSTATE {state})" if state else "")
         + (f": {reason}" if reason else "")
     )
+
+
+def prefix_end(prefix: bytes) -> bytes | None:
+    """The first key after every key that starts with ``prefix`` (None: there is none,
+    the prefix is empty or all 0xff)."""
+    stripped = prefix.rstrip(b"\xff")
+    if not stripped:
+        return None
+    return stripped[:-1] + bytes((stripped[-1] + 1,))
 
 
 class _Statements:
@@ -160,6 +171,18 @@ class SqlSnapshot:
 
     def stat(self, db: str) -> dict[str, int]:
         return {"entries": int(self._one(_STATEMENTS[db].count, ()))}
+
+    def prefix_keys(self, prefix: bytes, db: str) -> list[bytes]:
+        """Every key of ``db`` that starts with ``prefix``, in order: one statement."""
+        upper = prefix_end(prefix)
+        if upper is None:
+            rows = self._rows(f"SELECT key FROM {db} WHERE key >= %b ORDER BY key", (prefix,))
+        else:
+            rows = self._rows(
+                f"SELECT key FROM {db} WHERE key >= %b AND key < %b ORDER BY key",
+                (prefix, upper),
+            )
+        return [bytes(row[0]) for row in rows]
 
     def cursor(self, db: str) -> SqlCursor:
         return SqlCursor(self, _STATEMENTS[db])

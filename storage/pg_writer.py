@@ -264,7 +264,9 @@ class PgWriter(Writer[WriteTxn]):
                 self._cache.adopt(u64(meta.pop(META_COMMITS, None)), changes)
                 self._cache.seed(sql_table("meta"), meta)
                 if fetched is not None:
-                    prefetch.seed(self._cache, fetched.fetchall())
+                    rows = fetched.fetchall()
+                    prefetch.seed(self._cache, rows)
+                    snapshot.ranges = prefetch.job_ranges(rows)
                 self.live_owners = frozenset(str(row[0]) for row in owners.fetchall())
                 self._cache.last_order = last_order_serial(last_order.fetchall())
                 self._state.batch_bytes = None

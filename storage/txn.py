@@ -553,6 +553,13 @@ class WriteTxn(RecordGetters, MutationContext, QueueWrites):
 
     def _keys(self, table: Table, prefix: bytes) -> list[bytes]:
         """The whole keys that start with ``prefix`` in ``table``."""
+        # A PostgreSQL batch answers a prefix in one statement (or from what its first
+        # round trip read), its buffered writes laid over it (``pg_batch``); a cursor
+        # there would first send every buffered write, then cost two round trips.
+        prefix_keys = getattr(self._txn, "prefix_keys", None)
+        if prefix_keys is not None:
+            keys: list[bytes] = prefix_keys(prefix, self._dbs[table])
+            return keys
         found: list[bytes] = []
 
         def scan() -> None:

@@ -3,7 +3,7 @@
 Its writes are buffered in memory until the batch flushes them, so when none of them was
 sent, forgetting them undoes it whole: the other mutations of the batch commit in the
 same transaction, with no savepoint round trips and no rerun. Only a mutation whose
-writes already reached the server (a scan flushed them) needs the savepoint rerun. With
+writes already reached the server (a cursor flushed them) needs the savepoint rerun. With
 two workers racing for the same queued operations a refused claim was in almost every
 batch, and under the fleet's writers' lock each rerun cost a round trip per mutation.
 """
@@ -57,7 +57,9 @@ def _writer(index: int, aborted: list[int], *, scan: bool) -> Callable[[WriteTxn
         txn.put_operation(make_op(f"b-{index}", body_hash=_BODY_HASH))
         txn.put_payload(f"b-{index}", "body", b"x")
         if scan:
-            txn.payload_owners("b-")  # a scan: the writes so far are sent first
+            # A raw cursor (what a scan without a prefix of its own would use): the
+            # writes so far are sent first.
+            txn._txn.cursor(txn._dbs["payloads"]).set_range(b"b-")
         if index % 3 == 0:
             raise ValueError(f"mutation {index} refuses")
         return index

@@ -137,3 +137,55 @@ async def test_a_batch_knows_which_owners_are_live_without_asking_per_lease(
     finally:
         other.close()
         mine.close()
+
+
+_JOB_SCAN = "SELECT key FROM recoverable_hosts WHERE key >="
+
+
+async def test_admission_finds_its_job_in_the_range_the_batch_read_first(
+    pg_url: str, statements: list[str]
+) -> None:
+    """"Is this job already here?" (the job index, a prefix of keys) is answered from the
+    range the batch's first round trip read for each record about to be created, with the
+    batch's own writes laid over it: no buffered write flushed, no scan under the lock.
+    Unhinted, it costs one statement (a cursor cost a flush and two)."""
+    other = RecoveryStore.open(pg_url + "?sslmode=disable")
+    mine = RecoveryStore.open(pg_url)
+    try:
+        other.write_sync(lambda txn: txn.put_operation(make_op("op-old", job_id="job-1")))
+        found: dict[str, list[str]] = {}
+
+        async def admit(op_id: str, job_id: str, hinted: bool) -> None:
+            record = make_op(op_id, job_id=job_id)
+
+            def mutation(txn: Any) -> list[str]:
+                ids: list[str] = txn.operation_ids_by_job(
+                    record.account, record.scope, record.job_id
+                )
+                if ids:
+                    return ids
+                txn.put_operation(record)
+                return [op_id]
+
+            found[op_id] = await mine.write(mutation, touches=(record,) if hinted else ())
+
+        for hinted, suffix in ((True, "h"), (False, "u")):
+            statements.clear()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(admit, f"op-a{suffix}", "job-1", hinted)
+                nursery.start_soon(admit, f"op-b{suffix}", f"job-2{suffix}", hinted)
+                nursery.start_soon(admit, f"op-c{suffix}", f"job-2{suffix}", hinted)
+            scans = [sql for sql in statements if sql.startswith(_JOB_SCAN)]
+            if hinted:
+                assert statements == []  # nothing read one at a time
+            else:  # one statement per admission's scan (a new record's own rows aside)
+                assert len(scans) == 3 and all("LIMIT" not in sql for sql in scans), scans
+            assert found[f"op-a{suffix}"] == ["op-old"]  # committed by another owner
+            # The second admission of job-2 sees the first (same batch or the next).
+            assert found[f"op-b{suffix}"] == found[f"op-c{suffix}"]
+            assert found[f"op-b{suffix}"][0] in (f"op-b{suffix}", f"op-c{suffix}")
+        assert {record.job_id for record in mine.inventory()[0]} == {"job-1", "job-2h", "job-2u"}
+        assert len(mine.inventory()[0]) == 3
+    finally:
+        mine.close()
+        other.close()
