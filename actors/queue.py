@@ -94,6 +94,7 @@ def submit_operation(
 
 async def submit(
     rt: Runtime,
+    /,
     request: StructuredRequest,
     *,
     response: type[Any] | JsonSchema,

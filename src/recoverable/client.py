@@ -30,8 +30,16 @@ import math
 import os
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sized
-from typing import IO, Any, Final, TypeVar
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Mapping,
+    Sized,
+)
+from typing import IO, TYPE_CHECKING, Any, Final, TypeVar
 
 import attrs
 import trio
@@ -44,8 +52,10 @@ from recoverable.outcome import Usage
 from recoverable.storage.store import RecoveryStore
 from recoverable.transport.backend import ResponsesBackend
 from recoverable.transport.base import StaticCredentials
-from recoverable.transport.fixture import FixtureProvider
 from recoverable.types import AccountBinding, Attempt, Handle, RetryPolicy, StructuredRequest
+
+if TYPE_CHECKING:
+    from recoverable.transport.fixture import FixtureProvider
 
 __all__ = ["DEFAULT_SCOPE", "FIXTURE_ENDPOINT", "Client", "MapResult", "open_client"]
 
@@ -291,7 +301,7 @@ class Client:
         text_format: Any = None,
         concurrency: int = 64,
         progress: bool | IO[str] = False,
-    ) -> AsyncIterator[MapResult]:
+    ) -> AsyncGenerator[MapResult, None]:
         """Run many jobs, at most ``concurrency`` sending at once; yield each job's
         :class:`MapResult` as it completes, once per job key (a repeated key in
         ``requests`` is skipped). Each request is a mapping of ``parse``'s keyword
@@ -461,6 +471,8 @@ async def open_client(
     async with contextlib.AsyncExitStack() as stack:
         fixture: FixtureProvider | None = None
         if endpoint == FIXTURE_ENDPOINT:
+            from recoverable.transport.fixture import FixtureProvider  # only when asked
+
             fixture = await stack.enter_async_context(FixtureProvider.serve())
             url, key = fixture.http_url, _FIXTURE_KEY
             # The port changes per run; the endpoint's identity must not.
