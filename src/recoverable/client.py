@@ -267,8 +267,6 @@ class Client:
         """One ``map`` job (``parse``'s keyword arguments) to its :class:`MapResult`."""
         arguments = dict(job)
         text_format = arguments.pop("text_format", text_format)
-        if text_format is None:
-            raise errors.InvalidRequest("a map job needs text_format (or map(text_format=))")
         job_id = arguments.pop("job_id", None)
         revision = arguments.pop("input_revision", None)
         attempts = arguments.pop("maximum_attempts", None)
@@ -310,8 +308,11 @@ class Client:
         A job whose result is saved (and not forgotten) is yielded again from its receipt,
         with nothing sent: a rerun after a crash pays only for the jobs that had no saved
         result. ``progress=True`` draws the CLI's progress line on stderr (or on the
-        given text stream). Leaving the loop early stops the jobs still sending (their
-        operations are suspended, resumed by the next run).
+        given text stream). To leave the loop early, iterate inside
+        ``contextlib.aclosing(client.map(...))``: closing it stops the jobs still sending
+        (their operations are suspended; the next run resumes them) before it returns.
+        A request that is not a job (no ``text_format``, a misspelled argument) stops the
+        map and is raised where it is iterated.
         """
         if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
             raise errors.InvalidParameter("concurrency must be a positive integer",
@@ -349,6 +350,7 @@ class _MapJobs:
         self.running = 0
         self.workers = 0
         self.error: Exception | None = None  # what stopped the jobs (not a job's outcome)
+        self.scope = trio.CancelScope()
 
     @property
     def rt(self) -> Runtime:
@@ -366,30 +368,47 @@ class _MapJobs:
                   task_status: trio.TaskStatus[trio.CancelScope] = trio.TASK_STATUS_IGNORED
                   ) -> None:
         try:
-            with trio.CancelScope() as scope:
-                task_status.started(scope)
+            with self.scope:
+                task_status.started(self.scope)
                 async with send, trio.open_nursery() as nursery:
                     display = self._display(progress)
                     if display is not None:
                         nursery.start_soon(display.run)
                     limiter = trio.Semaphore(concurrency)
                     async with trio.open_nursery() as jobs:
-                        for job in self.requests:
-                            key = (job.get("job_id"), job.get("input_revision"))
-                            if key[0] is not None and key in self.seen:
-                                continue
-                            self.seen.add(key)
-                            if self.summary is not None and not self.sized:
-                                self.summary.jobs += 1
-                            await limiter.acquire()
-                            jobs.start_soon(self._one, job, limiter, send.clone())
+                        try:
+                            for job in self.requests:
+                                if not self._first_time(job):
+                                    continue
+                                await limiter.acquire()
+                                jobs.start_soon(self._one, job, limiter, send.clone())
+                        except Exception as exc:
+                            self._stop(exc)
                     if display is not None:
                         display.draw(final=True)
                     nursery.cancel_scope.cancel()
-        except Exception as exc:  # a bad request or iterable: raised where map is iterated
-            self.error = exc
         finally:
             self.done.set()
+
+    def _first_time(self, job: Mapping[str, Any]) -> bool:
+        """Is this the first request of its job key in this map (a job id named)?"""
+        if not isinstance(job, Mapping):
+            raise errors.InvalidRequest("each map request is a mapping of parse's arguments")
+        if job.get("text_format", self.text_format) is None:
+            raise errors.InvalidRequest("a map request needs text_format (or map(text_format=))")
+        key = (job.get("job_id"), job.get("input_revision"))
+        if key[0] is not None and key in self.seen:
+            return False
+        self.seen.add(key)
+        if self.summary is not None and not self.sized:
+            self.summary.jobs += 1
+        return True
+
+    def _stop(self, exc: Exception) -> None:
+        """A bad request (not a job's outcome): stop the map; raised where it is iterated."""
+        if self.error is None:
+            self.error = exc
+        self.scope.cancel()
 
     async def _one(self, job: Mapping[str, Any], limiter: trio.Semaphore,
                    send: trio.MemorySendChannel[MapResult]) -> None:
@@ -397,6 +416,9 @@ class _MapJobs:
             self.running += 1
             try:
                 result = await self.client.outcome(job, self.text_format)
+            except Exception as exc:
+                self._stop(exc)
+                return
             finally:
                 self.running -= 1
                 limiter.release()
