@@ -10,7 +10,6 @@ from typing import Any
 import msgspec
 import pytest
 
-import recoverable
 from recoverable.testing import FixtureProvider
 
 KEY_ENV = "RECOVERABLE_TEST_CLIENT_KEY"

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import trio
 
 import recoverable
 from recoverable import errors
@@ -137,14 +136,17 @@ async def test_the_key_is_read_from_the_environment_and_never_saved(
     async with recoverable.open_client(path, **options(provider)) as client:
         await client.parse(**QUESTION, text_format=Answer, job_id="j")
     assert posts(provider) == 1
-    for stored in Path(path).rglob("*"):
-        if stored.is_file():
-            assert api_key.encode() not in stored.read_bytes()
+    assert _files_holding(path, api_key) == []
     monkeypatch.delenv("RECOVERABLE_TEST_CLIENT_KEY")
     with pytest.raises(errors.InvalidParameter) as caught:
         async with recoverable.open_client(path, **options(provider)):
             pass
     assert caught.value.parameter == "api_key_env"
+
+
+def _files_holding(path: str, secret: str) -> list[Path]:
+    return [stored for stored in Path(path).rglob("*")
+            if stored.is_file() and secret.encode() in stored.read_bytes()]
 
 
 def _jobs(count: int) -> list[dict[str, Any]]:
@@ -249,4 +251,3 @@ async def test_closing_the_client_stops_a_running_map(path: str) -> None:
         async with recoverable.open_client(path, **options(provider)) as client:
             ok = [result async for result in client.map(_jobs(4), text_format=Answer)]
         assert len(ok) == 4 and all(result.ok for result in ok)
-    _ = trio  # the suite runs under trio_mode
