@@ -165,7 +165,7 @@ async def test_map_yields_every_job_once_within_its_concurrency(path: str) -> No
             assert all(result.ok and isinstance(result.value, Answer) for result in results)
             assert all(result.usage.total_tokens > 0 for result in results)
             assert not any(result.saved for result in results)
-            assert client.peak_running == 3
+            assert 2 <= client.peak_running <= 3  # concurrent, and never more than 3
         assert posts(provider) == 9
         spans = [(request.received_at, request.finished_at or 0.0)
                  for request in provider.requests]
