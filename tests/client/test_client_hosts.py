@@ -17,6 +17,7 @@ import pytest
 
 import recoverable
 from recoverable import errors
+from recoverable.testing import Reply
 
 from ..runtime.conftest import ACCOUNT as RUNTIME_ACCOUNT
 from ..runtime.conftest import REQUEST, make_backend
@@ -142,3 +143,35 @@ def test_asyncio_runtime_submit_and_wait(tmp_path: Path) -> None:
                                      maximum_attempts=2)
             assert isinstance(blocking.wait(handle, response=RuntimeAnswer), RuntimeAnswer)
             assert len(served.requests_of(handle.operation_id)) == 1
+
+
+def test_cancelling_an_asyncio_parse_suspends_the_job_and_a_parse_resumes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RECOVERABLE_TEST_CLIENT_KEY", "sk-test")
+    path = str(tmp_path / "recovery")
+    with provider_thread() as served:
+        served.script([Reply.stall()])  # the first attempt hangs until it is stopped
+
+        async def main() -> None:
+            async with recoverable.AsyncioClient(
+                path, endpoint=served.provider.http_url, account=ACCOUNT, mode="sse",
+                api_key_env="RECOVERABLE_TEST_CLIENT_KEY",
+            ) as client:
+                task = asyncio.create_task(
+                    client.parse(**QUESTION, text_format=Answer, job_id="j")
+                )
+                await asyncio.to_thread(served.wait_for_requests, 1)
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                # The cancellation returned once the suspension was saved.
+                (operation_id,) = client.client.store.ids_by_job(
+                    client.client.account, "client", "j"
+                )
+                assert client.client.store.get_operation(operation_id).phase == "suspended"
+                value = await client.parse(**QUESTION, text_format=Answer, job_id="j")
+                assert isinstance(value, Answer)
+                assert len(served.requests_of(operation_id)) == 2
+
+        asyncio.run(main())
