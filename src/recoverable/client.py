@@ -328,7 +328,8 @@ class Client:
                     yield result
         finally:
             scope.cancel()
-            await jobs.done.wait()
+            with trio.CancelScope(shield=True):  # until every stopped send has suspended
+                await jobs.done.wait()
         if jobs.error is not None:
             raise jobs.error
 

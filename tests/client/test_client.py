@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 import recoverable
 from recoverable import errors
@@ -251,3 +252,28 @@ async def test_closing_the_client_stops_a_running_map(path: str) -> None:
         async with recoverable.open_client(path, **options(provider)) as client:
             ok = [result async for result in client.map(_jobs(4), text_format=Answer)]
         assert len(ok) == 4 and all(result.ok for result in ok)
+
+
+async def test_cancelling_the_consumer_of_a_map_waits_until_its_jobs_are_suspended(
+    provider: FixtureProvider, path: str
+) -> None:
+    provider.script([Reply.stall(), Reply.stall()])  # both attempts hang until stopped
+    async with recoverable.open_client(path, **options(provider)) as client:
+        scope = trio.CancelScope()
+
+        async def consume() -> None:
+            with scope:
+                async for _ in client.map(_jobs(2), text_format=Answer, concurrency=2):
+                    pass
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(consume)
+            await provider.wait_for_requests(2)
+            scope.cancel()
+        assert client.running == 0
+        phases = {client.store.get_operation(operation_id).phase  # type: ignore[union-attr]
+                  for job in ("m0", "m1")
+                  for operation_id in client.store.ids_by_job(client.account, "client", job)}
+        assert phases == {"suspended"}
+        rerun = [result async for result in client.map(_jobs(2), text_format=Answer)]
+        assert all(result.ok for result in rerun) and posts(provider) == 4
