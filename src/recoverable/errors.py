@@ -17,6 +17,7 @@ from typing import Any
 
 __all__ = [
     "AccountChanged",
+    "AccountRequired",
     "AdmissionChanged",
     "AlreadyAcknowledged",
     "AttemptNotAuthorized",
@@ -61,6 +62,7 @@ __all__ = [
 ]
 
 from recoverable.error_base import (
+    AccountRequired,
     InvalidCredentials,
     InvalidParameter,
     InvalidRequest,
