@@ -66,6 +66,7 @@ SuggestedAction = Literal[
     "resume",
     "read_receipt",
     "manual_retry",
+    "use_successor",
     "sign_in",
     "acknowledge",
     "abandon",

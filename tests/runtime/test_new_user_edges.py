@@ -15,7 +15,7 @@ from recoverable.transport.base import USER_AGENT
 
 import recoverable
 from recoverable import errors
-from recoverable.testing import FixtureProvider
+from recoverable.testing import FixtureProvider, Reply
 
 from .conftest import ACCOUNT, REQUEST, Answer, Authorizer, generation_requests, make_backend
 
@@ -93,3 +93,24 @@ async def test_a_runtime_without_an_account_says_an_account_is_required(
     assert raised.value.code == "account_required"
     assert "account" in str(raised.value)
     assert provider.requests == []
+
+
+async def test_status_suggests_the_successor_once_a_manual_retry_made_one(
+    provider: FixtureProvider, store: recoverable.RecoveryStore
+) -> None:
+    from recoverable.cli.formatting import format_status
+
+    async with make_backend(provider) as backend, recoverable.open_runtime(
+        store, backend, account=ACCOUNT
+    ) as rt:
+        provider.script([Reply.disconnect(after_events=2)])
+        source = await rt.prepare(REQUEST, response=Answer, maximum_attempts=1, job_id="j")
+        with pytest.raises(errors.AttemptsExhausted):
+            await rt.send_recovering(source, response=Answer, authorize=Authorizer())
+        assert (await rt.status(source)).suggested_actions == ("manual_retry", "abandon")
+        successor = await rt.retry(source, retry_action_id="retry-1", maximum_attempts=1)
+        status = await rt.status(source)
+        assert status.successor_id == successor.operation_id
+        assert status.suggested_actions == ("use_successor", "abandon")
+        assert f"use_successor {successor.operation_id}, abandon" in format_status(status)
+        assert "manual_retry" not in format_status(status)

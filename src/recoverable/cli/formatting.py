@@ -188,7 +188,10 @@ def format_status(status: Status) -> str:
         )),
         ("fence", status.fence or None),  # claims so far (0: never run)
         ("continuation", _continuation(status)),
-        ("suggested", ", ".join(status.suggested_actions)),
+        ("suggested", ", ".join(
+            f"use_successor {status.successor_id}" if action == "use_successor"
+            else action for action in status.suggested_actions
+        )),
         ("redacted", "yes (another account)" if status.redacted else None),
     ]
     return _rows(rows)
