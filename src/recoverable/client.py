@@ -48,6 +48,7 @@ from recoverable import errors
 from recoverable.actors.runtime import Runtime, open_runtime
 from recoverable.body import body_hash, freeze_body
 from recoverable.contract import contract_for
+from recoverable.failure_errors import failure_label
 from recoverable.outcome import Usage
 from recoverable.storage.store import RecoveryStore
 from recoverable.transport.backend import ResponsesBackend
@@ -99,6 +100,12 @@ class MapResult:
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    @property
+    def reason(self) -> str | None:
+        """The failure's stable label (the CLI's ``reason``: ``provider_error:http_rejected``,
+        the same on the run that failed and on a rerun that reads the saved failure)."""
+        return None if self.error is None else failure_label(self.error)
 
     def unwrap(self) -> Any:
         """The value, or raise the job's typed error."""
@@ -429,10 +436,8 @@ class _MapJobs:
     def _count(self, result: MapResult) -> None:
         if self.summary is None:
             return
-        from recoverable.cli.report import failure_reason
-
         if result.error is not None:
-            self.summary.failed[failure_reason(result.error)] += 1
+            self.summary.failed[failure_label(result.error)] += 1
         elif result.saved:
             self.summary.already_committed += 1
         else:

@@ -228,6 +228,11 @@ class PermanentlyFailed(_EndedWithFailure):
 
     code = "permanently_failed"
 
+    @property
+    def reason(self) -> str:
+        """The saved ``failure_reason`` (``rejected``, ``interrupted``, ...)."""
+        return self._detail
+
     def _what(self) -> str:
         reason = self._detail
         if reason in REASONS:

@@ -17,6 +17,7 @@ import trio
 import recoverable
 from recoverable import errors
 from recoverable.client import DIGEST_PREFIX
+from recoverable.failure_errors import failure_label
 from recoverable.testing import FixtureProvider, Reply
 
 from .conftest import ACCOUNT, Answer, job_posts, options, posts
@@ -91,6 +92,11 @@ async def test_typed_errors_of_the_runtime_come_through_unchanged(
         with pytest.raises(errors.PermanentlyFailed) as again:
             await client.parse(**QUESTION, text_format=Answer, job_id="bad")
         assert again.value.operation_id == caught.value.operation_id
+        # Another class (raised by the provider's answer, then read back from the saved
+        # failure), one label: the typed failure kind does not change between runs.
+        assert again.value.reason == "rejected"
+        assert failure_label(caught.value) == failure_label(again.value) == (
+            "provider_error:http_rejected")
         assert posts(provider) == 1
         # The same job id with another request: the runtime's JobConflict.
         with pytest.raises(errors.JobConflict):
@@ -197,6 +203,7 @@ async def test_a_rerun_of_map_yields_saved_results_with_zero_posts(
             assert second[job].operation_id is not None
             assert job_posts(provider, second[job].operation_id) == 1
         assert isinstance(second["m0"].error, errors.PermanentlyFailed)  # its saved failure
+        assert second["m0"].reason == first["m0"].reason == "provider_error:http_rejected"
     assert posts(provider) == 7  # the three new jobs only
 
 
