@@ -54,6 +54,7 @@ TOP_LEVEL = {
     "outcome": CORE,
     "partial": CORE,
     "output_types": CORE,
+    "output_roots": CORE,
     "preconditions": CORE,
     "pricing": CORE,
     "reattachment": CORE,
