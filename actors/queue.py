@@ -62,6 +62,7 @@ class Runtime(Protocol):
     store: RecoveryStore
     backend: Backend | None
     account: AccountBinding | None
+    signed_out: bool  # sign_out was called (account None: signed out, not never bound)
     selector: Callable[[StructuredRequest], StructuredRequest] | None
     now: Callable[[], float]
     telemetry: Telemetry
