@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 from pathlib import Path
 from typing import Any
 
@@ -284,3 +285,17 @@ async def test_cancelling_the_consumer_of_a_map_waits_until_its_jobs_are_suspend
         assert phases == {"suspended"}
         rerun = [result async for result in client.map(_jobs(2), text_format=Answer)]
         assert all(result.ok for result in rerun) and posts(provider) == 4
+
+
+async def test_parse_of_a_list_of_models_is_sent_wrapped_and_returned_as_the_list(
+    provider: FixtureProvider, path: str
+) -> None:
+    answers = [{"answer": 42, "note": "a"}, {"answer": 6, "note": "b"}]
+    provider.script([Reply.complete({"items": answers})])
+    async with recoverable.open_client(path, **options(provider)) as client:
+        value = await client.parse(**QUESTION, text_format=list[Answer], job_id="many")
+        assert value == [Answer(answer=42, note="a"), Answer(answer=6, note="b")]
+        assert await client.parse(**QUESTION, text_format=list[Answer], job_id="many") == value
+    assert posts(provider) == 1
+    sent = json.loads(provider.requests[0].body)["text"]["format"]["schema"]
+    assert sent["required"] == ["items"] and sent["properties"]["items"]["type"] == "array"
