@@ -71,6 +71,9 @@ async def test_a_non_object_root_is_sent_wrapped_and_returned_unwrapped(
     assert json.loads(receipt.payload) == answer
     assert receipt.decode(tp) == expected
     assert json.loads(request.body)["text"]["format"]["schema"] == wire
+    # The saved (name, schema) rebuilds the same contract (workers, manual retry).
+    rebuilt = contract_for(recoverable.JsonSchema(contract.name, contract.schema))
+    assert rebuilt.format_hash == contract.format_hash == receipt.format_hash
 
 
 def test_the_wrapper_schema_is_the_one_field_object() -> None:
