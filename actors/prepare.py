@@ -14,7 +14,7 @@ from typing import Any
 
 import attrs
 import msgspec
-from recoverable.actors.checks import require_signed_in
+from recoverable.actors.checks import check_expires_at, require_signed_in
 from recoverable.actors.host import Backend, reattach_client
 from recoverable.storage.base import WriteTransaction as WriteTxn
 
@@ -30,7 +30,6 @@ from recoverable.types import (
     RetryPolicy,
     SourceRef,
     StructuredRequest,
-    to_timestamp,
 )
 
 # ``on_interruption`` not given at prepare: "replace", or "fail" for a live operation.
@@ -285,6 +284,7 @@ def new_admission(
     be shorter (``sources_rules.check_attempt_timeout``). ``unclaimed_after``:
     ``submit``'s bound on unclaimed work."""
     account = require_signed_in(account, "cannot prepare")
+    expiry = check_expires_at(expires_at)
     if unclaimed_after is not None:
         unclaimed_after = check_unclaimed_after(unclaimed_after)
     bound = check_source(source)
@@ -338,7 +338,7 @@ def new_admission(
         endpoint_id=backend.endpoint_id,
         created_at=now,
         maximum_attempts=maximum_attempts,
-        expires_at=to_timestamp(expires_at),
+        expires_at=expiry,
         retry_policy=policy,
         model=effective.model,
         reasoning_effort=effective.reasoning_effort,

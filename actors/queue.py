@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any, Final, Protocol, TypeVar
 
 import msgspec
-from recoverable.actors.checks import require_owner
+from recoverable.actors.checks import require_bound, require_owner
 from recoverable.actors.heartbeat import LeaseKeeper
 from recoverable.actors.host import Backend
 from recoverable.actors.prepare import (
@@ -62,6 +62,7 @@ class Runtime(Protocol):
     store: RecoveryStore
     backend: Backend | None
     account: AccountBinding | None
+    signed_out: bool  # sign_out was called (account None: signed out, not never bound)
     selector: Callable[[StructuredRequest], StructuredRequest] | None
     now: Callable[[], float]
     telemetry: Telemetry
@@ -94,6 +95,7 @@ def submit_operation(
 
 async def submit(
     rt: Runtime,
+    /,
     request: StructuredRequest,
     *,
     response: type[Any] | JsonSchema,
@@ -126,6 +128,7 @@ async def submit(
     """
     if not isinstance(job_id, str):
         raise errors.InvalidRequest("submit needs a job_id (the key of its idempotency)")
+    require_bound(rt.account, signed_out=rt.signed_out)
     record, body, stored = new_admission(
         request, response=response, maximum_attempts=maximum_attempts, job_id=job_id,
         input_revision=input_revision, account=rt.account, backend=rt.backend,

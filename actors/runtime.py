@@ -21,7 +21,7 @@ from recoverable.actors import live as live_operations
 from recoverable.actors import queue as submitted
 from recoverable.actors import reads
 from recoverable.actors import retry as manual_retry
-from recoverable.actors.checks import require_signed_in
+from recoverable.actors.checks import require_bound, require_signed_in
 from recoverable.actors.delegate import Delegation, open_delegation
 from recoverable.actors.governor import DEFAULT_BURST_SECONDS, RateGovernor
 from recoverable.actors.heartbeat import LeaseKeeper
@@ -103,6 +103,7 @@ class Runtime:
         self.store = store
         self.backend = backend
         self.account = account
+        self.signed_out = False  # sign_out was called (account=None means "signed out")
         self.selector = selector
         self.now = wall_clock
         self.scheduler = scheduler
@@ -150,6 +151,7 @@ class Runtime:
         already received is validated and kept as the receipt, never delivered.
         """
         self.account = None
+        self.signed_out = True
         self.monitor.account_changed(None)
 
     def sign_in(self, account: AccountBinding) -> None:
@@ -217,6 +219,7 @@ class Runtime:
         before seed 000 replaces it. The provider keeps the response for a limited time
         (a privacy trade-off): see docs/reattach.md.
         """
+        require_bound(self.account, signed_out=self.signed_out)
         record, body, stored = new_admission(
             request,
             response=response,
@@ -427,6 +430,7 @@ class Runtime:
         return reads.saved_receipt(self.store, self.account, self.telemetry, handle.operation_id)
 
     async def inventory(self, scope: str | None = None) -> Inventory:
+        require_bound(self.account, signed_out=self.signed_out)
         account = require_signed_in(self.account, "no inventory")
         records, unreadable = self.store.inventory(account=account, scope=scope)
         leases, commands = self.store.control_rows()

@@ -227,6 +227,12 @@ class Store(RecordReader, Protocol):
         """Every readable lease and command by operation id, from one snapshot."""
         ...
 
+    def dispositions(
+        self, account: AccountBinding | None = None, scope: str | None = None
+    ) -> list[DispositionRecord]:
+        """Readable disposition markers matching ``account``/``scope`` (None: any)."""
+        ...
+
     def payload_kinds(self, operation_ids: Iterable[str]) -> dict[str, frozenset[str]]:
         """Which payloads each operation has, from one snapshot."""
         ...

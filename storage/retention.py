@@ -111,15 +111,23 @@ def purge_account(
 
 
 def cleanup_disposed(
-    store: RetainedStore, *, before: float, account: AccountBinding
+    store: RetainedStore,
+    *,
+    before: float,
+    account: AccountBinding,
+    operation_ids: frozenset[str] | None = None,
 ) -> CleanupResult:
-    """Remove acknowledgement/abandonment markers older than ``before`` for ``account``.
+    """Remove acknowledgement/abandonment markers older than ``before`` for ``account``
+    (only those of ``operation_ids`` when given).
 
     Never touches unacknowledged completions or unfinished requests. A marker
     whose content removal is still incomplete is skipped (repeat the
     acknowledgement first). Once a marker is removed, status is unavailable.
     """
-    markers = [marker for marker in store.dispositions(account=account) if marker.at < before]
+    markers = [
+        marker for marker in store.dispositions(account=account)
+        if marker.at < before and (operation_ids is None or marker.operation_id in operation_ids)
+    ]
 
     def clean(txn: RetentionTxn) -> tuple[list[str], list[str]]:
         removed: list[str] = []

@@ -594,15 +594,22 @@ class RecoveryStore(RecordGetters):
         """Remove the account's idle records and markers; report busy/unreadable ones."""
         return retention.purge_account(self, account, scope)
 
-    def cleanup_disposed(self, *, before: Any, account: AccountBinding) -> CleanupResult:
-        """Remove old acknowledgement/abandonment markers (never live records).
+    def cleanup_disposed(
+        self, *, before: Any, account: AccountBinding,
+        operation_ids: Iterable[str] | None = None,
+    ) -> CleanupResult:
+        """Remove old acknowledgement/abandonment markers (never live records); only
+        those of ``operation_ids`` when given (``Client.forget``).
 
         ``before`` is a timezone-aware ``datetime`` or a POSIX timestamp.
         """
         stamp = before if isinstance(before, int | float) else to_timestamp(before)
         if stamp is None:
             raise InvalidRequest("before is required")
-        return retention.cleanup_disposed(self, before=float(stamp), account=account)
+        only = None if operation_ids is None else frozenset(operation_ids)
+        return retention.cleanup_disposed(
+            self, before=float(stamp), account=account, operation_ids=only
+        )
 
 
 if TYPE_CHECKING:

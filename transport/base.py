@@ -7,7 +7,8 @@ of budgets or policy (that is ``recoverable.actors``).
 from __future__ import annotations
 
 import hashlib
-from typing import Protocol, runtime_checkable
+from importlib import metadata
+from typing import Final, Protocol, runtime_checkable
 from urllib.parse import urlsplit, urlunsplit
 
 import attrs
@@ -20,6 +21,7 @@ from recoverable.types import AccountBinding
 
 __all__ = [
     "MAX_ERROR_BODY_BYTES",
+    "USER_AGENT",
     "Credentials",
     "StaticCredentials",
     "StreamLimits",
@@ -29,6 +31,18 @@ __all__ = [
     "token_fingerprint",
     "validate_api_key",
 ]
+
+
+
+def _version() -> str:
+    try:
+        return metadata.version("recoverable")
+    except metadata.PackageNotFoundError:  # a source tree that was never installed
+        return "0"
+
+
+#: The ``User-Agent`` of every request both transports send (generation, reattachment).
+USER_AGENT: Final = f"recoverable/{_version()}"
 
 # A rejection body is read only this far: enough for {"error": {...}}, never a flood.
 MAX_ERROR_BODY_BYTES = 64 * 1024

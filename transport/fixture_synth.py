@@ -8,6 +8,7 @@ value can answer raises ``CannotSynthesize`` (the real API's 400).
 from __future__ import annotations
 
 import math
+import re
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
@@ -267,7 +268,26 @@ _FORMATS = {
 }
 
 
+# A length bound recoverable tells the model in the description instead of sending it
+# (strict mode takes no minLength/maxLength): the fixture follows it as a model would.
+_TOLD_BOUNDS = re.compile(
+    r"(?:between (?P<low>\d{1,6}) and (?P<high>\d{1,6})|at most (?P<most>\d{1,6})"
+    r"|at least (?P<least>\d{1,6})) characters"
+)
+
+
+def _told_bounds(schema: Mapping[str, Any]) -> dict[str, int]:
+    description = schema.get("description")
+    found = _TOLD_BOUNDS.search(description) if isinstance(description, str) else None
+    if found is None:
+        return {}
+    low, high = found["low"] or found["least"], found["high"] or found["most"]
+    bounds = {"minLength": int(low)} if low else {}
+    return bounds | ({"maxLength": int(high)} if high else {})
+
+
 def _string(schema: Mapping[str, Any]) -> str:
+    schema = {**_told_bounds(schema), **schema}
     fmt = schema.get("format")
     value = _FORMATS.get(fmt, "example") if isinstance(fmt, str) else "example"
     min_len = schema.get("minLength")

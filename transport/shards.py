@@ -54,8 +54,8 @@ class ClientShards:
         self._room = list(self._sizes)  # connections each shard may still open or lend
         self._connect_timeout = connect_timeout
         self._tls: ssl.SSLContext | None = None
-        self._closed = False
-        # Requests are built (never sent) on one client: building touches no pool.
+        # Requests are built (never sent) on one client: building touches no pool, and
+        # builds on after the client is closed.
         self.builder = self._client(0)
 
     @property
@@ -92,9 +92,9 @@ class ClientShards:
     @contextmanager
     def client(self) -> Iterator[httpx.AsyncClient]:
         """The client of the shard with the most room, counted as one more request in
-        flight until the block ends (the response must be closed inside it)."""
-        if self._closed:
-            raise RuntimeError("the transport is closed")
+        flight until the block ends (the response must be closed inside it). After
+        :meth:`aclose`, the shards are made again on first use: a backend outlives the
+        runtime (and the ``async with``) it served."""
         room = self._room
         index = room.index(max(room))
         client = self._client(index)
@@ -105,6 +105,9 @@ class ClientShards:
             room[index] += 1
 
     async def aclose(self) -> None:
-        self._closed = True
-        for client in self.opened:
+        """Close the shards made so far; a later request makes new ones (a request still
+        running on a closed shard ends on its own)."""
+        opened = self.opened
+        self._clients = [None] * len(self._clients)
+        for client in opened:
             await client.aclose()

@@ -11,6 +11,7 @@ import msgspec
 import trio
 from recoverable.transport.base import (
     MAX_ERROR_BODY_BYTES,
+    USER_AGENT,
     StreamLimits,
     parse_error_body,
     parse_retry_after,
@@ -116,6 +117,7 @@ class SseTransport:
             "accept": "text/event-stream",
             # Raw bytes only: a compressed stream could expand past every bound in one chunk.
             "accept-encoding": "identity",
+            "user-agent": USER_AGENT,
         }
         hooked = False
 
@@ -141,6 +143,7 @@ class SseTransport:
             "authorization": f"Bearer {token}",
             "accept": "text/event-stream" if stream else "application/json",
             "accept-encoding": "identity",
+            "user-agent": USER_AGENT,
         }
         if attempt_id is not None:
             headers["x-client-request-id"] = attempt_id

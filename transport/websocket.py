@@ -26,6 +26,7 @@ import trio
 import trio_websocket
 from recoverable.transport.base import (
     MAX_ERROR_BODY_BYTES,
+    USER_AGENT,
     StreamLimits,
     parse_error_body,
     parse_retry_after,
@@ -185,8 +186,11 @@ class WebSocketTransport:
         self._closed = False
 
     def attach(self, nursery: trio.Nursery | None) -> None:
-        """Give the transport a long-lived nursery; pooling is on while one is attached."""
+        """Give the transport a long-lived nursery; pooling is on while one is attached
+        (attaching one again after :meth:`aclose` reopens the pool)."""
         self._nursery = nursery
+        if nursery is not None:
+            self._closed = False
 
     async def aclose(self) -> None:
         self._closed = True
@@ -274,6 +278,7 @@ class WebSocketTransport:
         headers = [
             (b"authorization", f"Bearer {token}".encode()),
             (b"x-client-request-id", attempt_id.encode()),
+            (b"user-agent", USER_AGENT.encode()),
         ]
         release = trio.Event()
         try:

@@ -1,6 +1,11 @@
 """recoverable: durable, crash-safe, tool-free structured LLM requests for Trio.
 
-Quick tour (see docs/ and the README)::
+One call (docs/client.md)::
+
+    async with recoverable.open_client(".recovery", endpoint=url, account="acct-1") as client:
+        answer = await client.parse(model=..., input=..., text_format=Answer, job_id="job-42")
+
+Quick tour of the full handoff (see docs/ and the README)::
 
     store = recoverable.RecoveryStore.open(path)
     backend = recoverable.ResponsesBackend(url, credentials=recoverable.StaticCredentials(key))
@@ -21,6 +26,8 @@ from recoverable.actors.continuation import (
 )
 from recoverable.actors.runtime import Backend, Runtime, open_runtime
 from recoverable.blocking import AsyncioRuntime, BlockingRuntime
+from recoverable.client import Client, MapResult, open_client
+from recoverable.client_hosts import AsyncioClient, BlockingClient
 from recoverable.errors import *  # noqa: F403
 from recoverable.errors import __all__ as _errors_all
 from recoverable.outcome import Completed, Interruption, Usage
@@ -48,12 +55,15 @@ from recoverable.types import (
 
 __all__ = [
     "AccountBinding",
+    "AsyncioClient",
     "AsyncioRuntime",
     "Attempt",
     "AttemptSummary",
     "Backend",
+    "BlockingClient",
     "BlockingRuntime",
     "CleanupResult",
+    "Client",
     "Completed",
     "ConnectBackoff",
     "ContinuationPreference",
@@ -64,6 +74,7 @@ __all__ = [
     "Inventory",
     "JsonSchema",
     "LoggingSink",
+    "MapResult",
     "PartialView",
     "Receipt",
     "RecoveryStore",
@@ -79,6 +90,7 @@ __all__ = [
     "TelemetrySink",
     "Usage",
     "continuation_preference",
+    "open_client",
     "open_runtime",
     "set_continuation_preference",
     *_errors_all,

@@ -176,6 +176,8 @@ class _RuntimeMethods:
     the caller is (the calling thread, or the caller's event loop)."""
 
     prepare = _Forward(Runtime.prepare)
+    submit = _Forward(Runtime.submit)  # for workers (docs/workers.md)
+    wait = _Forward(Runtime.wait)  # the caller going away stops waiting (nothing suspends)
     retry = _Forward(Runtime.retry)
     acknowledge = _Forward(Runtime.acknowledge)
     abandon = _Forward(Runtime.abandon)
@@ -296,15 +298,19 @@ class BlockingRuntime(_RuntimeMethods):
                 call.fail(errors.RuntimeClosed("the runtime ended", operation_id=call.operation_id))
             self._ready.set()
 
+    async def _open(self, stack: contextlib.AsyncExitStack) -> Runtime:
+        """Open the runtime in this Trio thread (``recoverable.client`` opens a client)."""
+        if isinstance(self._backend, contextlib.AbstractAsyncContextManager):
+            # Entered here, in the runtime's own Trio run: its connections are
+            # pooled there and closed when the runtime closes.
+            await stack.enter_async_context(self._backend)
+        return await stack.enter_async_context(
+            open_runtime(self._store, self._backend, **self._options)
+        )
+
     async def _main(self) -> None:
         async with contextlib.AsyncExitStack() as stack:
-            if isinstance(self._backend, contextlib.AbstractAsyncContextManager):
-                # Entered here, in the runtime's own Trio run: its connections are
-                # pooled there and closed when the runtime closes.
-                await stack.enter_async_context(self._backend)
-            runtime = await stack.enter_async_context(
-                open_runtime(self._store, self._backend, **self._options)
-            )
+            runtime = await self._open(stack)
             nursery = await stack.enter_async_context(trio.open_nursery())
             self._runtime = runtime
             self._nursery = nursery

@@ -44,6 +44,7 @@ import msgspec.inspect as mi
 
 from recoverable import output_types
 from recoverable.errors import InvalidRequest
+from recoverable.output_roots import WRAPPER_FIELD, needs_wrapper, wire_schema, wrapper_type
 from recoverable.strict_mode import (
     MAX_SCHEMA_BYTES,
     MAX_SCHEMA_DEPTH,
@@ -127,9 +128,16 @@ class ResponseContract:
     python_type: Any
     _validator: Any = attrs.field(alias="validator", eq=False, repr=False, hash=False)
     _typed_decoder: Any = attrs.field(alias="typed_decoder", eq=False, repr=False, hash=False)
+    # A non-object root sent wrapped (``output_roots``): the value is the wrapper's field.
+    unwrap: bool = False
+    # What is sent: ``schema`` without the keywords checked locally (``output_roots``).
+    wire: dict[str, Any] = attrs.field(
+        eq=False, repr=False, hash=False,
+        default=attrs.Factory(lambda self: wire_schema(self.schema), takes_self=True),
+    )
 
     def text_format(self) -> dict[str, Any]:
-        return {"type": "json_schema", "name": self.name, "strict": True, "schema": self.schema}
+        return {"type": "json_schema", "name": self.name, "strict": True, "schema": self.wire}
 
     def validate(self, text: str) -> bytes:
         """Check ``text`` against the contract; return its UTF-8 bytes unchanged (the payload)."""
@@ -170,10 +178,12 @@ class ResponseContract:
         ``msgspec.DecodeError`` whatever the kind of type.
         """
         if isinstance(self._typed_decoder, output_types.PydanticDecoder):
-            return self._typed_decoder.decode(payload)
-        if self.python_type is not None:
-            return msgspec.json.decode(payload, type=self.python_type)
-        return msgspec.json.decode(payload)
+            value = self._typed_decoder.decode(payload)
+        elif self.python_type is not None:
+            value = msgspec.json.decode(payload, type=self.python_type)
+        else:
+            return msgspec.json.decode(payload)
+        return getattr(value, WRAPPER_FIELD) if self.unwrap else value
 
 
 def _check_schema(validator: Any, value: Any) -> None:
@@ -276,6 +286,8 @@ def contract_for(response: Any) -> ResponseContract:
         kind: str | None = "struct"
     else:
         kind = output_types.output_kind(response)
+    if needs_wrapper(response):
+        kind = "wrapped"
     if kind is None:
         raise InvalidRequest(
             "response must be a msgspec.Struct type, a pydantic v2 model, a dataclass, a "
@@ -290,6 +302,10 @@ def contract_for(response: Any) -> ResponseContract:
         return cached  # type: ignore[no-any-return]
     if kind == "struct":
         contract = _struct_contract(response)
+    elif kind == "wrapped":
+        wrapper, pydantic = wrapper_type(response)
+        inner = _typed_contract(wrapper, "pydantic" if pydantic else "native")
+        contract = attrs.evolve(inner, unwrap=True)
     else:
         contract = _typed_contract(response, kind)  # type: ignore[arg-type]
     try:

@@ -13,6 +13,7 @@ from typing import ClassVar
 from recoverable.failure_text import bounded
 
 __all__ = [
+    "AccountRequired",
     "InvalidCredentials",
     "InvalidParameter",
     "InvalidRequest",
@@ -71,6 +72,18 @@ class InvalidRequest(RecoveryError, ValueError):
 
     def _what(self) -> str:
         return self._detail or self._summary
+
+
+class AccountRequired(InvalidRequest):
+    """The runtime was opened without an account (``account=None``) and never signed in:
+    preparing, submitting or listing work needs the account the credentials belong to."""
+
+    code = "account_required"
+    _summary = "an account is required: the runtime was opened with account=None"
+    _action = (
+        "pass account= (an AccountBinding, the one the credentials belong to) to "
+        "open_runtime, or call sign_in first; nothing was saved"
+    )
 
 
 class UnsupportedInputItem(InvalidRequest):

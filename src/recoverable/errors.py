@@ -17,6 +17,7 @@ from typing import Any
 
 __all__ = [
     "AccountChanged",
+    "AccountRequired",
     "AdmissionChanged",
     "AlreadyAcknowledged",
     "AttemptNotAuthorized",
@@ -61,6 +62,7 @@ __all__ = [
 ]
 
 from recoverable.error_base import (
+    AccountRequired,
     InvalidCredentials,
     InvalidParameter,
     InvalidRequest,
@@ -225,6 +227,11 @@ class PermanentlyFailed(_EndedWithFailure):
     """The operation ended in a failure that no automatic replacement may repair."""
 
     code = "permanently_failed"
+
+    @property
+    def reason(self) -> str:
+        """The saved ``failure_reason`` (``rejected``, ``interrupted``, ...)."""
+        return self._detail
 
     def _what(self) -> str:
         reason = self._detail

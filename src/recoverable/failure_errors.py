@@ -13,7 +13,7 @@ from recoverable import errors
 from recoverable.failure_policy import CLASSIFIED_REASONS
 from recoverable.records import OperationRecord
 
-__all__ = ["ended_error", "terminal_error"]
+__all__ = ["ended_error", "failure_label", "terminal_error"]
 
 
 def terminal_error(rec: OperationRecord) -> errors.RecoveryError:
@@ -53,3 +53,24 @@ def ended_error(rec: OperationRecord) -> errors.RecoveryError:
         return errors.ProviderError(rec.failure_reason, operation_id=rec.operation_id,
                                     interruption=rec.last_failure)
     return terminal_error(rec)
+
+
+def failure_label(error: errors.RecoveryError) -> str:
+    """A job's failure as a short, non-private label: the error code, the failure's kind
+    and, for invalid output, the provider code (``provider_error:http_rejected``,
+    ``attempts_exhausted:disconnected``, ``provider_error:invalid_output:schema_violation``).
+
+    Stable across runs of the same job: a failure the provider's answer decided
+    (``CLASSIFIED_REASONS``) raises ``ProviderError`` on the run that saw it and
+    ``PermanentlyFailed`` on every later read of the saved record (:func:`terminal_error`);
+    both are labelled ``provider_error:<kind>``, as :func:`ended_error` reports it.
+    """
+    last = getattr(error, "last_failure", None) or getattr(error, "interruption", None)
+    code = error.code
+    if (isinstance(error, errors.PermanentlyFailed) and last is not None
+            and error.reason in CLASSIFIED_REASONS):
+        code = errors.ProviderError.code
+    if last is None:
+        return code
+    detail = last.provider_code if last.kind == "invalid_output" else None
+    return f"{code}:{last.kind}" + (f":{detail}" if detail else "")

@@ -38,6 +38,7 @@ import msgspec
 from recoverable.errors import InvalidRequest, UnsupportedOutputType
 
 __all__ = [
+    "LOCAL_CONSTRAINT_KEYWORDS",
     "STRICT_CONSTRAINT_KEYWORDS",
     "STRICT_STRING_FORMATS",
     "JsonSchema",
@@ -88,17 +89,15 @@ _ANNOTATIONS = frozenset(
 _MAX_DEPTH = 64
 _MAX_INLINE = 16
 
+# Kept in the contract and checked on every answer, but not sent (strict mode does not
+# take them): ``output_roots.wire_schema`` tells the model in the description instead.
+LOCAL_CONSTRAINT_KEYWORDS = frozenset({"minLength", "maxLength"})
+
 # What to write instead of a refused keyword.
-_LENGTH_HINT = (
-    "string length bounds are not in strict mode's keyword set: drop the bound (or check "
-    "it in a validator)"
-)
 _MAP_HINT = "use a model with named fields"
 _HINTS: dict[str, str] = {
     "uniqueItems": "use a list",
     "prefixItems": "use a list or a model with named fields",
-    "minLength": _LENGTH_HINT,
-    "maxLength": _LENGTH_HINT,
     "patternProperties": _MAP_HINT,
     "propertyNames": _MAP_HINT,
     "minProperties": _MAP_HINT,
@@ -381,7 +380,8 @@ class _Strictifier:
                         "use str",
                     )
                 out[key] = value
-            elif key in _STRUCTURAL or key in STRICT_CONSTRAINT_KEYWORDS:
+            elif (key in _STRUCTURAL or key in STRICT_CONSTRAINT_KEYWORDS
+                  or key in LOCAL_CONSTRAINT_KEYWORDS):
                 out[key] = value
             else:
                 what = _WHAT.get(key, f"constrained with {key[:40]!r}")

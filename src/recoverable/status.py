@@ -67,8 +67,14 @@ def suggested_actions(
     blockers: frozenset[Blocker] = frozenset(),
 ) -> tuple[SuggestedAction, ...]:
     """The host's next steps for this availability (``SUGGESTED_ACTIONS``), minus what a
-    ``storage_unavailable`` blocker rules out."""
+    ``storage_unavailable`` blocker rules out; ``use_successor`` instead of
+    ``manual_retry`` once a manual retry reserved a successor (``Status.successor_id``)."""
     actions = SUGGESTED_ACTIONS[availability]
+    if rec.retry_reservation is not None:
+        # A manual retry already made (or reserved) its successor: that is where the job
+        # goes on (a retry from this source again returns the same successor at best).
+        actions = tuple("use_successor" if action == "manual_retry" else action
+                        for action in actions)
     if "storage_unavailable" in blockers:
         actions = tuple(action for action in actions if action in _WITHOUT_STORAGE)
     return actions

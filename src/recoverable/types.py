@@ -13,8 +13,8 @@ import msgspec
 
 from recoverable.failure_policy import RetryPolicy as RetryPolicy  # saved with each operation
 from recoverable.outcome import Interruption, Usage
+from recoverable.output_roots import decode_as
 from recoverable.output_types import JsonSchema as JsonSchema  # a response contract
-from recoverable.output_types import decode_as
 from recoverable.wire_parameters import parameters_from_wire
 
 AttemptReason = Literal["initial", "replacement", "authentication_reissue"]
@@ -66,6 +66,7 @@ SuggestedAction = Literal[
     "resume",
     "read_receipt",
     "manual_retry",
+    "use_successor",
     "sign_in",
     "acknowledge",
     "abandon",
@@ -315,7 +316,9 @@ class Receipt(msgspec.Struct, frozen=True, kw_only=True):
 
     def decode(self, type: Any) -> Any:
         """Decode the payload as ``type``: the ``response=`` type (a msgspec Struct, a pydantic
-        model, a dataclass, a TypedDict), ``dict`` etc., or a ``JsonSchema`` (plain JSON)."""
+        model, a dataclass, a TypedDict, a non-object root such as ``list[Item]``, sent and
+        saved wrapped as ``{"items": ...}``), ``dict`` etc., or a ``JsonSchema`` (plain
+        JSON)."""
         return decode_as(self.payload, type)
 
 

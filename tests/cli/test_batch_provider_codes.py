@@ -3,6 +3,7 @@ default replaces none): shown in its summary, overridable with ``--retry-provide
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from .cli_helpers import job_line, run_cli, write_jobs
@@ -49,3 +50,22 @@ def test_custom_codes_and_a_bad_code(tmp_path: Path) -> None:
     bad = run_cli("batch", str(jobs), "--out", str(out), "--retry-provider-codes", "a b")
     assert bad.returncode == 2
     assert "not a provider code" in bad.stderr
+
+
+def test_a_failed_jobs_reason_is_the_same_label_on_a_rerun(tmp_path: Path) -> None:
+    """The run that saw the provider's failure raised ProviderError, the rerun reads the
+    saved failure (PermanentlyFailed): one label, printed and in the errors file."""
+    jobs = write_jobs(tmp_path / "jobs.jsonl", [job_line(0)])
+    out, errors_file = tmp_path / "out.jsonl", tmp_path / "errors.jsonl"
+    reasons, codes = [], []
+    for _ in range(2):
+        proc = run_cli("batch", str(jobs), "--out", str(out), "--faults", "failed=1.0",
+                       "--retry-provider-codes", "", "--errors", str(errors_file))
+        assert proc.returncode == 1, proc.stderr
+        assert "provider_error:provider_failed" in proc.stdout
+        assert "permanently_failed" not in proc.stdout
+        (line,) = [json.loads(text) for text in errors_file.read_text().splitlines()]
+        reasons.append(line["reason"])
+        codes.append(line["code"])
+    assert reasons == ["provider_error:provider_failed"] * 2
+    assert codes == ["provider_error", "permanently_failed"]  # the class may differ

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import msgspec
@@ -188,7 +188,10 @@ def format_status(status: Status) -> str:
         )),
         ("fence", status.fence or None),  # claims so far (0: never run)
         ("continuation", _continuation(status)),
-        ("suggested", ", ".join(status.suggested_actions)),
+        ("suggested", ", ".join(
+            f"use_successor {status.successor_id}" if action == "use_successor"
+            else action for action in status.suggested_actions
+        )),
         ("redacted", "yes (another account)" if status.redacted else None),
     ]
     return _rows(rows)
@@ -210,10 +213,12 @@ def format_inventory(
     total: int | None = None,
     next_after: str | None = None,
     unreadable_total: int | None = None,
+    removed: Mapping[str, int] | None = None,
 ) -> str:
     """An inventory, or one page of it (``cli/paging.py``: ``total`` operations in all,
     ``next_after`` the cursor of the next page, ``unreadable_total`` unreadable records in
-    all): a row per operation, the counts, and the unreadable records' ids."""
+    all): a row per operation, the counts, and the unreadable records' ids. ``removed``:
+    the disposition markers by kind (acknowledged, abandoned), told when nothing is kept."""
     header = ("OPERATION", "STATE", "AVAILABILITY", "ATTEMPTS", "JOB", "REVISION", "OWNER")
     rows = [
         tuple(safe_text(cell) for cell in (
@@ -234,7 +239,14 @@ def format_inventory(
         for row in table
     ]
     text = "\n".join(lines) + "\n"
-    if total is None or total == len(rows):
+    if not rows and not total and removed and any(removed.values()):
+        # Right after a batch the store keeps nothing: its results were acknowledged.
+        gone = " and ".join(f"{count} {kind}" for kind, count in sorted(removed.items())
+                            if count)
+        text += (f"0 operation(s) kept; {gone} operation(s) were removed (an acknowledged "
+                 "result was delivered, e.g. to a batch's --out; only a small marker is "
+                 "left: recoverable status <operation id> reads it)\n")
+    elif total is None or total == len(rows):
         text += f"{len(rows)} operation(s)\n"
     else:
         text += f"{len(rows)} of {total} operation(s) shown"

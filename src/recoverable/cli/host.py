@@ -391,6 +391,10 @@ class BatchHost:
             suggested = ()
         store = redact_url(self.config.store_path)  # a URL's password is never printed
         account = self.account.account_id
+        if "use_successor" in suggested:
+            successor = self.rt.status_of(operation_id).successor_id
+            return (f"a manual retry already made its successor {successor}: rerun this "
+                    "batch to run it (recoverable status shows it)")
         if "manual_retry" in suggested:
             return (
                 "to try again with a new budget linked to the spent one: rerun this batch with "
@@ -495,7 +499,7 @@ class BatchHost:
                 if op_id is None:
                     continue
                 status = self.rt.status_of(op_id)
-                if "manual_retry" not in status.suggested_actions:
+                if not {"manual_retry", "use_successor"} & set(status.suggested_actions):
                     continue
                 action = "batch-retry-failed-" + hashlib.sha256(
                     f"{job.id}\0{job.revision}\0{op_id}".encode("utf-8", "surrogatepass")

@@ -156,16 +156,20 @@ class _StoreCommand:
                          after=self.args.after)
             unreadable = page(inventory.unreadable, str, limit=self.args.limit)
             paged = Inventory(operations=shown.items, unreadable=unreadable.items)
+            # Acknowledged and abandoned operations are gone; their markers are counted.
+            removed = {"acknowledged": 0, "abandoned": 0}
+            for marker in rt.store.dispositions(account=rt.account, scope=self.args.scope):
+                removed[marker.disposition] += 1
             if self.as_json:
                 self.out.write(encode_json({
                     **msgspec.to_builtins(printable_inventory(paged)),
                     "total": shown.total, "unreadable_total": unreadable.total,
-                    "next_after": shown.next_after,
+                    "next_after": shown.next_after, "removed": removed,
                 }))
             else:
                 self.out.write(format_inventory(
                     paged, total=shown.total, next_after=shown.next_after,
-                    unreadable_total=unreadable.total,
+                    unreadable_total=unreadable.total, removed=removed,
                 ))
             return EXIT_OK
         operation_id = self.operation_id

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import IO, TYPE_CHECKING, Final
+from typing import IO, TYPE_CHECKING, Final, Protocol
 
 import trio
 
@@ -13,9 +13,32 @@ from recoverable.cli.formatting import safe_text
 from recoverable.pricing import PriceTable, TokenLedger
 
 if TYPE_CHECKING:
-    from recoverable.cli.host import BatchHost
+    from recoverable.actors.runtime import Runtime
+    from recoverable.cli.report import BatchSummary
 
-__all__ = ["Messages", "ProgressDisplay", "Terminal", "estimated_cost", "fit_width"]
+__all__ = [
+    "Messages", "ProgressDisplay", "ProgressHost", "Terminal", "estimated_cost", "fit_width",
+]
+
+
+class _WorkersSetting(Protocol):
+    @property
+    def workers(self) -> int: ...
+
+
+class ProgressHost(Protocol):
+    """What the progress line reads: the batch host (``cli.host``), or a Python batch
+    (``recoverable.client``'s ``map(progress=True)``)."""
+
+    @property
+    def summary(self) -> BatchSummary: ...
+    @property
+    def rt(self) -> Runtime: ...
+    @property
+    def running(self) -> int: ...
+    @property
+    def config(self) -> _WorkersSetting: ...
+    def attempts_spent(self) -> int: ...
 
 # Why jobs wait for the rate governor, as the progress line says it.
 _RATE_REASONS: Final = {
@@ -136,7 +159,7 @@ class ProgressDisplay:
     a closed, full or broken stdout into one stderr message while the batch goes on, and
     a non-terminal gets plain ``[elapsed] key value`` lines (parseable, no escapes)."""
 
-    def __init__(self, host: BatchHost, out: Terminal, *, live: bool, started: float) -> None:
+    def __init__(self, host: ProgressHost, out: Terminal, *, live: bool, started: float) -> None:
         self.host = host
         self.out = out
         self.live = live

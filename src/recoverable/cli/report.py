@@ -12,9 +12,9 @@ from typing import IO, Any
 import attrs
 import msgspec
 
-from recoverable import errors
 from recoverable.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from recoverable.cli.formatting import safe_text
+from recoverable.failure_errors import failure_label
 from recoverable.pricing import PriceTable, TokenLedger
 
 __all__ = ["TEMPORARY_SUFFIX", "BatchSummary", "ErrorLog", "JobError", "failure_reason"]
@@ -22,13 +22,7 @@ __all__ = ["TEMPORARY_SUFFIX", "BatchSummary", "ErrorLog", "JobError", "failure_
 TEMPORARY_SUFFIX = ".recoverable-tmp"  # an errors file being written (renamed at the end)
 
 
-def failure_reason(exc: errors.RecoveryError) -> str:
-    """A short, non-private reason for the summary (error code, and the failure kind)."""
-    last = getattr(exc, "last_failure", None) or getattr(exc, "interruption", None)
-    if last is not None:
-        detail = last.provider_code if last.kind == "invalid_output" else None
-        return f"{exc.code}:{last.kind}" + (f":{detail}" if detail else "")
-    return exc.code
+failure_reason = failure_label  # the summary's and the errors file's reason label
 
 
 @attrs.define
