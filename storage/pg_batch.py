@@ -108,7 +108,8 @@ class Prefetch:
         jobs: list[bytes] | None = None,
     ) -> None:
         jobs = jobs or []
-        self.params = {
+        # Statement parameters: lists of keys (``jobs_end``: a range's end, or None).
+        self.params: dict[str, list[Any]] = {
             "ops": ops, "payloads": payloads, "members": [MEMBER + key for key in ops],
             "hosts": hosts, "jobs": jobs,
             "jobs_end": [prefix_end(prefix) for prefix in jobs],
