@@ -32,8 +32,10 @@ from recoverable.actors.prepare import (
 )
 from recoverable.actors.unclaimed import Served, key_of, no_worker_at, served_now
 from recoverable.actors.waiters import QueueWatch
+from recoverable.storage import codec
 from recoverable.storage.base import Store as RecoveryStore
 from recoverable.storage.base import WriteTransaction as WriteTxn
+from recoverable.storage.keys import operation_key, payload_key
 from recoverable.storage.migration import saved_completion
 from recoverable.storage.queue import entry as queue_entry
 from recoverable.storage.queue_checks import QueueLook, find_damage
@@ -41,7 +43,7 @@ from recoverable.storage.queue_checks import QueueLook, find_damage
 from recoverable import _killpoints, errors, machine
 from recoverable.contract import ResponseContract, contract_for
 from recoverable.preconditions import DEFAULT_UNCLAIMED_AFTER, is_expired
-from recoverable.records import OperationRecord
+from recoverable.records import CommandRecord, OperationRecord
 from recoverable.sources_rules import superseded_error
 from recoverable.status import SETTLED_STATES
 from recoverable.telemetry import Telemetry
@@ -153,7 +155,17 @@ async def submit(
 def settled(rt: Runtime, operation_id: str, contract: ResponseContract) -> Any:
     """The operation's validated value, its typed terminal error raised, or ``_PENDING``."""
     store: RecoveryStore = rt.store
-    record = store.get_operation(operation_id)
+    # The record, its command and its completion in one read (on PostgreSQL each read is
+    # a round trip that holds the event loop).
+    key = operation_key(operation_id)
+    raw_record, raw_command, completion = store.get_raw_rows([
+        ("operations", key), ("commands", key),
+        ("payloads", payload_key(operation_id, "completion")),
+    ])
+    record: OperationRecord | None = (
+        None if raw_record is None
+        else codec.decode_operation(raw_record, operation_id=operation_id)
+    )
     if record is None:
         disposition = store.get_disposition(operation_id)
         if disposition is not None:
@@ -165,7 +177,10 @@ def settled(rt: Runtime, operation_id: str, contract: ResponseContract) -> Any:
     require_owner(rt.account, record.account, operation_id)
     if record.phase == "superseded":  # no result of it may count
         raise superseded_error(record)
-    command = store.get_command(operation_id)
+    command: CommandRecord | None = (
+        None if raw_command is None
+        else codec.decode_command(raw_command, operation_id=operation_id)
+    )
     if machine.cancel_fences(record, command.kind if command is not None else None):
         raise errors.OperationCancelled(operation_id=operation_id)
     if record.format_hash != contract.format_hash:
@@ -174,7 +189,7 @@ def settled(rt: Runtime, operation_id: str, contract: ResponseContract) -> Any:
             operation_id=operation_id,
         )
     if record.has_completion:
-        payload = saved_completion(store, record)
+        payload = completion if completion is not None else saved_completion(store, record)
         if payload is None:
             raise errors.CompletionUnavailable(
                 "the saved completion is missing", operation_id=operation_id

@@ -209,6 +209,11 @@ class Store(RecordReader, Protocol):
         """``get_raw`` of every key, from one snapshot (one round trip on PostgreSQL)."""
         ...
 
+    def get_raw_rows(self, wanted: list[tuple[Table, bytes]]) -> list[bytes | None]:
+        """``get_raw`` of every ``(table, key)``, from one snapshot (one round trip on
+        PostgreSQL): the rows of several tables a caller needs together."""
+        ...
+
     def commands_snapshot(self, *, after_serial: int = 0) -> tuple[int, list[CommandRecord]]:
         """``(snapshot id, commands with serial > after_serial)`` from one snapshot."""
         ...

@@ -35,7 +35,7 @@ from typing import Any, Final, TypeVar
 
 import psycopg
 from recoverable.storage import codec, queue, redact
-from recoverable.storage.keys import key_str, u64
+from recoverable.storage.keys import hosts_prefix, key_str, u64
 from recoverable.storage.leases import LeaseTokens, lease_expired
 from recoverable.storage.pg_listen import CommitListener
 from recoverable.storage.pg_schema import (
@@ -58,6 +58,7 @@ from recoverable.storage.txn import WriteState
 
 from recoverable.errors import CorruptRecord, StorageUnavailable, UnsupportedRecordVersion
 from recoverable.records import CommandRecord, LeaseRecord
+from recoverable.types import AccountBinding
 
 __all__ = ["HEARTBEAT_SECONDS", "OWNER_TTL_SECONDS", "PgStore", "redact_url"]
 
@@ -404,6 +405,35 @@ class PgStore(RecoveryStore):
                 break  # no more order rows
             start = bytes(rows[-1][0]) + b"\0"  # the first key after the last order row
         return found
+
+    def get_raw_rows(self, wanted: list[tuple[Table, bytes]]) -> list[bytes | None]:
+        """``get_raw`` of every ``(table, key)``: one statement (a ``UNION ALL`` of one
+        select per table), one round trip."""
+        if not wanted:
+            return []
+        by_table: dict[Table, list[bytes]] = {}
+        for table, key in wanted:
+            by_table.setdefault(table, []).append(key)
+        tables = sorted(by_table)
+        sql = " UNION ALL ".join(
+            f"SELECT {index}, key, value FROM {sql_table(table)} WHERE key = ANY(%b)"
+            for index, table in enumerate(tables)
+        )
+        found = {
+            (tables[index], bytes(key)): bytes(value)
+            for index, key, value in self._query(sql, tuple(by_table[table] for table in tables))
+        }
+        return [found.get((table, key)) for table, key in wanted]
+
+    def ids_by_job(
+        self, account: AccountBinding, scope: str | None, job_id: str | None
+    ) -> list[str]:
+        """``RecoveryStore.ids_by_job`` in one statement (the job's range of the job
+        index): a snapshot and a cursor were four round trips on the event loop."""
+        prefix = hosts_prefix(account, scope, job_id, with_job=True)
+        hosts = sql_table("hosts")
+        keys = self._pooled(lambda conn: SqlSnapshot(conn).prefix_keys(prefix, hosts))
+        return [key_str(key[len(prefix):]) for key in keys]
 
     def get_raw_many(self, table: Table, keys: list[bytes]) -> list[bytes | None]:
         """``get_raw`` of every key: one statement, one round trip."""

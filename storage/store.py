@@ -412,6 +412,11 @@ class RecoveryStore(RecordGetters):
         db = self._dbs[table]
         return self._read(lambda txn: [txn.get(key, db=db) for key in keys])
 
+    def get_raw_rows(self, wanted: list[tuple[Table, bytes]]) -> list[bytes | None]:
+        """``get_raw`` of every ``(table, key)``, from one snapshot."""
+        dbs = self._dbs
+        return self._read(lambda txn: [txn.get(key, db=dbs[table]) for table, key in wanted])
+
     def lease_is_live(self, lease: LeaseRecord, now: float | None = None) -> bool:
         """Not expired at ``now`` (None: ``time.time()``), and held by one of this store's
         active acquisitions or by a living other owner."""

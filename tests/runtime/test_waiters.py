@@ -118,6 +118,7 @@ async def test_an_unreachable_store_ends_the_waits_with_the_typed_error_at_once(
             await trio.testing.wait_all_tasks_blocked()
             monkeypatch.setattr(store, "last_txnid", unreachable)
             monkeypatch.setattr(store, "get_operation", unreachable)
+            monkeypatch.setattr(store, "get_raw_rows", unreachable)  # what wait() reads
 
         with trio.fail_after(5):  # generous: the poller's next look is within 0.2 s
             async with trio.open_nursery() as nursery:

@@ -13,6 +13,7 @@ from recoverable.storage import (
     register_operation_upgrader,
     unregister_operation_upgrader,
 )
+from recoverable.storage.keys import operation_key, payload_key
 from storage_helpers import ACCOUNT, OTHER, make_op, spawn_child
 
 from recoverable.errors import (
@@ -237,3 +238,39 @@ def test_failing_upgrader_makes_the_record_corrupt() -> None:
         codec.decode_operation(msgspec.msgpack.encode({"version": 102}))
     with pytest.raises(ValueError):
         register_operation_upgrader(2, broken)
+
+
+def test_get_raw_rows_reads_rows_of_several_tables_in_the_order_asked(
+    store: RecoveryStore,
+) -> None:
+    store.write_sync(lambda txn: (
+        txn.put_operation(make_op("op-r")), txn.put_payload("op-r", "completion", b"{}"),
+        txn.put_command("op-r", "suspend", 1.0),
+    ))
+    key = operation_key("op-r")
+    wanted = [
+        ("payloads", payload_key("op-r", "completion")), ("operations", key),
+        ("commands", key), ("leases", key), ("operations", operation_key("op-none")),
+        ("operations", key),
+    ]
+    rows = store.get_raw_rows(wanted)
+    assert rows == [
+        b"{}", store.get_raw("operations", key), store.get_raw("commands", key), None, None,
+        store.get_raw("operations", key),
+    ]
+    assert rows[1] is not None and rows[2] is not None
+    assert store.get_raw_rows([]) == []
+
+
+def test_ids_by_job_lists_exactly_the_job_s_operations(store: RecoveryStore) -> None:
+    store.write_sync(lambda txn: (
+        txn.put_operation(make_op("op-1", job_id="job-1", scope="s")),
+        txn.put_operation(make_op("op-2", job_id="job-1", scope="s")),
+        txn.put_operation(make_op("op-3", job_id="job-10", scope="s")),
+        txn.put_operation(make_op("op-4", job_id="job-1", scope="t")),
+        txn.put_operation(make_op("op-5", job_id="job-1", scope="s", account=OTHER)),
+    ))
+    assert sorted(store.ids_by_job(ACCOUNT, "s", "job-1")) == ["op-1", "op-2"]
+    assert store.ids_by_job(ACCOUNT, "s", "job-10") == ["op-3"]
+    assert store.ids_by_job(ACCOUNT, None, "job-1") == []
+    assert store.ids_by_job(OTHER, "s", "job-1") == ["op-5"]
