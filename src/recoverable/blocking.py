@@ -569,22 +569,7 @@ class AsyncioRuntime(_RuntimeMethods):
         await self.aclose()
 
     async def _await(self, call: _Call) -> Any:
-        waiter = asyncio.wrap_future(call.future)
-        try:
-            return await asyncio.shield(waiter)
-        except asyncio.CancelledError:
-            if call.suspends:
-                self._blocking._request_stop(call)
-                # Let the call end (suspension saved, lease released) before the
-                # cancellation propagates; a repeated cancel does not cut this short.
-                while not waiter.done():
-                    try:
-                        await asyncio.wait([waiter])
-                    except asyncio.CancelledError:
-                        continue
-                if not waiter.cancelled():
-                    waiter.exception()  # retrieved: the task is cancelled anyway
-            raise
+        return await await_call(self._blocking, call)
 
     def _forwarded(self, forward: _Forward[_P, _R]) -> Callable[_P, Coroutine[Any, Any, _R]]:
         """``forward``'s runtime method as a coroutine (see ``_RuntimeMethods``)."""
@@ -632,3 +617,24 @@ class _AsyncioView(AsyncioRuntime):
     def __init__(self, blocking: BlockingRuntime) -> None:
         self._blocking = blocking
         self._owns = False
+
+
+async def await_call(blocking: BlockingRuntime, call: _Call) -> Any:
+    """Await ``call`` (a task in ``blocking``'s Trio thread) from asyncio. Cancelled: a
+    call that suspends is stopped, and awaited until it ended (suspension saved, lease
+    released) before the cancellation propagates; a repeated cancel does not cut this
+    short."""
+    waiter = asyncio.wrap_future(call.future)
+    try:
+        return await asyncio.shield(waiter)
+    except asyncio.CancelledError:
+        if call.suspends:
+            blocking._request_stop(call)
+            while not waiter.done():
+                try:
+                    await asyncio.wait([waiter])
+                except asyncio.CancelledError:
+                    continue
+            if not waiter.cancelled():
+                waiter.exception()  # retrieved: the task is cancelled anyway
+        raise

@@ -34,6 +34,7 @@ from recoverable.blocking import (
     _await_future,
     _Call,
     _is_async_callable,
+    await_call,
 )
 from recoverable.client import Client, MapResult, open_client
 from recoverable.storage.store import RecoveryStore
@@ -236,20 +237,8 @@ class AsyncioClient:
         await self.aclose()
 
     async def _await(self, call: _Call) -> Any:
-        waiter = asyncio.wrap_future(call.future)
-        try:
-            return await asyncio.shield(waiter)
-        except asyncio.CancelledError:
-            # Suspend the job's send, and let it end before the cancellation propagates.
-            self._host._request_stop(call)
-            while not waiter.done():
-                try:
-                    await asyncio.wait([waiter])
-                except asyncio.CancelledError:
-                    continue
-            if not waiter.cancelled():
-                waiter.exception()  # retrieved: the task is cancelled anyway
-            raise
+        # Cancelled: the job's send is suspended, and ends before the cancellation goes on.
+        return await await_call(self._host, call)
 
     async def parse(self, *, text_format: type[_T], **arguments: Any) -> _T:
         """:meth:`Client.parse` for asyncio (same arguments)."""
