@@ -31,7 +31,11 @@ from collections.abc import Mapping
 from typing import Any
 
 try:
+    from opentelemetry import context as otel_context
     from opentelemetry import metrics, trace
+    from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
+    from opentelemetry.semconv._incubating.metrics import gen_ai_metrics
+    from opentelemetry.semconv.attributes import error_attributes, http_attributes
     from opentelemetry.trace import SpanKind, Status, StatusCode
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
     raise ImportError(
@@ -52,12 +56,15 @@ _DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12,
 _TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304,
                   16777216, 67108864)
 # Token usage, when an event carries it (field name -> span attribute, token type).
+# The names are the semantic conventions package's (``gen_ai`` is still incubating there).
 _USAGE: tuple[tuple[str, str, str | None], ...] = (
-    ("input_tokens", "gen_ai.usage.input_tokens", "input"),
-    ("output_tokens", "gen_ai.usage.output_tokens", "output"),
-    ("cached_tokens", "gen_ai.usage.cache_read.input_tokens", None),
-    ("reasoning_tokens", "gen_ai.usage.reasoning.output_tokens", None),
+    ("input_tokens", gen_ai.GEN_AI_USAGE_INPUT_TOKENS, "input"),
+    ("output_tokens", gen_ai.GEN_AI_USAGE_OUTPUT_TOKENS, "output"),
+    ("cached_input_tokens", gen_ai.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, None),
+    ("reasoning_tokens", gen_ai.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS, None),
 )
+_ERROR_TYPE = error_attributes.ERROR_TYPE
+_HTTP_STATUS = http_attributes.HTTP_RESPONSE_STATUS_CODE
 _STOPS = {
     "recovery.operation.stopped": "stopped",
     "recovery.operation.suspended": "suspended",
@@ -120,6 +127,9 @@ class OpenTelemetrySink:
         self._max_open = max(1, max_open)
         self._sends: OrderedDict[str, _Send] = OrderedDict()
         self._models: OrderedDict[str, str] = OrderedDict()
+        # The caller's context (its current span) of each operation whose send span is
+        # not open yet, seen when its first event was emitted (``capture``).
+        self._parents: OrderedDict[str, otel_context.Context] = OrderedDict()
         self.failed = 0
         self._attempts = meter.create_counter(
             "recoverable.attempts", "{attempt}", "Generation attempts transmitted (spent).")
@@ -137,10 +147,11 @@ class OpenTelemetrySink:
         self._events = meter.create_counter(
             "recoverable.events", "{event}", "recovery.* telemetry events, by name.")
         self._duration = meter.create_histogram(
-            "gen_ai.client.operation.duration", "s", "GenAI operation duration.",
+            gen_ai_metrics.GEN_AI_CLIENT_OPERATION_DURATION, "s", "GenAI operation duration.",
             explicit_bucket_boundaries_advisory=_DURATION_BUCKETS)
         self._tokens = meter.create_histogram(
-            "gen_ai.client.token.usage", "{token}", "Number of input and output tokens used.",
+            gen_ai_metrics.GEN_AI_CLIENT_TOKEN_USAGE, "{token}",
+            "Number of input and output tokens used.",
             explicit_bucket_boundaries_advisory=_TOKEN_BUCKETS)
 
     # --- the sink ----------------------------------------------------------------------
@@ -150,6 +161,20 @@ class OpenTelemetrySink:
             self._handle(event)
         except Exception:  # an exporter or SDK failure never breaks an operation
             self.failed += 1
+
+    def capture(self, operation_id: str) -> None:
+        """Called by the runtime when an event is emitted, in the emitting task (whose
+        context is the caller's: an operation's task starts in a copy of the context
+        of the task that sent it): the caller's current span becomes the parent of the
+        operation's send span. A worker's operations have no caller: root spans."""
+        if operation_id in self._sends:
+            return
+        # The latest wins: ``prepare`` may run outside the span that then sends.
+        parents = self._parents
+        parents[operation_id] = otel_context.get_current()
+        parents.move_to_end(operation_id)
+        while len(parents) > self._max_open:
+            parents.popitem(last=False)
 
     def end_open_spans(self) -> None:
         """End every span still open (``recoverable.outcome="unfinished"``)."""
@@ -183,6 +208,8 @@ class OpenTelemetrySink:
             self._attempt_started(self._send(op, at), op, fields, at)
         elif name == "recovery.attempt.failed":
             self._attempt_failed(self._send(op, at), fields, at)
+        elif name == "recovery.attempt.usage":
+            self._usage(self._send(op, at), fields)
         elif name == "recovery.receipt.saved":
             send = self._send(op, at)
             self._attempt_ended(send, fields, at, error_type=None)
@@ -208,7 +235,7 @@ class OpenTelemetrySink:
             if send.attempt is not None:
                 self._attempt_ended(send, {}, at, error_type=code)
             attrs = self._model_attrs(send)
-            attrs["error.type"] = code
+            attrs[_ERROR_TYPE] = code
             self._stops.add(1, attrs)
             self._end(op, at, code if outcome == "stopped" else outcome,
                       error=None if outcome in _DELIBERATE else code)
@@ -222,7 +249,7 @@ class OpenTelemetrySink:
         send = self._sends.get(op)
         if send is not None and send.model is None:
             send.model = model
-            send.span.set_attribute("gen_ai.request.model", model)
+            send.span.set_attribute(gen_ai.GEN_AI_REQUEST_MODEL, model)
 
     def _send(self, op: str, at: float) -> _Send:
         send = self._sends.get(op)
@@ -234,6 +261,7 @@ class OpenTelemetrySink:
         attrs["recoverable.operation.id"] = op
         span = self._tracer.start_span(
             f"send_recovering {model}" if model else "send_recovering",
+            context=self._parents.pop(op, None),
             kind=SpanKind.INTERNAL, attributes=attrs, start_time=_ns(at),
         )
         send = _Send(span, model)
@@ -271,14 +299,14 @@ class OpenTelemetrySink:
     def _attempt_failed(self, send: _Send, fields: Mapping[str, Any], at: float) -> None:
         kind = _text(fields.get("kind")) or "unknown"
         attrs = self._model_attrs(send)
-        attrs["error.type"] = kind
+        attrs[_ERROR_TYPE] = kind
         status = fields.get("http_status")
         if isinstance(status, int):
-            attrs["http.response.status_code"] = status
+            attrs[_HTTP_STATUS] = status
         self._failures.add(1, attrs)
         send.span.add_event("recoverable.attempt.failed", _clean({
-            "error.type": kind,
-            "http.response.status_code": status,
+            _ERROR_TYPE: kind,
+            _HTTP_STATUS: status,
             "recoverable.failure.code": fields.get("code"),
         }), timestamp=_ns(at))
         self._attempt_ended(send, fields, at, error_type=kind)
@@ -292,23 +320,32 @@ class OpenTelemetrySink:
         send.attempt = None
         measured = self._base_attrs(send.model)
         if error_type is not None:
-            measured["error.type"] = error_type
-            span.set_attribute("error.type", error_type)
+            measured[_ERROR_TYPE] = error_type
+            span.set_attribute(_ERROR_TYPE, error_type)
             status = fields.get("http_status")
             if isinstance(status, int):
-                span.set_attribute("http.response.status_code", status)
+                span.set_attribute(_HTTP_STATUS, status)
             code = _text(fields.get("code"))
             if code is not None:
                 span.set_attribute("recoverable.failure.code", code)
             span.set_status(Status(StatusCode.ERROR, error_type))
+        self._set_usage(span, fields, measured)
+        self._duration.record(max(0.0, at - send.attempt_start), measured)
+        self._close(span, at)
+
+    def _usage(self, send: _Send, fields: Mapping[str, Any]) -> None:
+        """The attempt's usage (``recovery.attempt.usage``): on its span while it is open
+        (else on the send's), and the token usage histogram."""
+        span = send.attempt if send.attempt is not None else send.span
+        self._set_usage(span, fields, self._base_attrs(send.model))
+
+    def _set_usage(self, span: trace.Span, fields: Mapping[str, Any], measured: Attrs) -> None:
         for field, attribute, token_type in _USAGE:
             count = fields.get(field)
             if isinstance(count, int) and not isinstance(count, bool) and count >= 0:
                 span.set_attribute(attribute, count)
                 if token_type is not None:
-                    self._tokens.record(count, {**measured, "gen_ai.token.type": token_type})
-        self._duration.record(max(0.0, at - send.attempt_start), measured)
-        self._close(span, at)
+                    self._tokens.record(count, {**measured, gen_ai.GEN_AI_TOKEN_TYPE: token_type})
 
     def _end(self, op: str, at: float, outcome: str, *, error: str | None) -> None:
         send = self._sends.pop(op, None)
@@ -322,7 +359,7 @@ class OpenTelemetrySink:
         span.set_attribute("recoverable.outcome", outcome)
         span.set_attribute("recoverable.attempts", send.attempts)
         if error is not None:
-            span.set_attribute("error.type", error)
+            span.set_attribute(_ERROR_TYPE, error)
             span.set_status(Status(StatusCode.ERROR, error))
         self._close(span, at)
 
@@ -336,18 +373,18 @@ class OpenTelemetrySink:
 
     def _base_attrs(self, model: str | None) -> Attrs:
         attrs: Attrs = {
-            "gen_ai.operation.name": _OPERATION,
-            "gen_ai.provider.name": self._provider_name,
-            "gen_ai.output.type": "json",
+            gen_ai.GEN_AI_OPERATION_NAME: _OPERATION,
+            gen_ai.GEN_AI_PROVIDER_NAME: self._provider_name,
+            gen_ai.GEN_AI_OUTPUT_TYPE: "json",
         }
         if model is not None:
-            attrs["gen_ai.request.model"] = model
+            attrs[gen_ai.GEN_AI_REQUEST_MODEL] = model
         return attrs
 
     def _model_attrs(self, send: _Send) -> Attrs:
-        attrs: Attrs = {"gen_ai.operation.name": _OPERATION}
+        attrs: Attrs = {gen_ai.GEN_AI_OPERATION_NAME: _OPERATION}
         if send.model is not None:
-            attrs["gen_ai.request.model"] = send.model
+            attrs[gen_ai.GEN_AI_REQUEST_MODEL] = send.model
         return attrs
 
 

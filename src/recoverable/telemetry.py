@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Protocol
 
 import msgspec
@@ -71,6 +72,11 @@ _SAFE_STRING_FIELDS = frozenset(
 class Telemetry:
     def __init__(self, sink: TelemetrySink | None, *, capacity: int = 10_000) -> None:
         self._sink = sink
+        # A sink may ask to see where each event was emitted, at once, in the emitting
+        # task (``capture(operation_id)``: the OpenTelemetry sink keeps the caller's
+        # current span as the parent of the operation's spans); events reach ``__call__``
+        # later, from the telemetry task.
+        self._capture: Callable[[str], None] | None = getattr(sink, "capture", None)
         self._buffer: deque[TelemetryEvent] = deque(maxlen=capacity)
         self._ready = trio.Event()
         self.dropped = 0
@@ -85,6 +91,12 @@ class Telemetry:
                 clean[key] = value
             elif isinstance(value, str) and key in _SAFE_STRING_FIELDS:
                 clean[key] = value[:128]
+        capture = self._capture
+        if capture is not None:
+            try:
+                capture(operation_id)
+            except Exception:  # a sink never breaks an operation
+                self.failed += 1
         if len(self._buffer) == self._buffer.maxlen:
             self.dropped += 1
         self._buffer.append(

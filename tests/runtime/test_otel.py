@@ -167,8 +167,14 @@ async def test_replacement_after_disconnect_is_one_send_span_with_two_attempt_sp
     assert len(failed_durations) == 1 and failed_durations[0].count == 1
     assert all(p.attributes["gen_ai.request.model"] == "gpt-test" for p in durations)
     assert 0 <= sum(p.sum for p in durations) <= after - before
-    # The fixture's usage does not reach the events yet: no token metric is invented.
-    assert otel.points("gen_ai.client.token.usage") == []
+    # The completed attempt's reported usage is on its span and in the token metric
+    # (the disconnected one reported none: nothing is invented for it).
+    assert "gen_ai.usage.input_tokens" not in _attrs(first)
+    reported = _attrs(second)
+    tokens = {p.attributes["gen_ai.token.type"]: p.sum
+              for p in otel.points("gen_ai.client.token.usage")}
+    assert tokens == {"input": reported["gen_ai.usage.input_tokens"],
+                      "output": reported["gen_ai.usage.output_tokens"]}
 
 
 async def test_exhausted_stop_and_redelivery_spans(
@@ -326,13 +332,15 @@ def _event(name: str, op: str, at: float, **fields: Any) -> TelemetryEvent:
                           fields=fields, time=at)
 
 
-def test_token_usage_when_events_carry_it(otel: Otel) -> None:
-    """Forward-compatible: usage fields on an attempt's outcome become gen_ai.usage.*."""
+def test_token_usage_of_the_usage_event_goes_on_the_attempt_span(otel: Otel) -> None:
+    """``recovery.attempt.usage`` (emitted before the attempt's outcome) becomes the
+    attempt span's gen_ai.usage.* attributes and the token usage histogram."""
     sink = otel.sink
     sink(_event("attempt.reserved", "op_u", 100.0, attempt=1, reason="initial", model="m-1"))
     sink(_event("attempt.transmission_authorized", "op_u", 100.5, attempt=1))
-    sink(_event("receipt.saved", "op_u", 102.0, bytes=10, input_tokens=120, output_tokens=30,
-                cached_tokens=100, reasoning_tokens=12))
+    sink(_event("attempt.usage", "op_u", 101.9, input_tokens=120, output_tokens=30,
+                cached_input_tokens=100, reasoning_tokens=12))
+    sink(_event("receipt.saved", "op_u", 102.0, bytes=10))
     assert sink.failed == 0
     chat = next(s for s in otel.finished() if s.name == "chat m-1")
     a = _attrs(chat)
@@ -391,3 +399,50 @@ def test_default_providers_are_the_global_ones() -> None:
     sink(_event("operation.stopped", "op_g", 2.5, error="attempts_exhausted"))
     sink.end_open_spans()
     assert sink.failed == 0
+
+
+async def test_a_real_send_is_a_child_of_the_caller_s_span_and_carries_its_usage(
+    provider: FixtureProvider, store: recoverable.RecoveryStore, mode: str, otel: Otel
+) -> None:
+    """The operation's spans join the host's trace (its current span when it sent), and
+    the usage the provider reported is on the attempt span and in the token metric."""
+    provider.script([Reply.complete({"answer": 7, "note": "traced"})])
+    tracer = otel.tracer_provider.get_tracer("host")
+    async with recoverable.open_runtime(
+        store, make_backend(provider, mode), account=ACCOUNT, telemetry=otel.sink
+    ) as rt:
+        handle = await rt.prepare(REQUEST, response=Answer, maximum_attempts=3, retry_policy=FAST)
+        with tracer.start_as_current_span("host request"):
+            value = await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
+    assert value == Answer(7, "traced")
+    assert otel.sink.failed == 0
+    spans = otel.finished()
+    host = next(span for span in spans if span.name == "host request")
+    send = next(span for span in spans if span.name == "send_recovering gpt-test")
+    chat = next(span for span in spans if span.name == "chat gpt-test")
+    assert host.context is not None and send.context is not None
+    assert send.parent is not None and send.parent.span_id == host.context.span_id
+    assert send.context.trace_id == host.context.trace_id
+    assert chat.parent is not None and chat.parent.span_id == send.context.span_id
+    usage = _attrs(chat)
+    assert usage["gen_ai.usage.input_tokens"] > 0
+    assert usage["gen_ai.usage.output_tokens"] > 0
+    tokens = {point.attributes["gen_ai.token.type"]: point.sum
+              for point in otel.points("gen_ai.client.token.usage")}
+    assert tokens == {"input": usage["gen_ai.usage.input_tokens"],
+                      "output": usage["gen_ai.usage.output_tokens"]}
+
+
+async def test_an_operation_sent_outside_any_span_is_a_root(
+    provider: FixtureProvider, store: recoverable.RecoveryStore, otel: Otel
+) -> None:
+    provider.script([Reply.complete({"answer": 1, "note": "root"})])
+    tracer = otel.tracer_provider.get_tracer("host")
+    async with recoverable.open_runtime(
+        store, make_backend(provider), account=ACCOUNT, telemetry=otel.sink
+    ) as rt:
+        with tracer.start_as_current_span("prepared under a span"):
+            handle = await rt.prepare(REQUEST, response=Answer, maximum_attempts=3)
+        await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
+    send = next(span for span in otel.finished() if span.name == "send_recovering gpt-test")
+    assert send.parent is None  # the span of the send, not of the prepare, decides
