@@ -30,11 +30,15 @@ from typing import Final, Literal, Protocol
 
 import attrs
 import msgspec
+
+from recoverable import _killpoints, continuation, errors
 from recoverable.actors.host import Backend
 from recoverable.actors.prepare import identity_of, new_operation_record, put_new_operation
 from recoverable.actors.retry import plan_retry, source_conditions
 from recoverable.actors.scheduler import Scheduler
 from recoverable.actors.turns import DELEGATE_SCOPE, THREAD_SCOPE, newer_turn
+from recoverable.records import ContinuationRecord, OperationRecord, RetryReservation
+from recoverable.sources_rules import receipt_refusal
 from recoverable.storage.base import Store
 from recoverable.storage.base import WriteTransaction as WriteTxn
 from recoverable.storage.integrity import verify_body
@@ -44,10 +48,6 @@ from recoverable.storage.preferences import (
     write_continuation,
 )
 from recoverable.storage.queue import MAX_SCAN
-
-from recoverable import _killpoints, continuation, errors
-from recoverable.records import ContinuationRecord, OperationRecord, RetryReservation
-from recoverable.sources_rules import receipt_refusal
 from recoverable.telemetry import Telemetry as RuntimeTelemetry
 from recoverable.types import AccountBinding, to_datetime
 

@@ -25,15 +25,15 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final, Protocol
 
 import msgspec
+
+from recoverable import errors
 from recoverable.actors.checks import require_owner, require_signed_in
 from recoverable.actors.continuation import ENDED_FAILED, HostRuntime, continue_failed, continued_id
 from recoverable.actors.prepare import new_admission, put_new_operation
 from recoverable.actors.turns import DELEGATE_SCOPE
-from recoverable.storage.base import WriteTransaction as WriteTxn
-
-from recoverable import errors
 from recoverable.contract import contract_for
 from recoverable.records import OperationRecord, StoredRequest
+from recoverable.storage.base import WriteTransaction as WriteTxn
 from recoverable.types import Handle, JsonSchema, RetryPolicy, StructuredRequest
 
 __all__ = ["DELEGATE_SCOPE", "Builder", "Delegation", "open_delegation"]

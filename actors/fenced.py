@@ -12,15 +12,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import msgspec
+
+from recoverable import errors, machine
 from recoverable.actors.checks import check_disposition
 from recoverable.actors.continuation import decide_on_failure
+from recoverable.records import CommandKind, ContinuationRecord, LeaseRecord, OperationRecord
+from recoverable.sources_rules import receipt_refusal, supersede, superseded_error
 from recoverable.storage.base import WriteTransaction as WriteTxn
 from recoverable.storage.integrity import verify_body
 from recoverable.storage.leases import acquire_lease, release_lease
-
-from recoverable import errors, machine
-from recoverable.records import CommandKind, ContinuationRecord, LeaseRecord, OperationRecord
-from recoverable.sources_rules import receipt_refusal, supersede, superseded_error
 from recoverable.types import SupersededReason
 
 OpenStep = Callable[[OperationRecord, CommandKind | None, bool], machine.Transition]

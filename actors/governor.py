@@ -43,22 +43,21 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Final, Literal
 
 import msgspec
+
+from recoverable import errors
+from recoverable.outcome import Interruption, Outcome
+from recoverable.records import OperationRecord
 from recoverable.storage.governor import GOVERNOR_VERSION as GOVERNOR_VERSION
 from recoverable.storage.governor import GovernorRecord as GovernorRecord
 from recoverable.storage.governor import check_governor_entry as check_governor_entry
 from recoverable.storage.governor import encode_governor as _encode
 from recoverable.storage.governor import governor_key
 from recoverable.storage.governor import load_governor as _load
-
-from recoverable import errors
-from recoverable.outcome import Interruption, Outcome
-from recoverable.records import OperationRecord
 from recoverable.types import AccountBinding, Status, to_datetime
 
 if TYPE_CHECKING:
     from recoverable.storage.base import Store as RecoveryStore
     from recoverable.storage.base import WriteTransaction as WriteTxn
-
     from recoverable.telemetry import Telemetry
 
 __all__ = [

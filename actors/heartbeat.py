@@ -51,12 +51,12 @@ from contextlib import contextmanager
 from typing import Final, Protocol
 
 import trio
-from recoverable.storage.base import Store, WriteTransaction
-from recoverable.storage.leases import renew_leases
 
 from recoverable import errors, machine, reattachment
 from recoverable.outcome import Interruption
 from recoverable.records import LeaseRecord, OperationRecord
+from recoverable.storage.base import Store, WriteTransaction
+from recoverable.storage.leases import renew_leases
 
 __all__ = [
     "LEASE_SECONDS_MAX",

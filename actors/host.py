@@ -14,12 +14,11 @@ from recoverable.actors.governor import RateGovernor
 from recoverable.actors.heartbeat import LeaseKeeper
 from recoverable.actors.monitor import LifecycleMonitor
 from recoverable.actors.scheduler import Scheduler
+from recoverable.outcome import Outcome, Progress, Usage
 from recoverable.storage.base import Store as RecoveryStore
+from recoverable.telemetry import Telemetry
 from recoverable.transport.base import Credentials
 from recoverable.transport.connect import EndpointGate
-
-from recoverable.outcome import Outcome, Progress, Usage
-from recoverable.telemetry import Telemetry
 from recoverable.types import AccountBinding
 
 

@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import attrs
 import msgspec
+
+from recoverable import continuation, errors, machine
 from recoverable.actors.checks import check_disposition, require_owner, require_signed_in
 from recoverable.actors.turns import remember_turn
+from recoverable.records import CommandKind, CommandRecord, Disposition, DispositionRecord
 from recoverable.storage.base import WriteTransaction as WriteTxn
 from recoverable.storage.leases import lease_blocks
 from recoverable.storage.migration import saved_completion
 from recoverable.storage.queue import entry as queue_entry
 from recoverable.storage.retention import remove_content
-
-from recoverable import continuation, errors, machine
-from recoverable.records import CommandKind, CommandRecord, Disposition, DispositionRecord
 from recoverable.types import AccountBinding
 
 

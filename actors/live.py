@@ -21,14 +21,14 @@ from types import TracebackType
 from typing import Any, Generic, Protocol, TypeVar
 
 import trio
+
+from recoverable import errors
 from recoverable.actors.checks import require_owner
 from recoverable.actors.operation_core import Authorize
 from recoverable.actors.supervisor import Execution
-from recoverable.storage.base import Store as RecoveryStore
-
-from recoverable import errors
 from recoverable.partial import PartialView, parse_partial
 from recoverable.records import OperationRecord
+from recoverable.storage.base import Store as RecoveryStore
 from recoverable.types import AccountBinding, Handle, JsonSchema
 
 __all__ = ["Live", "LiveSlot", "live", "require_live"]

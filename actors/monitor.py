@@ -23,11 +23,11 @@ import weakref
 from typing import Any, Literal
 
 import trio
-from recoverable.storage.base import Store as RecoveryStore
 
 from recoverable.errors import StorageUnavailable
 from recoverable.machine import merge_command
 from recoverable.records import CommandKind, CommandRecord
+from recoverable.storage.base import Store as RecoveryStore
 from recoverable.types import AccountBinding
 
 AccountStop = Literal["signed_out", "account_changed"]

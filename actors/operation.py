@@ -22,15 +22,15 @@ from typing import Any
 import attrs
 import msgspec
 import trio
+
+from recoverable import _killpoints, errors, machine
 from recoverable.actors.heartbeat import lease_lost_transition
 from recoverable.actors.operation_core import Authorize, Cut
 from recoverable.actors.reattach import Reattacher
 from recoverable.actors.supervisor import is_cancellation
+from recoverable.records import CommandKind, OperationRecord
 from recoverable.storage.migration import saved_completion
 from recoverable.transport.base import validate_api_key
-
-from recoverable import _killpoints, errors, machine
-from recoverable.records import CommandKind, OperationRecord
 from recoverable.types import Attempt
 
 __all__ = ["Authorize", "OperationActor"]

@@ -15,16 +15,16 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import trio
+
+from recoverable import _killpoints, errors, machine
 from recoverable.actors import fenced
 from recoverable.actors.heartbeat import ExecutionLease
 from recoverable.actors.host import OperationHost
 from recoverable.actors.monitor import Watch
-from recoverable.storage.migration import upgrade_operation
-
-from recoverable import _killpoints, errors, machine
 from recoverable.contract import ResponseContract
 from recoverable.outcome import Completed, Interruption
 from recoverable.records import CommandKind, LeaseRecord, OperationRecord
+from recoverable.storage.migration import upgrade_operation
 from recoverable.types import Attempt
 
 Authorize = Callable[[Attempt], Awaitable[bool] | bool]

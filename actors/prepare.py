@@ -14,16 +14,16 @@ from typing import Any
 
 import attrs
 import msgspec
-from recoverable.actors.checks import check_expires_at, require_signed_in
-from recoverable.actors.host import Backend, reattach_client
-from recoverable.storage.base import WriteTransaction as WriteTxn
 
 from recoverable import errors, machine
+from recoverable.actors.checks import check_expires_at, require_signed_in
+from recoverable.actors.host import Backend, reattach_client
 from recoverable.body import body_hash, freeze_body
 from recoverable.contract import contract_for
 from recoverable.preconditions import check_unclaimed_after
 from recoverable.records import OnInterruption, OperationRecord, StoredRequest
 from recoverable.sources_rules import check_attempt_timeout, check_source
+from recoverable.storage.base import WriteTransaction as WriteTxn
 from recoverable.types import (
     AccountBinding,
     JsonSchema,

@@ -21,6 +21,8 @@ from collections.abc import Callable
 from typing import Any, Final, Protocol, TypeVar
 
 import msgspec
+
+from recoverable import _killpoints, errors, machine
 from recoverable.actors.checks import require_bound, require_owner
 from recoverable.actors.heartbeat import LeaseKeeper
 from recoverable.actors.host import Backend
@@ -32,6 +34,11 @@ from recoverable.actors.prepare import (
 )
 from recoverable.actors.unclaimed import Served, key_of, no_worker_at, served_now
 from recoverable.actors.waiters import QueueWatch
+from recoverable.contract import ResponseContract, contract_for
+from recoverable.preconditions import DEFAULT_UNCLAIMED_AFTER, is_expired
+from recoverable.records import CommandRecord, OperationRecord
+from recoverable.sources_rules import superseded_error
+from recoverable.status import SETTLED_STATES
 from recoverable.storage import codec
 from recoverable.storage.base import Store as RecoveryStore
 from recoverable.storage.base import WriteTransaction as WriteTxn
@@ -39,13 +46,6 @@ from recoverable.storage.keys import operation_key, payload_key
 from recoverable.storage.migration import saved_completion
 from recoverable.storage.queue import entry as queue_entry
 from recoverable.storage.queue_checks import QueueLook, find_damage
-
-from recoverable import _killpoints, errors, machine
-from recoverable.contract import ResponseContract, contract_for
-from recoverable.preconditions import DEFAULT_UNCLAIMED_AFTER, is_expired
-from recoverable.records import CommandRecord, OperationRecord
-from recoverable.sources_rules import superseded_error
-from recoverable.status import SETTLED_STATES
 from recoverable.telemetry import Telemetry
 from recoverable.transitions import FINISHED
 from recoverable.types import (

@@ -5,14 +5,13 @@ renews or takes a lease (``actors/runtime.py`` forwards to them).
 
 from __future__ import annotations
 
-from recoverable.actors.checks import require_owner
-from recoverable.storage.base import Store
-from recoverable.storage.migration import saved_completion
-
 from recoverable import errors, machine
+from recoverable.actors.checks import require_owner
 from recoverable.outcome import Usage
 from recoverable.records import DispositionRecord, OperationRecord
 from recoverable.sources_rules import superseded_error
+from recoverable.storage.base import Store
+from recoverable.storage.migration import saved_completion
 from recoverable.telemetry import Telemetry
 from recoverable.types import AccountBinding, Receipt, Status, to_datetime
 

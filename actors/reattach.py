@@ -24,17 +24,17 @@ from typing import cast
 
 import msgspec
 import trio
+
+from recoverable import _killpoints, errors, machine
 from recoverable.actors.host import OperationHost, reattach_client
 from recoverable.actors.operation_core import Cut, Sending
 from recoverable.actors.transmit import StoppedAtCheckpoint, Transmitter
+from recoverable.outcome import Completed, Interruption, Outcome, Progress
+from recoverable.records import OperationRecord
 from recoverable.storage.base import WriteTransaction
 from recoverable.transport.base import validate_api_key
 from recoverable.transport.connect import CONNECT_CODES, ConnectKind
 from recoverable.transport.ratelimit import estimate_tokens
-
-from recoverable import _killpoints, errors, machine
-from recoverable.outcome import Completed, Interruption, Outcome, Progress
-from recoverable.records import OperationRecord
 
 # A cancel request to the provider after the operation's cancel is durable: bounded, and
 # never allowed to hold the execution up longer than this.

@@ -18,14 +18,10 @@ from typing import Any, Protocol
 
 import attrs
 import msgspec
-from recoverable.actors.checks import check_disposition, require_owner
-from recoverable.actors.prepare import identity_of, new_operation_record, put_new_operation
-from recoverable.storage.base import Store as RecoveryStore
-from recoverable.storage.base import WriteTransaction as WriteTxn
-from recoverable.storage.integrity import verify_body
-from recoverable.storage.migration import upgrade_operation
 
 from recoverable import _killpoints, continuation, errors, machine, reattachment
+from recoverable.actors.checks import check_disposition, require_owner
+from recoverable.actors.prepare import identity_of, new_operation_record, put_new_operation
 from recoverable.body import freeze_body
 from recoverable.contract import contract_for
 from recoverable.records import (
@@ -36,6 +32,10 @@ from recoverable.records import (
     StoredRequest,
 )
 from recoverable.sources_rules import receipt_refusal
+from recoverable.storage.base import Store as RecoveryStore
+from recoverable.storage.base import WriteTransaction as WriteTxn
+from recoverable.storage.integrity import verify_body
+from recoverable.storage.migration import upgrade_operation
 from recoverable.telemetry import Telemetry
 from recoverable.types import (
     AccountBinding,

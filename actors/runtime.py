@@ -17,6 +17,8 @@ from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import trio
+
+from recoverable import _killpoints, errors, machine
 from recoverable.actors import live as live_operations
 from recoverable.actors import queue as submitted
 from recoverable.actors import reads
@@ -42,17 +44,6 @@ from recoverable.actors.supervisor import Execution, Supervisor
 from recoverable.actors.sweep import sweep_at_open
 from recoverable.actors.thread import Thread, open_thread
 from recoverable.actors.waiters import QueueWatch
-from recoverable.storage.base import Store as RecoveryStore
-from recoverable.storage.leases import lease_blocks, unexpired_derivative
-from recoverable.storage.queue_checks import find_damage
-from recoverable.transport.connect import (
-    UNREACHABLE_AFTER,
-    ConnectBackoff,
-    EndpointGate,
-    check_unreachable_after,
-)
-
-from recoverable import _killpoints, errors, machine
 from recoverable.contract import ResponseContract, contract_for
 from recoverable.records import (
     CommandKind,
@@ -61,7 +52,16 @@ from recoverable.records import (
     OnInterruption,
     OperationRecord,
 )
+from recoverable.storage.base import Store as RecoveryStore
+from recoverable.storage.leases import lease_blocks, unexpired_derivative
+from recoverable.storage.queue_checks import find_damage
 from recoverable.telemetry import Telemetry, TelemetrySink
+from recoverable.transport.connect import (
+    UNREACHABLE_AFTER,
+    ConnectBackoff,
+    EndpointGate,
+    check_unreachable_after,
+)
 from recoverable.types import (
     AccountBinding,
     Handle,

@@ -48,6 +48,8 @@ from collections.abc import Container, Iterable
 from typing import Final, Literal
 
 import msgspec
+
+from recoverable import errors, machine
 from recoverable.actors.unclaimed import (
     Key,
     Served,
@@ -57,6 +59,8 @@ from recoverable.actors.unclaimed import (
     no_worker_at,
     reread,
 )
+from recoverable.preconditions import check_unclaimed_after
+from recoverable.records import OperationRecord
 from recoverable.storage import codec
 from recoverable.storage.base import Store as RecoveryStore
 from recoverable.storage.base import WriteTransaction as WriteTxn
@@ -64,10 +68,6 @@ from recoverable.storage.keys import operation_key
 from recoverable.storage.leases import lease_blocks
 from recoverable.storage.queue import MAX_SCAN
 from recoverable.storage.queue_checks import counter_damage, find_damage
-
-from recoverable import errors, machine
-from recoverable.preconditions import check_unclaimed_after
-from recoverable.records import OperationRecord
 from recoverable.telemetry import Telemetry
 from recoverable.transitions import FINISHED
 

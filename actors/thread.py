@@ -25,6 +25,8 @@ from typing import Any, Final, Protocol
 
 import attrs
 import msgspec
+
+from recoverable import continuation, errors
 from recoverable.actors.checks import require_owner, require_signed_in
 from recoverable.actors.continuation import ENDED_FAILED, HostRuntime, continue_failed, continued_id
 from recoverable.actors.prepare import new_admission, put_new_operation
@@ -35,12 +37,10 @@ from recoverable.actors.turns import (
     turn_number,
     turn_revision,
 )
-from recoverable.storage.base import WriteTransaction as WriteTxn
-from recoverable.storage.threads import ThreadRow, read_row
-
-from recoverable import continuation, errors
 from recoverable.contract import contract_for
 from recoverable.records import OperationRecord
+from recoverable.storage.base import WriteTransaction as WriteTxn
+from recoverable.storage.threads import ThreadRow, read_row
 from recoverable.types import Handle, JsonSchema, RetryPolicy, StructuredRequest
 
 

@@ -14,17 +14,17 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
+
+from recoverable import _killpoints, errors, machine, reattachment
 from recoverable.actors.checkpoint import Checkpointer
 from recoverable.actors.host import count_usage, reattach_client
 from recoverable.actors.live import LiveSlot
 from recoverable.actors.operation_core import CUT, Cut, OperationCore, Sending
-from recoverable.transport.connect import CONNECT_CODES, ConnectKind, EndpointGate
-from recoverable.transport.ratelimit import estimate_tokens
-
-from recoverable import _killpoints, errors, machine, reattachment
 from recoverable.contract import OutputInvalid
 from recoverable.outcome import Completed, Interruption, Outcome, Progress
 from recoverable.records import CommandKind, OperationRecord
+from recoverable.transport.connect import CONNECT_CODES, ConnectKind, EndpointGate
+from recoverable.transport.ratelimit import estimate_tokens
 from recoverable.types import AccountBinding
 
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 from typing import Any, Final
 
 import msgspec
-from recoverable.storage.base import WriteTransaction as WriteTxn
-from recoverable.storage.threads import THREAD_SCOPE, ThreadRow, read_row, write_row
 
 from recoverable import errors
 from recoverable.records import OperationRecord, StoredRequest
+from recoverable.storage.base import WriteTransaction as WriteTxn
+from recoverable.storage.threads import THREAD_SCOPE, ThreadRow, read_row, write_row
 from recoverable.types import AccountBinding
 
 __all__ = [

@@ -35,13 +35,13 @@ from collections.abc import Iterable
 from typing import Literal
 
 import msgspec
+
+from recoverable import errors, machine
+from recoverable.records import LeaseRecord, OperationRecord
 from recoverable.storage.base import Store as RecoveryStore
 from recoverable.storage.base import WriteTransaction as WriteTxn
 from recoverable.storage.leases import lease_blocks
 from recoverable.storage.queue import decode_served, served_key
-
-from recoverable import errors, machine
-from recoverable.records import LeaseRecord, OperationRecord
 
 __all__ = [
     "Key", "QueueReason", "Served", "bound_of", "end_unclaimed", "key_of", "no_worker_at",

@@ -31,17 +31,17 @@ from collections.abc import Callable
 from typing import Final
 
 import trio
+
 from recoverable.actors.unclaimed import Served, end_unclaimed, key_of, no_worker_at
+from recoverable.errors import RecoveryError
+from recoverable.preconditions import is_expired
+from recoverable.records import OperationRecord
+from recoverable.status import SETTLED_STATES
 from recoverable.storage import codec
 from recoverable.storage.base import Store as RecoveryStore
 from recoverable.storage.keys import operation_key
 from recoverable.storage.queue import member_key
 from recoverable.storage.queue_checks import RowDamage, find_damage
-
-from recoverable.errors import RecoveryError
-from recoverable.preconditions import is_expired
-from recoverable.records import OperationRecord
-from recoverable.status import SETTLED_STATES
 
 __all__ = ["FULL_READ_EVERY", "POLL_FIRST", "POLL_MAX", "QueueWatch", "may_settle"]
 

@@ -52,23 +52,23 @@ from typing import Any, Final, Protocol
 import attrs
 import msgspec
 import trio
+
+from recoverable import errors
 from recoverable.actors.checks import require_signed_in
 from recoverable.actors.continuation import dispatch_continuation
 from recoverable.actors.host import Backend
 from recoverable.actors.operation import Authorize
 from recoverable.actors.supervisor import Execution
 from recoverable.actors.sweep import sweep
+from recoverable.continuation import is_pending
+from recoverable.preconditions import is_expired
+from recoverable.records import LeaseRecord, OperationRecord, StoredRequest
 from recoverable.storage import codec
 from recoverable.storage.base import Store as RecoveryStore
 from recoverable.storage.base import WriteTransaction as WriteTxn
 from recoverable.storage.keys import operation_key, payload_key
 from recoverable.storage.leases import lease_expired
 from recoverable.storage.queue import SERVED_GRACE, SERVED_RENEW, QueueEntry, ServedRow, WorkerRow
-
-from recoverable import errors
-from recoverable.continuation import is_pending
-from recoverable.preconditions import is_expired
-from recoverable.records import LeaseRecord, OperationRecord, StoredRequest
 from recoverable.telemetry import Telemetry
 from recoverable.transitions import FINISHED
 from recoverable.types import AccountBinding, Handle, JsonSchema

@@ -45,10 +45,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common
 import store_scale
-from recoverable.storage import codec
-from recoverable.storage.store import governor_key
 
 import recoverable
+from recoverable.storage import codec
+from recoverable.storage.store import governor_key
 
 
 def per_call_us(fn: Callable[[], Any], repeat: int) -> float:

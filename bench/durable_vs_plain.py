@@ -183,6 +183,7 @@ def apply_experiments(names: list[str]) -> None:
     """Bench-side patches that measure what a change would gain before it is made. They
     break guarantees (see EXPERIMENTS) and exist only in this worker process."""
     import outcome
+
     from recoverable.actors.governor import RateGovernor
     from recoverable.storage.writer import Writer
 

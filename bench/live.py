@@ -34,9 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common
 from baselines import run_pool
-from recoverable.transport.events import response_stream
 
 import recoverable
+from recoverable.transport.events import response_stream
 
 ACCOUNT = recoverable.AccountBinding("acct-bench-live", "api-key")
 FAST = recoverable.RetryPolicy(initial_backoff=0.0, maximum_backoff=0.0)

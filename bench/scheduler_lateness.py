@@ -61,9 +61,9 @@ import trio.testing
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common
-from recoverable.actors.scheduler import Scheduler
 
 import recoverable
+from recoverable.actors.scheduler import Scheduler
 from recoverable.cli.gc_tuning import tuned_collector
 
 ACCOUNT = recoverable.AccountBinding("acct-sched", "api-key")

@@ -30,12 +30,12 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "storage"))
 
-from recoverable.actors import fenced
-from recoverable.storage import RecoveryStore, WriteTxn
 from storage_helpers import make_op
 
 from recoverable import machine
+from recoverable.actors import fenced
 from recoverable.records import AttemptRecord, OperationRecord
+from recoverable.storage import RecoveryStore, WriteTxn
 from recoverable.types import SourceRef
 
 SOURCE = SourceRef("doc-bench", "sha256:" + "ab" * 32)

@@ -31,9 +31,10 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "storage"))
 
+from storage_helpers import make_op
+
 from recoverable.storage import RecoveryStore
 from recoverable.storage.codec import encode
-from storage_helpers import make_op
 
 
 async def group_commit(path: str, writers: int, total: int) -> tuple[float, int]:

@@ -20,6 +20,7 @@ from typing import Any
 
 import msgspec
 import trio
+
 from recoverable.transport import Completed, ResponsesBackend, StaticCredentials
 
 SCHEMA: dict[str, Any] = {

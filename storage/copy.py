@@ -16,13 +16,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, Final
 
+from recoverable.errors import InvalidRequest
 from recoverable.storage.base import TABLES, Table
 from recoverable.storage.keys import META_SERIAL, u64
 from recoverable.storage.queue import META_QUEUE_SERIAL, ORDER
 from recoverable.storage.store import RecoveryStore
 from recoverable.storage.txn import WriteTxn
-
-from recoverable.errors import InvalidRequest
 
 __all__ = ["CHUNK_ROWS", "copy_store"]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Final
 
 import msgspec
+
 from recoverable.storage.keys import HASH_BYTES, governor_key
 
 __all__ = [

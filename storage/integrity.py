@@ -35,6 +35,15 @@ import struct
 from typing import Any, Final
 
 import lmdb
+
+from recoverable.errors import (
+    CorruptRecord,
+    StorageUnavailable,
+    StoreDamaged,
+    StoreLockReplaced,
+    UnsupportedRecordVersion,
+)
+from recoverable.records import OperationRecord
 from recoverable.storage import queue
 from recoverable.storage.base import TABLES, Table
 from recoverable.storage.governor import check_governor_entry
@@ -49,15 +58,6 @@ from recoverable.storage.keys import (
 )
 from recoverable.storage.rows import decode_row
 from recoverable.storage.sources import check_source_entry
-
-from recoverable.errors import (
-    CorruptRecord,
-    StorageUnavailable,
-    StoreDamaged,
-    StoreLockReplaced,
-    UnsupportedRecordVersion,
-)
-from recoverable.records import OperationRecord
 
 __all__ = [
     "LockIdentity",

@@ -38,10 +38,10 @@ from collections.abc import Iterable
 from typing import Final
 
 import msgspec
-from recoverable.storage.base import RecordReader, WriteTransaction
 
 from recoverable.errors import InvalidRequest, OperationBusy, StateUnavailable
 from recoverable.records import LeaseRecord, OperationRecord
+from recoverable.storage.base import RecordReader, WriteTransaction
 
 __all__ = [
     "LeaseTokens",

@@ -23,9 +23,6 @@ import hashlib
 from typing import Any, Literal
 
 import msgspec
-from recoverable.storage import codec
-from recoverable.storage.base import RecordReader, Store, WriteTransaction
-from recoverable.storage.keys import operation_key
 
 from recoverable import errors
 from recoverable.outcome import Interruption
@@ -36,6 +33,9 @@ from recoverable.records import (
     PendingAttempt,
     StoredRequest,
 )
+from recoverable.storage import codec
+from recoverable.storage.base import RecordReader, Store, WriteTransaction
+from recoverable.storage.keys import operation_key
 from recoverable.types import AccountBinding, JsonSchema, StructuredRequest
 
 V1_STATUS = Literal["pending", "running", "completed", "cancelled", "failed"]

@@ -41,13 +41,13 @@ from collections.abc import Iterable
 from typing import Any, Final
 
 import psycopg
+
+from recoverable.records import OperationRecord
 from recoverable.storage.base import TABLES
 from recoverable.storage.keys import PAYLOAD_KINDS, hosts_key, hosts_prefix, operation_key, u64
 from recoverable.storage.pg_operations import INSERT_MANY, columns_of
 from recoverable.storage.pg_sql import SqlCursor, SqlSnapshot, prefix_end, sql_table
 from recoverable.storage.queue import MEMBER, META_QUEUE_SERIAL, ORDER
-
-from recoverable.records import OperationRecord
 
 __all__ = [
     "CACHE_ROWS", "CHANGES_KEPT", "LAST_ORDER", "BatchSnapshot", "Prefetch", "RowCache",

@@ -30,10 +30,10 @@ from __future__ import annotations
 from typing import Any, Final
 
 import psycopg
-from recoverable.storage import codec
 
 from recoverable.errors import CorruptRecord, UnsupportedRecordVersion
 from recoverable.records import OperationRecord
+from recoverable.storage import codec
 
 __all__ = ["COLUMNS", "GUARD", "INSERT_MANY", "INSERT_ONE", "columns_of", "step_3"]
 

@@ -23,13 +23,13 @@ from __future__ import annotations
 from typing import Any, Final
 
 import psycopg
+
+from recoverable.errors import StorageUnavailable, UnsupportedRecordVersion
 from recoverable.storage.base import TABLES
 from recoverable.storage.keys import META_BYTES, META_FORMAT, META_SERIAL
 from recoverable.storage.pg_operations import step_3
 from recoverable.storage.pg_sql import describe, sql_table
 from recoverable.storage.queue import META_QUEUE_SERIAL
-
-from recoverable.errors import StorageUnavailable, UnsupportedRecordVersion
 
 __all__ = [
     "LIVE_OWNERS", "LOCK_NAMESPACE", "META_COMMITS", "SCHEMA_VERSION", "owner_lock_held",

@@ -22,11 +22,11 @@ from collections.abc import Iterator
 from typing import Any, Final
 
 import psycopg
+
+from recoverable.errors import StorageUnavailable
 from recoverable.storage import redact
 from recoverable.storage.base import TABLES, Table
 from recoverable.storage.pg_operations import INSERT_ONE, columns_of
-
-from recoverable.errors import StorageUnavailable
 
 __all__ = [
     "PAGE_ROWS", "SqlCursor", "SqlSnapshot", "prefix_end", "sql_table", "table_names",

@@ -34,6 +34,9 @@ from collections.abc import Callable, Iterator
 from typing import Any, Final, TypeVar
 
 import psycopg
+
+from recoverable.errors import CorruptRecord, StorageUnavailable, UnsupportedRecordVersion
+from recoverable.records import CommandRecord, LeaseRecord
 from recoverable.storage import codec, queue, redact
 from recoverable.storage.keys import hosts_prefix, key_str, u64
 from recoverable.storage.leases import LeaseTokens, lease_expired
@@ -55,9 +58,6 @@ from recoverable.storage.store import (
     register_url_store,
 )
 from recoverable.storage.txn import WriteState
-
-from recoverable.errors import CorruptRecord, StorageUnavailable, UnsupportedRecordVersion
-from recoverable.records import CommandRecord, LeaseRecord
 from recoverable.types import AccountBinding
 
 __all__ = ["HEARTBEAT_SECONDS", "OWNER_TTL_SECONDS", "PgStore", "redact_url"]

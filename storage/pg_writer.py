@@ -41,6 +41,8 @@ from typing import Any, Final, cast
 
 import outcome
 import psycopg
+
+from recoverable.errors import StorageUnavailable
 from recoverable.storage.keys import META_BYTES, u64
 from recoverable.storage.pg_batch import (
     CHANGES_KEPT,
@@ -62,8 +64,6 @@ from recoverable.storage.pg_schema import (
 from recoverable.storage.pg_sql import SqlSnapshot, describe, sql_table
 from recoverable.storage.txn import WriteState, WriteTxn
 from recoverable.storage.writer import MapGuard, Writer, _Isolate, _Job
-
-from recoverable.errors import StorageUnavailable
 
 __all__ = ["MAX_TRIES", "PgWriter"]
 

@@ -11,12 +11,12 @@ from collections.abc import Iterable, Iterator
 from typing import Any, TypeAlias
 
 import lmdb
-from recoverable.storage import codec
-from recoverable.storage.base import Table
-from recoverable.storage.keys import HASH_BYTES, PAYLOAD_KINDS, hosts_prefix, key_str, payload_key
 
 from recoverable.errors import CorruptRecord, UnsupportedRecordVersion
 from recoverable.records import CommandRecord, DispositionRecord, LeaseRecord, OperationRecord
+from recoverable.storage import codec
+from recoverable.storage.base import Table
+from recoverable.storage.keys import HASH_BYTES, PAYLOAD_KINDS, hosts_prefix, key_str, payload_key
 from recoverable.types import AccountBinding
 
 __all__ = [

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import attrs
 import msgspec
+
 from recoverable.storage.keys import MAX_ID_BYTES, key_str, operation_key
 
 if TYPE_CHECKING:

@@ -18,6 +18,8 @@ from __future__ import annotations
 from typing import Any, Final, Literal, Protocol
 
 import attrs
+
+from recoverable.errors import CorruptRecord, UnsupportedRecordVersion
 from recoverable.storage import codec
 from recoverable.storage.keys import operation_key, u64
 from recoverable.storage.queue import (
@@ -28,8 +30,6 @@ from recoverable.storage.queue import (
     member_problem,
     order_key,
 )
-
-from recoverable.errors import CorruptRecord, UnsupportedRecordVersion
 
 __all__ = ["QueueLook", "RowDamage", "counter_damage", "find_damage"]
 

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from recoverable.errors import CorruptRecord
 from recoverable.storage import queue
 from recoverable.storage.base import Table
 from recoverable.storage.keys import operation_key
-
-from recoverable.errors import CorruptRecord
 
 __all__ = ["QueueWrites"]
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Generic, TypeVar
 
 import msgspec
+
 from recoverable.storage.redact import redact_url
 
 __all__ = ["OpenStores", "StoreOptions"]

@@ -10,10 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final, Protocol, TypeVar, get_args
 
+from recoverable.records import DispositionRecord, OperationRecord, PayloadKind
 from recoverable.storage.base import WriteTransaction
 from recoverable.storage.threads import THREAD_SCOPE, delete_rows
-
-from recoverable.records import DispositionRecord, OperationRecord, PayloadKind
 from recoverable.types import AccountBinding, CleanupResult
 
 Result = TypeVar("Result")

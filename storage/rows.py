@@ -11,10 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from recoverable.storage import codec
-from recoverable.storage.base import Table
-from recoverable.storage.keys import operation_key, payload_key, source_key
-
 from recoverable.records import (
     CommandRecord,
     DispositionRecord,
@@ -22,6 +18,9 @@ from recoverable.records import (
     OperationRecord,
     PayloadKind,
 )
+from recoverable.storage import codec
+from recoverable.storage.base import Table
+from recoverable.storage.keys import operation_key, payload_key, source_key
 
 __all__ = ["RecordGetters", "decode_row"]
 

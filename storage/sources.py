@@ -21,8 +21,6 @@ checked by the actor's fenced write in the transaction that would save it.
 from __future__ import annotations
 
 import attrs
-from recoverable.storage.base import WriteTransaction
-from recoverable.storage.keys import HASH_BYTES, key_str
 
 from recoverable.errors import CorruptRecord, UnsupportedRecordVersion
 from recoverable.records import OperationRecord
@@ -32,6 +30,8 @@ from recoverable.sources_rules import (
     needs_superseding,
     supersede,
 )
+from recoverable.storage.base import WriteTransaction
+from recoverable.storage.keys import HASH_BYTES, key_str
 from recoverable.types import AccountBinding, SupersededReason
 
 __all__ = [

@@ -30,6 +30,14 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import lmdb
+
+from recoverable.errors import (
+    InvalidRequest,
+    StorageUnavailable,
+    StoreDamaged,
+    UnsupportedRecordVersion,
+)
+from recoverable.records import CommandRecord, DispositionRecord, LeaseRecord, OperationRecord
 from recoverable.storage import integrity, queries, queue, retention, sources
 from recoverable.storage.base import TABLES, Table, Touches
 from recoverable.storage.keys import (
@@ -46,14 +54,6 @@ from recoverable.storage.registry import OpenStores, StoreOptions
 from recoverable.storage.rows import RecordGetters
 from recoverable.storage.txn import WriteState, WriteTxn
 from recoverable.storage.writer import MapGuard, Writer
-
-from recoverable.errors import (
-    InvalidRequest,
-    StorageUnavailable,
-    StoreDamaged,
-    UnsupportedRecordVersion,
-)
-from recoverable.records import CommandRecord, DispositionRecord, LeaseRecord, OperationRecord
 from recoverable.types import AccountBinding, CleanupResult, to_timestamp
 
 if TYPE_CHECKING:

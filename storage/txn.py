@@ -16,6 +16,23 @@ from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
 import lmdb
+
+from recoverable.errors import (
+    AdmissionChanged,
+    FenceMismatch,
+    InvalidRequest,
+    StorageLimitExceeded,
+    StorageUnavailable,
+)
+from recoverable.machine import merge_command
+from recoverable.records import (
+    CommandKind,
+    CommandRecord,
+    DispositionRecord,
+    LeaseRecord,
+    OperationRecord,
+    PayloadKind,
+)
 from recoverable.storage import codec, integrity, queue
 from recoverable.storage.base import TABLES, Table
 from recoverable.storage.keys import (
@@ -41,23 +58,6 @@ from recoverable.storage.leases import LeaseTokens
 from recoverable.storage.queue_writes import QueueWrites
 from recoverable.storage.rows import RecordGetters, decode_row
 from recoverable.storage.writer import MutationContext
-
-from recoverable.errors import (
-    AdmissionChanged,
-    FenceMismatch,
-    InvalidRequest,
-    StorageLimitExceeded,
-    StorageUnavailable,
-)
-from recoverable.machine import merge_command
-from recoverable.records import (
-    CommandKind,
-    CommandRecord,
-    DispositionRecord,
-    LeaseRecord,
-    OperationRecord,
-    PayloadKind,
-)
 from recoverable.transitions import FINISHED, InvalidTransition
 from recoverable.types import AccountBinding
 

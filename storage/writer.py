@@ -33,9 +33,9 @@ import lmdb
 import msgspec
 import outcome
 import trio
-from recoverable.storage.integrity import storage_error
 
 from recoverable.errors import StorageLimitExceeded, StorageUnavailable
+from recoverable.storage.integrity import storage_error
 
 __all__ = ["BATCH_LIMIT", "MapGuard", "MutationContext", "Writer"]
 

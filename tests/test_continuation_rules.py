@@ -201,9 +201,8 @@ def test_records_written_before_issue_18_decode_without_a_continuation() -> None
 
 
 def test_an_unreadable_preference_reads_as_off() -> None:
-    from recoverable.storage.preferences import CONTINUATION_KEY, read_continuation
-
     from recoverable import errors
+    from recoverable.storage.preferences import CONTINUATION_KEY, read_continuation
 
     class Rows:
         def __init__(self, raw: bytes | None) -> None:

@@ -13,7 +13,6 @@ import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from recoverable.transport.fixture_replies import CannotSynthesize
 
 from recoverable.contract import (
     MAX_SCHEMA_BYTES,
@@ -26,6 +25,7 @@ from recoverable.contract import (
     contract_for,
 )
 from recoverable.errors import InvalidRequest
+from recoverable.transport.fixture_replies import CannotSynthesize
 from recoverable.types import JsonSchema
 from tests.fuzz.strict_schemas import check_accepted, strict_property_schemas, strict_schemas
 

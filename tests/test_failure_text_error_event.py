@@ -14,7 +14,6 @@ from typing import Any
 
 import msgspec
 import pytest
-from recoverable.transport.events import ResponseStream
 
 import recoverable
 from recoverable import errors
@@ -22,6 +21,7 @@ from recoverable.failure_policy import RetryPolicy, classify
 from recoverable.failure_text import describe_interruption
 from recoverable.outcome import ERROR_EVENT, Interruption
 from recoverable.testing import FixtureProvider, Reply
+from recoverable.transport.events import ResponseStream
 
 OP = "op_text1"
 ACCOUNT = recoverable.AccountBinding("acct-error-event", "api-key")

@@ -13,7 +13,6 @@ import gc
 
 import msgspec
 import pytest
-from recoverable.storage import codec
 
 from recoverable.failure_policy import RetryPolicy
 from recoverable.outcome import Completed, Interruption, Progress, RateLimits, Usage
@@ -26,6 +25,7 @@ from recoverable.records import (
     PendingAttempt,
     RetryReservation,
 )
+from recoverable.storage import codec
 from recoverable.types import AccountBinding, Attempt
 from tests.storage.storage_helpers import ACCOUNT, make_op
 

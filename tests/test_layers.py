@@ -14,6 +14,7 @@ facade itself.
 from __future__ import annotations
 
 import ast
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,12 +23,12 @@ import recoverable
 ROOT = Path(__file__).resolve().parent.parent
 MAX_LINES = 650
 
-# Where each package's modules live on disk (see [tool.setuptools.package-dir]).
+# Where each package's modules live on disk: [tool.setuptools.package-dir], the one place
+# that says it (scripts/typecheck reads it too).
 PACKAGE_DIRS = {
-    "recoverable": ROOT / "src" / "recoverable",
-    "recoverable.actors": ROOT / "actors",
-    "recoverable.storage": ROOT / "storage",
-    "recoverable.transport": ROOT / "transport",
+    package: ROOT / folder
+    for package, folder in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"][
+        "setuptools"]["package-dir"].items()
 }
 
 CORE = 0
@@ -106,7 +107,7 @@ def _discover() -> dict[str, Path]:
             if parts[-1] == "__init__":
                 parts = parts[:-1]
             name = ".".join([package, *parts]) if parts else package
-            mapped = {"actors", "storage", "transport"}
+            mapped = {name.rpartition(".")[2] for name in PACKAGE_DIRS if name != "recoverable"}
             if package == "recoverable" and parts and parts[0] in mapped:
                 continue
             modules[name] = path

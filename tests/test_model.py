@@ -61,10 +61,10 @@ import trio
 import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from recoverable.transport.base import token_fingerprint
 
 import recoverable
 from recoverable.testing import FixtureProvider, Reply
+from recoverable.transport.base import token_fingerprint
 from tests.pg.cluster import Cluster
 from tests.pg.fixtures import new_database
 

@@ -13,12 +13,6 @@ from typing import Any
 import jsonschema_rs
 import msgspec
 import pytest
-from recoverable.transport.fixture_replies import (
-    MAX_SYNTH_DEPTH,
-    MAX_SYNTH_VALUES,
-    CannotSynthesize,
-    events_for,
-)
 
 import recoverable
 from recoverable import Completed, Interruption
@@ -27,6 +21,12 @@ from recoverable.contract import _clear_caches, contract_for
 from recoverable.errors import InvalidRequest
 from recoverable.schema_graph import SchemaGraph
 from recoverable.testing import FixtureProvider, Reply, synthesize_value
+from recoverable.transport.fixture_replies import (
+    MAX_SYNTH_DEPTH,
+    MAX_SYNTH_VALUES,
+    CannotSynthesize,
+    events_for,
+)
 from recoverable.types import JsonSchema
 from tests.cli.cli_helpers import job_line, read_results, run_cli, write_jobs
 

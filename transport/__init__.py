@@ -7,15 +7,6 @@ budgets or policy. The values a stream ends with (``Completed``, ``Interruption`
 
 from __future__ import annotations
 
-from recoverable.transport.backend import ResponsesBackend
-from recoverable.transport.base import (
-    Credentials,
-    StaticCredentials,
-    StreamLimits,
-    normalize_base_url,
-    parse_retry_after,
-)
-
 from recoverable.outcome import (
     QUOTA_CODES,
     Completed,
@@ -23,6 +14,14 @@ from recoverable.outcome import (
     Outcome,
     Progress,
     Usage,
+)
+from recoverable.transport.backend import ResponsesBackend
+from recoverable.transport.base import (
+    Credentials,
+    StaticCredentials,
+    StreamLimits,
+    normalize_base_url,
+    parse_retry_after,
 )
 
 __all__ = [

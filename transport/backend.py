@@ -9,13 +9,13 @@ from typing import Literal
 from urllib.parse import urlsplit
 
 import trio
+
+from recoverable.errors import InvalidRequest
+from recoverable.outcome import Outcome, Progress
 from recoverable.transport.base import Credentials, StreamLimits, normalize_base_url
 from recoverable.transport.resume import ReattachClient
 from recoverable.transport.sse import SseTransport
 from recoverable.transport.websocket import WebSocketTransport
-
-from recoverable.errors import InvalidRequest
-from recoverable.outcome import Outcome, Progress
 
 __all__ = ["ResponsesBackend", "check_base_url", "endpoint_identity"]
 

@@ -13,10 +13,10 @@ from urllib.parse import urlsplit, urlunsplit
 
 import attrs
 import msgspec
-from recoverable.transport.events import FrameTooLarge, SseDecoder, error_fields
-from recoverable.transport.ratelimit import parse_retry_after
 
 from recoverable.errors import InvalidCredentials, InvalidRequest
+from recoverable.transport.events import FrameTooLarge, SseDecoder, error_fields
+from recoverable.transport.ratelimit import parse_retry_after
 from recoverable.types import AccountBinding
 
 __all__ = [

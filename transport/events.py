@@ -14,7 +14,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgspec
-from recoverable.transport.ratelimit import parse_rate_limit_headers, parse_retry_after
 
 from recoverable.outcome import (
     ERROR_EVENT,
@@ -29,6 +28,7 @@ from recoverable.outcome import (
     bounded_response_id,
     parse_usage,
 )
+from recoverable.transport.ratelimit import parse_rate_limit_headers, parse_retry_after
 
 __all__ = [
     "RESUMED_WITHOUT_OUTPUT",

@@ -27,6 +27,8 @@ from typing import Any
 import h11
 import msgspec
 import trio
+
+from recoverable.errors import InvalidRequest
 from recoverable.transport.fixture_background import (
     BACKGROUND_NEEDS_STORE,
     DEFAULT_BACKGROUND_TTL,
@@ -56,8 +58,6 @@ from recoverable.transport.fixture_state import (
     until_peer_gone,
 )
 from recoverable.transport.fixture_ws import serve_websocket
-
-from recoverable.errors import InvalidRequest
 
 __all__ = [
     "FaultSpec",

@@ -33,6 +33,8 @@ import attrs
 import h11
 import msgspec
 import trio
+
+from recoverable.errors import InvalidRequest
 from recoverable.transport.fixture_replies import Reply
 from recoverable.transport.fixture_script import ResumeFault
 from recoverable.transport.fixture_state import (
@@ -44,8 +46,6 @@ from recoverable.transport.fixture_state import (
     sse_frame,
     until_peer_gone,
 )
-
-from recoverable.errors import InvalidRequest
 
 __all__ = [
     "DEFAULT_BACKGROUND_TTL",

@@ -13,6 +13,7 @@ from typing import Any
 
 import attrs
 import msgspec
+
 from recoverable.transport.fixture_script import (
     HTTP_KINDS,
     REPLY_KINDS,

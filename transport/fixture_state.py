@@ -18,11 +18,11 @@ from typing import Any, Literal
 import attrs
 import msgspec
 import trio
+
+from recoverable.errors import InvalidRequest
 from recoverable.transport.base import token_fingerprint
 from recoverable.transport.fixture_replies import FaultSpec, Reply, events_for
 from recoverable.transport.ratelimit import estimate_tokens, format_duration
-
-from recoverable.errors import InvalidRequest
 
 MAX_REQUEST_BYTES = 32 * 2**20
 MAX_DELTAS = 100_000

@@ -21,6 +21,8 @@ import msgspec
 import trio
 import wsproto
 import wsproto.events as wse
+from wsproto import ConnectionType
+
 from recoverable.transport.fixture_replies import (
     HTTP_KINDS,
     CannotSynthesize,
@@ -41,7 +43,6 @@ from recoverable.transport.fixture_state import (
     reply_prefix,
     until_peer_gone,
 )
-from wsproto import ConnectionType
 
 encode = msgspec.json.encode
 

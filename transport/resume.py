@@ -32,12 +32,12 @@ from urllib.parse import quote
 import httpx
 import msgspec
 import trio
+
+from recoverable.outcome import Interruption, Outcome, Progress
 from recoverable.transport.base import StreamLimits
 from recoverable.transport.connect import classify_connect_error
 from recoverable.transport.events import RESUMED_WITHOUT_OUTPUT, ResponseStream
 from recoverable.transport.sse import SseTransport
-
-from recoverable.outcome import Interruption, Outcome, Progress
 
 __all__ = ["CancelResult", "ReattachClient"]
 

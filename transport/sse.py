@@ -9,6 +9,8 @@ from typing import Any, cast
 import httpx
 import msgspec
 import trio
+
+from recoverable.outcome import Completed, Interruption, Outcome, Progress, RateLimits
 from recoverable.transport.base import (
     MAX_ERROR_BODY_BYTES,
     USER_AGENT,
@@ -26,8 +28,6 @@ from recoverable.transport.events import (
 from recoverable.transport.idle import IdleTimer
 from recoverable.transport.ratelimit import parse_rate_limit_headers
 from recoverable.transport.shards import ClientShards
-
-from recoverable.outcome import Completed, Interruption, Outcome, Progress, RateLimits
 
 __all__ = ["RESPONSE_OBJECT", "SseTransport", "add_field"]
 

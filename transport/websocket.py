@@ -24,6 +24,8 @@ import attrs
 import msgspec
 import trio
 import trio_websocket
+
+from recoverable.outcome import Completed, Interruption, Outcome, Progress
 from recoverable.transport.base import (
     MAX_ERROR_BODY_BYTES,
     USER_AGENT,
@@ -37,8 +39,6 @@ from recoverable.transport.events import ResponseStream, response_stream
 from recoverable.transport.idle import IdleTimer
 from recoverable.transport.ratelimit import parse_rate_limit_headers
 from recoverable.transport.sse import add_field
-
-from recoverable.outcome import Completed, Interruption, Outcome, Progress
 
 __all__ = ["WebSocketTransport", "body_model", "websocket_url"]
 

@@ -32,9 +32,9 @@ from typing import Any, cast
 import httpx
 import pytest
 import trio
-from recoverable.actors.governor import RateGovernor
 
 import recoverable
+from recoverable.actors.governor import RateGovernor
 from recoverable.cli.progress import ProgressDisplay, Terminal
 from recoverable.cli.report import BatchSummary
 from recoverable.telemetry import Telemetry

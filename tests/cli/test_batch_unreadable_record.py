@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 import trio
-from recoverable.storage.keys import operation_key
 
 import recoverable
+from recoverable.storage.keys import operation_key
 
 from .cli_helpers import child_env, job_line, read_results, run_cli, write_jobs
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import msgspec
 import trio
-from recoverable.actors.continuation import dispatch_continuation
 
 import recoverable
+from recoverable.actors.continuation import dispatch_continuation
 from recoverable.cli.arguments import build_parser
 from recoverable.cli.ops import run_ops
 from recoverable.testing import FixtureProvider, Reply

@@ -14,17 +14,10 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
-from recoverable.actors.governor import DEFAULT_BURST_SECONDS
-from recoverable.storage.queue import (
-    WorkerRow,
-    encode_member,
-    encode_worker,
-    member_key,
-    order_key,
-)
 
 import recoverable
 from recoverable import errors
+from recoverable.actors.governor import DEFAULT_BURST_SECONDS
 from recoverable.cli import main
 from recoverable.cli.arguments import build_parser
 from recoverable.cli.entry import _batch_config
@@ -32,6 +25,13 @@ from recoverable.cli.formatting import format_inventory, format_receipt, format_
 from recoverable.cli.jobs import read_jobs
 from recoverable.cli.worker import worker_config
 from recoverable.pricing import load_prices
+from recoverable.storage.queue import (
+    WorkerRow,
+    encode_member,
+    encode_worker,
+    member_key,
+    order_key,
+)
 from recoverable.types import AccountBinding, Inventory, Receipt, SourceRef, Status
 
 from .cli_helpers import SMALL_SCHEMA, job_line, write_jobs

@@ -11,11 +11,11 @@ from typing import Any
 
 import msgspec
 import trio
-from recoverable.storage.base import WriteTransaction
-from recoverable.storage.queue import member_key, order_key
 
 import recoverable
 from recoverable.records import AttemptRecord, LeaseRecord, OperationRecord
+from recoverable.storage.base import WriteTransaction
+from recoverable.storage.queue import member_key, order_key
 
 from .cli_helpers import run_cli
 

@@ -21,11 +21,11 @@ from typing import Any
 import httpx
 import pytest
 import trio
-from recoverable.storage.queue import entry as queue_entry
 
 import recoverable
 from recoverable.cli import main
 from recoverable.cli import worker as worker_cli
+from recoverable.storage.queue import entry as queue_entry
 
 from .cli_helpers import REPO, SMALL_SCHEMA, child_env, cli_command
 

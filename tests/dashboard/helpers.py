@@ -15,9 +15,9 @@ from typing import Any
 
 import httpx
 import trio
-from recoverable.storage import acquire_lease
 
 import recoverable
+from recoverable.storage import acquire_lease
 
 from ..cli.cli_helpers import child_env, cli_command, job_line, run_cli, write_jobs
 

@@ -25,8 +25,6 @@ import pytest
 import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from recoverable.storage import codec
-from recoverable.storage.store import RecoveryStore, Table
 
 import recoverable
 from recoverable.records import (
@@ -35,6 +33,8 @@ from recoverable.records import (
     LeaseRecord,
     OperationRecord,
 )
+from recoverable.storage import codec
+from recoverable.storage.store import RecoveryStore, Table
 from recoverable.testing import FixtureProvider
 
 ACCOUNT = recoverable.AccountBinding("acct-fuzz", "api-key")

@@ -21,11 +21,11 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from recoverable.transport.fixture_replies import CannotSynthesize
 
 import recoverable
 from recoverable.cli import jobs as cli_jobs
 from recoverable.contract import OutputInvalid, contract_for
+from recoverable.transport.fixture_replies import CannotSynthesize
 
 from .strict_schemas import check_accepted, strict_schemas
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import psycopg
 import pytest
-from recoverable.storage import pg_schema
 
+from recoverable.storage import pg_schema
 from tests.pg.cluster import Cluster, ClusterUnavailable, start_cluster
 
 TEMPLATE = "recoverable_template"

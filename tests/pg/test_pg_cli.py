@@ -4,8 +4,8 @@ password in anything the CLI prints."""
 from __future__ import annotations
 
 import psycopg
-from recoverable.storage.pg_schema import SCHEMA_VERSION
 
+from recoverable.storage.pg_schema import SCHEMA_VERSION
 from tests.cli.cli_helpers import run_cli
 from tests.pg.cluster import Cluster
 from tests.pg.fixtures import drop_database, new_database

@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 import trio
 import trio.testing
-from recoverable.storage import RecoveryStore, WriteTxn
 
+from recoverable.storage import RecoveryStore, WriteTxn
 from tests.storage.storage_helpers import make_op
 
 _BODY_HASH = hashlib.sha256(b"x").hexdigest()

@@ -9,13 +9,13 @@ from collections.abc import Callable, Iterator
 
 import psycopg
 import pytest
-from recoverable.storage import RecoveryStore, WriteTransaction, acquire_lease
-from recoverable.storage.pg_store import PgStore
-from recoverable.storage.registry import StoreOptions
 
 import recoverable
 from recoverable.errors import FenceMismatch, StorageUnavailable
 from recoverable.records import CommandRecord
+from recoverable.storage import RecoveryStore, WriteTransaction, acquire_lease
+from recoverable.storage.pg_store import PgStore
+from recoverable.storage.registry import StoreOptions
 from recoverable.testing import FixtureProvider
 from tests.pg.cluster import Cluster
 from tests.pg.proxy import PgProxy

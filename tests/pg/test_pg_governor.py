@@ -6,11 +6,11 @@ is seen at most that late, this process's own at once."""
 from __future__ import annotations
 
 import pytest
+
 from recoverable.actors.governor import RateGovernor
+from recoverable.outcome import Interruption
 from recoverable.storage import RecoveryStore
 from recoverable.storage.pg_store import ADVISORY_READ_SECONDS
-
-from recoverable.outcome import Interruption
 from recoverable.telemetry import Telemetry
 from tests.storage.storage_helpers import ACCOUNT
 

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 import trio
-from recoverable.storage import pg_store, pg_writer
 
 import recoverable
+from recoverable.storage import pg_store, pg_writer
 from recoverable.testing import FixtureProvider, Reply
 from tests.runtime.conftest import ACCOUNT, REQUEST, Answer, Authorizer, make_backend
 

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from recoverable.storage.keys import META_BYTES, META_SERIAL, u64
-
 import recoverable
+from recoverable.storage.keys import META_BYTES, META_SERIAL, u64
 from recoverable.testing import FixtureProvider, Reply
 from tests.cli.cli_helpers import run_cli
 from tests.runtime.conftest import ACCOUNT, REQUEST, Answer, Authorizer, make_backend

@@ -15,12 +15,12 @@ from typing import Any
 
 import psycopg
 import pytest
+
+import recoverable
 from recoverable.storage import codec
 from recoverable.storage.keys import key_str
 from recoverable.storage.pg_operations import COLUMNS, columns_of
 from recoverable.storage.pg_schema import SCHEMA_VERSION
-
-import recoverable
 from recoverable.testing import FixtureProvider, Reply
 from tests.cli.cli_helpers import run_cli
 from tests.pg.cluster import Cluster

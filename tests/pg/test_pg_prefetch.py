@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 import trio
+
 from recoverable.actors.lifecycle import write_command
 from recoverable.storage import RecoveryStore, acquire_lease, pg_sql
 from recoverable.storage.pg_batch import row_id
 from recoverable.storage.pg_store import PgStore
-
 from tests.storage.storage_helpers import ACCOUNT, make_op
 
 

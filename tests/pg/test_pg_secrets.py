@@ -24,12 +24,12 @@ import psycopg
 import pytest
 import trio
 from psycopg import sql
-from recoverable.storage.pg_schema import SCHEMA_VERSION
 
 import recoverable
 from recoverable.cli import main
 from recoverable.cli.batch_workers import STORE_ENV
 from recoverable.cli.exits import EXIT_STORE_LOST
+from recoverable.storage.pg_schema import SCHEMA_VERSION
 from tests.cli.cli_helpers import REPO, child_env, cli_command, job_line, run_cli, write_jobs
 from tests.cli.test_batch_workers import worker_pids
 from tests.cli.test_worker_cli import (

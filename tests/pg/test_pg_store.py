@@ -10,6 +10,14 @@ from typing import Any
 
 import psycopg
 import pytest
+
+from recoverable.errors import (
+    FenceMismatch,
+    InvalidRequest,
+    OperationBusy,
+    StorageUnavailable,
+    UnsupportedRecordVersion,
+)
 from recoverable.storage import RecoveryStore, acquire_lease
 from recoverable.storage.pg_batch import CHANGES_KEPT, MAX_LOGGED_KEYS, row_id
 from recoverable.storage.pg_schema import (
@@ -20,14 +28,6 @@ from recoverable.storage.pg_schema import (
     upgrade,
 )
 from recoverable.storage.pg_store import PgStore, redact_url
-
-from recoverable.errors import (
-    FenceMismatch,
-    InvalidRequest,
-    OperationBusy,
-    StorageUnavailable,
-    UnsupportedRecordVersion,
-)
 from tests.pg.cluster import Cluster
 from tests.pg.fixtures import drop_database, new_database
 from tests.storage.storage_helpers import make_op

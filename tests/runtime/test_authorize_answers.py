@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 import trio
-from recoverable.actors.worker import run_worker
 
 import recoverable
+from recoverable.actors.worker import run_worker
 from recoverable.testing import FixtureProvider
 
 from .conftest import ACCOUNT, REQUEST, Answer, generation_requests, make_backend

@@ -15,10 +15,10 @@ from typing import Any, TypeVar
 
 import pytest
 import trio
-from recoverable.transport.sse import SseTransport
 
 import recoverable
 from recoverable.testing import FixtureProvider, Reply
+from recoverable.transport.sse import SseTransport
 
 from .conftest import ACCOUNT, REQUEST, Answer, generation_requests, make_backend
 

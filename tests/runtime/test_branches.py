@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 import trio
-from recoverable.storage.store import WriteTxn
 
 import recoverable
 from recoverable import _killpoints
+from recoverable.storage.store import WriteTxn
 from recoverable.testing import FixtureProvider, Reply
 
 from .conftest import (

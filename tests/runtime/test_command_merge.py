@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 import trio
-from recoverable.actors.fenced import folds
-from recoverable.actors.monitor import Watch
 
 import recoverable
+from recoverable.actors.fenced import folds
+from recoverable.actors.monitor import Watch
 from recoverable.records import CommandKind, CommandRecord, OperationRecord, Phase
 from recoverable.testing import FixtureProvider, Reply
 

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 import trio
-from recoverable.actors.continuation import dispatch_continuation
-from recoverable.actors.worker import run_worker
 
 import recoverable
 from recoverable import errors
+from recoverable.actors.continuation import dispatch_continuation
+from recoverable.actors.worker import run_worker
 from recoverable.records import OperationRecord
 from recoverable.testing import FixtureProvider, Reply
 

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 import trio
-from recoverable.actors.continuation import DispatchResult, dispatch_continuation
-from recoverable.actors.worker import run_worker
 
 import recoverable
 from recoverable import errors
+from recoverable.actors.continuation import DispatchResult, dispatch_continuation
+from recoverable.actors.worker import run_worker
 from recoverable.testing import FixtureProvider, Reply
 
 from ..cli.cli_helpers import run_cli

@@ -23,12 +23,12 @@ from typing import Any
 
 import pytest
 import trio
-from recoverable.actors import worker as worker_module
-from recoverable.actors.continuation import dispatch_continuation
-from recoverable.actors.worker import run_worker
 
 import recoverable
 from recoverable import errors, machine
+from recoverable.actors import worker as worker_module
+from recoverable.actors.continuation import dispatch_continuation
+from recoverable.actors.worker import run_worker
 from recoverable.testing import FixtureProvider, Reply
 
 from .conftest import ACCOUNT, REQUEST, Answer, Authorizer, generation_requests, make_backend

@@ -10,10 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from recoverable.actors.continuation import dispatch_continuation
 
 import recoverable
 from recoverable import errors
+from recoverable.actors.continuation import dispatch_continuation
 from recoverable.testing import FixtureProvider, Reply
 
 from .conftest import ACCOUNT, REQUEST, Answer, Authorizer, make_backend

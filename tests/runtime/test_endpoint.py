@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+
+import recoverable
 from recoverable.storage import codec
 from recoverable.storage.keys import operation_key
 from recoverable.storage.store import WriteTxn
-from recoverable.transport.backend import check_base_url, endpoint_identity
-
-import recoverable
 from recoverable.testing import FixtureProvider, Reply
+from recoverable.transport.backend import check_base_url, endpoint_identity
 
 from .conftest import ACCOUNT, REQUEST, Answer, Authorizer, generation_requests
 

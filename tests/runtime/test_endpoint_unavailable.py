@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 import trio
-from recoverable.transport.connect import EndpointGate
 
 import recoverable
 from recoverable.testing import FixtureProvider
+from recoverable.transport.connect import EndpointGate
 
 from .conftest import ACCOUNT, REQUEST, Answer, Authorizer, generation_requests
 

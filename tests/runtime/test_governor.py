@@ -20,13 +20,13 @@ from typing import Any
 
 import pytest
 import trio
-from recoverable.actors.governor import DEFAULT_BURST_SECONDS, RateGovernor
-from recoverable.storage.store import governor_key
 
 import recoverable
+from recoverable.actors.governor import DEFAULT_BURST_SECONDS, RateGovernor
 from recoverable.cli import format_status
 from recoverable.errors import InvalidRequest, RecoveryError
 from recoverable.outcome import Completed, Interruption, RateLimits, Usage
+from recoverable.storage.store import governor_key
 from recoverable.telemetry import Telemetry
 from recoverable.testing import FixtureProvider, Reply
 

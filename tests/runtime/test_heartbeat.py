@@ -14,6 +14,9 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+
+import recoverable
+from recoverable import errors
 from recoverable.actors.fenced import FencedWrite
 from recoverable.actors.heartbeat import (
     RENEW_CHUNK,
@@ -21,11 +24,8 @@ from recoverable.actors.heartbeat import (
     LeaseKeeper,
     check_lease_seconds,
 )
-from recoverable.storage import RecoveryStore, acquire_lease, release_lease
-
-import recoverable
-from recoverable import errors
 from recoverable.records import LeaseRecord
+from recoverable.storage import RecoveryStore, acquire_lease, release_lease
 from recoverable.testing import FixtureProvider
 
 from ..storage.storage_helpers import make_op

@@ -218,9 +218,8 @@ async def test_the_sweep_judges_a_lease_expiry_at_its_own_now(tmp_path: Path) ->
     """The sweep (w-sweep) reads liveness at the ``now`` it is given: a living owner's
     lease is untouched before its expiry and swept (fenced out) from it."""
     from recoverable.actors.sweep import sweep
-    from recoverable.storage import acquire_lease
-
     from recoverable.records import AttemptRecord, OperationRecord
+    from recoverable.storage import acquire_lease
 
     with recoverable.RecoveryStore.open(str(tmp_path / "store")) as store:
         attempt = AttemptRecord(attempt_id="op-e.1", number=1, reason="initial",

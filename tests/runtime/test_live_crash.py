@@ -31,9 +31,9 @@ from typing import Any
 import msgspec
 import pytest
 import trio
-from recoverable.actors.sweep import sweep
 
 import recoverable
+from recoverable.actors.sweep import sweep
 from recoverable.testing import FixtureProvider, Reply
 
 from .conftest import Authorizer, generation_requests

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-from recoverable.storage import codec
 
 import recoverable
 from recoverable import errors
 from recoverable.records import OperationRecord
+from recoverable.storage import codec
 from recoverable.testing import FixtureProvider, Reply
 
 from .conftest import ACCOUNT, REQUEST, Answer, Authorizer, make_backend

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-from recoverable.storage.store import WriteTxn, operation_key
 
 import recoverable
+from recoverable.storage.store import WriteTxn, operation_key
 from recoverable.testing import FixtureProvider, Reply
 
 from .conftest import ACCOUNT, Answer, Authorizer, generation_requests, make_backend

@@ -11,11 +11,11 @@ import datetime
 import importlib.metadata
 
 import pytest
-from recoverable.transport.base import USER_AGENT
 
 import recoverable
 from recoverable import errors
 from recoverable.testing import FixtureProvider, Reply
+from recoverable.transport.base import USER_AGENT
 
 from .conftest import ACCOUNT, REQUEST, Answer, Authorizer, generation_requests, make_backend
 

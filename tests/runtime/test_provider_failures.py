@@ -8,12 +8,12 @@ without an opt-in), 6 (a response too large is terminal, a truncated one is repl
 from __future__ import annotations
 
 import pytest
-from recoverable.storage.store import operation_key
-from recoverable.transport import StreamLimits
 
 import recoverable
 from recoverable.outcome import UNRECOGNIZED_CODE
+from recoverable.storage.store import operation_key
 from recoverable.testing import FixtureProvider, Reply
+from recoverable.transport import StreamLimits
 
 from .conftest import ACCOUNT, REQUEST, Answer, Authorizer, generation_requests, make_backend
 

@@ -16,6 +16,9 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+
+import recoverable
+from recoverable import errors
 from recoverable.actors.sweep import sweep
 from recoverable.actors.worker import run_worker
 from recoverable.storage.copy import copy_store
@@ -27,9 +30,6 @@ from recoverable.storage.queue import (
     order_key,
 )
 from recoverable.storage.queue import entry as queue_entry
-
-import recoverable
-from recoverable import errors
 from recoverable.testing import FixtureProvider
 
 from .conftest import ACCOUNT, REQUEST, Answer, generation_requests, make_backend

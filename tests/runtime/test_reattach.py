@@ -16,10 +16,10 @@ from typing import Any
 
 import msgspec
 import pytest
-from recoverable.actors.sweep import sweep
 
 import recoverable
 from recoverable import errors
+from recoverable.actors.sweep import sweep
 from recoverable.reattachment import MAX_REATTACHMENTS
 from recoverable.testing import FixtureProvider, Reply, ResumeFault
 
@@ -312,7 +312,6 @@ async def test_an_exception_of_a_background_stream_is_raised_as_itself(
     (e.g. the consumption's refusal, ``_NotTransmitted``) must reach the transmitter as
     itself, never wrapped in an ExceptionGroup it would not catch."""
     from recoverable.actors.operation import OperationActor
-
     from recoverable.contract import contract_for
 
     class Refused(Exception):

@@ -9,11 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from recoverable.storage.sources import change_source
 
 import recoverable
 from recoverable import errors
 from recoverable.reattachment import MAX_REATTACHMENTS
+from recoverable.storage.sources import change_source
 from recoverable.testing import FixtureProvider
 
 from .conftest import Answer, Authorizer, generation_requests

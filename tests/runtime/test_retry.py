@@ -13,10 +13,10 @@ from pathlib import Path
 import msgspec
 import pytest
 import trio
-from recoverable.actors import retry as manual_retry
-from recoverable.storage.store import WriteTxn
 
 import recoverable
+from recoverable.actors import retry as manual_retry
+from recoverable.storage.store import WriteTxn
 from recoverable.testing import FixtureProvider, Reply
 
 from .conftest import (

@@ -8,9 +8,9 @@ from pathlib import Path
 import msgspec
 import pytest
 import trio
-from recoverable.storage.store import WriteTxn
 
 import recoverable
+from recoverable.storage.store import WriteTxn
 from recoverable.testing import FixtureProvider, Reply
 
 from .conftest import (

@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 import trio
-from recoverable.transport.base import Credentials
 
 import recoverable
 from recoverable import errors
 from recoverable.outcome import Outcome, Progress
 from recoverable.testing import FixtureProvider, Reply
+from recoverable.transport.base import Credentials
 
 from ..cli.cli_helpers import run_cli
 from .conftest import ACCOUNT, REQUEST, Answer, Authorizer, generation_requests, make_backend

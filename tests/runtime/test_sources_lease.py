@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 import trio
-from recoverable.actors.sweep import sweep
 
 import recoverable
+from recoverable.actors.sweep import sweep
 from recoverable.testing import FixtureProvider, Reply
 
 from .conftest import generation_requests

@@ -8,11 +8,11 @@ from pathlib import Path
 import lmdb
 import pytest
 import trio
-from recoverable.storage.queue import entry as queue_entry
-from recoverable.storage.store import WriteTxn
 
 import recoverable
 from recoverable import errors
+from recoverable.storage.queue import entry as queue_entry
+from recoverable.storage.store import WriteTxn
 from recoverable.testing import FixtureProvider, Reply
 
 from .conftest import ACCOUNT, REQUEST, Answer, Authorizer, generation_requests, make_backend

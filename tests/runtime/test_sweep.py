@@ -24,10 +24,10 @@ from typing import Any
 import msgspec
 import pytest
 import trio
-from recoverable.actors.sweep import MAX_REPORT_IDS, SweepReport, sweep
 
 import recoverable
 from recoverable import errors
+from recoverable.actors.sweep import MAX_REPORT_IDS, SweepReport, sweep
 from recoverable.outcome import Interruption
 from recoverable.records import AttemptRecord, OperationRecord
 from recoverable.testing import FixtureProvider, Reply

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 import trio
-from recoverable.actors.worker import run_worker
 
 import recoverable
 from recoverable import errors
+from recoverable.actors.worker import run_worker
 from recoverable.testing import FixtureProvider, Reply
 
 from .conftest import ACCOUNT, Answer, Authorizer, generation_requests, make_backend

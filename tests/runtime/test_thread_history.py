@@ -12,10 +12,10 @@ import json
 from typing import Any
 
 import pytest
-from recoverable.storage.threads import read_row, row_id
 
 import recoverable
 from recoverable import errors
+from recoverable.storage.threads import read_row, row_id
 from recoverable.testing import FixtureProvider, Reply
 
 from .conftest import ACCOUNT, Answer, Authorizer, make_backend

@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from recoverable.actors.sweep import sweep
-from recoverable.actors.worker import run_worker
-from recoverable.storage.queue import SERVED_GRACE
 
 import recoverable
 from recoverable import errors
+from recoverable.actors.sweep import sweep
+from recoverable.actors.worker import run_worker
 from recoverable.preconditions import DEFAULT_UNCLAIMED_AFTER
+from recoverable.storage.queue import SERVED_GRACE
 from recoverable.testing import FixtureProvider
 from recoverable.types import to_datetime
 

@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from recoverable.actors.worker import run_worker
 
 import recoverable
+from recoverable.actors.worker import run_worker
 from recoverable.outcome import Completed, Interruption, Outcome, Progress
 from recoverable.testing import FixtureProvider
 

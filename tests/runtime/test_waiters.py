@@ -9,10 +9,10 @@ from typing import Any
 import msgspec
 import pytest
 import trio
-from recoverable.actors.waiters import may_settle
 
 import recoverable
 from recoverable import errors
+from recoverable.actors.waiters import may_settle
 from tests.storage.storage_helpers import make_op
 
 from .conftest import ACCOUNT, Answer, Authorizer, make_backend

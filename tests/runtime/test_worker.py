@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import trio
 import trio.lowlevel
-from recoverable.actors.worker import run_worker
-from recoverable.storage.queue import entry as queue_entry
 
 import recoverable
 from recoverable import errors
+from recoverable.actors.worker import run_worker
+from recoverable.storage.queue import entry as queue_entry
 from recoverable.testing import FixtureProvider, Reply
 
 from .conftest import ACCOUNT, OTHER, REQUEST, Answer, generation_requests, make_backend

@@ -12,10 +12,10 @@ import resource
 import signal
 import sys
 
-from recoverable.storage import RecoveryStore
 from storage_helpers import make_op
 
 from recoverable.errors import RecoveryError
+from recoverable.storage import RecoveryStore
 
 
 def attempt(what: str, fn: object) -> None:

@@ -7,6 +7,10 @@ import time
 
 import msgspec
 import trio
+from storage_helpers import make_op
+
+from recoverable.errors import RecoveryError
+from recoverable.records import LeaseRecord
 from recoverable.storage import (
     RecoveryStore,
     WriteTxn,
@@ -15,10 +19,6 @@ from recoverable.storage import (
     renew_leases,
 )
 from recoverable.storage.codec import encode
-from storage_helpers import make_op
-
-from recoverable.errors import RecoveryError
-from recoverable.records import LeaseRecord
 
 
 def increment(txn: WriteTxn) -> int:

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
+
 from recoverable.storage import redact
 from recoverable.storage.pg_sql import describe
 from recoverable.storage.store import redact_url

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from recoverable.storage import RecoveryStore
-from recoverable.storage.sources import change_source
 from storage_helpers import make_op
 
 from recoverable import errors
 from recoverable.records import AttemptRecord, DispositionRecord
+from recoverable.storage import RecoveryStore
+from recoverable.storage.sources import change_source
 from recoverable.types import SourceRef
 
 STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)

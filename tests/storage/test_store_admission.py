@@ -12,12 +12,12 @@ from typing import Any
 
 import msgspec
 import pytest
-from recoverable.storage import RecoveryStore, acquire_lease
-from recoverable.storage.txn import ADMISSION_FIELDS
 from storage_helpers import OTHER, make_op
 
 from recoverable.errors import AdmissionChanged
 from recoverable.records import AttemptRecord, PendingAttempt
+from recoverable.storage import RecoveryStore, acquire_lease
+from recoverable.storage.txn import ADMISSION_FIELDS
 from recoverable.transitions import InvalidTransition
 from recoverable.types import RetryPolicy, SourceRef
 

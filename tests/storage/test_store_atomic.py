@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from recoverable.storage import RecoveryStore, WriteTxn
 from storage_helpers import make_op
 
 from recoverable.errors import FenceMismatch, StorageUnavailable
+from recoverable.storage import RecoveryStore, WriteTxn
 
 STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
 

@@ -21,12 +21,12 @@ from pathlib import Path
 import lmdb
 import msgspec
 import pytest
-from recoverable.storage import RecoveryStore
-from recoverable.storage.keys import payload_key
 from storage_helpers import make_op, read_line
 
 import recoverable
 from recoverable.errors import CorruptRecord, StoreDamaged, StoreLockReplaced
+from recoverable.storage import RecoveryStore
+from recoverable.storage.keys import payload_key
 from recoverable.testing import FixtureProvider, Reply
 
 DAMAGE_CHILD = str(Path(__file__).with_name("damage_child.py"))

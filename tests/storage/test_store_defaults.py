@@ -5,10 +5,10 @@ from __future__ import annotations
 import inspect
 
 import pytest
-from recoverable.storage import RecoveryStore
-from recoverable.storage.store import WriteTxn
 
 import recoverable
+from recoverable.storage import RecoveryStore
+from recoverable.storage.store import WriteTxn
 
 STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
 

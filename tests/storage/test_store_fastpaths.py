@@ -15,12 +15,10 @@ import gc
 from typing import Any
 
 import pytest
-from recoverable.actors import fenced
-from recoverable.storage import RecoveryStore, WriteTxn
-from recoverable.storage.queue import member_key
 from storage_helpers import make_op
 
 from recoverable import machine
+from recoverable.actors import fenced
 from recoverable.errors import (
     AdmissionChanged,
     CorruptRecord,
@@ -29,6 +27,8 @@ from recoverable.errors import (
     StorageUnavailable,
 )
 from recoverable.records import AttemptRecord, OperationRecord
+from recoverable.storage import RecoveryStore, WriteTxn
+from recoverable.storage.queue import member_key
 
 STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
 

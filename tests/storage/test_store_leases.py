@@ -10,8 +10,6 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from recoverable.storage import RecoveryStore, acquire_lease, release_lease, renew_leases
-from recoverable.storage.keys import operation_key
 from storage_helpers import make_op, read_line, spawn_child
 
 from recoverable.errors import (
@@ -23,6 +21,8 @@ from recoverable.errors import (
     StateUnavailable,
 )
 from recoverable.records import LeaseRecord
+from recoverable.storage import RecoveryStore, acquire_lease, release_lease, renew_leases
+from recoverable.storage.keys import operation_key
 
 STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
 

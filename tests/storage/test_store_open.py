@@ -8,9 +8,9 @@ from pathlib import Path
 
 import lmdb
 import pytest
-from recoverable.storage import RecoveryStore
 
 from recoverable.errors import InvalidRequest, StorageUnavailable, UnsupportedRecordVersion
+from recoverable.storage import RecoveryStore
 
 
 def mode(path: str | Path) -> int:

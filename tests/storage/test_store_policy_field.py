@@ -8,11 +8,11 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from recoverable.storage import codec
 from storage_helpers import make_op
 
 from recoverable import machine
 from recoverable.errors import CorruptRecord
+from recoverable.storage import codec
 
 STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
 

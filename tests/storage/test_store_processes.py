@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import trio
-from recoverable.storage import RecoveryStore, WriteTxn
 from storage_helpers import make_op, read_line, spawn_child
+
+from recoverable.storage import RecoveryStore, WriteTxn
 
 PER_PROCESS = 150
 

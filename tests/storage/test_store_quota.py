@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from recoverable.storage import RecoveryStore, WriteTxn
 from storage_helpers import make_op
 
 from recoverable.errors import StorageLimitExceeded
+from recoverable.storage import RecoveryStore, WriteTxn
 
 STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
 

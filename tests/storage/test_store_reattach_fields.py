@@ -7,11 +7,11 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from recoverable.storage import codec
 from storage_helpers import make_op
 
 from recoverable.errors import CorruptRecord
 from recoverable.records import AttemptRecord
+from recoverable.storage import codec
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 

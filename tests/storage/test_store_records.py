@@ -6,14 +6,6 @@ import hashlib
 
 import msgspec
 import pytest
-from recoverable.storage import (
-    RecoveryStore,
-    WriteTxn,
-    codec,
-    register_operation_upgrader,
-    unregister_operation_upgrader,
-)
-from recoverable.storage.keys import operation_key, payload_key
 from storage_helpers import ACCOUNT, OTHER, make_op, spawn_child
 
 from recoverable.errors import (
@@ -32,6 +24,14 @@ from recoverable.records import (
     PendingAttempt,
     RetryReservation,
 )
+from recoverable.storage import (
+    RecoveryStore,
+    WriteTxn,
+    codec,
+    register_operation_upgrader,
+    unregister_operation_upgrader,
+)
+from recoverable.storage.keys import operation_key, payload_key
 
 STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
 

@@ -8,8 +8,9 @@ import gzip
 import struct
 from pathlib import Path
 
-from recoverable.storage import RecoveryStore
 from storage_helpers import ACCOUNT, make_op
+
+from recoverable.storage import RecoveryStore
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "store_with_schedule_rows.mdb.gz.hex"
 OLD_BYTES_USED = 2707

@@ -7,11 +7,11 @@ from typing import Any
 
 import msgspec
 import pytest
-from recoverable.storage import RecoveryStore, WriteTxn, acquire_lease
 from storage_helpers import make_op
 
 from recoverable.errors import CorruptRecord, RecoveryError, UnsupportedRecordVersion
 from recoverable.records import DispositionRecord, LeaseRecord
+from recoverable.storage import RecoveryStore, WriteTxn, acquire_lease
 from recoverable.types import AccountBinding
 
 STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)

@@ -16,6 +16,7 @@ import random
 from pathlib import Path
 
 import lmdb
+
 from recoverable.storage import RecoveryStore, integrity
 
 

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from recoverable.storage import codec
 from storage_helpers import ACCOUNT, make_op
 
 from recoverable import machine
 from recoverable.errors import CorruptRecord
 from recoverable.outcome import Usage
 from recoverable.records import AttemptRecord, DispositionRecord
+from recoverable.storage import codec
 
 STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
 

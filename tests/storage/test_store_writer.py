@@ -10,10 +10,10 @@ import pytest
 import trio
 import trio.lowlevel
 import trio.testing
-from recoverable.storage import RecoveryStore, WriteTxn
 from storage_helpers import make_op
 
 from recoverable.errors import StorageUnavailable
+from recoverable.storage import RecoveryStore, WriteTxn
 
 
 async def test_a_thousand_concurrent_writers_share_few_commits_and_all_survive_reopen(

@@ -21,11 +21,11 @@ from typing import Any
 
 import lmdb
 import pytest
-from recoverable.storage import RecoveryStore
-from recoverable.storage.writer import MapGuard, MutationContext, Writer
 from storage_helpers import read_line
 
 from recoverable.errors import StorageLimitExceeded, StorageUnavailable
+from recoverable.storage import RecoveryStore
+from recoverable.storage.writer import MapGuard, MutationContext, Writer
 
 DAMAGE_CHILD = str(Path(__file__).with_name("damage_child.py"))
 MiB = 2**20

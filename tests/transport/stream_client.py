@@ -9,8 +9,9 @@ import sys
 
 import msgspec
 import trio
-from recoverable.transport import Progress, ResponsesBackend, StaticCredentials
 from transport_helpers import make_body
+
+from recoverable.transport import Progress, ResponsesBackend, StaticCredentials
 
 
 async def main(url: str, mode: str, attempt_id: str) -> None:

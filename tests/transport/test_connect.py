@@ -9,6 +9,11 @@ from collections.abc import Awaitable, Callable
 import pytest
 import trio
 import trio.testing
+from transport_helpers import make_body
+
+from recoverable.errors import EndpointUnavailable, InvalidRequest
+from recoverable.outcome import Completed, Interruption
+from recoverable.testing import FixtureProvider
 from recoverable.transport.backend import ResponsesBackend
 from recoverable.transport.base import StaticCredentials
 from recoverable.transport.connect import (
@@ -17,11 +22,6 @@ from recoverable.transport.connect import (
     check_unreachable_after,
     classify_connect_error,
 )
-from transport_helpers import make_body
-
-from recoverable.errors import EndpointUnavailable, InvalidRequest
-from recoverable.outcome import Completed, Interruption
-from recoverable.testing import FixtureProvider
 
 MODES = ["sse", "websocket"]
 BODY = make_body()

@@ -127,6 +127,7 @@ async def test_openai_sdk_cancels_a_live_response() -> None:
 def test_events_of_background_kinds_match_the_sdk_models_strictly() -> None:
     import pydantic
     from openai.types.responses import Response, ResponseStreamEvent
+
     from recoverable.transport.fixture_background import StoredResponse
     from recoverable.transport.fixture_replies import events_for
 

@@ -22,15 +22,15 @@ from typing import Any
 import msgspec
 import pytest
 import trio
-from recoverable.transport.events import ResponseStream
-from recoverable.transport.fixture_replies import http_rejection
-from recoverable.transport.ratelimit import RETRY_AFTER_HEADERS, parse_retry_after
 from transport_helpers import make_body
 
 import recoverable
 from recoverable.errors import InvalidRequest
 from recoverable.outcome import Completed, Interruption
 from recoverable.testing import FixtureProvider, Reply
+from recoverable.transport.events import ResponseStream
+from recoverable.transport.fixture_replies import http_rejection
+from recoverable.transport.ratelimit import RETRY_AFTER_HEADERS, parse_retry_after
 
 ACCOUNT = recoverable.AccountBinding("acct-proxy", "api-key")
 REQUEST = recoverable.StructuredRequest(

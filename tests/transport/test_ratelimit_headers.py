@@ -4,12 +4,6 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-from recoverable.transport.ratelimit import (
-    estimate_tokens,
-    format_duration,
-    parse_duration,
-    parse_rate_limit_headers,
-)
 
 import recoverable
 from recoverable.outcome import (
@@ -20,6 +14,12 @@ from recoverable.outcome import (
     RateLimits,
 )
 from recoverable.testing import FixtureProvider
+from recoverable.transport.ratelimit import (
+    estimate_tokens,
+    format_duration,
+    parse_duration,
+    parse_rate_limit_headers,
+)
 
 
 @pytest.mark.parametrize(

@@ -15,13 +15,13 @@ import attrs
 import msgspec
 import trio
 from background_helpers import step_until
-from recoverable.transport.events import RESUMED_WITHOUT_OUTPUT, ResponseStream
-from recoverable.transport.resume import POLL_FOR_AT_MOST, POLL_MOST, final_state
 from transport_helpers import make_body
 
 import recoverable
 from recoverable.outcome import Completed, Interruption
 from recoverable.testing import FixtureProvider, Reply, ResumeFault
+from recoverable.transport.events import RESUMED_WITHOUT_OUTPUT, ResponseStream
+from recoverable.transport.resume import POLL_FOR_AT_MOST, POLL_MOST, final_state
 
 ANSWER = {"answer": 3, "label": "yes", "note": None, "items": []}
 TEXT = msgspec.json.encode(ANSWER).decode()

@@ -9,6 +9,7 @@ from contextlib import ExitStack
 
 import httpx
 import pytest
+
 from recoverable.transport.shards import ClientShards
 
 

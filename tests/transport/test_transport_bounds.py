@@ -14,6 +14,8 @@ from functools import partial
 import pytest
 import trio
 import trio_websocket
+from transport_helpers import make_body
+
 from recoverable.transport import (
     Completed,
     Interruption,
@@ -21,7 +23,6 @@ from recoverable.transport import (
     StaticCredentials,
     StreamLimits,
 )
-from transport_helpers import make_body
 
 BODY = make_body()
 SSE_HEAD = (

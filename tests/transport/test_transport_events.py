@@ -11,6 +11,9 @@ import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
+from recoverable.errors import InvalidRequest
+from recoverable.testing import FaultSpec, Reply, synthesize_value
 from recoverable.transport import (
     Completed,
     Interruption,
@@ -21,9 +24,6 @@ from recoverable.transport import (
 from recoverable.transport.base import normalize_base_url, parse_error_body, parse_retry_after
 from recoverable.transport.events import FrameTooLarge, ResponseStream, SseDecoder, SseFrame
 from recoverable.transport.fixture_replies import events_for
-
-from recoverable.errors import InvalidRequest
-from recoverable.testing import FaultSpec, Reply, synthesize_value
 from recoverable.types import AccountBinding
 
 # -- SSE decoding -----------------------------------------------------------------

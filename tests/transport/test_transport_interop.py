@@ -15,15 +15,6 @@ import msgspec
 import pytest
 import trio
 import trio_websocket
-from recoverable.transport import (
-    Completed,
-    Interruption,
-    ResponsesBackend,
-    StaticCredentials,
-    StreamLimits,
-)
-from recoverable.transport.base import parse_error_body
-from recoverable.transport.events import ResponseStream
 from transport_helpers import SCHEMA, make_body
 
 from recoverable.machine import classify
@@ -34,6 +25,15 @@ from recoverable.outcome import (
     bounded_response_id,
 )
 from recoverable.testing import FixtureProvider, Reply
+from recoverable.transport import (
+    Completed,
+    Interruption,
+    ResponsesBackend,
+    StaticCredentials,
+    StreamLimits,
+)
+from recoverable.transport.base import parse_error_body
+from recoverable.transport.events import ResponseStream
 from recoverable.types import RetryPolicy
 
 MODES = ["sse", "websocket"]

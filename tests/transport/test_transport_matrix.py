@@ -8,6 +8,9 @@ import jsonschema_rs
 import msgspec
 import pytest
 import trio
+from transport_helpers import SCHEMA, make_body
+
+from recoverable.testing import FixtureProvider, Reply
 from recoverable.transport import (
     Completed,
     Interruption,
@@ -17,9 +20,6 @@ from recoverable.transport import (
     StreamLimits,
 )
 from recoverable.transport.base import token_fingerprint
-from transport_helpers import SCHEMA, make_body
-
-from recoverable.testing import FixtureProvider, Reply
 
 MODES = ["sse", "websocket"]
 BODY = make_body()

@@ -53,8 +53,9 @@ async def test_openai_sdk_streams_synthesized_reply(provider: FixtureProvider) -
 def test_every_reply_kind_matches_the_sdk_event_models_strictly() -> None:
     import pydantic
     from openai.types.responses import ResponseStreamEvent
-    from recoverable.transport.fixture_replies import events_for
     from transport_helpers import make_body
+
+    from recoverable.transport.fixture_replies import events_for
 
     adapter: pydantic.TypeAdapter[object] = pydantic.TypeAdapter(ResponseStreamEvent)
     request = json.loads(make_body())

@@ -7,8 +7,6 @@ from typing import Any
 
 import msgspec
 import pytest
-from recoverable.transport.events import ResponseStream
-from recoverable.transport.fixture_replies import events_for
 
 from recoverable.outcome import (
     MAX_USAGE_TOKENS,
@@ -19,6 +17,8 @@ from recoverable.outcome import (
     parse_usage,
 )
 from recoverable.testing import Reply
+from recoverable.transport.events import ResponseStream
+from recoverable.transport.fixture_replies import events_for
 
 GOOD = {
     "input_tokens": 120,
