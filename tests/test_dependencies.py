@@ -10,7 +10,11 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGE_DIRS = ("src/recoverable", "actors", "storage", "transport")
+# The package's folders: pyproject.toml's [tool.setuptools.package-dir].
+PACKAGE_DIRS = tuple(
+    tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-dir"].values()
+)
 NOT_RUNTIME_EXTRAS = {"dev", "bench"}  # test and benchmark tools, never imported by the package
 
 

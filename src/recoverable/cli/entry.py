@@ -14,7 +14,6 @@ from recoverable.cli.batch import run_batch
 from recoverable.cli.bulk_arguments import BULK_COMMANDS
 from recoverable.cli.bulk_cli import is_bulk, run_bulk
 from recoverable.cli.config import DEFAULT_RETRY_PROVIDER_CODES, BatchConfig
-from recoverable.cli.dashboard import run_dashboard
 from recoverable.cli.db import run_db
 from recoverable.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, UsageError
 from recoverable.cli.formatting import safe_text
@@ -45,6 +44,27 @@ def _reserve_standard_descriptors() -> None:
                 os.close(devnull)
 
 
+# The dashboard's web dependencies: the ``dashboard`` extra.
+_DASHBOARD_DEPENDENCIES = frozenset({"starlette", "hypercorn"})
+
+
+def _dashboard(args: argparse.Namespace, out: IO[str]) -> int:
+    """``recoverable dashboard``; without its extra, one line saying how to install it."""
+    try:
+        from recoverable.cli.dashboard import run_dashboard
+    except ImportError as exc:
+        missing = (exc.name or "").partition(".")[0]
+        if missing not in _DASHBOARD_DEPENDENCIES:
+            raise
+        print(
+            f"recoverable dashboard: needs {missing}, which is not installed: "
+            "pip install 'recoverable[dashboard]'",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    return run_dashboard(args, out, sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     _reserve_standard_descriptors()
@@ -71,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "source":
             return run_source(args, out, sys.stderr)
         if args.command == "dashboard":
-            return run_dashboard(args, out, sys.stderr)
+            return _dashboard(args, out)
         if args.command == "config":
             return run_config(args, out, sys.stderr)
         if args.command == "db":
