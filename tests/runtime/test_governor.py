@@ -76,8 +76,15 @@ async def test_concurrent_operations_under_a_tpm_limit_get_no_429(
 ) -> None:
     # 1000 tokens a second, a bucket of one second: a request counts ~300 tokens, so
     # 12 concurrent operations need ~3 s; sent at once they would overrun the bucket.
+    # The provider's own bucket holds two seconds: the governor's burst must be smaller
+    # than the provider's by more than a request's delay between its admission and its
+    # arrival (docs/rate-limits.md), and on a loaded machine the first burst, opening its
+    # connections, arrived 0.2 s late (a 429 in two CI runs with equal bursts).
     tpm, burst, jobs = 60_000, 1.0, 12
-    async with FixtureProvider.serve(tpm_limit=tpm, rate_burst_seconds=burst) as provider:
+    provider_burst = 2 * burst
+    async with FixtureProvider.serve(
+        tpm_limit=tpm, rate_burst_seconds=provider_burst
+    ) as provider:
         with recoverable.RecoveryStore.open(str(tmp_path / "governed")) as store:
             failures = await run_jobs(provider, store, mode, jobs, BOUNDED,
                                       tokens_per_minute=tpm, rate_burst_seconds=burst)
@@ -93,7 +100,9 @@ async def test_concurrent_operations_under_a_tpm_limit_get_no_429(
     # The budget was really the constraint: the run took at least (total - bucket) / rate.
     assert arrivals[-1] - arrivals[0] >= 1.0
     # The control: the same jobs without the governor's TPM limit are refused at once.
-    async with FixtureProvider.serve(tpm_limit=tpm, rate_burst_seconds=burst) as provider:
+    async with FixtureProvider.serve(
+        tpm_limit=tpm, rate_burst_seconds=provider_burst
+    ) as provider:
         with recoverable.RecoveryStore.open(str(tmp_path / "free")) as store:
             await run_jobs(provider, store, mode, jobs, BOUNDED)
         assert rate_limited(provider) != []
