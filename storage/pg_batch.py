@@ -89,7 +89,7 @@ _MANY_OPERATIONS: Final = " UNION ALL ".join(
        # Every job index entry of each job about to be admitted (its prefix's range).
        f"SELECT '{_HOSTS}', h.key, h.value FROM {_HOSTS} h JOIN"
        " unnest(%(jobs)b::bytea[], %(jobs_end)b::bytea[]) AS r(low, high)"
-       " ON h.key >= r.low AND (r.high IS NULL OR h.key < r.high)"]
+       " ON h.key >= r.low AND h.key < r.high"]
 )
 
 
@@ -112,7 +112,7 @@ class Prefetch:
         self.params: dict[str, list[Any]] = {
             "ops": ops, "payloads": payloads, "members": [MEMBER + key for key in ops],
             "hosts": hosts, "jobs": jobs,
-            "jobs_end": [prefix_end(prefix) for prefix in jobs],
+            "jobs_end": [_range_end(prefix) for prefix in jobs],
         }
         self.sql = _MANY_OPERATIONS
 
@@ -192,6 +192,14 @@ LAST_ORDER: Final = (
 def last_order_serial(rows: list[Any]) -> int:
     """The serial of ``LAST_ORDER``'s row (0: no order row)."""
     return int.from_bytes(bytes(rows[0][0])[1:], "big") if rows else 0
+
+
+def _range_end(prefix: bytes) -> bytes:
+    """A bound above every job index key that starts with ``prefix`` (always a value, so
+    the range is an index range scan: an open end would scan the index to its end). An
+    all-0xff prefix (a digest that never occurs in practice) is bounded past the longest
+    key it can start (an operation key is at most a few hundred bytes)."""
+    return prefix_end(prefix) or prefix + b"\xff" * 1024
 
 
 def row_id(db: str, key: bytes) -> bytes:
