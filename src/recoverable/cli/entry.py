@@ -108,11 +108,28 @@ def main(argv: list[str] | None = None) -> int:
         # Last resort (a damaged store met outside an operation): the typed
         # code and message, never a traceback.
         sys.stderr.write(f"recoverable {args.command}: {exc.code}: {safe_text(scrub(str(exc)))}\n")
+        if isinstance(exc, errors.StoreDamaged):
+            _exit_now(EXIT_FAILED)
         return EXIT_FAILED
     except KeyboardInterrupt:
         # Before or after the batch's own signal handling (startup, shutdown, ops).
         sys.stderr.write(f"recoverable {args.command}: interrupted\n")
         return EXIT_INTERRUPTED
+
+
+def _exit_now(code: int) -> None:
+    """End the process at once, without finalizers: LMDB may have read a damaged store's
+    pages before the damage was found, and its memory (the C heap) can no longer be
+    trusted; a ``free()`` at interpreter exit aborted the process after the typed
+    message was printed (a seeded bit-flip run). Nothing is left to write: the store was
+    refused, and the standard streams are flushed first."""
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+    os._exit(code)
 
 
 def _usage_error(command: str | None, exc: UsageError, as_json: bool) -> None:
