@@ -44,7 +44,7 @@ from recoverable.storage.base import Store as RecoveryStore
 from recoverable.storage.base import WriteTransaction as WriteTxn
 from recoverable.storage.keys import operation_key, payload_key
 from recoverable.storage.migration import saved_completion
-from recoverable.storage.queue import entry as queue_entry
+from recoverable.storage.queue import decode_member, member_key
 from recoverable.storage.queue_checks import QueueLook, find_damage
 from recoverable.telemetry import Telemetry
 from recoverable.transitions import FINISHED
@@ -155,12 +155,15 @@ async def submit(
 def settled(rt: Runtime, operation_id: str, contract: ResponseContract) -> Any:
     """The operation's validated value, its typed terminal error raised, or ``_PENDING``."""
     store: RecoveryStore = rt.store
-    # The record, its command and its completion in one read (on PostgreSQL each read is
-    # a round trip that holds the event loop).
+    # The record, its command, its completion and its queue row in one snapshot: a worker
+    # claims a suspended operation by spending its resume mark and reopening the record
+    # in one commit, so a record read before that commit and a queue row read after it
+    # would look "suspended from outside". One read is also one round trip on PostgreSQL.
     key = operation_key(operation_id)
-    raw_record, raw_command, completion = store.get_raw_rows([
+    raw_record, raw_command, completion, raw_queued = store.get_raw_rows([
         ("operations", key), ("commands", key),
         ("payloads", payload_key(operation_id, "completion")),
+        ("queue", member_key(operation_id)),
     ])
     record: OperationRecord | None = (
         None if raw_record is None
@@ -208,8 +211,8 @@ def settled(rt: Runtime, operation_id: str, contract: ResponseContract) -> Any:
     if idle and is_expired(record, rt.now()):
         raise errors.StateExpired(operation_id=operation_id)
     if record.phase == "suspended":
-        queued = queue_entry(store, operation_id)
-        if queued is None or not queued.resume:
+        member = None if raw_queued is None else decode_member(raw_queued)
+        if member is None or not member[1]:  # not marked for the next worker to resume
             raise errors.OperationSuspended(operation_id=operation_id)
     return _PENDING
 

@@ -4,6 +4,7 @@ idempotent by job key) and ``runtime.wait`` (the saved value or the typed termin
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import lmdb
 import pytest
@@ -11,6 +12,7 @@ import trio
 
 import recoverable
 from recoverable import errors
+from recoverable.machine import evolve, idle_phase
 from recoverable.storage.queue import entry as queue_entry
 from recoverable.storage.store import WriteTxn
 from recoverable.testing import FixtureProvider, Reply
@@ -120,6 +122,42 @@ async def test_a_worker_suspension_is_flagged_for_resumption_and_wait_goes_on(
         with trio.move_on_after(0.3):  # still waiting: a worker will resume it
             await rt.wait(handle, response=Answer)
             raise AssertionError("wait returned for a suspension a worker will resume")
+
+
+async def test_a_worker_claiming_between_reads_is_never_taken_for_a_host_suspension(
+    provider: FixtureProvider, store: recoverable.RecoveryStore,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker claims a suspended operation by spending its resume mark and reopening
+    the record in one commit. ``wait`` read the record and the queue row in two reads:
+    a claim committed between them showed a suspended record with no mark, and the
+    rerun of a stopped ``batch --workers 1`` failed "suspended from outside" (CI). The
+    claim is committed here right after ``wait``'s read of the record."""
+    async with recoverable.open_runtime(store, make_backend(provider), account=ACCOUNT) as rt:
+        handle = await rt.submit(REQUEST, response=Answer, job_id="c", maximum_attempts=2)
+        await rt.suspend(handle)
+        await store.write(lambda txn: txn.enqueue(handle.operation_id, resume=True))
+        read_rows = store.get_raw_rows
+        claimed: list[bool] = []
+
+        def claim(txn: WriteTxn) -> None:
+            record = txn.get_operation(handle.operation_id)
+            assert record is not None and record.phase == "suspended"
+            assert txn.spend_resume_mark(handle.operation_id)
+            txn.put_operation(evolve(record, phase=idle_phase(record)))
+
+        def read_then_claim(wanted: list[tuple[Any, bytes]]) -> list[bytes | None]:
+            rows = read_rows(wanted)
+            if not claimed:
+                claimed.append(True)
+                store.write_sync(claim)
+            return rows
+
+        monkeypatch.setattr(store, "get_raw_rows", read_then_claim)
+        with trio.move_on_after(0.3):  # still waiting: the worker that claimed it runs it
+            await rt.wait(handle, response=Answer)
+            raise AssertionError("wait returned for an operation a worker claimed")
+        assert claimed
 
 
 async def test_a_store_without_the_queue_table_opens_and_checks_clean(tmp_path: Path) -> None:
