@@ -464,8 +464,9 @@ class Transmitter(OperationCore):
         )
 
     async def _sleep_until(self, at: float) -> None:
-        """The governor's waits (rare, shared; it checks again after): a plain sleep."""
-        await trio.sleep(max(0.0, at - self.host.now()))
+        """The governor's waits (a pause every operation of the account shares; it checks
+        again after): released by the scheduler a few per round, never all at once."""
+        await self.host.scheduler.wait_released(at)
 
 
 def _unreachable(

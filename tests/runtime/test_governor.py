@@ -148,6 +148,9 @@ async def test_a_429_pauses_every_operation_of_the_endpoint_and_account(
                     assert status.rate_limited_until is not None
                     # Another account on the same endpoint is not paused.
                     assert rt.governor.paused_until(endpoint, OTHER) is None
+                # The paused operations were released by the scheduler's shared waits
+                # (a quota per round of the event loop), not each by a sleep of its own.
+                assert rt.scheduler.released >= len(others)
         requests = list(provider.requests)
     assert requests[0].reply_kind == "rate_limited"
     assert len(requests) == 5  # the 429, then the first's replacement and the 3 others
