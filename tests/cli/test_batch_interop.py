@@ -147,7 +147,8 @@ def test_a_batch_api_file_runs_and_commits_each_job_once_in_batch_output_format(
     for x in lines:
         op_id = x["recoverable"]["operation_id"]
         assert x["id"] == f"batch_req_{op_id}" and x["error"] is None
-        assert x["response"]["status_code"] == 200 and x["response"]["request_id"] is None
+        assert x["response"]["status_code"] == 200
+        assert x["response"]["request_id"].startswith(op_id + ".")
         body = x["response"]["body"]
         assert body["object"] == "response" and body["status"] == "completed"
         assert body["id"].startswith("resp_") and body["model"] == "gpt-test"

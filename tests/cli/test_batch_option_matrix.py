@@ -59,7 +59,7 @@ def _without_ids(value: Any) -> Any:
     if isinstance(value, dict):
         return {
             key: _without_ids(item) for key, item in value.items()
-            if key not in ("operation_id", "id", "completed_at", "hint")
+            if key not in ("operation_id", "id", "created_at", "completed_at", "hint")
         }
     if isinstance(value, list):
         return [_without_ids(item) for item in value]

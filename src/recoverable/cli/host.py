@@ -25,6 +25,7 @@ from recoverable.actors.prepare import choose_job_operation
 from recoverable.actors.runtime import Runtime
 from recoverable.cli.config import BatchConfig
 from recoverable.cli.jobs import BATCH_SCOPE, Job
+from recoverable.cli.openai_batch import HttpFailure, http_failure
 from recoverable.cli.report import BatchSummary, ErrorLog, JobError, failure_reason
 from recoverable.cli.result_log import ResultLog, encode_batch_output_line, encode_result_line
 from recoverable.records import OperationRecord
@@ -283,7 +284,7 @@ class BatchHost:
                 "stop it with `recoverable suspend`), then rerun"
             )
         except errors.RecoveryError as exc:
-            self._count_tokens(exc.operation_id)
+            record = self._count_tokens(exc.operation_id)
             message = str(exc) if str(exc) != exc.code else ""
             detail = message
             if exc.operation_id is not None:
@@ -292,6 +293,7 @@ class BatchHost:
                 job, failure_reason(exc), detail, code=exc.code, message=message,
                 operation_id=exc.operation_id,
                 hint=None if exc.operation_id is None else self._suggestion(exc.operation_id),
+                http=http_failure(exc, record),
             )
         except Exception as exc:  # one job's failure never ends the batch
             self._failed(
@@ -434,6 +436,7 @@ class BatchHost:
         message: str | None = None,
         operation_id: str | None = None,
         hint: str | None = None,
+        http: HttpFailure | None = None,
     ) -> None:
         if self.errors_log is not None:
             if hint is None and reason == "revision_conflict":
@@ -442,7 +445,7 @@ class BatchHost:
                 job_id=job.id, revision=job.revision, lineno=job.lineno,
                 code=code or reason.split(":")[0], reason=reason,
                 message=detail if message is None else message,
-                operation_id=operation_id, hint=hint,
+                operation_id=operation_id, hint=hint, http_failure=http,
             ))
         self.summary.failed[reason] += 1
         shown = self._shown[reason]

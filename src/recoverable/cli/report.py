@@ -14,6 +14,7 @@ import msgspec
 
 from recoverable.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from recoverable.cli.formatting import safe_text
+from recoverable.cli.openai_batch import HttpFailure, error_line_fields
 from recoverable.failure_errors import failure_label
 from recoverable.pricing import PriceTable, TokenLedger
 
@@ -126,6 +127,9 @@ class JobError:
     message: str
     operation_id: str | None = None
     hint: str | None = None
+    # The provider's HTTP rejection that ended the job, if one did (the openai-batch
+    # shape writes it as the line's response).
+    http_failure: HttpFailure | None = None
 
 
 class ErrorLog:
@@ -170,13 +174,18 @@ class ErrorLog:
         message = error.message or error.reason
         match self.output_format:
             case "openai-batch":
-                # The Batch API's error line: id, custom_id, response (null), error
-                # {code, message}.
+                # The Batch API's failed request line: id, custom_id, then the provider's
+                # HTTP rejection as the response, or no response and error {code,
+                # message}. The code is the reason's typed error code, which a rerun that
+                # reads the saved failure back reports alike (``failure_reason``).
+                response, error_object = error_line_fields(
+                    error.reason.split(":")[0], message, error.http_failure
+                )
                 return {
                     "id": None if error.operation_id is None else f"batch_req_{error.operation_id}",
                     "custom_id": error.job_id,
-                    "response": None,
-                    "error": {"code": error.code, "message": message},
+                    "response": response,
+                    "error": error_object,
                     "recoverable": {
                         "revision": error.revision, "line": error.lineno, "reason": error.reason,
                         "operation_id": error.operation_id, "hint": error.hint,

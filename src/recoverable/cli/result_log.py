@@ -19,6 +19,7 @@ import msgspec
 import trio
 
 from recoverable.cli.jobs import Job
+from recoverable.cli.openai_batch import success_response
 from recoverable.records import OperationRecord
 from recoverable.types import Receipt
 
@@ -83,38 +84,9 @@ def encode_result_line(job: Job, operation_id: str, result: Any) -> bytes:
 def encode_batch_output_line(
     job: Job, operation_id: str, receipt: Receipt, record: OperationRecord | None
 ) -> bytes:
-    """The Batch API output line of a committed job. Only what we have: the response
-    id, the requested model, the validated JSON as the message's ``output_text``, the
-    completing attempt's usage; ``request_id`` is null (not kept)."""
-    text = receipt.payload.decode("utf-8")
-    usage = None
-    if record is not None:
-        completed = [attempt for attempt in record.attempts if attempt.outcome == "completed"]
-        if completed and completed[-1].usage is not None:
-            tokens = completed[-1].usage
-            usage = {
-                "input_tokens": tokens.input_tokens,
-                "input_tokens_details": {"cached_tokens": tokens.cached_input_tokens},
-                "output_tokens": tokens.output_tokens,
-                "output_tokens_details": {"reasoning_tokens": tokens.reasoning_tokens},
-                "total_tokens": tokens.total_tokens,
-            }
-    body = {
-        "id": receipt.response_id,
-        "object": "response",
-        "status": "completed",
-        "completed_at": int(receipt.completed_at.timestamp()),
-        "model": job.request.model,
-        "output": [{
-            "type": "message",
-            "role": "assistant",
-            "status": "completed",
-            "content": [{"type": "output_text", "text": text, "annotations": []}],
-        }],
-        "output_text": text,
-        "usage": usage,
-    }
-    response = {"status_code": 200, "request_id": None, "body": body}
+    """The Batch API output line of a committed job: its ``response`` is status 200 with
+    a complete Responses object as body (``openai_batch.success_response``)."""
+    response = success_response(job, operation_id, receipt, record)
     return msgspec.json.encode(BatchOutputLine(
         id=f"batch_req_{operation_id}",
         custom_id=job.id,
