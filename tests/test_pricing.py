@@ -28,6 +28,9 @@ def test_genai_prices_gives_openai_prices_by_service_tier() -> None:
                                                                               "priority")
     assert five is not None and flex is not None and priority is not None
     assert flex.input < five.input < priority.input  # the tier changes the price
+    # A tier genai-prices lists no price for is unknown, not the default tier's.
+    assert table.for_model("gpt-5-mini", "scale") is None
+    assert table.for_model("gpt-4o-mini", "flex") is None
     assert table.for_model("gpt-test") is None  # the fixture's made-up model
 
 

@@ -19,7 +19,8 @@ last:
    uncached one). A file's price is the same for every service tier.
 2. the maintained ``genai-prices`` package (the ``prices`` extra: it brings pydantic,
    which the core never needs), provider ``openai``, with the service tier of the
-   request (``flex``, ``priority``, ...; ``auto`` and none are the default tier's).
+   request (``flex``, ``priority``, ...; ``auto`` and none are the default tier's; a
+   tier it lists no price for is unknown, never the default tier's).
    Models priced by prompt size (a long-context rate) are given their highest rate: an
    upper bound, so a budget stops early rather than late.
 3. nothing: without ``genai-prices`` and a file, prices are unknown and shown as such,
@@ -110,6 +111,12 @@ def _genai_price(model: str, service_tier: str | None) -> ModelPrice | None:
     except LookupError:
         return None
     context = None if service_tier in _DEFAULT_TIERS else {"service_tier": str(service_tier)}
+    if context is not None and not any(
+        variant.when == context for variant in info.price_variants or ()
+    ):
+        # genai-prices would fall back to the default tier's price: for a tier it does not
+        # list (``scale``, or ``flex`` of a model without one) that may be too low.
+        return None
     listed = info.get_prices(datetime.now(tz=UTC), context)
     uncached = _highest(listed.input_mtok)
     output = _highest(listed.output_mtok)
