@@ -37,6 +37,7 @@ from recoverable.actors.prepare import identity_of, new_operation_record, put_ne
 from recoverable.actors.retry import plan_retry, source_conditions
 from recoverable.actors.scheduler import Scheduler
 from recoverable.actors.turns import DELEGATE_SCOPE, THREAD_SCOPE, newer_turn
+from recoverable.pricing import successor_cost
 from recoverable.records import ContinuationRecord, OperationRecord, RetryReservation
 from recoverable.sources_rules import receipt_refusal
 from recoverable.storage.base import Store
@@ -210,6 +211,8 @@ def dispatch(
         root_operation_id=record.root_operation_id,
         previous_operation_id=source_id,
         maximum_output_tokens_total=record.maximum_output_tokens_total,
+        cost=successor_cost(record, record.model),  # the same model: the frozen price
+        service_tier=record.service_tier,
         on_interruption=record.on_interruption,
         # The same choices as a manual retry's successor (actors/retry.py): the body was
         # frozen for them (reattach: background and stored), so they go with it.

@@ -21,6 +21,7 @@ from recoverable.actors.host import Backend, reattach_client
 from recoverable.body import body_hash, freeze_body
 from recoverable.contract import contract_for
 from recoverable.preconditions import check_unclaimed_after
+from recoverable.pricing import CostBudget, PriceTable, cost_budget
 from recoverable.records import OnInterruption, OperationRecord, StoredRequest
 from recoverable.sources_rules import check_attempt_timeout, check_source
 from recoverable.storage.base import WriteTransaction as WriteTxn
@@ -98,6 +99,8 @@ def new_operation_record(
     on_interruption: OnInterruption = "replace",
     live: bool = False,
     reattach: bool = False,
+    cost: CostBudget | None = None,
+    service_tier: str | None = None,
 ) -> OperationRecord:
     """The one constructor of a new (``prepared``) operation record."""
     return OperationRecord(
@@ -121,6 +124,9 @@ def new_operation_record(
         root_operation_id=root_operation_id,
         previous_operation_id=previous_operation_id,
         maximum_output_tokens_total=maximum_output_tokens_total,
+        maximum_cost_total=None if cost is None else cost.maximum,
+        cost_price=None if cost is None else cost.price,
+        service_tier=service_tier,
         on_interruption=on_interruption,
         source=identity.source,
         attempt_timeout=identity.attempt_timeout,
@@ -277,12 +283,16 @@ def new_admission(
     live: bool = False,
     reattach: bool = False,
     unclaimed_after: float | None = None,
+    maximum_cost_total: float | None = None,
+    prices: PriceTable | None = None,
 ) -> tuple[OperationRecord, bytes, bytes]:
     """What ``prepare`` and ``submit`` save: the checked new record, its frozen body and
     its saved request (nothing is written here). The options default as ``prepare``'s.
     ``lease_seconds`` is the preparing runtime's lease: a hard ``attempt_timeout`` must
     be shorter (``sources_rules.check_attempt_timeout``). ``unclaimed_after``:
-    ``submit``'s bound on unclaimed work."""
+    ``submit``'s bound on unclaimed work. ``maximum_cost_total``: a cost budget, counted
+    at the price ``prices`` (else ``default_prices()``) gives the request's model and
+    service tier, frozen in the record (``PriceUnknown`` when there is none)."""
     account = require_signed_in(account, "cannot prepare")
     expiry = check_expires_at(expires_at)
     if unclaimed_after is not None:
@@ -302,6 +312,7 @@ def new_admission(
         contract_version=contract_version,
         maximum_output_tokens_total=maximum_output_tokens_total,
         on_interruption=on_interruption,
+        maximum_cost_total=maximum_cost_total,
     )
     machine.validate_metadata("previous_operation_id", previous_operation_id)
     if backend is None:
@@ -319,6 +330,7 @@ def new_admission(
     if selector is not None and not request.model_override:
         effective = selector(request)
     body = freeze_body(effective, contract, reattach=reattach)
+    cost = cost_budget(maximum_cost_total, effective.model, effective.service_tier, prices)
     operation_id = new_operation_id()
     record = new_operation_record(
         operation_id,
@@ -349,6 +361,8 @@ def new_admission(
         on_interruption=on_interruption,
         live=live,
         reattach=reattach,
+        cost=cost,
+        service_tier=effective.service_tier,
     )
     stored = msgspec.json.encode(
         StoredRequest(request=request, format_name=contract.name, schema=contract.schema)

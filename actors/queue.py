@@ -119,7 +119,7 @@ async def submit(
 
     ``options`` are ``prepare``'s (``retry_policy``, ``expires_at``, ``scope``,
     ``contract_version``, ``previous_operation_id``, ``maximum_output_tokens_total``,
-    ``on_interruption``, ``reattach``).
+    ``maximum_cost_total``, ``prices``, ``on_interruption``, ``reattach``).
     Submitting the same job and revision again with the same frozen body returns the
     same handle, whatever state the operation is in (nothing is generated again); with
     another body it raises ``JobConflict``. A job whose operation was acknowledged or

@@ -24,6 +24,7 @@ from recoverable.actors.checks import check_disposition, require_owner
 from recoverable.actors.prepare import identity_of, new_operation_record, put_new_operation
 from recoverable.body import freeze_body
 from recoverable.contract import contract_for
+from recoverable.pricing import successor_cost
 from recoverable.records import (
     DispositionRecord,
     LeaseRecord,
@@ -278,6 +279,9 @@ async def retry(
                 operation_id=plan.source_id,
             )
     request = successor_request(store, checked, plan.selection, selector)
+    # Before the reservation: a reselected model without a price refuses the retry with
+    # nothing written (PriceUnknown), as prepare does.
+    cost = successor_cost(checked, request.model)
     source = await store.write(functools.partial(reserve_successor, plan, checked.body_hash))
     assert source.retry_reservation is not None
     if source.retry_reservation.created:
@@ -297,8 +301,10 @@ async def retry(
         body=request.body,
         root_operation_id=source.root_operation_id,
         previous_operation_id=plan.source_id,
-        # The same per-operation token budget, counted afresh for the successor.
+        # The same per-operation token and cost budgets, counted afresh for the successor.
         maximum_output_tokens_total=source.maximum_output_tokens_total,
+        cost=cost,
+        service_tier=source.service_tier,
         # The same interruption policy: a manual retry does not loosen it.
         on_interruption=source.on_interruption,
         live=source.live,  # a live operation's successor is live too

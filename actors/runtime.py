@@ -45,6 +45,7 @@ from recoverable.actors.sweep import sweep_at_open
 from recoverable.actors.thread import Thread, open_thread
 from recoverable.actors.waiters import QueueWatch
 from recoverable.contract import ResponseContract, contract_for
+from recoverable.pricing import PriceTable
 from recoverable.records import (
     CommandKind,
     Disposition,
@@ -181,6 +182,8 @@ class Runtime:
         attempt_timeout: float | None = None,
         live: bool = False,
         reattach: bool = False,
+        maximum_cost_total: float | None = None,
+        prices: PriceTable | None = None,
     ) -> Handle:
         """Freeze the request and persist the operation without sending anything.
 
@@ -206,7 +209,11 @@ class Runtime:
         ``maximum_output_tokens_total`` (optional) is a token budget saved with the
         operation like ``maximum_attempts``: once the output tokens the provider reported
         across its attempts reach it, no replacement is authorized
-        (``TokenBudgetExhausted``, availability ``exhausted``). See docs/usage.md.
+        (``TokenBudgetExhausted``, availability ``exhausted``). ``maximum_cost_total``
+        (USD, optional) is the same for the cost of that usage, at the price ``prices``
+        (a ``recoverable.pricing.PriceTable``; default genai-prices') gives the model and
+        service tier, saved with the operation (``CostBudgetExhausted``); no price:
+        ``PriceUnknown`` and nothing is saved. See docs/usage.md.
 
         ``previous_operation_id`` names a prior operation of the same host job, for
         diagnostics only (shown in status, receipts and markers): the new operation
@@ -232,6 +239,8 @@ class Runtime:
             contract_version=contract_version,
             previous_operation_id=previous_operation_id,
             maximum_output_tokens_total=maximum_output_tokens_total,
+            maximum_cost_total=maximum_cost_total,
+            prices=prices,
             on_interruption=on_interruption,
             source=source,
             attempt_timeout=attempt_timeout,

@@ -84,6 +84,9 @@ ADMISSION_FIELDS: Final[tuple[str, ...]] = tuple(
         "reattach",  # chosen at prepare
         "live",  # chosen at prepare (it fixed on_interruption="fail")
         "unclaimed_after",  # chosen at submit
+        # The cost budget and the price it counts at, frozen at prepare; the service tier
+        # is the frozen body's.
+        "maximum_cost_total", "cost_price", "service_tier",
     )
     if name in OperationRecord.__struct_fields__
 )

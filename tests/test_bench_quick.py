@@ -233,6 +233,11 @@ def check_fleet(out: str) -> None:
     assert re.search(r"^PostgreSQL / LMDB at --workers 1 = \d+\.\d\d", out, re.M), out
 
 
+def check_partial_json(out: str) -> None:
+    assert "views read differently: 0" in out, out
+    assert re.search(r"^handwritten / jiter = \d+\.\d\d$", out, re.M), out
+
+
 ENTRY_POINTS = [
     ("harness.py", check_harness),
     ("live.py", check_live),
@@ -254,6 +259,7 @@ ENTRY_POINTS = [
     ("pg_cancel.py", check_pg_cancel),
     ("pg_store.py", check_pg_store),
     ("fleet.py", check_fleet),
+    ("partial_json.py", check_partial_json),
 ]
 
 

@@ -10,7 +10,7 @@ import pytest
 from recoverable import errors
 from recoverable import machine as m
 from recoverable.machine import Deliver, Stop, Transmit, WaitUntil
-from recoverable.outcome import Interruption, Usage
+from recoverable.outcome import Interruption, ModelPrice, Usage
 from recoverable.records import OperationRecord
 from recoverable.types import RetryPolicy
 
@@ -163,3 +163,43 @@ def test_a_spent_token_budget_reads_exhausted_while_idle(phase: str, lease_live:
     assert status.availability == "exhausted"
     assert status.attempts_remaining == 2  # the attempt budget is not what is spent
     m.check_retry_source(idle, now=T0, endpoint_id=None)  # a successor is allowed
+
+
+PRICE = ModelPrice(1000.0, 500.0, 4000.0)  # USD per 1M tokens: 10 input tokens = $0.01
+
+
+def test_cost_budget_stops_replacement_when_reached() -> None:
+    """The same rule as the token budget, on the reported usage at the admitted price."""
+    rec, aid = run_to_transmit(record(retry_policy=FAST, maximum_attempts=5,
+                                      maximum_cost_total=0.25,
+                                      cost_price=PRICE))
+    t = fail_with(rec, aid, used(100, 0))  # $0.10 < $0.25: replaced
+    assert not isinstance(t.action, Stop)
+    rec2, aid2 = replace(t)
+    t2 = fail_with(rec2, aid2, used(100, 0))  # $0.20
+    assert not isinstance(t2.action, Stop)
+    rec3, aid3 = replace(t2)
+    t3 = fail_with(rec3, aid3, used(100, 0))  # $0.30 reaches $0.25
+    err = stopped(t3, errors.CostBudgetExhausted)
+    assert isinstance(err, errors.AttemptsExhausted) and err.code == "cost_budget_exhausted"
+    assert t3.record.failure_reason == "cost_budget_exhausted"
+    assert t3.record.attempts_used == 3 and t3.record.cost == pytest.approx(0.30)
+    status = m.derive_status(t3.record, now=T0, lease_live=False, viewer=t3.record.account)
+    assert status.availability == "exhausted" and status.state == "failed"
+    assert status.maximum_cost_total == 0.25 and status.cost == pytest.approx(0.30)
+    again = open_(t3.record, ctx(T0 + 1000))
+    stopped(again, errors.CostBudgetExhausted)
+    m.check_retry_source(t3.record, now=T0, endpoint_id=None)  # a successor is allowed
+
+
+def test_a_cost_budget_without_its_price_fails_closed_and_a_completion_is_kept() -> None:
+    # prepare never saves one; a record that has one anyway is not sent again.
+    rec, aid = run_to_transmit(record(retry_policy=FAST))
+    t = fail_with(rec, aid, used(1, 0))
+    stopped(open_(m.evolve(t.record, maximum_cost_total=5.0, phase="waiting", pending=None)),
+            errors.CostBudgetExhausted)
+    # A validated completion is delivered whatever it cost.
+    rec2, aid2 = run_to_transmit(record(maximum_cost_total=0.001, cost_price=PRICE))
+    done = m.completion_validated(rec2, aid2, ctx(), response_id=None, sequence_number=None,
+                                  usage=used(1000, 1000))
+    assert done.action == Deliver()

@@ -96,3 +96,38 @@ def test_the_view_is_a_public_frozen_value() -> None:
     view = recoverable.PartialView(text='{"a": 1', partial={}, attempt=1, sequence=2)
     assert isinstance(view, PartialView)
     assert msgspec.json.decode(msgspec.json.encode(view), type=PartialView) == view
+
+
+def test_jiter_partial_mode_s_leniency_is_not_let_through() -> None:
+    """jiter's partial mode alone reads ``[1 2]`` as ``[1]`` and shows a number cut by the
+    end of the text; the strict pass and the open-number cut keep the promises."""
+    for text in ("[1 2]", "[1 2", '{"a": 1 "b": 2}', '{"a": 1}}', "[true false]", '"a" x',
+                 '{"a": [1] x', "1 2", '{"a": NaN}', '{"a": Infinity}'):
+        assert parse_partial(text) is None, text
+    assert parse_partial("12") is None  # may still become 123
+    assert parse_partial("12 ") == 12
+    assert parse_partial("[5, 12") == [5]
+    assert parse_partial('{"a": 1, "a": 12') == {"a": 1}  # the open repeat is not shown
+    assert parse_partial('{"s": "x 12') == {"s": "x 12"}  # digits inside a string
+    assert parse_partial('{"a": 5, "x 12') == {"a": 5}  # digits inside an open key
+    assert parse_partial("[true") == [True] and parse_partial("[fals") == []
+
+
+def test_the_depth_bound_holds_between_ours_and_jiter_s_own_limit() -> None:
+    """jiter's own nesting limit is 200; ours (64) is checked on the value read."""
+    for depth in (MAX_PARTIAL_DEPTH + 1, 100, 199, 250):
+        assert parse_partial("[" * depth) is None, depth
+        assert parse_partial('{"a": ' * depth + "1" + "}" * depth) is None, depth
+    deep = '{"a": ' * MAX_PARTIAL_DEPTH + '"x"' + "}" * MAX_PARTIAL_DEPTH
+    assert parse_partial(deep) is not None
+    # Many containers side by side are not deep: only nesting counts.
+    wide = json.dumps([[{"k": [i]}] for i in range(500)])
+    assert parse_partial(wide) == json.loads(wide)
+    assert parse_partial(wide[:-3]) is not None
+
+
+def test_the_size_bound_and_odd_text_give_none() -> None:
+    assert parse_partial("[" + "1," * (MAX_PARTIAL_CHARS // 2)) is None  # past the size
+    assert parse_partial('"\\ud800"') is None  # a lone surrogate escape: jiter refuses it
+    assert parse_partial('["a\ud800"]') is None  # a lone surrogate in the str itself
+    assert parse_partial(b"[1]") is None  # type: ignore[arg-type]  # not a str

@@ -17,7 +17,10 @@ __all__ = [
     "InvalidCredentials",
     "InvalidParameter",
     "InvalidRequest",
+    "PriceUnknown",
     "RecoveryError",
+    "RuntimeClosed",
+    "TrioRequired",
     "UnsupportedInputItem",
     "UnsupportedOutputType",
 ]
@@ -153,6 +156,47 @@ class InvalidCredentials(InvalidRequest):
 
     code = "invalid_credentials"
 
+
+class TrioRequired(RecoveryError, RuntimeError):
+    """``open_runtime`` was used outside Trio (e.g. under ``asyncio.run`` or in plain code).
+
+    Use ``recoverable.BlockingRuntime`` (threads, blocking code) or
+    ``recoverable.AsyncioRuntime`` (asyncio) instead: they run the Trio runtime in
+    a thread of their own.
+    """
+
+    code = "trio_required"
+
+
+class RuntimeClosed(RecoveryError):
+    """A ``BlockingRuntime``/``AsyncioRuntime`` call came after it closed (or before it opened)."""
+
+    code = "runtime_closed"
+
+
+class PriceUnknown(InvalidRequest):
+    """A cost budget (``maximum_cost_total``, ``--max-cost``) was asked for a model whose
+    price is unknown: its cost could not be counted, so nothing was saved or sent (fail
+    closed). ``model`` and ``service_tier`` name what has no price."""
+
+    code = "price_unknown"
+    _summary = "the model has no known price, so a cost budget cannot be counted"
+    _action = (
+        "pass prices= (a price table: recoverable.pricing.load_prices) naming the model, "
+        "or install recoverable[prices] (genai-prices); nothing was saved or sent"
+    )
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        operation_id: str | None = None,
+        model: str | None = None,
+        service_tier: str | None = None,
+    ) -> None:
+        super().__init__(message, operation_id=operation_id)
+        self.model = model
+        self.service_tier = service_tier
 
 def _sentence(doc: str) -> str:
     text = doc.rstrip(".").strip()

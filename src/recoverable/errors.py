@@ -27,6 +27,7 @@ __all__ = [
     "CompletionUnavailable",
     "ConfigurationUnavailable",
     "CorruptRecord",
+    "CostBudgetExhausted",
     "EndpointUnavailable",
     "FenceMismatch",
     "FormatMismatch",
@@ -40,6 +41,7 @@ __all__ = [
     "OperationSuperseded",
     "OperationSuspended",
     "PermanentlyFailed",
+    "PriceUnknown",
     "ProviderError",
     "RecoveryError",
     "RequestUnavailable",
@@ -66,7 +68,10 @@ from recoverable.error_base import (
     InvalidCredentials,
     InvalidParameter,
     InvalidRequest,
+    PriceUnknown,
     RecoveryError,
+    RuntimeClosed,
+    TrioRequired,
     UnsupportedInputItem,
     UnsupportedOutputType,
     with_detail,
@@ -565,23 +570,6 @@ class RetryConfigurationMismatch(RecoveryError):
     _action = "repeat it with its original settings, or decide on a new retry from the successor"
 
 
-class TrioRequired(RecoveryError, RuntimeError):
-    """``open_runtime`` was used outside Trio (e.g. under ``asyncio.run`` or in plain code).
-
-    Use ``recoverable.BlockingRuntime`` (threads, blocking code) or
-    ``recoverable.AsyncioRuntime`` (asyncio) instead: they run the Trio runtime in
-    a thread of their own.
-    """
-
-    code = "trio_required"
-
-
-class RuntimeClosed(RecoveryError):
-    """A ``BlockingRuntime``/``AsyncioRuntime`` call came after it closed (or before it opened)."""
-
-    code = "runtime_closed"
-
-
 class ProviderError(RecoveryError):
     """A provider/transport failure, with typed fields (never parse the message)."""
 
@@ -642,3 +630,15 @@ class TokenBudgetExhausted(AttemptsExhausted):
 
     def _what(self) -> str:
         return f"its output-token budget (maximum_output_tokens_total) is spent{self._last()}"
+
+
+class CostBudgetExhausted(AttemptsExhausted):
+    """The operation's ``maximum_cost_total`` is spent: the usage reported across its
+    attempts, at the price it was admitted with, reached it, so no replacement is
+    authorized. Like ``TokenBudgetExhausted``: a subclass of ``AttemptsExhausted``, status
+    availability ``exhausted``, failure reason ``cost_budget_exhausted``."""
+
+    code = "cost_budget_exhausted"
+
+    def _what(self) -> str:
+        return f"its cost budget (maximum_cost_total) is spent{self._last()}"

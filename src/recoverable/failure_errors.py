@@ -37,6 +37,13 @@ def terminal_error(rec: OperationRecord) -> errors.RecoveryError:
                 operation_id=operation_id,
                 last_failure=rec.last_failure,
             )
+        case "cost_budget_exhausted":
+            return errors.CostBudgetExhausted(
+                f"${rec.cost or 0.0:.6f} of reported usage at the admitted price, "
+                f"maximum_cost_total ${rec.maximum_cost_total}",
+                operation_id=operation_id,
+                last_failure=rec.last_failure,
+            )
         case "authorization_failed":
             return errors.AuthorizationFailed(operation_id=operation_id)
         case reason:

@@ -46,6 +46,7 @@ FailureReason = Literal[
     "response_too_large",  # a configured size bound was passed: a replacement would too
     "authentication_required",  # 401 and renewal unavailable
     "token_budget_exhausted",  # maximum_output_tokens_total reached: no replacement
+    "cost_budget_exhausted",  # maximum_cost_total reached (reported usage x price)
     "interrupted",  # on_interruption="fail": an interrupted attempt ends the operation
     "owner_lost",  # the recovery sweep found its owner gone, and no replacement may follow
     "expired",  # the recovery sweep found its owner gone after expires_at

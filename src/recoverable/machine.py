@@ -208,11 +208,14 @@ def _body_error(rec: OperationRecord, ctx: Context) -> errors.RecoveryError:
 
 
 def _budget_spent(rec: OperationRecord) -> FailureReason | None:
-    """Which saved budget forbids another attempt: the attempts, then the output tokens."""
+    """Which saved budget forbids another attempt: the attempts, the output tokens, then
+    the cost."""
     if rec.attempts_remaining == 0:
         return "exhausted"
     if rec.token_budget_spent:
         return "token_budget_exhausted"
+    if rec.cost_budget_spent:
+        return "cost_budget_exhausted"
     return None
 
 

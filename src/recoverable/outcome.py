@@ -125,6 +125,26 @@ class Usage(msgspec.Struct, frozen=True, gc=False, kw_only=True, forbid_unknown_
         )
 
 
+
+class ModelPrice(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=True):
+    """USD per one million tokens of one model (and service tier): ``input`` (uncached),
+    ``cached_input`` and ``output`` (reasoning tokens are output tokens). An operation with
+    a cost budget keeps the price it was admitted with (``OperationRecord.cost_price``), so
+    a restart, a worker or a new price list never changes what its budget counts."""
+
+    input: float
+    cached_input: float
+    output: float
+
+    def cost(self, usage: Usage) -> float:
+        """What ``usage`` costs at this price, in USD."""
+        uncached = max(0, usage.input_tokens - usage.cached_input_tokens)
+        return (
+            uncached * self.input
+            + usage.cached_input_tokens * self.cached_input
+            + usage.output_tokens * self.output
+        ) / 1_000_000
+
 class MalformedUsage(ValueError):
     """The provider's ``usage`` object is not a bounded, consistent set of counts."""
 

@@ -9,14 +9,30 @@ result is the validated, saved completion (``live.value``).
 :func:`parse_partial` reads a prefix of a JSON text without I/O and within bounds: a
 text longer than :data:`MAX_PARTIAL_CHARS` or nested deeper than
 :data:`MAX_PARTIAL_DEPTH` gives ``None``, as does a text that is not a JSON prefix.
+
+The reading is jiter's (the Rust JSON parser pydantic uses), in two passes, because its
+partial mode alone does not keep these promises (jiter 0.19, measured):
+
+- Partial mode stops quietly at the first syntax error and returns what it had:
+  ``[1 2]`` reads ``[1]``, ``{"a": 1} x`` reads ``{"a": 1}``. So a strict pass runs
+  first: a text is a JSON prefix exactly when the strict parser succeeds or its first
+  error is the end of the text (``EOF while parsing ...``); any other error is None.
+- Partial mode shows a number cut by the end of the text (``{"n": 4`` reads
+  ``{"n": 4}`` though the text may go on as ``42``). A number still open at the end is
+  cut off the text before the partial pass, so numbers show only once complete.
+- Its nesting limit is fixed (200 levels); ours (64) is checked on the value read.
+
+A string with a lone surrogate escape (``"\\ud800"``) is refused by jiter (None), where
+Python's ``json`` reads it; it is not valid Unicode and no view is lost by it but that
+text's. ``bench/partial_json.py`` measures this reader against the former hand-written one.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any, Final
 
+import jiter
 import msgspec
 
 __all__ = ["MAX_PARTIAL_CHARS", "MAX_PARTIAL_DEPTH", "PartialView", "parse_partial"]
@@ -45,140 +61,41 @@ class PartialView(msgspec.Struct, frozen=True, kw_only=True):
     sequence: int
 
 
-class _Invalid(Exception):
-    """The text is not a prefix of a JSON value (or passes the depth bound)."""
+# The first error of a strict parse that only says the text ended (a JSON prefix), and the
+# one that says it ended inside a string (a number-looking end is then string text).
+_ENDED: Final = "EOF while parsing"
+_ENDED_IN_STRING: Final = "EOF while parsing a string"
+# A run of number characters at the end, and what may come right before a number token.
+_NUMBER_END = re.compile(r"[-+.0-9eE]+\Z")
+_BEFORE_NUMBER: Final = frozenset("[,: \t\n\r")
+_MISSING: Any = object()
 
 
-_MISSING: Any = object()  # a value that started but cannot be shown yet
-_WHITESPACE = re.compile(r"[ \t\n\r]*")
-_STRING_BODY = re.compile(r'(?:[^"\\]|\\.)*', re.DOTALL)
-_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
-_NUMBER_PREFIX = re.compile(r"-?[0-9]*(?:\.[0-9]*)?(?:[eE][+-]?[0-9]*)?")
-_LITERALS: Final = {"t": ("true", True), "f": ("false", False), "n": ("null", None)}
-# A string cut inside an escape: drop the unfinished escape before reading it.
-_CUT_ESCAPE = re.compile(r"\\u[0-9a-fA-F]{0,3}$")
+def _without_open_number(text: str, strict_error: str | None) -> str:
+    """``text`` with a number token still open at its end cut off (it may grow)."""
+    if strict_error is not None and strict_error.startswith(_ENDED_IN_STRING):
+        return text
+    found = _NUMBER_END.search(text)
+    if found is None:
+        return text
+    start = found.start()
+    # After ``true``/``false`` the ``e`` is a literal's; inside a finished string the
+    # strict pass would have gone past it. Only a token after a delimiter is a number.
+    if start == 0 or text[start - 1] in _BEFORE_NUMBER:
+        return text[:start]
+    return text
 
 
-class _Reader:
-    """A recursive reader of a JSON prefix; each value returns (value, complete)."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.pos = 0
-
-    def _skip(self) -> bool:
-        """Skip whitespace; whether text remains."""
-        end = _WHITESPACE.match(self.text, self.pos)
-        assert end is not None
-        self.pos = end.end()
-        return self.pos < len(self.text)
-
-    def value(self, depth: int) -> tuple[Any, bool]:
-        if depth >= MAX_PARTIAL_DEPTH:
-            raise _Invalid
-        if not self._skip():
-            return _MISSING, False
-        char = self.text[self.pos]
-        if char == "{":
-            return self._object(depth)
-        if char == "[":
-            return self._array(depth)
-        if char == '"':
-            return self._string()
-        if char in _LITERALS:
-            word, literal = _LITERALS[char]
-            rest = self.text[self.pos : self.pos + len(word)]
-            if rest == word:
-                self.pos += len(word)
-                return literal, True
-            if word.startswith(rest) and self.pos + len(rest) == len(self.text):
-                return _MISSING, False
-            raise _Invalid
-        number = _NUMBER_PREFIX.match(self.text, self.pos)
-        assert number is not None
-        if number.end() == len(self.text):
-            return _MISSING, False  # "12" may still become "123", "1." become "1.5"
-        strict = _NUMBER.match(self.text, self.pos)
-        if strict is None or strict.end() != number.end() or number.end() == self.pos:
-            raise _Invalid
-        self.pos = number.end()
-        return json.loads(strict.group()), True
-
-    def _string(self) -> tuple[Any, bool]:
-        start = self.pos
-        body = _STRING_BODY.match(self.text, start + 1)
-        assert body is not None
-        end = body.end()
-        try:
-            if end < len(self.text) and self.text[end] == '"':  # the closing quote
-                self.pos = end + 1
-                return json.loads(self.text[start : end + 1]), True
-            # Cut by the end of the text (a lone backslash there is left out by the match).
-            self.pos = len(self.text)
-            cut = self.text[start:end]
-            try:
-                shown: str = json.loads(cut + '"')
-            except ValueError:
-                shown = json.loads(_CUT_ESCAPE.sub("", cut) + '"')  # inside a \\uXXXX
-        except ValueError:  # a control character, a bad escape
-            raise _Invalid from None
-        if shown and "\ud800" <= shown[-1] <= "\udbff":
-            shown = shown[:-1]  # half of a surrogate pair: wait for the other half
-        return shown, False
-
-    def _object(self, depth: int) -> tuple[Any, bool]:
-        self.pos += 1
-        found: dict[str, Any] = {}
-        if not self._skip():
-            return found, False
-        if self.text[self.pos] == "}":
-            self.pos += 1
-            return found, True
-        while True:
-            if self.text[self.pos] != '"':
-                raise _Invalid
-            key, complete = self._string()
-            if not complete or not self._skip():
-                return found, False
-            if self.text[self.pos] != ":":
-                raise _Invalid
-            self.pos += 1
-            item, complete = self.value(depth + 1)
-            if item is not _MISSING:
-                found[key] = item
-            if not complete or not self._skip():
-                return found, False
-            char = self.text[self.pos]
-            self.pos += 1
-            if char == "}":
-                return found, True
-            if char != "," or not self._skip():
-                if char != ",":
-                    raise _Invalid
-                return found, False
-
-    def _array(self, depth: int) -> tuple[Any, bool]:
-        self.pos += 1
-        found: list[Any] = []
-        if not self._skip():
-            return found, False
-        if self.text[self.pos] == "]":
-            self.pos += 1
-            return found, True
-        while True:
-            item, complete = self.value(depth + 1)
-            if item is not _MISSING:
-                found.append(item)
-            if not complete or not self._skip():
-                return found, False
-            char = self.text[self.pos]
-            self.pos += 1
-            if char == "]":
-                return found, True
-            if char != ",":
-                raise _Invalid
-            if not self._skip():
-                return found, False
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether containers nest more than ``limit`` deep in ``value`` (iterative)."""
+    level: list[tuple[Any, int]] = [(value, 1)]
+    while level:
+        node, depth = level.pop()
+        if depth > limit:
+            return True
+        items = node.values() if isinstance(node, dict) else node
+        level.extend((item, depth + 1) for item in items if isinstance(item, dict | list))
+    return False
 
 
 def parse_partial(text: str) -> Any:
@@ -190,13 +107,32 @@ def parse_partial(text: str) -> Any:
     """
     if not isinstance(text, str) or len(text) > MAX_PARTIAL_CHARS:
         return None
-    reader = _Reader(text)
     try:
-        found, complete = reader.value(0)
-        if complete and reader._skip():
-            return None  # text after a complete value: not one JSON value
-    except _Invalid:
+        data = text.encode()
+    except UnicodeEncodeError:  # a lone surrogate in the str itself: not JSON text
         return None
-    except RecursionError:  # cannot happen within the depth bound; fail closed anyway
+    strict_error: str | None = None
+    found: Any = _MISSING
+    try:
+        found = jiter.from_json(data, allow_inf_nan=False, cache_mode=False)
+    except ValueError as exc:
+        strict_error = str(exc)
+        if not strict_error.startswith(_ENDED):
+            return None  # a syntax error before the end: not a prefix of one JSON value
+    cut = _without_open_number(text, strict_error)
+    if cut is not text or found is _MISSING:
+        if not cut.strip():
+            return None
+        try:
+            found = jiter.from_json(
+                cut.encode(), allow_inf_nan=False, cache_mode=False,
+                partial_mode="trailing-strings",
+            )
+        except ValueError:  # nothing complete enough to show yet (``tr``, ``-``)
+            return None
+    if isinstance(found, dict | list) and (
+        text.count("[") + text.count("{") > MAX_PARTIAL_DEPTH
+        and _deeper_than(found, MAX_PARTIAL_DEPTH)
+    ):
         return None
-    return None if found is _MISSING else found
+    return found

@@ -16,6 +16,7 @@ from recoverable.records import OnInterruption, OperationRecord
 __all__ = [
     "DEFAULT_UNCLAIMED_AFTER",
     "MAX_ATTEMPTS",
+    "MAX_COST_TOTAL",
     "MAX_METADATA_CHARS",
     "MAX_OUTPUT_TOKENS_TOTAL",
     "ON_INTERRUPTION",
@@ -33,6 +34,8 @@ MAX_ATTEMPTS: Final = 1000
 # The largest accepted ``maximum_output_tokens_total`` (every attempt may report up to
 # MAX_USAGE_TOKENS, so a larger budget could never be reached).
 MAX_OUTPUT_TOKENS_TOTAL: Final = MAX_ATTEMPTS * MAX_USAGE_TOKENS
+# The largest accepted ``maximum_cost_total``, USD: a bound on a typo, not a spending advice.
+MAX_COST_TOTAL: Final = 1_000_000.0
 MAX_METADATA_CHARS: Final = 1024
 # The interruption policies a preparation may save (records.OnInterruption).
 ON_INTERRUPTION: Final[frozenset[str]] = frozenset(get_args(OnInterruption))
@@ -71,6 +74,7 @@ def validate_preparation(
     contract_version: str | None,
     maximum_output_tokens_total: int | None = None,
     on_interruption: object = "replace",
+    maximum_cost_total: float | None = None,
 ) -> None:
     """The values a host saves with a new operation, each bounded (``InvalidRequest``)."""
     if not isinstance(on_interruption, str) or on_interruption not in ON_INTERRUPTION:
@@ -80,6 +84,15 @@ def validate_preparation(
         raise errors.InvalidRequest(
             f"maximum_output_tokens_total must be None or an integer in "
             f"1..{MAX_OUTPUT_TOKENS_TOTAL}"
+        )
+    cost_budget = maximum_cost_total
+    if cost_budget is not None and (
+        isinstance(cost_budget, bool) or not isinstance(cost_budget, int | float)
+        or not math.isfinite(cost_budget) or not 0 < cost_budget <= MAX_COST_TOTAL
+    ):
+        raise errors.InvalidRequest(
+            f"maximum_cost_total must be None or a number of USD above 0 and at most "
+            f"{MAX_COST_TOTAL:,.0f}"
         )
     if not _is_integer_in(maximum_attempts, 1, MAX_ATTEMPTS):
         raise errors.InvalidRequest(f"maximum_attempts must be an integer in 1..{MAX_ATTEMPTS}")
@@ -165,8 +178,8 @@ def check_retry_source(rec: OperationRecord, *, now: float, endpoint_id: str | N
                     "sign in to the same account and resume instead", operation_id=operation_id
                 )
             case _:
-                return  # exhausted (attempts or tokens), quota, rejected, provider failure, ...
-    if rec.attempts_remaining == 0 or rec.token_budget_spent:
+                return  # exhausted (attempts, tokens or cost), quota, rejected, provider failure
+    if rec.attempts_remaining == 0 or rec.token_budget_spent or rec.cost_budget_spent:
         return  # exhausted (also: suspended and exhausted)
     if is_expired(rec, now):
         return  # expired attempt permission

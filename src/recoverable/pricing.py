@@ -1,48 +1,61 @@
-"""Token totals and an estimated cost for ``recoverable batch``.
+"""Token totals and an estimated cost for ``recoverable batch``, and the prices a cost
+budget (``maximum_cost_total``) is counted with.
 
 The ledger sums the usage the provider reported per attempt (``AttemptRecord.usage``)
-by model, and separately the attempts that did not produce the result (replaced
-attempts and failed jobs' attempts): what replacements cost.
+by model and service tier, and separately the attempts that did not produce the result
+(replaced attempts and failed jobs' attempts): what replacements cost.
 
-Prices are per one million tokens, per model: ``input``, ``cached_input`` (defaults to
-``input``) and ``output`` (reasoning tokens are output tokens). A price file
-(``--prices FILE``) is a JSON object::
+Prices are USD per one million tokens, per model: ``input``, ``cached_input`` (defaults to
+``input``) and ``output`` (reasoning tokens are output tokens). They come from, first to
+last:
 
-    {"gpt-4o-mini": {"input": 0.15, "cached_input": 0.075, "output": 0.60}}
+1. a price file (``--prices FILE``), a JSON object::
 
-A UTF-8 byte order mark at its start is skipped. A model (or a model's field) named twice
-is refused, naming it (a JSON decoder would silently keep the last one), and so is a
-``cached_input`` above ``input`` (a cached token never costs more than an uncached one).
+       {"gpt-4o-mini": {"input": 0.15, "cached_input": 0.075, "output": 0.60}}
 
-Without one, a tiny built-in table of a few public list prices is used. It is an
-ESTIMATE, dated, and goes stale: the provider's price page (and your contract, tier,
-batch or flex discounts) is the truth. A model with no price shows as such, never as 0.
+   A UTF-8 byte order mark at its start is skipped. A model (or a model's field) named
+   twice is refused, naming it (a JSON decoder would silently keep the last one), and so
+   is a ``cached_input`` above ``input`` (a cached token never costs more than an
+   uncached one). A file's price is the same for every service tier.
+2. the maintained ``genai-prices`` package (the ``prices`` extra: it brings pydantic,
+   which the core never needs), provider ``openai``, with the service tier of the
+   request (``flex``, ``priority``, ...; ``auto`` and none are the default tier's; a
+   tier it lists no price for is unknown, never the default tier's).
+   Models priced by prompt size (a long-context rate) are given their highest rate: an
+   upper bound, so a budget stops early rather than late.
+3. nothing: without ``genai-prices`` and a file, prices are unknown and shown as such,
+   never as 0, and a cost budget is refused (``PriceUnknown``) before anything is sent.
+
+Any price is an ESTIMATE: the provider's invoice (and your contract) is the truth.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from datetime import UTC, datetime
 from typing import Any, Final
 
 import attrs
 import msgspec
 
 from recoverable import errors
-from recoverable.outcome import Usage
+from recoverable.outcome import ModelPrice, Usage
 from recoverable.records import OperationRecord
 
 __all__ = [
-    "BUILTIN_PRICES",
-    "BUILTIN_PRICES_AS_OF",
+    "CostBudget",
     "ModelPrice",
     "PriceTable",
     "TokenLedger",
     "attempts_usage_text",
-    "builtin_prices",
+    "cost_budget",
+    "default_prices",
     "load_prices",
+    "successor_cost",
     "usage_text",
 ]
 
@@ -52,55 +65,129 @@ MAX_MODEL_CHARS: Final = 256
 MAX_PRICE_PER_MILLION: Final = 1_000_000.0
 UTF8_BOM: Final = b"\xef\xbb\xbf"
 
-# Public list prices in USD per 1M tokens, standard tier, as published by the provider
-# on the date below. An estimate only: check the provider's pricing page.
-BUILTIN_PRICES_AS_OF: Final = "2025-08-07"
-BUILTIN_PRICES: Final[Mapping[str, tuple[float, float, float]]] = {
-    # model: (input, cached input, output)
-    "gpt-4o-mini": (0.15, 0.075, 0.60),
-    "gpt-4.1-mini": (0.40, 0.10, 1.60),
-    "gpt-5-mini": (0.25, 0.025, 2.00),
-    "gpt-5": (1.25, 0.125, 10.00),
-}
-
 _SNAPSHOT: Final = re.compile(r"-\d{4}-\d{2}-\d{2}$")  # "gpt-4o-mini-2024-07-18"
-
-
-@attrs.frozen
-class ModelPrice:
-    """USD per one million tokens."""
-
-    input: float
-    cached_input: float
-    output: float
-
-    def cost(self, usage: Usage) -> float:
-        uncached = max(0, usage.input_tokens - usage.cached_input_tokens)
-        return (
-            uncached * self.input
-            + usage.cached_input_tokens * self.cached_input
-            + usage.output_tokens * self.output
-        ) / 1_000_000
+# Tiers that are the default tier's prices (``auto``: the project's default, as billed
+# unless the project chose another).
+_DEFAULT_TIERS: Final = frozenset({None, "auto", "default"})
+PriceLookup = Callable[[str, str | None], ModelPrice | None]
 
 
 @attrs.frozen
 class PriceTable:
-    prices: Mapping[str, ModelPrice]
-    source: str  # shown in the summary: the file, or the dated built-in table
+    """Prices by model: a price file's first, then ``lookup`` (``genai-prices``), if any."""
 
-    def for_model(self, model: str) -> ModelPrice | None:
-        """The exact model's price, else its undated name's (a dated snapshot)."""
+    prices: Mapping[str, ModelPrice]
+    source: str  # shown in the summary: where the prices come from
+    lookup: PriceLookup | None = None
+
+    def for_model(self, model: str, service_tier: str | None = None) -> ModelPrice | None:
+        """The exact model's price, else its undated name's (a dated snapshot), else the
+        lookup's for that service tier; None when nobody knows it."""
         found = self.prices.get(model)
         if found is None:
             found = self.prices.get(_SNAPSHOT.sub("", model))
+        if found is None and self.lookup is not None:
+            found = self.lookup(model, service_tier)
         return found
 
 
-def builtin_prices() -> PriceTable:
+def _highest(price: Any) -> float | None:
+    """A genai-prices price as one number: a prompt-size tiered price is its highest rate."""
+    if price is None:
+        return None
+    tiers = getattr(price, "tiers", None)
+    if tiers is None:
+        return float(price)
+    return float(max([price.base, *(tier.price for tier in tiers)]))
+
+
+@functools.lru_cache(maxsize=1024)  # the dashboard prices every attempt of every record
+def _genai_price(model: str, service_tier: str | None) -> ModelPrice | None:
+    """``genai-prices``' price of an OpenAI model at a service tier (None: not known)."""
+    from genai_prices import data_snapshot  # the prices extra: imported when first used
+
+    try:
+        _, info = data_snapshot.get_snapshot().find_provider_model(model, None, "openai", None)
+    except LookupError:
+        return None
+    context = None if service_tier in _DEFAULT_TIERS else {"service_tier": str(service_tier)}
+    if context is not None and not any(
+        variant.when == context for variant in info.price_variants or ()
+    ):
+        # genai-prices would fall back to the default tier's price: for a tier it does not
+        # list (``scale``, or ``flex`` of a model without one) that may be too low.
+        return None
+    listed = info.get_prices(datetime.now(tz=UTC), context)
+    uncached = _highest(listed.input_mtok)
+    output = _highest(listed.output_mtok)
+    if uncached is None or output is None:
+        return None
+    cached = _highest(listed.cache_read_mtok)
+    return ModelPrice(uncached, uncached if cached is None else min(cached, uncached), output)
+
+
+def _genai_prices_version() -> str | None:
+    try:
+        import genai_prices
+    except ImportError:
+        return None
+    return str(genai_prices.__version__)
+
+
+NO_PRICES: Final = (
+    "unknown: genai-prices is not installed (pip install 'recoverable[prices]'), "
+    "or pass --prices FILE"
+)
+
+
+def default_prices() -> PriceTable:
+    """``genai-prices``' table when the package is installed, else an empty one that says
+    prices are unknown and why."""
+    version = _genai_prices_version()
+    if version is None:
+        return PriceTable({}, source=NO_PRICES)
     return PriceTable(
-        {model: ModelPrice(*price) for model, price in BUILTIN_PRICES.items()},
-        source=f"built-in estimate, prices as of {BUILTIN_PRICES_AS_OF}, check the provider",
+        {}, source=f"genai-prices {version} (an estimate: check the provider)",
+        lookup=_genai_price,
     )
+
+
+@attrs.frozen
+class CostBudget:
+    """A cost budget as an operation saves it: USD, and the price it is counted at."""
+
+    maximum: float
+    price: ModelPrice
+
+
+def cost_budget(
+    maximum: float | None, model: str, service_tier: str | None, prices: PriceTable | None
+) -> CostBudget | None:
+    """The budget a new operation saves (None: none asked). Fail closed: ``PriceUnknown``
+    when ``prices`` (else ``default_prices()``) has no price for the model and tier."""
+    if maximum is None:
+        return None
+    table = default_prices() if prices is None else prices
+    price = table.for_model(model, service_tier)
+    if price is None:
+        at = "" if service_tier is None else f" at service tier {service_tier!r}"
+        raise errors.PriceUnknown(
+            f"no price for model {model[:MAX_MODEL_CHARS]!r}{at} (prices: {table.source}): "
+            "a cost budget (maximum_cost_total) cannot be counted without one",
+            model=model, service_tier=service_tier,
+        )
+    return CostBudget(float(maximum), price)
+
+
+def successor_cost(source: OperationRecord, model: str) -> CostBudget | None:
+    """A successor's cost budget: its source's, counted afresh; at the source's frozen
+    price for the same model, else at the default price of the new one (fail closed)."""
+    limit = source.maximum_cost_total
+    if limit is None:
+        return None
+    if model == source.model and source.cost_price is not None:
+        return CostBudget(limit, source.cost_price)
+    return cost_budget(limit, model, source.service_tier, None)
 
 
 class _PriceLine(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -112,8 +199,8 @@ class _PriceLine(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 def load_prices(path: str) -> PriceTable:
     """Read a price file; ``InvalidRequest`` (naming the model and field) when it is wrong.
 
-    The built-in prices of models the file does not name are kept, so a file only needs
-    the models it corrects or adds."""
+    Models the file does not name keep ``default_prices()``' price (genai-prices), so a
+    file only needs the models it corrects or adds: for those it takes precedence."""
     try:
         with open(path, "rb") as fh:
             data = fh.read(MAX_PRICE_FILE_BYTES + 1)
@@ -137,7 +224,7 @@ def load_prices(path: str) -> PriceTable:
         ) from None
     if len(raw) > MAX_MODELS:
         raise errors.InvalidRequest(f"the price file names more than {MAX_MODELS} models")
-    prices = dict(builtin_prices().prices)
+    prices: dict[str, ModelPrice] = {}
     for model, line in raw.items():
         if not model or len(model) > MAX_MODEL_CHARS or any(ord(char) < 32 for char in model):
             raise errors.InvalidRequest(
@@ -156,7 +243,10 @@ def load_prices(path: str) -> PriceTable:
                 f"({line.input:g}): a cached input token never costs more than an uncached one"
             )
         prices[model] = ModelPrice(line.input, cached, line.output)
-    return PriceTable(prices, source=f"{path} (built-in estimate for other models)")
+    fallback = default_prices()
+    other = "genai-prices" if fallback.lookup is not None else "no price"
+    return PriceTable(prices, source=f"{path} ({other} for other models)",
+                      lookup=fallback.lookup)
 
 
 class _Object(list[tuple[str, Any]]):
@@ -198,13 +288,14 @@ class _ModelTokens:
 
 @attrs.define
 class TokenLedger:
-    """Token totals by model over the operations a batch run finished."""
+    """Token totals by model and service tier over the operations a batch run finished."""
 
-    by_model: dict[str, _ModelTokens] = attrs.field(factory=dict)
+    by_model: dict[tuple[str, str | None], _ModelTokens] = attrs.field(factory=dict)
     attempts_without_usage: int = 0  # spent attempts the provider reported nothing for
 
     def add(self, record: OperationRecord) -> None:
-        tokens = self.by_model.setdefault(record.model, _ModelTokens())
+        key = (record.model, record.service_tier)
+        tokens = self.by_model.setdefault(key, _ModelTokens())
         for attempt in record.attempts:
             if attempt.usage is None:
                 self.attempts_without_usage += 1
@@ -237,10 +328,10 @@ class TokenLedger:
             return rows
         cost = replaced_cost = 0.0
         unpriced: list[str] = []
-        for model, tokens in sorted(self.by_model.items()):
-            price = prices.for_model(model)
+        for (model, tier), tokens in sorted(self.by_model.items(), key=_model_order):
+            price = prices.for_model(model, tier)
             if price is None:
-                if tokens.total != Usage():
+                if tokens.total != Usage() and model not in unpriced:
                     unpriced.append(model)
                 continue
             cost += price.cost(tokens.total)
@@ -276,6 +367,11 @@ def attempts_usage_text(usages: Iterable[tuple[int, Usage | None]]) -> str | Non
         + ("-" if usage is None else f"{usage.input_tokens} in / {usage.output_tokens} out")
         for number, usage in pairs
     )
+
+
+def _model_order(item: tuple[tuple[str, str | None], Any]) -> tuple[str, str]:
+    (model, tier), _ = item
+    return model, tier or ""
 
 
 def _sum(usages: Iterable[Usage]) -> Usage:

@@ -17,7 +17,7 @@ import msgspec
 
 from recoverable.failure_policy import FailureReason as FailureReason
 from recoverable.failure_policy import RetryPolicy
-from recoverable.outcome import Interruption, Usage
+from recoverable.outcome import Interruption, ModelPrice, Usage
 from recoverable.types import (
     AccountBinding,
     AttemptReason,
@@ -181,6 +181,14 @@ class OperationRecord(
     # its attempts reach it, no replacement is authorized (added after version 2 was
     # released: optional, so records written before decode unchanged; None = no budget).
     maximum_output_tokens_total: int | None = None
+    # The optional cost budget (USD) and the price it is counted at, frozen at admission
+    # (the request's model and service tier; a price list that changes later never changes
+    # what this operation's budget counts): once the cost of the usage reported across its
+    # attempts reaches the budget, no replacement is authorized. The service tier the
+    # request asked for (priced by the ledger). Optional: older records decode unchanged.
+    maximum_cost_total: float | None = None
+    cost_price: ModelPrice | None = None
+    service_tier: str | None = None
     # The interruption policy chosen at prepare (added after version 2 was released:
     # optional, so records written before decode unchanged, as "replace").
     on_interruption: OnInterruption = "replace"
@@ -236,6 +244,18 @@ class OperationRecord(
         """The output tokens reported so far reached ``maximum_output_tokens_total``."""
         limit = self.maximum_output_tokens_total
         return limit is not None and self.usage.output_tokens >= limit
+
+    @property
+    def cost(self) -> float | None:
+        """USD of the usage reported so far at the admitted price (None: no cost budget)."""
+        return None if self.cost_price is None else self.cost_price.cost(self.usage)
+
+    @property
+    def cost_budget_spent(self) -> bool:
+        """The cost of the usage reported so far reached ``maximum_cost_total`` (a budget
+        without its price, which ``prepare`` never saves, counts as spent: fail closed)."""
+        limit, cost = self.maximum_cost_total, self.cost
+        return limit is not None and (cost is None or cost >= limit)
 
     @property
     def has_completion(self) -> bool:

@@ -94,7 +94,7 @@ def redacted_status(operation_id: str) -> Status:
 
 def _failed_availability(rec: OperationRecord) -> Availability:
     match rec.failure_reason:
-        case "exhausted" | "token_budget_exhausted":
+        case "exhausted" | "token_budget_exhausted" | "cost_budget_exhausted":
             return "exhausted"
         case "authentication_required":
             return "authentication_required"
@@ -111,7 +111,9 @@ def _state_and_availability(
     # Reattachment: an attempt that can still be resumed by its saved response id needs no
     # budget (a reattachment is not a new attempt): executing it again resumes it.
     resumable = reattach_target(rec) is not None
-    spent = (rec.attempts_remaining == 0 or rec.token_budget_spent) and not resumable
+    spent = (
+        rec.attempts_remaining == 0 or rec.token_budget_spent or rec.cost_budget_spent
+    ) and not resumable
     if phase == "superseded":  # terminal; its completion, if any, is gone
         return "superseded", "superseded"
     if phase == "completed" or (rec.has_completion and phase != "cancelled"):
@@ -250,6 +252,8 @@ def derive_status(
         endpoint_failure=endpoint_failure,
         usage=rec.usage,
         maximum_output_tokens_total=rec.maximum_output_tokens_total,
+        maximum_cost_total=rec.maximum_cost_total,
+        cost=rec.cost,
         lease_owner=lease.owner_id if lease is not None and lease_live else None,
         lease_expires_at=(
             to_datetime(lease.expires_at) if lease is not None and lease_live else None

@@ -252,6 +252,10 @@ class Status(msgspec.Struct, frozen=True, kw_only=True):
     # output-token budget (None: none) — see docs/usage.md.
     usage: Usage = Usage()
     maximum_output_tokens_total: int | None = None
+    # The saved cost budget (USD; None: none) and the cost of ``usage`` at the price it
+    # was admitted with (None without a budget).
+    maximum_cost_total: float | None = None
+    cost: float | None = None
     # Waiting for the rate governor (docs/rate-limits.md): "paused" (a shared 429 pause
     # of its endpoint and account, seen from any process), "requests" or "tokens" (the
     # per-minute budget, in the runtime that runs it), and until when (an estimate).

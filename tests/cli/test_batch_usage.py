@@ -12,7 +12,6 @@ import msgspec
 import pytest
 
 import recoverable
-from recoverable.pricing import BUILTIN_PRICES_AS_OF
 
 from .cli_helpers import job_line, read_results, run_cli, write_jobs
 
@@ -76,17 +75,17 @@ def test_without_faults_nothing_is_wasted_and_an_unknown_model_has_no_price(
     assert "attempts without usage" not in rows
     # gpt-test is in no price table: the cost is unknown, never $0.
     assert rows["estimated cost"].startswith("unknown: no price for gpt-test")
-    assert f"prices as of {BUILTIN_PRICES_AS_OF}" in rows["prices"]
+    assert rows["prices"].startswith("genai-prices ")  # the prices extra (dev installs it)
     assert "check the provider" in rows["prices"]
 
 
-def test_builtin_table_prices_a_known_model(tmp_path: Path) -> None:
+def test_genai_prices_price_a_known_model(tmp_path: Path) -> None:
     jobs = write_jobs(tmp_path / "jobs.jsonl", [job_line(0, model="gpt-4o-mini")])
     proc = run_cli("batch", str(jobs), "--out", str(tmp_path / "out.jsonl"))
     assert proc.returncode == 0, proc.stderr
     rows = summary_rows(proc.stdout)
     assert rows["estimated cost"].startswith("$")
-    assert "built-in estimate" in rows["prices"]
+    assert "genai-prices" in rows["prices"]
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ import pytest
 from storage_helpers import OTHER, make_op
 
 from recoverable.errors import AdmissionChanged
+from recoverable.outcome import ModelPrice
 from recoverable.records import AttemptRecord, PendingAttempt
 from recoverable.storage import RecoveryStore, acquire_lease
 from recoverable.storage.txn import ADMISSION_FIELDS
@@ -47,6 +48,9 @@ CHANGED: dict[str, Any] = {
     "reattach": True,  # issue 15
     "live": True,  # issue 16: chosen at prepare (it fixed on_interruption="fail")
     "unclaimed_after": 60.0,  # issue 29.4: chosen at submit
+    "maximum_cost_total": 2.5,  # the cost budget and its frozen price
+    "cost_price": ModelPrice(1.0, 0.5, 4.0),
+    "service_tier": "flex",
 }
 
 

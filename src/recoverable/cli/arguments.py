@@ -17,7 +17,7 @@ from recoverable.cli.exits import UsageError
 from recoverable.cli.jobs import id_problem
 from recoverable.cli.paging import DEFAULT_LIMIT, MAX_LIMIT
 from recoverable.outcome import bounded_code
-from recoverable.preconditions import MAX_ATTEMPTS
+from recoverable.preconditions import MAX_ATTEMPTS, MAX_COST_TOTAL
 from recoverable.transport.connect import UNREACHABLE_AFTER
 from recoverable.transport.fixture import FaultSpec
 
@@ -136,6 +136,10 @@ def _number_in(text: str, low: float, high: float, unit: str = "") -> float:
                  else f"in {_shown(low)}..{_shown(high)}")
         raise argparse.ArgumentTypeError(f"must be a number {where}{unit}: {text!r}")
     return value
+
+
+def _max_cost(text: str) -> float:
+    return _number_in(text, 0, MAX_COST_TOTAL, " USD")
 
 
 def _concurrency(text: str) -> int:
@@ -407,8 +411,15 @@ def _add_batch(sub: argparse._SubParsersAction[_Parser]) -> None:
     batch.add_argument(
         "--prices",
         metavar="FILE",
-        help="JSON price table for the cost estimate: model -> {input, cached_input, output} "
-        "in USD per 1M tokens (default: a small dated built-in estimate)",
+        help="JSON price table for the cost estimate and --max-cost: model -> {input, "
+        "cached_input, output} in USD per 1M tokens; it takes precedence over genai-prices "
+        "(the default source, the prices extra) for the models it names",
+    )
+    batch.add_argument(
+        "--max-cost", type=_max_cost, metavar="USD",
+        help="each job's cost budget (maximum_cost_total): once the cost of the usage its "
+        "attempts reported reaches it, no replacement is sent and the job fails "
+        "cost_budget_exhausted; refused before anything runs when a job's model has no price",
     )
 
 
@@ -591,7 +602,7 @@ def _add_dashboard(sub: argparse._SubParsersAction[_Parser]) -> None:
     dashboard.add_argument(
         "--prices", metavar="FILE",
         help="JSON price table for the cost estimate, as batch's --prices: model -> {input, "
-        "cached_input, output} in USD per 1M tokens (default: a small dated built-in estimate)",
+        "cached_input, output} in USD per 1M tokens (default: genai-prices, the prices extra)",
     )
 
 

@@ -35,7 +35,7 @@ from recoverable.cli.provider import FIXTURE_NOTICE, batch_account, open_backend
 from recoverable.cli.report import BatchSummary, ErrorLog, JobError
 from recoverable.cli.result_log import ResultLog, ResultLogError
 from recoverable.cli.store_binding import bind_result_log
-from recoverable.pricing import builtin_prices
+from recoverable.pricing import default_prices
 from recoverable.storage.store import RecoveryStore, redact_url, url_scheme
 from recoverable.transport.base import validate_api_key
 from recoverable.transport.connect import EndpointGate
@@ -193,6 +193,9 @@ def _usage_problem(config: BatchConfig, jobs_file: JobsFile) -> str | None:
     ))
     if problem is not None:
         return problem
+    unpriced = _unpriced_model(config, jobs_file)
+    if unpriced is not None:
+        return unpriced
     if config.endpoint != "fixture":
         if not os.environ.get(config.api_key_env):
             return f"the environment variable {config.api_key_env} (--api-key-env) is not set"
@@ -203,6 +206,22 @@ def _usage_problem(config: BatchConfig, jobs_file: JobsFile) -> str | None:
         except errors.InvalidCredentials as exc:
             # Before any store or output is touched: a key that cannot be sent is a usage error.
             return str(exc)
+    return None
+
+
+def _unpriced_model(config: BatchConfig, jobs_file: JobsFile) -> str | None:
+    """With ``--max-cost``, a job whose model has no price: the budget could not be
+    counted, so the batch is refused before anything is sent (fail closed)."""
+    if config.max_cost is None:
+        return None
+    prices = config.prices or default_prices()
+    for job in jobs_file.jobs:
+        model, tier = job.request.model, job.request.service_tier
+        if prices.for_model(model, tier) is None:
+            at = "" if tier is None else f" at service tier {tier!r}"
+            return (f"--max-cost: no price for model {model!r}{at} (job {job.id!r}), so its "
+                    f"cost cannot be counted; prices: {prices.source}. Pass --prices FILE "
+                    "naming it (docs/usage.md)")
     return None
 
 
@@ -304,7 +323,7 @@ def run_batch(config: BatchConfig, *, out: IO[str] | None, err: IO[str] | None) 
         duplicates=len(jobs_file.duplicates),
         superseded=len(jobs_file.superseded),
         retry_provider_codes=tuple(sorted(config.retry_provider_codes)),
-        prices=config.prices or builtin_prices(),
+        prices=config.prices or default_prices(),
     )
     _report_jobs_file(config, jobs_file, summary, say)
     problem = _usage_problem(config, jobs_file)

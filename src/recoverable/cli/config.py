@@ -44,7 +44,8 @@ class BatchConfig:
     # The batch opts in explicitly to replacing these response.failed codes (the library
     # default replaces none); ``--retry-provider-codes`` overrides, "" disables.
     retry_provider_codes: frozenset[str] = DEFAULT_RETRY_PROVIDER_CODES
-    prices: PriceTable | None = None  # --prices FILE (None: the dated built-in estimate)
+    prices: PriceTable | None = None  # --prices FILE (None: genai-prices, if installed)
+    max_cost: float | None = None  # --max-cost: each new operation's maximum_cost_total
     prices_path: str | None = None  # that FILE (an input the outputs must not be)
     # The shape of the --out lines ("recoverable" or "openai-batch"), the
     # --errors file, --retry-failed, and the --revision of Batch API lines.

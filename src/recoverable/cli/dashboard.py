@@ -129,7 +129,7 @@ def check_remote(host: str, allow_remote: bool, err: IO[str]) -> None:
 
 def dashboard_prices(path: str | None) -> PriceTable | None:
     """``--prices FILE`` (the batch's format, pricing.py); a bad file is a usage error
-    naming what is wrong. None: the built-in estimate."""
+    naming what is wrong. None: genai-prices' (if installed)."""
     if path is None:
         return None
     try:

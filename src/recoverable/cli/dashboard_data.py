@@ -31,7 +31,7 @@ from recoverable import errors
 from recoverable.actors import queue as submitted
 from recoverable.machine import derive_status
 from recoverable.outcome import Usage
-from recoverable.pricing import PriceTable, builtin_prices
+from recoverable.pricing import PriceTable, default_prices
 from recoverable.records import DispositionRecord, LeaseRecord, OperationRecord
 from recoverable.storage.base import Store
 from recoverable.storage.governor import governor_key, load_governor
@@ -147,7 +147,7 @@ class Summary:
     usage_reported: bool
     cost: float | None  # estimated USD; None when a model has no price (``unpriced``)
     unpriced: list[str]  # the models with reported usage and no price (at most 10)
-    price_source: str  # where the prices come from (--prices, or the built-in table)
+    price_source: str  # where the prices come from (--prices, genai-prices, or none)
     cooldowns: list[tuple[str, float]]  # the soonest saved cooldowns (id, until)
     waiting: int  # operations in a saved cooldown
     governors: list[GovernorState]
@@ -302,7 +302,7 @@ def _cost(
                 continue
             reported = True
             total = total + attempt.usage
-            price = prices.for_model(record.model)
+            price = prices.for_model(record.model, record.service_tier)
             if price is None:
                 unpriced.add(record.model)
             else:
@@ -325,7 +325,7 @@ def build_summary(
     previous: Summary | None = None,
 ) -> Summary:
     """One pass over the store (synchronous: run it in a thread). ``prices``: the cost's
-    price table (``--prices``; the built-in estimate by default).
+    price table (``--prices``; genai-prices' by default).
 
     The list pages walk a cursor (keyset, never an offset), which is only sound while a
     row's sort key stays put. A marker has no creation time, so an acknowledged or
@@ -333,7 +333,7 @@ def build_summary(
     top): a walk under way would skip it. It keeps the place ``previous`` (the summary
     before) gave it instead; only a marker this process never saw as a record sorts at its
     disposition time, which does not move either."""
-    prices = builtin_prices() if prices is None else prices
+    prices = default_prices() if prices is None else prices
     started = time.perf_counter()
     txnid = store.last_txnid()
     now = time.time() if now is None else now

@@ -179,6 +179,7 @@ def _batch_config(args: argparse.Namespace) -> BatchConfig:
         ),
         prices=prices,
         prices_path=args.prices,
+        max_cost=args.max_cost,
         output_format=args.output_format,
         errors_path=None if args.errors is None else os.path.abspath(args.errors),
         retry_failed=args.retry_failed,

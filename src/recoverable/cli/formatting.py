@@ -181,6 +181,10 @@ def format_status(status: Status) -> str:
             (attempt.number, attempt.usage) for attempt in status.attempts
         )),
         ("output token budget", status.maximum_output_tokens_total),
+        ("cost budget", None if status.maximum_cost_total is None else (
+            f"${status.cost or 0.0:.6f} of ${status.maximum_cost_total:g} spent "
+            "(reported usage at the admitted price)"
+        )),
         ("response id", status.response_id),
         ("owner", status.lease_owner),  # the store opener holding its live lease
         ("lease expires at", (

@@ -225,6 +225,9 @@ class BatchHost:
             "job_id": job.id,
             "input_revision": job.revision,
             "on_interruption": self.config.on_interruption,
+            # --max-cost: each job's cost budget, at --prices' price (else genai-prices').
+            "maximum_cost_total": self.config.max_cost,
+            "prices": self.config.prices,
         }
 
     async def run_operation(self, handle: Handle, job: Job) -> Any:

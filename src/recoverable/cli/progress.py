@@ -51,8 +51,8 @@ def estimated_cost(ledger: TokenLedger, prices: PriceTable | None) -> float | No
     if prices is None:
         return None
     cost = 0.0
-    for model, tokens in ledger.by_model.items():
-        price = prices.for_model(model)
+    for (model, tier), tokens in ledger.by_model.items():
+        price = prices.for_model(model, tier)
         if price is None:
             if tokens.total.total_tokens == 0:
                 continue  # nothing to price (as in the summary's estimate)
