@@ -77,7 +77,7 @@ LIMITS = recoverable.StreamLimits(idle_timeout=60.0, connect_timeout=30.0)
 STEP_GUARD = 30.0  # no single step may take this long: that would be a hang
 EXAMPLES = int(os.environ.get("RECOVERABLE_MODEL_EXAMPLES", "100"))
 PG_EXAMPLES = int(os.environ.get("RECOVERABLE_MODEL_PG_EXAMPLES", "15"))
-STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
+pytestmark = pytest.mark.both_stores
 _PG_CLUSTER: list[Cluster | None] = [None]
 STEPS = int(os.environ.get("RECOVERABLE_MODEL_STEPS", "30"))
 

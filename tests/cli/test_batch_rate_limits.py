@@ -49,7 +49,7 @@ from .cli_helpers import (
     write_jobs,
 )
 
-STORE_KINDS = ("lmdb", "postgresql")
+pytestmark = pytest.mark.both_stores
 KEY_ENV = {"RATE_TEST_KEY": "sk-rate-test"}
 ACCOUNT = recoverable.AccountBinding("acct-rate", "api-key")
 SCHEMA = recoverable.JsonSchema("label", SMALL_SCHEMA)

@@ -33,7 +33,7 @@ JOBS = 200
 SEED = 14
 # One suite, two stores (issue 17): the workers share an LMDB directory or, as machines
 # of a fleet would, one PostgreSQL database.
-STORE_KINDS = ("lmdb", "postgresql")
+pytestmark = pytest.mark.both_stores
 
 
 def worker_pids(parent: int) -> set[int]:

@@ -36,7 +36,7 @@ from recoverable.types import AccountBinding, Inventory, Receipt, SourceRef, Sta
 
 from .cli_helpers import SMALL_SCHEMA, job_line, write_jobs
 
-STORE_KINDS = ("lmdb", "postgresql")  # the queue rows: one table, both stores
+pytestmark = pytest.mark.both_stores  # the queue rows: one table, both stores
 
 # What must never reach a terminal raw (this test's own oracle): C0 controls, DEL, C1
 # controls, the bidirectional embeddings, overrides and isolates, lone surrogates.

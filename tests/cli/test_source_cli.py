@@ -6,13 +6,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 import recoverable
 from recoverable.records import OperationRecord
 
 from .cli_helpers import run_cli
 
 ACCOUNT = recoverable.AccountBinding("acct-cli", "api-key")
-STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
+pytestmark = pytest.mark.both_stores
 
 
 def _bound(op_id: str, digest: str) -> OperationRecord:

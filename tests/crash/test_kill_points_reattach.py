@@ -25,7 +25,7 @@ import recoverable
 
 DRIVER = str(Path(__file__).with_name("host_driver.py"))
 POINT = "reattach.checkpoint_saved"
-STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
+pytestmark = pytest.mark.both_stores
 
 
 def _provider(*flags: str) -> Iterator[dict[str, Any]]:

@@ -21,7 +21,7 @@ from .soak_driver import run_soak
 # One suite, two stores (issue 17). On PostgreSQL, before each SIGKILL of the host, the
 # backends serving its writer and read connections are terminated (pg_terminate_backend):
 # the host must reconnect and make progress before it is killed.
-STORE_KINDS = ("lmdb", "postgresql")
+pytestmark = pytest.mark.both_stores
 
 
 def _backend_killer(url: str) -> object:

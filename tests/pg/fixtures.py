@@ -128,12 +128,26 @@ def pg_url(pg_cluster: Cluster) -> Iterator[str]:
     _POOL.append(name)
 
 
+STORE_KINDS = ("lmdb", "postgresql")
+"""The stores a test of the storage contract runs on; the first is the default."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "both_stores: each test of the module (or class, or function) that uses store_kind"
+        " runs on every one of STORE_KINDS instead of the first (LMDB) alone",
+    )
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """One suite, two stores: a test module listing ``STORE_KINDS = ("lmdb",
-    "postgresql")`` runs each test that uses ``store_kind`` (directly, or through
-    ``store_location`` / a ``store`` fixture built on it) on both; others on LMDB only."""
+    """One suite, two stores: a test marked ``both_stores`` (a module's ``pytestmark =
+    pytest.mark.both_stores``) that uses ``store_kind`` (directly, or through
+    ``store_location`` / a ``store`` fixture built on it) runs on each of ``STORE_KINDS``;
+    any other test that uses it on LMDB alone (its id still says ``lmdb``)."""
     if "store_kind" in metafunc.fixturenames:
-        metafunc.parametrize("store_kind", getattr(metafunc.module, "STORE_KINDS", ("lmdb",)))
+        both = metafunc.definition.get_closest_marker("both_stores") is not None
+        metafunc.parametrize("store_kind", STORE_KINDS if both else STORE_KINDS[:1])
 
 
 @pytest.fixture

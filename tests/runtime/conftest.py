@@ -68,8 +68,8 @@ def mode(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def store(store_location: str) -> Iterator[recoverable.RecoveryStore]:
-    # tmp_path/"store" (LMDB), or a fresh PostgreSQL database in the modules that list
-    # STORE_KINDS = ("lmdb", "postgresql") (issue 17: one suite, two stores).
+    # tmp_path/"store" (LMDB), or also a fresh PostgreSQL database in the modules marked
+    # both_stores (tests/pg/fixtures.py; issue 17: one suite, two stores).
     s = recoverable.RecoveryStore.open(store_location)
     try:
         yield s

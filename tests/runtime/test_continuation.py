@@ -26,7 +26,7 @@ from recoverable.testing import FixtureProvider, Reply
 
 from .conftest import ACCOUNT, REQUEST, Answer, Authorizer, generation_requests, make_backend
 
-STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
+pytestmark = pytest.mark.both_stores
 
 T0 = 1_800_000_000.0
 FAST = recoverable.RetryPolicy(initial_backoff=0.0)

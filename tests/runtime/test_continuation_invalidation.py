@@ -22,7 +22,7 @@ from ..cli.cli_helpers import run_cli
 from .conftest import ACCOUNT, REQUEST, Answer, Authorizer, generation_requests, make_backend
 from .test_continuation import DROPS, FAST, record
 
-STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
+pytestmark = pytest.mark.both_stores
 
 Action = Callable[[recoverable.Runtime, recoverable.RecoveryStore, recoverable.Handle],
                   Awaitable[object]]

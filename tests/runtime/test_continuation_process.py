@@ -46,7 +46,7 @@ KEY_ENV = {"CONTINUATION_TEST_KEY": "sk-continuation-test"}
 DELAY = 0.3
 DROP = {"kind": "disconnect", "after_events": 2}
 DONE = {"kind": "complete", "payload": {"label": "a", "score": 7}}
-STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
+pytestmark = pytest.mark.both_stores
 
 
 @pytest.fixture

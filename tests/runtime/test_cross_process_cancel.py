@@ -28,7 +28,7 @@ from .cancel_child import Answer
 CHILD = str(Path(__file__).with_name("cancel_child.py"))
 # One suite, two stores (issue 17): the second process is another machine's worker on
 # the same PostgreSQL database.
-STORE_KINDS = ("lmdb", "postgresql")
+pytestmark = pytest.mark.both_stores
 ACCOUNT = recoverable.AccountBinding("acct-cancel", "api-key")
 # Seconds. Not a latency target (p99 is ~50 ms; the bench measures it): a lost cancel is
 # never observed at all, so a bound this far above the target tells the two apart even on

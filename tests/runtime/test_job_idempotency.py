@@ -19,7 +19,7 @@ from recoverable.testing import FixtureProvider
 
 from .conftest import ACCOUNT, REQUEST, Answer, Authorizer, generation_requests, make_backend
 
-STORE_KINDS = ("lmdb", "postgresql")  # the job index is the store's: both stores
+pytestmark = pytest.mark.both_stores  # the job index is the store's: both stores
 OTHER_REQUEST = recoverable.StructuredRequest(model="gpt-test", input="another question")
 
 

@@ -24,7 +24,7 @@ from .conftest import Authorizer, generation_requests
 from .live_child import ACCOUNT, REQUEST, Story
 from .live_scan import assert_views_never_stored
 
-STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
+pytestmark = pytest.mark.both_stores
 
 FAST = recoverable.RetryPolicy(initial_backoff=0.0, maximum_backoff=0.0)
 

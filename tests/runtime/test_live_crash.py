@@ -41,7 +41,7 @@ from .live_child import ACCOUNT, REQUEST, Story
 from .live_scan import assert_views_never_stored
 
 CHILD = str(Path(__file__).with_name("live_child.py"))
-STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
+pytestmark = pytest.mark.both_stores
 LEASE_SECONDS = 3.0  # the child's leases: short, so a test waits ~3 s for an expiry
 BOUND = 60.0  # generous: a loaded 2-core machine may deschedule a process for seconds
 

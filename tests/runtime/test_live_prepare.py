@@ -16,7 +16,7 @@ from recoverable.testing import FixtureProvider, Reply
 
 from .conftest import ACCOUNT, REQUEST, Answer, Authorizer, make_backend
 
-STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
+pytestmark = pytest.mark.both_stores
 
 
 async def test_live_fixes_the_fail_policy(

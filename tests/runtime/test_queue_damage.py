@@ -34,7 +34,7 @@ from recoverable.testing import FixtureProvider
 
 from .conftest import ACCOUNT, REQUEST, Answer, generation_requests, make_backend
 
-STORE_KINDS = ("lmdb", "postgresql")  # the same rows in both stores
+pytestmark = pytest.mark.both_stores  # the same rows in both stores
 
 
 async def approve(attempt: recoverable.Attempt) -> bool:

@@ -38,7 +38,7 @@ from .reattach_helpers import (
     suspended_mid_stream,
 )
 
-STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
+pytestmark = pytest.mark.both_stores
 
 
 async def _send(

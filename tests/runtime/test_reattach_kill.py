@@ -29,7 +29,7 @@ from .reattach_child import ACCOUNT, Answer
 
 CHILD = str(Path(__file__).with_name("reattach_child.py"))
 LONG = {"answer": 7, "note": "k" * 400}  # 200 delta events with deltas=(200, 200)
-STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
+pytestmark = pytest.mark.both_stores
 
 
 def _child(provider: FixtureProvider, store_path: str, *options: str) -> list[str]:

@@ -15,7 +15,7 @@ from recoverable.testing import FixtureProvider, Reply
 
 from .conftest import ACCOUNT, OTHER, REQUEST, Answer, Authorizer, make_backend
 
-STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
+pytestmark = pytest.mark.both_stores
 
 
 async def test_purge_after_sign_out_removes_idle_records_and_reports_busy_ones(

@@ -24,7 +24,7 @@ from .conftest import (
     make_backend,
 )
 
-STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
+pytestmark = pytest.mark.both_stores
 
 FAST = recoverable.RetryPolicy(initial_backoff=0.0, maximum_backoff=0.0)
 

@@ -27,7 +27,7 @@ from recoverable.transport.base import Credentials
 from ..cli.cli_helpers import run_cli
 from .conftest import ACCOUNT, REQUEST, Answer, Authorizer, generation_requests, make_backend
 
-STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
+pytestmark = pytest.mark.both_stores
 
 DOC = recoverable.SourceRef("doc-1", "sha256:v1")
 ANSWER = {"answer": 42, "note": "six times seven"}

@@ -34,7 +34,7 @@ from .lease_child import ACCOUNT, Answer
 CHILD = str(Path(__file__).with_name("lease_child.py"))
 BOUND = 60.0  # generous: a loaded 2-core machine may deschedule a process for seconds
 DOC = recoverable.SourceRef("doc-1", "sha256:v1")
-STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
+pytestmark = pytest.mark.both_stores
 
 
 class Pinned:

@@ -19,7 +19,7 @@ from recoverable.testing import FixtureProvider, Reply
 from .conftest import ACCOUNT, Answer, Authorizer, generation_requests, make_backend
 from .test_continuation import DROPS, FAST, Wall, record, until
 
-STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
+pytestmark = pytest.mark.both_stores
 
 
 def sent_input(provider: FixtureProvider, operation_id: str) -> list[Any]:

@@ -22,7 +22,7 @@ from .conftest import ACCOUNT, Answer, Authorizer, make_backend
 from .test_continuation import DROPS, FAST, record
 from .test_thread import sent_input
 
-STORE_KINDS = ("lmdb", "postgresql")  # the row is a payload row: both stores
+pytestmark = pytest.mark.both_stores  # the row is a payload row: both stores
 
 
 def _answer(answer: int, note: str) -> str:

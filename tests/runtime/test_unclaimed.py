@@ -30,7 +30,7 @@ from recoverable.types import to_datetime
 
 from .conftest import ACCOUNT, OTHER, REQUEST, Answer, generation_requests, make_backend
 
-STORE_KINDS = ("lmdb", "postgresql")  # worker rows and served marks: both stores
+pytestmark = pytest.mark.both_stores  # worker rows and served marks: both stores
 
 
 async def approve(attempt: recoverable.Attempt) -> bool:

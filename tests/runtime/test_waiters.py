@@ -17,7 +17,7 @@ from tests.storage.storage_helpers import make_op
 
 from .conftest import ACCOUNT, Answer, Authorizer, make_backend
 
-STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
+pytestmark = pytest.mark.both_stores
 WAITERS = 24
 
 

@@ -15,7 +15,7 @@ from recoverable.testing import FixtureProvider, Reply
 
 from .conftest import ACCOUNT, OTHER, REQUEST, Answer, generation_requests, make_backend
 
-STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
+pytestmark = pytest.mark.both_stores
 
 
 async def approve(attempt: recoverable.Attempt) -> bool:

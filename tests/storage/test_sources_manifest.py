@@ -11,7 +11,7 @@ from recoverable.storage import RecoveryStore
 from recoverable.storage.sources import change_source
 from recoverable.types import SourceRef
 
-STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
+pytestmark = pytest.mark.both_stores
 
 NOW = 1_700_000_100.0
 DOC = SourceRef("doc-1", "sha256:aaa")

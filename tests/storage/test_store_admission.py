@@ -22,7 +22,7 @@ from recoverable.storage.txn import ADMISSION_FIELDS
 from recoverable.transitions import InvalidTransition
 from recoverable.types import RetryPolicy, SourceRef
 
-STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
+pytestmark = pytest.mark.both_stores
 
 # A different value for every admission field (a field the record gains later must be
 # added here: the test below fails until it is).

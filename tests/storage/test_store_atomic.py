@@ -8,7 +8,7 @@ from storage_helpers import make_op
 from recoverable.errors import FenceMismatch, StorageUnavailable
 from recoverable.storage import RecoveryStore, WriteTxn
 
-STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
+pytestmark = pytest.mark.both_stores
 
 
 async def test_a_mutation_that_swallows_a_helper_error_is_rolled_back_whole(

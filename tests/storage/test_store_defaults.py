@@ -10,7 +10,7 @@ import recoverable
 from recoverable.storage import RecoveryStore
 from recoverable.storage.store import WriteTxn
 
-STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
+pytestmark = pytest.mark.both_stores
 
 MiB = 2**20
 

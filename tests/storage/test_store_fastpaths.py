@@ -30,7 +30,7 @@ from recoverable.records import AttemptRecord, OperationRecord
 from recoverable.storage import RecoveryStore, WriteTxn
 from recoverable.storage.queue import member_key
 
-STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
+pytestmark = pytest.mark.both_stores
 
 
 class _Id(str):

@@ -24,7 +24,7 @@ from recoverable.records import LeaseRecord
 from recoverable.storage import RecoveryStore, acquire_lease, release_lease, renew_leases
 from recoverable.storage.keys import operation_key
 
-STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
+pytestmark = pytest.mark.both_stores
 
 
 async def test_acquisition_increments_the_fence_and_a_second_task_is_busy(

@@ -14,8 +14,6 @@ from recoverable import machine
 from recoverable.errors import CorruptRecord
 from recoverable.storage import codec
 
-STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
-
 DATA = Path(__file__).resolve().parents[1] / "data"
 
 

@@ -10,7 +10,7 @@ from storage_helpers import make_op
 from recoverable.errors import StorageLimitExceeded
 from recoverable.storage import RecoveryStore, WriteTxn
 
-STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
+pytestmark = pytest.mark.both_stores
 
 CHUNK = 9_000
 

@@ -33,7 +33,7 @@ from recoverable.storage import (
 )
 from recoverable.storage.keys import operation_key, payload_key
 
-STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
+pytestmark = pytest.mark.both_stores
 
 
 def full_op(op_id: str) -> OperationRecord:

@@ -14,7 +14,7 @@ from recoverable.records import DispositionRecord, LeaseRecord
 from recoverable.storage import RecoveryStore, WriteTxn, acquire_lease
 from recoverable.types import AccountBinding
 
-STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
+pytestmark = pytest.mark.both_stores
 
 CORRUPT = b"\x85\xa7version\x02\xffnot msgpack at all"
 FUTURE = msgspec.msgpack.encode({"version": 99, "operation_id": "future", "shiny": True})

@@ -16,8 +16,6 @@ from recoverable.outcome import Usage
 from recoverable.records import AttemptRecord, DispositionRecord
 from recoverable.storage import codec
 
-STORE_KINDS = ("lmdb", "postgresql")  # one suite, two stores (issue 17)
-
 DATA = Path(__file__).resolve().parents[1] / "data" / "version2_before_usage.hex"
 
 
