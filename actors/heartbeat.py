@@ -14,17 +14,21 @@ safety margin is reached: then its execution stops too.
 The *safety margin* is ``lease_seconds / 6`` before ``expires_at``. An attempt's transport
 runs in a cancel scope (:meth:`LeaseKeeper.transport_scope`) that only the heartbeat cuts:
 when the lease is lost, or when it reaches its margin and cannot be renewed (the write
-failed, or did not return within half a margin: a hung store; :meth:`LeaseKeeper.watch`).
-A running generation is cut only when its lease could no longer be held (seed 000's "no
-elapsed-time deadline on a running generation" holds while the owner is alive and
-renewing), so that before the lease expires, and another owner may claim it, this one has
-stopped.
+failed, or did not return within half a margin: a hung store, a busy event loop;
+:meth:`LeaseKeeper.watch`). A running generation is cut only when its lease could no longer
+be held (seed 000's "no elapsed-time deadline on a running generation" holds while the
+owner is alive and renewing), so that before the lease expires, and another owner may
+claim it, this one has stopped. Cut at the margin, the execution itself goes on: the
+attempt ends as an interruption (``transport_code="lease_late"``, spent once sent) and is
+replaced within the budget once the lease is renewed (``actors/transmit.py``); a
+background response is left to be resumed by its id, as when the lease is lost.
 
 A lease is never lost by its own live owner for being late, even with thousands of waiting
 operations in one runtime. An execution with no transport running (parked until its
 ``next_attempt_at``, waiting for the host, writing)
 whose lease passes its margin unrenewed (an event loop too busy, a slow disk) is not
-stopped: nothing it does is visible outside the store, and every write it makes is fenced.
+stopped, nor is one whose stream was cut there: nothing it does is visible outside the
+store, and every write it makes is fenced.
 It stops with ``LeaseLost`` only when another owner may have taken over: a renewal found
 the lease taken, fenced out or released, or the lease *expired* without a renewal written.
 Before it starts a transport, an execution waits for its lease to be back within its
@@ -100,6 +104,16 @@ class HeldLease:
         self._on_lost = on_lost
         self.transports: list[trio.CancelScope] = []
 
+    def cut(self) -> bool:
+        """Past its margin unrenewed, not lost: cut its transport (it must end before
+        another owner could claim at expiry); the execution goes on (it records the
+        attempt as interrupted and replaces it once its lease is renewed). True if a
+        transport was cut now (not already)."""
+        fresh = [scope for scope in self.transports if not scope.cancel_called]
+        for scope in fresh:
+            scope.cancel()
+        return bool(fresh)
+
     def lose(self) -> None:
         """The lease is lost: stop the execution (once), and cut its transport now."""
         if self.lost:
@@ -128,6 +142,7 @@ class LeaseKeeper:
         self.renewal_failures = 0  # beats whose write failed (store unavailable)
         self.lost = 0  # leases found lost (or past their margin) by the heartbeat
         self.late = 0  # times a lease without a transport passed its margin unrenewed
+        self.cut = 0  # transports cut at their lease's margin, the execution going on
         self.held_back = 0  # transports that waited for their lease's renewal to start
         self._beat = trio.Event()  # set to make the heartbeat beat now (tests, shutdown)
         self._renewed = trio.Event()  # set (and replaced) after each renewal write
@@ -233,20 +248,24 @@ class LeaseKeeper:
                     continue  # renewed meanwhile (or already stopped)
                 if self.held.get(held.lease.operation_id) is not held:
                     continue  # its execution let go of it meanwhile (it ended)
-                if self._must_stop(held):
-                    self.lost += 1
-                    held.lose()
-                else:
-                    self.late += 1
+                self._past_margin(held)
 
-    def _must_stop(self, held: HeldLease) -> bool:
-        """A lease past its margin and not renewed: its execution must stop if a transport
-        runs under it (the stream must end before another owner may claim) or the lease
-        has expired (another owner may have claimed it). Otherwise it is only late."""
+    def _expired(self, held: HeldLease) -> bool:
         expires_at = held.lease.expires_at
-        return bool(held.transports) or (
-            expires_at is not None and self.wall_clock() >= expires_at
-        )
+        return expires_at is not None and self.wall_clock() >= expires_at
+
+    def _past_margin(self, held: HeldLease) -> None:
+        """A lease past its margin and not renewed. Expired: another owner may have
+        claimed it, so its execution stops (``LeaseLost``). Otherwise its transport, if
+        one runs, is cut (the stream must end before another owner could claim) and the
+        execution goes on; one with no transport is only late."""
+        if self._expired(held):
+            self.lost += 1
+            held.lose()
+        elif held.transports:
+            self.cut += held.cut()
+        else:
+            self.late += 1
 
     async def fresh(self, held: HeldLease) -> None:
         """Return once the held lease is within its margin (at once, normally), or lost:
@@ -260,7 +279,7 @@ class LeaseKeeper:
             self.beat_now()
             with trio.move_on_after(self.margin / 2):
                 await attempted.wait()
-            if not held.lost and self._must_stop(held) and (
+            if not held.lost and self._expired(held) and (
                 self.deadline(held) <= trio.current_time()
             ):
                 self.lost += 1
@@ -297,13 +316,8 @@ class LeaseKeeper:
             except errors.RecoveryError:
                 self.renewal_failures += 1
                 for held in beating[start:]:
-                    if (
-                        not held.lost
-                        and self.deadline(held) <= trio.current_time()
-                        and self._must_stop(held)
-                    ):
-                        self.lost += 1
-                        held.lose()
+                    if not held.lost and self.deadline(held) <= trio.current_time():
+                        self._past_margin(held)
                 return False
             self.renewal_writes += 1
             self._apply(chunk, renewed, lost)
@@ -343,6 +357,9 @@ class ExecutionLease:
         self.keeper = keeper
         self.scope = trio.CancelScope()
         self.held: HeldLease | None = None
+        # The last transport was cut at its lease's margin, the lease late and not lost:
+        # the execution records the attempt as interrupted and goes on.
+        self.cut_late = False
 
     @property
     def lost(self) -> bool:
@@ -370,11 +387,21 @@ class ExecutionLease:
         lost (see the module docstring); the execution then stops at the next checkpoint
         (:meth:`checkpoint`)."""
         held = self.held
+        self.cut_late = False
         if held is None:
             yield
             return
-        with self.keeper.transport_scope(held):
+        with self.keeper.transport_scope(held) as scope:
             yield
+        self.cut_late = scope.cancelled_caught and not held.lost
+
+    def lose(self) -> None:
+        """Stop the execution as if its lease were lost (``LeaseLost`` at the next
+        checkpoint)."""
+        if self.held is not None:
+            self.held.lose()
+        else:
+            self.scope.cancel()
 
     async def checkpoint(self) -> None:
         """Raise the scope's cancellation now if the lease is lost (a transport was cut)."""

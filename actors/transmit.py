@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Final
 
 import trio
 
@@ -30,6 +30,14 @@ from recoverable.types import AccountBinding
 
 class _NotTransmitted(Exception):
     """Raised from ``before_send``: the recheck at consumption stopped the attempt."""
+
+
+class _CutBeforeSending:
+    """A transport cut at its lease's margin before anything was sent: try again (the
+    lease renewed first), nothing spent."""
+
+
+CUT_BEFORE_SENDING: Final = _CutBeforeSending()
 
 
 class StoppedAtCheckpoint(Exception):
@@ -134,6 +142,8 @@ class Transmitter(OperationCore):
             first = False
             if isinstance(result, machine.Transition):
                 return result
+            if isinstance(result, _CutBeforeSending):
+                continue  # connecting again waits for the lease's renewal (guard.fresh)
             kind, authorized = result
             if authorized.endpoint_failure != kind:
                 noted = await self._advance(functools.partial(
@@ -157,8 +167,9 @@ class Transmitter(OperationCore):
         body: bytes,
         gate: EndpointGate,
         first: bool,
-    ) -> machine.Transition | tuple[ConnectKind, OperationRecord]:
-        """One try: the transition after the attempt, or the connect failure (nothing spent)."""
+    ) -> machine.Transition | tuple[ConnectKind, OperationRecord] | _CutBeforeSending:
+        """One try: the transition after the attempt, the connect failure, or a cut at the
+        lease's margin before sending (both: nothing spent)."""
         host = self.host
         backend = host.backend
         assert backend is not None
@@ -213,6 +224,10 @@ class Transmitter(OperationCore):
                             sending.result = await call
                         else:  # the attempt's hard timeout, shorter than the lease
                             sending.result = await self._within(hard, call, sending)
+                    if self.guard.cut_late:
+                        late = self._cut_late(authorized, sending)
+                        if late is not None:
+                            return late
                     await self.guard.checkpoint()  # cut by it: stop here (the lease is lost)
                 streamed = None
         except _NotTransmitted:
@@ -462,6 +477,28 @@ class Transmitter(OperationCore):
             sequence_number=sending.sequence_number,
             had_output=sending.progressed,
         )
+
+    def _cut_late(self, authorized: OperationRecord, sending: _Attempt) -> _CutBeforeSending | None:
+        """The transport was cut at its lease's margin, the lease late but not lost (a
+        busy event loop, a slow disk): the attempt ends as an interruption
+        (``transport_code="lease_late"``, spent once sent, replaced within the budget
+        after the lease is renewed) and the execution goes on; ``LeaseLost`` is only for
+        a lease another owner may have taken. A background response is left for whoever
+        holds the lease next to resume by its id, as when the lease is lost."""
+        self.host.telemetry.emit("attempt.lease_late", self.operation_id)
+        if authorized.reattach:
+            self.guard.lose()
+            return None
+        if sending.consumed is None:
+            return CUT_BEFORE_SENDING
+        sending.result = Interruption(
+            kind="interrupted",
+            transport_code="lease_late",
+            response_id=sending.response_id,
+            sequence_number=sending.sequence_number,
+            had_output=sending.progressed,
+        )
+        return None
 
     async def _sleep_until(self, at: float) -> None:
         """The governor's waits (a pause every operation of the account shares; it checks

@@ -26,7 +26,7 @@ from recoverable.actors.heartbeat import (
 )
 from recoverable.records import LeaseRecord
 from recoverable.storage import RecoveryStore, acquire_lease, release_lease
-from recoverable.testing import FixtureProvider
+from recoverable.testing import FixtureProvider, Reply
 
 from ..storage.storage_helpers import make_op
 from .conftest import ACCOUNT, REQUEST, Answer, make_backend
@@ -119,10 +119,11 @@ async def test_a_lost_lease_stops_its_execution_and_only_it(store: RecoveryStore
 async def test_an_unwritable_renewal_cuts_a_stream_at_its_margin_and_a_parked_one_at_expiry(
     tmp_path: Path,
 ) -> None:
-    """A failed renewal write: an execution streaming under the lease stops at its safety
-    margin (the stream must end before another owner may claim); one with no transport
-    running (parked, waiting for the host) is only late there, and stops once its lease
-    has expired (issue 36: never lost by its own owner before anyone else could claim)."""
+    """A failed renewal write: the stream under a lease is cut at its safety margin (it
+    must end before another owner may claim) while its execution goes on (it records the
+    attempt as interrupted); one with no transport running (parked, waiting for the host)
+    is only late there. Both stop once their lease has expired: never lost by their own
+    owner before anyone else could claim."""
     wall = Wall(1000.0)
     with RecoveryStore.open(str(tmp_path / "s")) as store:
         streaming = await take(store, "streaming", wall.now, seconds=30.0)
@@ -133,18 +134,20 @@ async def test_an_unwritable_renewal_cuts_a_stream_at_its_margin_and_a_parked_on
     held_streaming = keeper.hold(streaming, lambda: stopped.append("streaming"))
     held_parked = keeper.hold(parked, lambda: stopped.append("parked"))
     wall.now = 1024.9  # margin = 5 s: still before expires_at - margin = 1025
-    with keeper.transport_scope(held_streaming):
+    with keeper.transport_scope(held_streaming) as transport:
         assert await keeper.renew() is False
         assert stopped == [] and keeper.renewal_failures == 1
         wall.now = 1025.0
         assert await keeper.renew() is False
-    assert stopped == ["streaming"] and held_streaming.lost and not held_parked.lost
+        await trio.lowlevel.checkpoint()
+    assert transport.cancelled_caught and keeper.cut == 1
+    assert stopped == [] and not held_streaming.lost and not held_parked.lost
     wall.now = 1029.9
     assert await keeper.renew() is False
-    assert stopped == ["streaming"]
+    assert stopped == []
     wall.now = 1030.0  # expired: another owner may claim it now
     assert await keeper.renew() is False
-    assert stopped == ["streaming", "parked"] and held_parked.lost
+    assert stopped == ["streaming", "parked"] and held_parked.lost and held_streaming.lost
 
 
 async def test_an_expired_lease_nobody_claimed_is_renewed_and_its_work_goes_on(
@@ -169,7 +172,8 @@ async def test_the_watch_cuts_a_transport_at_its_margin_when_no_renewal_is_writt
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     """A store that refuses the renewal: the watch asks for a beat at the margin, the beat
-    fails, the transport is cut before the lease expires."""
+    fails, the transport is cut before the lease expires (the execution is not stopped:
+    the lease has not expired, nobody else could have claimed it)."""
     wall = Wall(1000.0)
     with RecoveryStore.open(str(tmp_path / "s")) as store:
         lease = await take(store, "op", wall.now, seconds=30.0)
@@ -181,7 +185,8 @@ async def test_the_watch_cuts_a_transport_at_its_margin_when_no_renewal_is_writt
         with keeper.transport_scope(held) as transport:
             await trio.sleep_forever()
         nursery.cancel_scope.cancel()
-    assert transport.cancelled_caught and held.lost and keeper.renewal_failures >= 1
+    assert transport.cancelled_caught and not held.lost and keeper.renewal_failures >= 1
+    assert keeper.cut == 1
 
 
 class HungStore:
@@ -200,7 +205,8 @@ async def test_a_hung_store_write_still_cuts_at_the_margin(
     lease = await take(store, "op", wall.now, seconds=30.0)
     keeper = LeaseKeeper(HungStore(), lease_seconds=30.0,  # type: ignore[arg-type]
                          wall_clock=wall)
-    held = keeper.hold(lease, lambda: None)
+    stopped: list[str] = []
+    held = keeper.hold(lease, lambda: stopped.append("op"))
     wall.now = 1025.0
     async with trio.open_nursery() as nursery:
         nursery.start_soon(keeper.watch)
@@ -210,7 +216,7 @@ async def test_a_hung_store_write_still_cuts_at_the_margin(
             await trio.sleep_forever()
         assert trio.current_time() - started == pytest.approx(2.5)
         nursery.cancel_scope.cancel()
-    assert transport.cancelled_caught and held.lost
+    assert transport.cancelled_caught and not held.lost and stopped == [] and keeper.cut == 1
     await store.write(lambda t: t.put_operation(make_op("plain")))
     plain = await store.write(lambda t: acquire_lease(t, "plain", wall.now))
     assert keeper.deadline(keeper.hold(plain, lambda: None)) == math.inf  # no expiry
@@ -464,3 +470,70 @@ async def test_a_renewal_racing_with_the_releasing_write_never_stops_the_executi
                 )
                 assert isinstance(value, Answer)
                 assert racing.raced == 1 and rt.leases.lost == 0
+
+
+class RefusingRenewals:
+    """The runtime's store as the heartbeat sees it: its renewal writes refused while
+    ``refusing`` (a writer queue too slow to take them in time: a busy loop, a slow
+    disk); every other write of the runtime goes to the real store."""
+
+    def __init__(self, store: RecoveryStore) -> None:
+        self.store = store
+        self.refusing = False
+
+    async def write(self, fn: Any, *, touches: object = ()) -> Any:
+        if self.refusing:
+            raise errors.StorageUnavailable("the renewal could not be written in time")
+        return await self.store.write(fn)
+
+
+async def test_a_stream_cut_at_a_late_margin_is_replaced_by_its_own_owner_not_lost(
+    tmp_path: Path,
+) -> None:
+    """The lease passed its margin while a stream ran, its renewal not written (late, not
+    taken): the stream is cut before the lease could expire, but the execution is not
+    stopped with ``LeaseLost`` (nobody else could have claimed the operation). The attempt
+    ends as an interruption (``lease_late``, spent), its replacement waits for the lease's
+    renewal, and the operation completes with its own owner."""
+    wall = Wall(1_000_000.0)
+    policy = recoverable.RetryPolicy(initial_backoff=0.0, maximum_backoff=0.0)
+    async with FixtureProvider.serve() as provider:
+        provider.script([Reply.stall(after_events=1)])  # then a normal answer
+        with RecoveryStore.open(str(tmp_path / "store")) as store:
+            async with recoverable.open_runtime(
+                store, make_backend(provider, "websocket"), account=ACCOUNT, wall_clock=wall
+            ) as rt:
+                renewals = RefusingRenewals(store)
+                rt.leases.store = renewals  # type: ignore[assignment]
+                handle = await rt.prepare(REQUEST, response=Answer, maximum_attempts=3,
+                                          retry_policy=policy)
+
+                async def authorize(attempt: recoverable.Attempt) -> bool:
+                    if attempt.number == 2:
+                        renewals.refusing = False  # the writer caught up
+                    return True
+
+                result: list[Answer] = []
+
+                async def send() -> None:
+                    result.append(await rt.send_recovering(
+                        handle, response=Answer, authorize=authorize
+                    ))
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(send)
+                    with trio.fail_after(30):
+                        while not provider.requests:  # noqa: ASYNC110 (the provider's state)
+                            await trio.sleep(0.005)
+                    wall.now += 26.0  # past the margin (25 s of 30), before the expiry
+                    renewals.refusing = True
+                    rt.leases.beat_now()
+                assert rt.leases.cut == 1 and rt.leases.lost == 0
+                assert rt.leases.held_back == 1  # the replacement waited for the renewal
+            record = store.get_operation(handle.operation_id)
+    assert result and isinstance(result[0], Answer)
+    assert record is not None and record.phase == "completed"
+    first, second = record.attempts
+    assert first.failure is not None and first.failure.transport_code == "lease_late"
+    assert second.outcome == "completed"
+    assert len(provider.requests) == 2
