@@ -12,18 +12,23 @@ keeping a small marker, in one transaction (a thread turn leaves what its thread
 
 from __future__ import annotations
 
+import functools
+from typing import Final
+
 import attrs
 import msgspec
 
-from recoverable import continuation, errors, machine
+from recoverable import _killpoints, continuation, errors, machine
 from recoverable.actors.checks import check_disposition, require_owner, require_signed_in
 from recoverable.actors.turns import remember_turn
 from recoverable.records import CommandKind, CommandRecord, Disposition, DispositionRecord
+from recoverable.storage.base import Store
 from recoverable.storage.base import WriteTransaction as WriteTxn
 from recoverable.storage.leases import lease_blocks
 from recoverable.storage.migration import saved_completion
 from recoverable.storage.queue import entry as queue_entry
 from recoverable.storage.retention import remove_content
+from recoverable.telemetry import Telemetry
 from recoverable.types import AccountBinding
 
 
@@ -118,6 +123,50 @@ def write_lineage_command(
             written.append(command)
         break
     return written
+
+
+# What ``dispose`` raises before it writes anything: one operation's refusal in a write of
+# many leaves nothing of it behind, and the others go on (``acknowledge_all``).
+REFUSALS: Final = (
+    errors.StateUnavailable, errors.AccountChanged, errors.OperationBusy,
+    errors.CompletionUnavailable, errors.OperationCancelled, errors.OperationSuperseded,
+    errors.CorruptRecord, errors.UnsupportedRecordVersion,
+)
+
+
+def dispose_each(
+    operation_ids: list[str], now: float, account: AccountBinding | None, txn: WriteTxn
+) -> dict[str, errors.RecoveryError]:
+    """Acknowledge every operation in one transaction: what each one refused (``dispose``'s
+    checks, all made before it writes), by operation id. Any other error (the store full,
+    unavailable) fails the whole write: nothing of it commits."""
+    refused: dict[str, errors.RecoveryError] = {}
+    for operation_id in operation_ids:
+        try:
+            dispose(operation_id, "acknowledged", now, account, txn)
+        except REFUSALS as exc:
+            refused[operation_id] = exc
+    return refused
+
+
+async def acknowledge_all(
+    store: Store, operation_ids: list[str], now: float, account: AccountBinding | None,
+    telemetry: Telemetry,
+) -> dict[str, errors.RecoveryError]:
+    """``Runtime.acknowledge`` of many operations in ONE store write (one commit, one wait
+    for the writer instead of one per operation), after the host's own commit of all of
+    them: each is acknowledged or refused on its own; returns the refused ones' errors."""
+    if not operation_ids:
+        return {}
+    refused = await store.write(
+        functools.partial(dispose_each, operation_ids, now, account),
+        touches=tuple(operation_ids),
+    )
+    _killpoints.hit("acknowledge.marker_saved")
+    for operation_id in operation_ids:
+        if operation_id not in refused:
+            telemetry.emit("receipt.acknowledged", operation_id)
+    return refused
 
 
 def disposition_marker(marker: DispositionRecord, txn: WriteTxn, operation_id: str) -> None:

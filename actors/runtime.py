@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -28,7 +28,7 @@ from recoverable.actors.delegate import Delegation, open_delegation
 from recoverable.actors.governor import DEFAULT_BURST_SECONDS, RateGovernor
 from recoverable.actors.heartbeat import LeaseKeeper
 from recoverable.actors.host import Backend
-from recoverable.actors.lifecycle import dispose, write_lineage_command
+from recoverable.actors.lifecycle import acknowledge_all, dispose, write_lineage_command
 from recoverable.actors.live import LiveSlot
 from recoverable.actors.monitor import LifecycleMonitor
 from recoverable.actors.operation import Authorize, OperationActor
@@ -522,6 +522,12 @@ class Runtime:
         """
         await self._dispose(handle.operation_id, "acknowledged")
         self.telemetry.emit("receipt.acknowledged", handle.operation_id)
+
+    async def acknowledge_many(self, handles: Iterable[Handle]) -> dict[str, errors.RecoveryError]:
+        """``acknowledge`` of many in one store write: what each refused, by operation id
+        (the others' markers commit together; ``lifecycle.acknowledge_all``)."""
+        ids = [handle.operation_id for handle in handles]
+        return await acknowledge_all(self.store, ids, self.now(), self.account, self.telemetry)
 
     async def abandon(self, handle: Handle) -> None:
         """The result is no longer applicable: remove content, keep a small marker."""

@@ -23,6 +23,7 @@ from recoverable import _killpoints, errors
 from recoverable.actors.continuation import ENDED_FAILED, continue_failed, continued_id
 from recoverable.actors.prepare import choose_job_operation
 from recoverable.actors.runtime import Runtime
+from recoverable.cli.acknowledger import Acknowledger
 from recoverable.cli.config import BatchConfig
 from recoverable.cli.jobs import BATCH_SCOPE, Job
 from recoverable.cli.openai_batch import HttpFailure, http_failure
@@ -85,6 +86,7 @@ class BatchHost:
         errors_log: ErrorLog | None = None,
     ) -> None:
         self.rt = rt
+        self.acks = Acknowledger(rt, say)
         self.errors_log = errors_log
         self.work = work
         self.fatal: str | None = None
@@ -342,11 +344,7 @@ class BatchHost:
         self.log.committed[job.key] = handle.operation_id
         self.summary.committed += 1
         _killpoints.hit("host.committed")
-        try:
-            await self.rt.acknowledge(handle)
-        except errors.RecoveryError as exc:
-            # The line is durable: a rerun acknowledges it without writing again.
-            self.say(f"warning: job {job.id!r}: acknowledge failed ({exc.code}); rerun to finish")
+        self.acks.add(job.id, handle)  # with the next group (cli/acknowledger.py)
 
     def endpoint_gave_up(self, kind: str | None) -> None:
         """The endpoint could not be connected to for ``--unreachable-after``:
@@ -540,12 +538,15 @@ class BatchHost:
             else:
                 self.summary.already_committed += 1
         send, receive = trio.open_memory_channel[Job](0)
-        async with trio.open_nursery() as nursery:
-            for _ in range(self.lanes(len(todo))):
-                nursery.start_soon(self._worker, receive)
-            async with send:
-                for job in todo:
-                    await send.send(job)
+        async with trio.open_nursery() as acknowledging:
+            acknowledging.start_soon(self.acks.run)
+            async with trio.open_nursery() as nursery:
+                for _ in range(self.lanes(len(todo))):
+                    nursery.start_soon(self._worker, receive)
+                async with send:
+                    for job in todo:
+                        await send.send(job)
+            self.acks.close()  # the last group is written before the batch ends
 
     async def _worker(self, receive: trio.MemoryReceiveChannel[Job]) -> None:
         async for job in receive:
