@@ -88,3 +88,14 @@ def make_backend(
 
 def generation_requests(provider: FixtureProvider, operation_id: str) -> list[Any]:
     return [r for r in provider.requests if (r.attempt_id or "").startswith(operation_id + ".")]
+
+
+async def completed_operations(rt: recoverable.Runtime, count: int) -> list[recoverable.Handle]:
+    """``count`` operations prepared and sent to completion (receipts saved, not
+    acknowledged)."""
+    handles = []
+    for _ in range(count):
+        handle = await rt.prepare(REQUEST, response=Answer, maximum_attempts=2)
+        await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
+        handles.append(handle)
+    return handles

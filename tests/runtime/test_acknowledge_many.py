@@ -10,7 +10,7 @@ import recoverable
 from recoverable import errors
 from recoverable.testing import FixtureProvider
 
-from .conftest import ACCOUNT, REQUEST, Answer, Authorizer, make_backend
+from .conftest import ACCOUNT, REQUEST, Answer, completed_operations, make_backend
 
 pytestmark = pytest.mark.both_stores
 
@@ -19,11 +19,7 @@ async def test_many_are_acknowledged_in_one_write_and_a_refusal_stops_only_its_o
     provider: FixtureProvider, store: recoverable.RecoveryStore
 ) -> None:
     async with recoverable.open_runtime(store, make_backend(provider), account=ACCOUNT) as rt:
-        done = []
-        for _ in range(6):
-            handle = await rt.prepare(REQUEST, response=Answer, maximum_attempts=2)
-            await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
-            done.append(handle)
+        done = await completed_operations(rt, 6)
         await rt.acknowledge(done[0])  # already acknowledged: a repeat is no refusal
         waiting = await rt.prepare(REQUEST, response=Answer, maximum_attempts=2)  # no result
         missing = recoverable.Handle("op_" + "0" * 40)

@@ -10,7 +10,7 @@ import recoverable
 from recoverable.cli.acknowledger import Acknowledger
 from recoverable.testing import FixtureProvider
 
-from .conftest import ACCOUNT, REQUEST, Answer, Authorizer, make_backend
+from .conftest import ACCOUNT, REQUEST, Answer, completed_operations, make_backend
 
 
 async def test_committed_jobs_are_acknowledged_in_groups_and_a_refusal_is_one_warning(
@@ -18,11 +18,7 @@ async def test_committed_jobs_are_acknowledged_in_groups_and_a_refusal_is_one_wa
 ) -> None:
     said: list[str] = []
     async with recoverable.open_runtime(store, make_backend(provider), account=ACCOUNT) as rt:
-        handles = []
-        for _ in range(8):
-            handle = await rt.prepare(REQUEST, response=Answer, maximum_attempts=2)
-            await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
-            handles.append(handle)
+        handles = await completed_operations(rt, 8)
         unsent = await rt.prepare(REQUEST, response=Answer, maximum_attempts=2)
         acks = Acknowledger(rt, said.append)
         for number, handle in enumerate(handles):

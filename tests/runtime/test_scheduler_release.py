@@ -36,13 +36,18 @@ def burn(seconds: float) -> None:
         pass
 
 
-async def test_a_shared_wait_is_released_a_quota_per_round_and_a_precise_wake_goes_first(
-) -> None:
+async def release_herd(
+    size: int, cost: float, precise_at: float | None = None
+) -> tuple[list[int], list[tuple[int, int]]]:
+    """``size`` tasks share one wait 0.1 s from now, each costing ``cost`` s of CPU once
+    released; one precise wake ``precise_at`` s after it, if given. Returns the round in
+    which each released task ran, and (its round, how many were released before it) for
+    the precise one."""
     rounds = Rounds()
     trio.lowlevel.add_instrument(rounds)
     scheduler = Scheduler(time.time)
-    released: list[int] = []  # the round in which each released task ran
-    precise: list[tuple[int, int]] = []  # (its round, released before it)
+    released: list[int] = []
+    precise: list[tuple[int, int]] = []
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(scheduler.run)
@@ -50,22 +55,31 @@ async def test_a_shared_wait_is_released_a_quota_per_round_and_a_precise_wake_go
 
             async def herd_member() -> None:
                 await scheduler.wait_released(at)
+                assert time.time() >= at
                 released.append(rounds.count)
-                burn(0.001)
+                burn(cost)
 
-            async def due_meanwhile() -> None:
-                await scheduler.wait_until(at + 0.05)  # the herd takes >= 0.2 s of CPU
-                assert time.time() >= at + 0.05
+            async def due_meanwhile(offset: float) -> None:
+                await scheduler.wait_until(at + offset)
+                assert time.time() >= at + offset
                 precise.append((rounds.count, len(released)))
 
             async with trio.open_nursery() as waiters:
-                for _ in range(HERD):
+                for _ in range(size):
                     waiters.start_soon(herd_member)
-                waiters.start_soon(due_meanwhile)
+                if precise_at is not None:
+                    waiters.start_soon(due_meanwhile, precise_at)
             assert scheduler.waiting == 0
             nursery.cancel_scope.cancel()
     finally:
         trio.lowlevel.remove_instrument(rounds)
+    return released, precise
+
+
+async def test_a_shared_wait_is_released_a_quota_per_round_and_a_precise_wake_goes_first(
+) -> None:
+    # The herd takes >= 0.2 s of CPU; the precise wake is due 0.05 s into it.
+    released, precise = await release_herd(HERD, 0.001, precise_at=0.05)
     per_round = collections.Counter(released)
     assert len(released) == HERD
     assert max(per_round.values()) <= 16 < RELEASE_QUOTA_MAX  # never the whole herd at once
@@ -77,25 +91,6 @@ async def test_a_shared_wait_is_released_a_quota_per_round_and_a_precise_wake_go
 async def test_cheap_shared_waits_are_released_in_few_rounds() -> None:
     """A quota that grows while rounds stay short: a herd that costs nothing is not
     slowed to a trickle."""
-    rounds = Rounds()
-    trio.lowlevel.add_instrument(rounds)
-    scheduler = Scheduler(time.time)
-    released: list[int] = []
-    try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(scheduler.run)
-            at = time.time() + 0.05
-
-            async def herd_member() -> None:
-                await scheduler.wait_released(at)
-                assert time.time() >= at
-                released.append(rounds.count)
-
-            async with trio.open_nursery() as waiters:
-                for _ in range(1000):
-                    waiters.start_soon(herd_member)
-            nursery.cancel_scope.cancel()
-    finally:
-        trio.lowlevel.remove_instrument(rounds)
+    released, _ = await release_herd(1000, 0.0)
     assert len(released) == 1000
     assert len(collections.Counter(released)) <= 12  # 16, 32, 64, ... 256 a round
