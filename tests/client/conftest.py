@@ -4,7 +4,6 @@ test's own Trio loop, a store path on disk, and the API key in the environment."
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -28,8 +27,10 @@ async def provider() -> AsyncIterator[FixtureProvider]:
 
 
 @pytest.fixture
-def path(tmp_path: Path) -> str:
-    return str(tmp_path / "recovery")
+def path(store_location: str) -> str:
+    """The client's store: a directory on disk, or (modules marked ``both_stores``) also a
+    fresh PostgreSQL database's URL (tests/pg/fixtures.py)."""
+    return store_location
 
 
 @pytest.fixture(autouse=True)

@@ -23,6 +23,8 @@ from recoverable.testing import FixtureProvider, Reply
 
 from .conftest import ACCOUNT, Answer, job_posts, options, posts
 
+pytestmark = pytest.mark.both_stores  # the client on PostgreSQL too: RecoveryStore.open(url)
+
 QUESTION = {"model": "gpt-test", "input": "Six times seven?"}
 
 
@@ -152,9 +154,26 @@ async def test_the_key_is_read_from_the_environment_and_never_saved(
     assert caught.value.parameter == "api_key_env"
 
 
-def _files_holding(path: str, secret: str) -> list[Path]:
-    return [stored for stored in Path(path).rglob("*")
-            if stored.is_file() and secret.encode() in stored.read_bytes()]
+def _files_holding(path: str, secret: str) -> list[Path | str]:
+    """The store's files (LMDB) or tables (PostgreSQL: every row as text, bytea as hex)
+    that hold ``secret``."""
+    if not path.startswith("postgresql"):
+        return [stored for stored in Path(path).rglob("*")
+                if stored.is_file() and secret.encode() in stored.read_bytes()]
+    import psycopg
+
+    holding: list[Path | str] = []
+    with psycopg.connect(path) as connection:
+        tables = [row[0] for row in connection.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'public'")]
+        assert tables, "no tables: the check would prove nothing"
+        for table in tables:
+            query = (f'SELECT count(*) FROM "{table}" AS row WHERE position(%s in row::text) > 0'
+                     " OR position(%s in row::text) > 0")
+            found = connection.execute(query, (secret, secret.encode().hex())).fetchone()
+            if found is not None and found[0]:
+                holding.append(table)
+    return holding
 
 
 def _jobs(count: int) -> list[dict[str, Any]]:
