@@ -30,7 +30,9 @@ whose lease passes its margin unrenewed (an event loop too busy, a slow disk) is
 stopped, nor is one whose stream was cut there: nothing it does is visible outside the
 store, and every write it makes is fenced.
 It stops with ``LeaseLost`` only when another owner may have taken over: a renewal found
-the lease taken, fenced out or released, or the lease *expired* without a renewal written.
+the lease taken, fenced out or released, or the lease *expired* without a renewal written
+(a renewal still in flight past the expiry is awaited, for up to a whole ``lease_seconds``:
+only its outcome tells whether another owner claimed the operation meanwhile).
 Before it starts a transport, an execution waits for its lease to be back within its
 margin (:meth:`LeaseKeeper.fresh`): no generation starts on a lease that may be claimed
 before the stream could be cut.
@@ -147,6 +149,7 @@ class LeaseKeeper:
         self._beat = trio.Event()  # set to make the heartbeat beat now (tests, shutdown)
         self._renewed = trio.Event()  # set (and replaced) after each renewal write
         self._attempted = trio.Event()  # set (and replaced) after each renewal attempt
+        self._renewing_since: float | None = None  # Trio time the running renewal began
         self._held_changed = trio.Event()  # set when a lease with an earlier margin is held
         self._watching_until = math.inf  # the margin the watch sleeps until (Trio time)
 
@@ -251,18 +254,29 @@ class LeaseKeeper:
                 self._past_margin(held)
 
     def _expired(self, held: HeldLease) -> bool:
+        """Past its expiry, and no renewal that could still save it is running: one in
+        flight (the store answers slowly: a loaded machine, a process just woken from a
+        stop) is awaited, since only its outcome tells whether another owner claimed the
+        operation, for up to a whole ``lease_seconds`` (then the store is taken as hung)."""
+        if not self._past_expiry(held):
+            return False
+        since = self._renewing_since
+        return since is None or trio.current_time() - since >= self.lease_seconds
+
+    def _past_expiry(self, held: HeldLease) -> bool:
         expires_at = held.lease.expires_at
         return expires_at is not None and self.wall_clock() >= expires_at
 
     def _past_margin(self, held: HeldLease) -> None:
-        """A lease past its margin and not renewed. Expired: another owner may have
-        claimed it, so its execution stops (``LeaseLost``). Otherwise its transport, if
-        one runs, is cut (the stream must end before another owner could claim) and the
-        execution goes on; one with no transport is only late."""
+        """A lease past its margin and not renewed. Expired (and no renewal that could
+        save it running): another owner may have claimed it, so its execution stops
+        (``LeaseLost``). Otherwise a transport that runs before the expiry is cut (the
+        stream must end before another owner could claim) and the execution goes on; one
+        with no transport, or past its expiry awaiting the renewal's outcome, is late."""
         if self._expired(held):
             self.lost += 1
             held.lose()
-        elif held.transports:
+        elif held.transports and not self._past_expiry(held):
             self.cut += held.cut()
         else:
             self.late += 1
@@ -292,9 +306,11 @@ class LeaseKeeper:
         Returns False when a write failed (the chunks before it were renewed, the rest
         not; a lease past its margin was stopped if a stream runs under it or it expired).
         """
+        self._renewing_since = trio.current_time()
         try:
             return await self._renew_held()
         finally:
+            self._renewing_since = None
             self._attempted.set()  # the watch waits for an attempt's outcome
             self._attempted = trio.Event()
 
@@ -315,6 +331,7 @@ class LeaseKeeper:
                 )
             except errors.RecoveryError:
                 self.renewal_failures += 1
+                self._renewing_since = None  # failed: nothing in flight can save a lease now
                 for held in beating[start:]:
                     if not held.lost and self.deadline(held) <= trio.current_time():
                         self._past_margin(held)

@@ -257,9 +257,11 @@ def trio_wall(t0: float) -> Callable[[], float]:
 async def test_a_late_renewal_never_stops_a_parked_execution_before_its_lease_expires(
     store: RecoveryStore, autojump_clock: trio.testing.MockClock
 ) -> None:
-    """Issue 36: an execution with no transport running whose renewal never comes (the
-    write hangs) is late at its margin, not lost; it stops once the lease has expired
-    unrenewed, when another owner may claim it (margin 25 s, expiry 30 s)."""
+    """An execution with no transport running whose renewal never comes (the write
+    hangs) is late at its margin, not lost; past its expiry it waits for the renewal in
+    flight (only its outcome tells whether another owner claimed the operation) for a
+    whole lease, then stops: the store is taken as hung (margin 25 s, expiry 30 s, the
+    renewal in flight since the first beat at 10 s, given until 40 s)."""
     lease = await take(store, "op", 1000.0, seconds=30.0)
     t0 = trio.current_time()  # after the commit (a thread: autojump may move meanwhile)
     keeper = LeaseKeeper(HungStore(), lease_seconds=30.0,  # type: ignore[arg-type]
@@ -276,10 +278,10 @@ async def test_a_late_renewal_never_stops_a_parked_execution_before_its_lease_ex
         nursery.start_soon(keeper.run)
         await done.wait()
         nursery.cancel_scope.cancel()
-    assert stopped == [pytest.approx(30.0)]
-    # Due at its margin (25 s), half a margin given to the renewal: late at 27.5 s; given
-    # another half margin: expired at 30 s, lost.
-    assert keeper.late == 1 and keeper.lost == 1
+    assert stopped == [pytest.approx(40.0)]
+    # Due at its margin (25 s), half a margin given to the renewal each time: late at
+    # 27.5, 30 (expired, the renewal still in flight), ... 37.5 s; lost at 40 s.
+    assert keeper.late == 5 and keeper.lost == 1
 
 
 async def test_a_late_lease_is_kept_when_its_renewal_comes_and_a_transport_waits_for_it(
@@ -537,3 +539,36 @@ async def test_a_stream_cut_at_a_late_margin_is_replaced_by_its_own_owner_not_lo
     assert first.failure is not None and first.failure.transport_code == "lease_late"
     assert second.outcome == "completed"
     assert len(provider.requests) == 2
+
+
+async def test_past_its_expiry_a_lease_waits_for_the_renewal_in_flight_and_is_kept(
+    store: RecoveryStore,
+) -> None:
+    """A process woken past its lease's expiry (it was stopped) whose renewal is slow (a
+    loaded machine: the write queued behind others): only the renewal's outcome tells
+    whether another owner claimed the operation, so the stream goes on while it is in
+    flight, and the renewal (token and fence still current) keeps the lease. Before, the
+    watch gave the renewal half a margin and then stopped the execution (a CI run on a
+    loaded machine threw away a received completion this way)."""
+    wall = Wall(1000.0)
+    lease = await take(store, "op", wall.now, seconds=3.0)
+    gated = GatedStore(store)
+    keeper = LeaseKeeper(gated, lease_seconds=3.0,  # type: ignore[arg-type]
+                         wall_clock=wall)
+    stopped: list[str] = []
+    held = keeper.hold(lease, lambda: stopped.append("op"))
+    wall.now = 1004.0  # past the expiry (1003)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(keeper.run)
+        with keeper.transport_scope(held) as transport:
+            with trio.fail_after(30):
+                while keeper.late < 2:  # noqa: ASYNC110 (the watch's own count)
+                    await trio.sleep(0.05)
+            assert not held.lost and stopped == [] and keeper.cut == 0
+            gated.gate.set()  # the slow renewal is written now
+            with trio.fail_after(30):
+                await keeper.next_renewal()
+            await trio.lowlevel.checkpoint()
+        nursery.cancel_scope.cancel()
+    assert not transport.cancelled_caught and not held.lost and stopped == []
+    assert held.lease.expires_at == 1007.0 and keeper.lost == 0
