@@ -29,6 +29,7 @@ import msgspec
 from recoverable import errors
 from recoverable.actors.checks import require_owner, require_signed_in
 from recoverable.actors.continuation import ENDED_FAILED, HostRuntime, continue_failed, continued_id
+from recoverable.actors.options import PrepareOptions
 from recoverable.actors.prepare import new_admission, put_new_operation
 from recoverable.actors.turns import DELEGATE_SCOPE
 from recoverable.contract import contract_for
@@ -122,10 +123,12 @@ class Delegation:
                maximum_attempts: int) -> tuple[OperationRecord, bytes, bytes]:
         rt = self.rt
         return new_admission(
-            request, response=response, maximum_attempts=maximum_attempts,
+            request, response=response,
+            options=PrepareOptions(
+                maximum_attempts=maximum_attempts, retry_policy=self.retry_policy,
+                scope=DELEGATE_SCOPE, job_id=self.group_id, input_revision=revision,
+            ),
             account=rt.account, backend=rt.backend, selector=None, now=rt.now(),
-            retry_policy=self.retry_policy, scope=DELEGATE_SCOPE, job_id=self.group_id,
-            input_revision=revision,
         )
 
     async def child(self, key: str, request: StructuredRequest, *, response: Any,

@@ -7,7 +7,7 @@ the runtime implements :class:`OperationHost`, a transport implements :class:`Ba
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Literal, Protocol, runtime_checkable
 
 from recoverable.actors.governor import RateGovernor
@@ -17,13 +17,14 @@ from recoverable.actors.scheduler import Scheduler
 from recoverable.outcome import Outcome, Progress, Usage
 from recoverable.storage.base import Store as RecoveryStore
 from recoverable.telemetry import Telemetry
-from recoverable.transport.base import Credentials
+from recoverable.transport.base import Credentials, Streams
 from recoverable.transport.connect import EndpointGate
 from recoverable.types import AccountBinding
 
 
-class Backend(Protocol):
-    """What the runtime needs from a transport (``ResponsesBackend`` implements it)."""
+class Backend(Streams, Protocol):
+    """What the runtime needs from a transport (``ResponsesBackend`` implements it):
+    ``stream`` (``transport.base.Streams``) and the endpoint and credentials it serves."""
 
     @property
     def endpoint_id(self) -> str: ...
@@ -31,32 +32,12 @@ class Backend(Protocol):
     @property
     def credentials(self) -> Credentials: ...
 
-    async def stream(
-        self,
-        body: bytes,
-        *,
-        attempt_id: str,
-        token: str,
-        on_progress: Callable[[Progress], None] | None = None,
-        before_send: Callable[[], Awaitable[None]] | None = None,
-        on_delta: Callable[[str], None] | None = None,  # each output text delta (a live view)
-    ) -> Outcome: ...
-
 
 @runtime_checkable
-class ReattachBackend(Protocol):
+class ReattachBackend(Streams, Protocol):
     """Reattachment: what a backend offers for background responses (``ResponsesBackend``'s
-    ``reattachment``, a ``transport.resume.ReattachClient``)."""
-
-    async def stream(
-        self,
-        body: bytes,
-        *,
-        attempt_id: str,
-        token: str,
-        on_progress: Callable[[Progress], None] | None = None,
-        before_send: Callable[[], Awaitable[None]] | None = None,
-    ) -> Outcome: ...
+    ``reattachment``, a ``transport.resume.ReattachClient``): ``stream`` a background
+    body, ``resume`` and ``cancel`` it by response id."""
 
     async def resume(
         self,

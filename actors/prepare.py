@@ -15,15 +15,14 @@ from typing import Any
 import attrs
 import msgspec
 
-from recoverable import errors, machine
-from recoverable.actors.checks import check_expires_at, require_signed_in
-from recoverable.actors.host import Backend, reattach_client
+from recoverable import errors
+from recoverable.actors.checks import require_signed_in
+from recoverable.actors.host import Backend
+from recoverable.actors.options import PrepareOptions
 from recoverable.body import body_hash, freeze_body
 from recoverable.contract import contract_for
-from recoverable.preconditions import check_unclaimed_after
-from recoverable.pricing import CostBudget, PriceTable, cost_budget
+from recoverable.pricing import CostBudget, cost_budget
 from recoverable.records import OnInterruption, OperationRecord, StoredRequest
-from recoverable.sources_rules import check_attempt_timeout, check_source
 from recoverable.storage.base import WriteTransaction as WriteTxn
 from recoverable.types import (
     AccountBinding,
@@ -33,8 +32,6 @@ from recoverable.types import (
     StructuredRequest,
 )
 
-# ``on_interruption`` not given at prepare: "replace", or "fail" for a live operation.
-POLICY_UNSET: Any = object()
 _ID_PREFIX = secrets.token_bytes(8)  # per process; ids stay unique across processes
 _ID_COUNTER = itertools.count(int.from_bytes(secrets.token_bytes(4), "big"))
 
@@ -136,26 +133,6 @@ def new_operation_record(
     )
 
 
-def interruption_policy(live: object, on_interruption: object) -> OnInterruption:
-    """The interruption policy saved with a new operation (live or not).
-
-    ``live=True`` fixes it to ``"fail"``: a person may have seen the partial output of
-    an attempt, so an interruption is never silently replaced. Asking for ``"replace"``
-    explicitly with ``live=True`` is an ``InvalidRequest``; without ``live`` the default
-    is ``"replace"``.
-    """
-    if not isinstance(live, bool):
-        raise errors.InvalidRequest("live must be True or False")
-    if on_interruption is POLICY_UNSET:
-        return "fail" if live else "replace"
-    if live and on_interruption != "fail":
-        raise errors.InvalidRequest(
-            'live=True fixes on_interruption="fail": an interrupted attempt whose partial '
-            "output may have been shown is never replaced (docs/live.md)"
-        )
-    return on_interruption  # type: ignore[return-value]  # checked by validate_preparation
-
-
 def put_new_operation(txn: WriteTxn, record: OperationRecord, body: bytes, stored: bytes) -> None:
     """Write a new operation with its frozen body and saved request (inside a transaction).
 
@@ -245,92 +222,33 @@ def job_operation(txn: WriteTxn, record: OperationRecord) -> OperationRecord | N
     return chosen
 
 
-def check_reattach(reattach: object, backend: Backend) -> None:
-    """Reattachment: ``reattach`` is a bool, and ``True`` needs a backend that can resume a
-    background response (``ResponsesBackend`` can, in both modes: over WebSocket its
-    reattachable attempts use the HTTP SSE transport of the same base URL)."""
-    if not isinstance(reattach, bool):
-        raise errors.InvalidParameter("reattach must be True or False", parameter="reattach")
-    if reattach and reattach_client(backend) is None:
-        raise errors.InvalidParameter(
-            "reattach=True needs a backend that can resume background responses "
-            "(ResponsesBackend); this backend cannot",
-            parameter="reattach", reason="refused",
-        )
-
-
 def new_admission(
     request: StructuredRequest,
     *,
     response: type[Any] | JsonSchema,
-    maximum_attempts: int,
+    options: PrepareOptions,
     account: AccountBinding | None,
     backend: Backend | None,
     selector: Callable[[StructuredRequest], StructuredRequest] | None,
     now: float,
-    retry_policy: RetryPolicy | None = None,
-    expires_at: Any = None,
-    scope: str | None = None,
-    job_id: str | None = None,
-    input_revision: str | None = None,
-    contract_version: str | None = None,
-    previous_operation_id: str | None = None,
-    maximum_output_tokens_total: int | None = None,
-    on_interruption: OnInterruption = POLICY_UNSET,
-    source: SourceRef | None = None,
-    attempt_timeout: float | None = None,
     lease_seconds: float = 30.0,
-    live: bool = False,
-    reattach: bool = False,
-    unclaimed_after: float | None = None,
-    maximum_cost_total: float | None = None,
-    prices: PriceTable | None = None,
 ) -> tuple[OperationRecord, bytes, bytes]:
     """What ``prepare`` and ``submit`` save: the checked new record, its frozen body and
-    its saved request (nothing is written here). The options default as ``prepare``'s.
-    ``lease_seconds`` is the preparing runtime's lease: a hard ``attempt_timeout`` must
-    be shorter (``sources_rules.check_attempt_timeout``). ``unclaimed_after``:
-    ``submit``'s bound on unclaimed work. ``maximum_cost_total``: a cost budget, counted
-    at the price ``prices`` (else ``default_prices()``) gives the request's model and
+    its saved request (nothing is written here). ``options`` are checked by
+    ``PrepareOptions.checked`` against ``lease_seconds`` (the preparing runtime's lease)
+    and ``backend``. A cost budget (``options.maximum_cost_total``) is counted at the
+    price ``options.prices`` (else ``default_prices()``) gives the request's model and
     service tier, frozen in the record (``PriceUnknown`` when there is none)."""
     account = require_signed_in(account, "cannot prepare")
-    expiry = check_expires_at(expires_at)
-    if unclaimed_after is not None:
-        unclaimed_after = check_unclaimed_after(unclaimed_after)
-    bound = check_source(source)
-    hard_timeout = check_attempt_timeout(
-        attempt_timeout, lease_seconds=lease_seconds, source=bound
-    )
-    policy = retry_policy or RetryPolicy()
-    on_interruption = interruption_policy(live, on_interruption)
-    machine.validate_preparation(
-        maximum_attempts=maximum_attempts,
-        retry_policy=policy,
-        scope=scope,
-        job_id=job_id,
-        input_revision=input_revision,
-        contract_version=contract_version,
-        maximum_output_tokens_total=maximum_output_tokens_total,
-        on_interruption=on_interruption,
-        maximum_cost_total=maximum_cost_total,
-    )
-    machine.validate_metadata("previous_operation_id", previous_operation_id)
-    if backend is None:
-        raise errors.ConfigurationUnavailable("no backend: cannot prepare generation")
-    check_reattach(reattach, backend)
-    if live and reattach:
-        # A live attempt that showed output is never continued, and a resumed
-        # stream would hand views from the middle of an answer: not combined (yet).
-        raise errors.InvalidParameter(
-            "live=True cannot be combined with reattach=True (docs/live.md, docs/reattach.md)",
-            parameter="reattach", reason="refused",
-        )
+    checked = options.checked(lease_seconds=lease_seconds, backend=backend)
     contract = contract_for(response)
     effective = request
     if selector is not None and not request.model_override:
         effective = selector(request)
-    body = freeze_body(effective, contract, reattach=reattach)
-    cost = cost_budget(maximum_cost_total, effective.model, effective.service_tier, prices)
+    body = freeze_body(effective, contract, reattach=options.reattach)
+    cost = cost_budget(
+        options.maximum_cost_total, effective.model, effective.service_tier, options.prices
+    )
     operation_id = new_operation_id()
     record = new_operation_record(
         operation_id,
@@ -338,29 +256,29 @@ def new_admission(
             format_name=contract.name,
             format_hash=contract.format_hash,
             model_override=request.model_override,
-            contract_version=contract_version,
-            scope=scope,
-            job_id=job_id,
-            input_revision=input_revision,
-            source=bound,
-            attempt_timeout=hard_timeout,
-            unclaimed_after=unclaimed_after,
+            contract_version=options.contract_version,
+            scope=options.scope,
+            job_id=options.job_id,
+            input_revision=options.input_revision,
+            source=checked.source,
+            attempt_timeout=checked.attempt_timeout,
+            unclaimed_after=checked.unclaimed_after,
         ),
         account=account,
-        endpoint_id=backend.endpoint_id,
+        endpoint_id=checked.backend.endpoint_id,
         created_at=now,
-        maximum_attempts=maximum_attempts,
-        expires_at=expiry,
-        retry_policy=policy,
+        maximum_attempts=options.maximum_attempts,
+        expires_at=checked.expires_at,
+        retry_policy=checked.retry_policy,
         model=effective.model,
         reasoning_effort=effective.reasoning_effort,
         body=body,
         root_operation_id=operation_id,
-        previous_operation_id=previous_operation_id,
-        maximum_output_tokens_total=maximum_output_tokens_total,
-        on_interruption=on_interruption,
-        live=live,
-        reattach=reattach,
+        previous_operation_id=options.previous_operation_id,
+        maximum_output_tokens_total=options.maximum_output_tokens_total,
+        on_interruption=checked.on_interruption,
+        live=options.live,
+        reattach=options.reattach,
         cost=cost,
         service_tier=effective.service_tier,
     )

@@ -26,6 +26,7 @@ from recoverable import _killpoints, errors, machine
 from recoverable.actors.checks import require_bound, require_owner
 from recoverable.actors.heartbeat import LeaseKeeper
 from recoverable.actors.host import Backend
+from recoverable.actors.options import PrepareOptions
 from recoverable.actors.prepare import (
     choose_job_operation,
     job_operation,
@@ -132,10 +133,13 @@ async def submit(
         raise errors.InvalidRequest("submit needs a job_id (the key of its idempotency)")
     require_bound(rt.account, signed_out=rt.signed_out)
     record, body, stored = new_admission(
-        request, response=response, maximum_attempts=maximum_attempts, job_id=job_id,
-        input_revision=input_revision, account=rt.account, backend=rt.backend,
-        selector=rt.selector, now=rt.now(), lease_seconds=rt.leases.lease_seconds,
-        unclaimed_after=unclaimed_after, **options,
+        request, response=response,
+        options=PrepareOptions(
+            maximum_attempts=maximum_attempts, job_id=job_id, input_revision=input_revision,
+            unclaimed_after=unclaimed_after, **options,
+        ),
+        account=rt.account, backend=rt.backend, selector=rt.selector, now=rt.now(),
+        lease_seconds=rt.leases.lease_seconds,
     )
     _killpoints.hit("submit.before_save")
     chosen = await rt.store.write(

@@ -32,8 +32,8 @@ from recoverable.actors.lifecycle import acknowledge_all, dispose, write_lineage
 from recoverable.actors.live import LiveSlot
 from recoverable.actors.monitor import LifecycleMonitor
 from recoverable.actors.operation import Authorize, OperationActor
+from recoverable.actors.options import POLICY_UNSET, PrepareOptions
 from recoverable.actors.prepare import (
-    POLICY_UNSET,
     create_operation,
     new_admission,
     new_operation_id,
@@ -227,30 +227,18 @@ class Runtime:
         (a privacy trade-off): see docs/reattach.md.
         """
         require_bound(self.account, signed_out=self.signed_out)
-        record, body, stored = new_admission(
-            request,
-            response=response,
-            maximum_attempts=maximum_attempts,
-            retry_policy=retry_policy,
-            expires_at=expires_at,
-            scope=scope,
-            job_id=job_id,
-            input_revision=input_revision,
-            contract_version=contract_version,
-            previous_operation_id=previous_operation_id,
+        options = PrepareOptions(
+            maximum_attempts=maximum_attempts, retry_policy=retry_policy,
+            expires_at=expires_at, scope=scope, job_id=job_id, input_revision=input_revision,
+            contract_version=contract_version, previous_operation_id=previous_operation_id,
             maximum_output_tokens_total=maximum_output_tokens_total,
-            maximum_cost_total=maximum_cost_total,
-            prices=prices,
-            on_interruption=on_interruption,
-            source=source,
-            attempt_timeout=attempt_timeout,
+            on_interruption=on_interruption, source=source, attempt_timeout=attempt_timeout,
+            live=live, reattach=reattach, maximum_cost_total=maximum_cost_total, prices=prices,
+        )
+        record, body, stored = new_admission(
+            request, response=response, options=options, account=self.account,
+            backend=self.backend, selector=self.selector, now=self.now(),
             lease_seconds=self.leases.lease_seconds,
-            live=live,
-            reattach=reattach,
-            account=self.account,
-            backend=self.backend,
-            selector=self.selector,
-            now=self.now(),
         )
         _killpoints.hit("prepare.before_save")
         chosen = await self.store.write(

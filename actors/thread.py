@@ -29,6 +29,7 @@ import msgspec
 from recoverable import continuation, errors
 from recoverable.actors.checks import require_owner, require_signed_in
 from recoverable.actors.continuation import ENDED_FAILED, HostRuntime, continue_failed, continued_id
+from recoverable.actors.options import PrepareOptions
 from recoverable.actors.prepare import new_admission, put_new_operation
 from recoverable.actors.turns import (
     THREAD_SCOPE,
@@ -223,10 +224,12 @@ class Thread:
                                                                         bytes]:
         rt = self.rt
         return new_admission(
-            request, response=self.response, maximum_attempts=self.maximum_attempts,
+            request, response=self.response,
+            options=PrepareOptions(
+                maximum_attempts=self.maximum_attempts, retry_policy=self.retry_policy,
+                scope=THREAD_SCOPE, job_id=self.thread_id, input_revision=revision,
+            ),
             account=rt.account, backend=rt.backend, selector=None, now=rt.now(),
-            retry_policy=self.retry_policy, scope=THREAD_SCOPE, job_id=self.thread_id,
-            input_revision=revision,
         )
 
     async def turn(self, user_input: str, *, queue: bool = False) -> Handle:

@@ -3,23 +3,26 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import Literal
+from typing import Unpack
 from urllib.parse import urlsplit
 
 import trio
 
 from recoverable.errors import InvalidRequest
-from recoverable.outcome import Outcome, Progress
-from recoverable.transport.base import Credentials, StreamLimits, normalize_base_url
+from recoverable.outcome import Outcome
+from recoverable.transport.base import (
+    Credentials,
+    StreamLimits,
+    StreamOptions,
+    Transport,
+    normalize_base_url,
+)
+from recoverable.transport.modes import DEFAULT_MODE, TRANSPORTS, Mode, mode_problem
 from recoverable.transport.resume import ReattachClient
 from recoverable.transport.sse import SseTransport
-from recoverable.transport.websocket import WebSocketTransport
 
 __all__ = ["ResponsesBackend", "check_base_url", "endpoint_identity"]
-
-Mode = Literal["websocket", "sse"]
 
 MAX_LABEL_CHARS = 256
 
@@ -100,13 +103,14 @@ class ResponsesBackend:
         base_url: str,
         *,
         credentials: Credentials,
-        mode: Mode = "websocket",
+        mode: Mode = DEFAULT_MODE,
         limits: StreamLimits = StreamLimits(),
         endpoint_id: str | None = None,
         max_connections: int = 2048,
     ) -> None:
-        if mode not in ("websocket", "sse"):
-            raise InvalidRequest(f"mode must be 'websocket' or 'sse', got {mode!r}")
+        problem = mode_problem(mode)
+        if problem is not None:
+            raise InvalidRequest(problem)
         if not isinstance(max_connections, int) or max_connections <= 0:
             raise InvalidRequest("max_connections must be a positive integer")
         if not isinstance(limits, StreamLimits):
@@ -118,15 +122,9 @@ class ResponsesBackend:
         self.mode: str = mode
         self.limits = limits
         self._slots = trio.Semaphore(max_connections)
-        self._transport: WebSocketTransport | SseTransport
-        if mode == "websocket":
-            self._transport = WebSocketTransport(
-                normalized, limits=limits, max_connections=max_connections
-            )
-        else:
-            self._transport = SseTransport(
-                normalized, limits=limits, max_connections=max_connections
-            )
+        self._transport: Transport = TRANSPORTS[mode](
+            normalized, limits=limits, max_connections=max_connections
+        )
         self._stack: contextlib.AsyncExitStack | None = None
         # Reattachment: background responses (``prepare(..., reattach=True)``) always go over
         # HTTP SSE: the SSE transport itself, or (WebSocket mode, where background mode is
@@ -139,27 +137,18 @@ class ResponsesBackend:
     def __repr__(self) -> str:
         return f"ResponsesBackend({self.base_url!r}, mode={self.mode!r})"
 
-    async def stream(
-        self,
-        body: bytes,
-        *,
-        attempt_id: str,
-        token: str,
-        on_progress: Callable[[Progress], None] | None = None,
-        before_send: Callable[[], Awaitable[None]] | None = None,
-        on_delta: Callable[[str], None] | None = None,
-    ) -> Outcome:
+    async def stream(self, body: bytes, **options: Unpack[StreamOptions]) -> Outcome:
+        """Stream ``body`` over this backend's transport (``StreamOptions``: the keywords)."""
         if not isinstance(body, bytes) or not body.startswith(b"{") or not body.endswith(b"}"):
             raise InvalidRequest("body must be the canonical JSON object bytes")
+        attempt_id = options.get("attempt_id")
         if not attempt_id or not isinstance(attempt_id, str):
             raise InvalidRequest("attempt_id must be a non-empty string")
+        token = options.get("token")
         if not isinstance(token, str) or not token:
             raise InvalidRequest("token must be a non-empty string")
         async with self._slots:
-            return await self._transport.stream(
-                body, attempt_id=attempt_id, token=token, on_progress=on_progress,
-                before_send=before_send, on_delta=on_delta,
-            )
+            return await self._transport.stream(body, **options)
 
     async def __aenter__(self) -> ResponsesBackend:
         if self._stack is not None:
@@ -167,8 +156,7 @@ class ResponsesBackend:
         stack = contextlib.AsyncExitStack()
         nursery = await stack.enter_async_context(trio.open_nursery())
         self._stack = stack
-        if isinstance(self._transport, WebSocketTransport):
-            self._transport.attach(nursery)
+        self._transport.attach(nursery)
         return self
 
     async def __aexit__(
@@ -181,8 +169,7 @@ class ResponsesBackend:
         try:
             await self.aclose()
         finally:
-            if isinstance(self._transport, WebSocketTransport):
-                self._transport.attach(None)
+            self._transport.attach(None)
             if stack is not None:
                 # The nursery only holds connection keepers, which never raise once
                 # started; the body's own exception is not handed to it (so it is not

@@ -1,4 +1,5 @@
-"""What both transports share: credentials, bounds, and reading HTTP rejections.
+"""What every transport shares: credentials, bounds, reading HTTP rejections, and the
+shape of a transport (:class:`Transport`, its ``stream`` signature in :class:`StreamOptions`).
 
 The transport knows frames, headers and how a stream ended; it knows nothing
 of budgets or policy (that is ``recoverable.actors``).
@@ -7,14 +8,17 @@ of budgets or policy (that is ``recoverable.actors``).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Awaitable, Callable
 from importlib import metadata
-from typing import Final, Protocol, runtime_checkable
+from typing import Final, Protocol, Required, TypedDict, Unpack, runtime_checkable
 from urllib.parse import urlsplit, urlunsplit
 
 import attrs
 import msgspec
+import trio
 
 from recoverable.errors import InvalidCredentials, InvalidRequest
+from recoverable.outcome import Outcome, Progress
 from recoverable.transport.events import FrameTooLarge, SseDecoder, error_fields
 from recoverable.transport.ratelimit import parse_retry_after
 from recoverable.types import AccountBinding
@@ -25,6 +29,10 @@ __all__ = [
     "Credentials",
     "StaticCredentials",
     "StreamLimits",
+    "StreamOptions",
+    "Streams",
+    "Transport",
+    "TransportFactory",
     "normalize_base_url",
     "parse_error_body",
     "parse_retry_after",
@@ -134,6 +142,49 @@ class StreamLimits:
             value = getattr(self, name)
             if not isinstance(value, int | float) or not value > 0:
                 raise InvalidRequest(f"StreamLimits.{name} must be a positive number")
+
+
+class StreamOptions(TypedDict, total=False):
+    """The keyword arguments of every ``stream(body, ...)``, written once.
+
+    ``attempt_id`` and ``token`` are required; the callbacks default to ``None``.
+    ``before_send`` runs once a connection is established and before the request is
+    written (never when none could be: the interruption's ``transport_code`` is then a
+    connect code); ``on_delta`` receives each output text delta (a live view).
+    """
+
+    attempt_id: Required[str]
+    token: Required[str]
+    on_progress: Callable[[Progress], None] | None
+    before_send: Callable[[], Awaitable[None]] | None
+    on_delta: Callable[[str], None] | None
+
+
+class Streams(Protocol):
+    """Anything that streams one frozen create body and returns how it ended: a
+    transport, ``ResponsesBackend``, the reattachment client. Implementations may
+    spell the keywords out; mypy checks them against :class:`StreamOptions`."""
+
+    async def stream(self, body: bytes, **options: Unpack[StreamOptions]) -> Outcome: ...
+
+
+class Transport(Streams, Protocol):
+    """One transport mode (``transport/modes.py`` lists them): streams, closes its pool,
+    and is given the backend's long-lived nursery while the backend is entered (a
+    transport that needs no background tasks ignores it)."""
+
+    def attach(self, nursery: trio.Nursery | None) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+class TransportFactory(Protocol):
+    """How ``ResponsesBackend`` makes a transport: its class, called with the normalized
+    HTTP(S) base URL and the backend's bounds."""
+
+    def __call__(
+        self, base_url: str, *, limits: StreamLimits, max_connections: int
+    ) -> Transport: ...
 
 
 def token_fingerprint(token: str) -> str:

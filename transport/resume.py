@@ -25,8 +25,8 @@ event has no output is completed only from the retrieved response object.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any, Final, Literal
+from collections.abc import Callable
+from typing import Any, Final, Literal, Unpack
 from urllib.parse import quote
 
 import httpx
@@ -34,7 +34,7 @@ import msgspec
 import trio
 
 from recoverable.outcome import Interruption, Outcome, Progress
-from recoverable.transport.base import StreamLimits
+from recoverable.transport.base import StreamLimits, StreamOptions
 from recoverable.transport.connect import classify_connect_error
 from recoverable.transport.events import RESUMED_WITHOUT_OUTPUT, ResponseStream
 from recoverable.transport.sse import SseTransport
@@ -93,21 +93,10 @@ class ReattachClient:
         if self._owned and self._http is not None:
             await self._http.aclose()
 
-    async def stream(
-        self,
-        body: bytes,
-        *,
-        attempt_id: str,
-        token: str,
-        on_progress: Callable[[Progress], None] | None = None,
-        before_send: Callable[[], Awaitable[None]] | None = None,
-    ) -> Outcome:
+    async def stream(self, body: bytes, **options: Unpack[StreamOptions]) -> Outcome:
         """``POST /responses`` of a background body, streamed (``SseTransport.stream``)."""
         async with self._slots:
-            return await self._transport().stream(
-                body, attempt_id=attempt_id, token=token, on_progress=on_progress,
-                before_send=before_send,
-            )
+            return await self._transport().stream(body, **options)
 
     async def resume(
         self,

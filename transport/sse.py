@@ -88,6 +88,9 @@ class SseTransport:
         """The HTTP clients opened so far (one per pool shard)."""
         return self._shards.opened
 
+    def attach(self, nursery: trio.Nursery | None) -> None:
+        """Nothing to attach: httpx keeps its pools without background tasks."""
+
     async def aclose(self) -> None:
         await self._shards.aclose()
 
@@ -97,7 +100,7 @@ class SseTransport:
         *,
         attempt_id: str,
         token: str,
-        on_progress: Callable[[Progress], None] | None,
+        on_progress: Callable[[Progress], None] | None = None,
         before_send: Callable[[], Awaitable[None]] | None = None,
         on_delta: Callable[[str], None] | None = None,
     ) -> Outcome:

@@ -351,7 +351,7 @@ class WebSocketTransport:
         *,
         attempt_id: str,
         token: str,
-        on_progress: Callable[[Progress], None] | None,
+        on_progress: Callable[[Progress], None] | None = None,
         before_send: Callable[[], Awaitable[None]] | None = None,
         on_delta: Callable[[str], None] | None = None,
     ) -> Outcome:

@@ -486,8 +486,9 @@ async def open_client(
     saved). ``account`` names the account the key belongs to (an id, or an
     ``AccountBinding``). ``authorize`` is the standing authorization policy, asked for
     every attempt (``async def`` or plain ``def`` ``(Attempt) -> bool``; default: approve
-    every attempt within ``maximum_attempts``). ``mode`` is the backend's (``"websocket"``
-    or ``"sse"``); ``runtime_options`` are ``open_runtime``'s.
+    every attempt within ``maximum_attempts``). ``mode`` is the backend's (one of
+    ``transport.modes.MODES``: ``"websocket"``, the default, or ``"sse"``);
+    ``runtime_options`` are ``open_runtime``'s.
     """
     if not isinstance(account, AccountBinding) and (not isinstance(account, str) or not account):
         raise errors.InvalidParameter("account must be a non-empty string or an "

@@ -20,6 +20,7 @@ from recoverable.outcome import bounded_code
 from recoverable.preconditions import MAX_ATTEMPTS, MAX_COST_TOTAL
 from recoverable.transport.connect import UNREACHABLE_AFTER
 from recoverable.transport.fixture import FaultSpec
+from recoverable.transport.modes import DEFAULT_MODE, MODES
 
 __all__ = [
     "NEEDS_ACCOUNT",
@@ -314,7 +315,7 @@ def _add_batch(sub: argparse._SubParsersAction[_Parser]) -> None:
         help="account id the operations belong to (default: 'batch' for the fixture, "
         "else 'default')",
     )
-    batch.add_argument("--mode", choices=("websocket", "sse"), default="websocket")
+    batch.add_argument("--mode", choices=MODES, default=DEFAULT_MODE)
     batch.add_argument(
         "--concurrency", type=_concurrency, default=64, metavar="N",
         help=f"operations run at once (1..{MAX_CONCURRENCY}, default 64)",
@@ -529,7 +530,7 @@ def _add_worker(sub: argparse._SubParsersAction[_Parser]) -> None:
         "--account", metavar="ID",
         help="the account whose operations it runs (default: as recoverable batch's)",
     )
-    worker.add_argument("--mode", choices=("websocket", "sse"), default="websocket")
+    worker.add_argument("--mode", choices=MODES, default=DEFAULT_MODE)
     worker.add_argument(
         "--concurrency", type=_positive_int, default=64, metavar="N",
         help="operations run at once (default 64)",

@@ -10,6 +10,7 @@ from recoverable.actors.governor import DEFAULT_BURST_SECONDS
 from recoverable.pricing import PriceTable
 from recoverable.transport.connect import UNREACHABLE_AFTER
 from recoverable.transport.fixture import FaultSpec
+from recoverable.transport.modes import DEFAULT_MODE, Mode
 
 __all__ = ["DEFAULT_RETRY_PROVIDER_CODES", "MAXIMUM_RETRY_AFTER", "MINIMUM_RPS", "BatchConfig"]
 
@@ -28,7 +29,7 @@ class BatchConfig:
     endpoint: str = "fixture"  # "fixture" or a base URL
     api_key_env: str = "OPENAI_API_KEY"
     account: str | None = None
-    mode: Literal["websocket", "sse"] = "websocket"
+    mode: Mode = DEFAULT_MODE
     concurrency: int = 64
     rps: float | None = None
     rpm: float | None = None  # --rpm / --tpm: the rate governor (docs/rate-limits.md)

@@ -34,7 +34,7 @@ import signal
 import sys
 import traceback
 from collections.abc import AsyncIterator, Callable
-from typing import IO, Any, Final, Literal
+from typing import IO, Any, Final
 
 import attrs
 import trio
@@ -59,6 +59,7 @@ from recoverable.storage.store import RecoveryStore
 from recoverable.transport.backend import ResponsesBackend, check_base_url
 from recoverable.transport.base import StaticCredentials, StreamLimits, validate_api_key
 from recoverable.transport.fixture import FixtureProvider
+from recoverable.transport.modes import DEFAULT_MODE, Mode
 from recoverable.types import AccountBinding, Attempt
 
 __all__ = [
@@ -77,7 +78,7 @@ class WorkerConfig:
     fixture_url: str | None = None  # a fixture provider already served (batch --workers)
     api_key_env: str = "OPENAI_API_KEY"
     account: str | None = None
-    mode: Literal["websocket", "sse"] = "websocket"
+    mode: Mode = DEFAULT_MODE
     concurrency: int = 64
     authorizer: str | None = None
     idle_timeout: float = 120.0
