@@ -14,6 +14,15 @@ from typing import Final
 from urllib.parse import quote, urlencode
 
 from recoverable.cli.dashboard_data import STATES, OperationView, Summary
+from recoverable.cli.dashboard_explain import (
+    attempt_timing,
+    explanation_html,
+    failure_sentence,
+    lineage_html,
+    time_rows,
+)
+from recoverable.cli.dashboard_fleet import fleet_html
+from recoverable.cli.dashboard_glossary import availability_label, glossary_popover
 from recoverable.pricing import usage_text
 
 __all__ = [
@@ -52,6 +61,17 @@ nav.filter a{margin-right:10px}
 .clip{display:inline-block;max-width:22em;overflow:hidden;text-overflow:ellipsis;
 white-space:nowrap;vertical-align:bottom}
 h1 .clip{max-width:40em}
+.chain{list-style:none;padding:0;margin:4px 0;display:flex;flex-wrap:wrap;gap:4px}
+.chain li+li:before{content:"\\2192";margin-right:4px;color:#6b7587}
+.chain .clip{max-width:14em}
+abbr.term{text-decoration:underline dotted;cursor:help}
+details.glossary{margin-left:auto;position:relative}
+details.glossary summary{cursor:pointer;color:#cfe0ff}
+.glossary-body{position:absolute;right:0;z-index:10;width:34em;max-height:70vh;overflow:auto;
+background:#fff;color:#1d2430;border:1px solid #d8dde6;border-radius:6px;padding:8px 12px;
+box-shadow:0 4px 16px rgba(0,0,0,.2)}
+.glossary-body dt{font-weight:600;margin-top:6px}.glossary-body dd{margin:0 0 0 12px}
+.glossary-body h3{font-size:14px;margin:10px 0 0}
 pre{white-space:pre-wrap;background:#fff;border:1px solid #d8dde6;padding:8px;max-height:360px;
 overflow:auto}
 """
@@ -154,7 +174,7 @@ def layout(title: str, body: str, *, nonce: str, context: str, script: str = "")
         f'<style nonce="{nonce}">{_CSS}</style></head><body>'
         '<header><b>recoverable</b><a href="/" id="nav-overview">Overview</a>'
         '<a href="/operations" id="nav-operations">Operations</a>'
-        f'<span class="muted">{escape(context)}</span></header>'
+        f'<span class="muted">{escape(context)}</span>{glossary_popover()}</header>'
         f"<main>{body}</main>{scripts}</body></html>"
     )
 
@@ -285,20 +305,6 @@ def overview_live(summary: Summary) -> str:
          for gov in summary.governors),
         empty="no endpoint yet",
     )
-    owners = _table(
-        ("owner (process)", "leases", "live", "lease expiry (UTC, renewed)"),
-        ([_short(owner.owner_id), _filtered(str(owner.leases), owner=owner.owner_id),
-          '<span class="ok">yes</span>' if owner.live else '<span class="bad">no</span>',
-          _clock(owner.next_expiry)] for owner in summary.owners),
-        empty="no process holds a lease",
-    )
-    workers = _table(
-        ("worker owner", "endpoint", "concurrency", "started", "live"),
-        ([_short(worker.owner_id), escape(worker.endpoint_id),
-          str(worker.concurrency), _time(worker.started_at), "yes" if worker.live else "no"]
-         for worker in summary.workers),
-        empty="no registered worker",
-    )
     return (
         f'<p class="muted">updated <span id="updated">{_time(summary.built_at)}</span>'
         f" (one read of the store took {summary.build_seconds * 1000:.0f} ms); "
@@ -318,8 +324,7 @@ def overview_live(summary: Summary) -> str:
         f"<p>{escape(tokens or 'no usage reported yet')}</p><p>cost: {escape(cost)}</p></div>"
         f'<div class="box" id="panel-cooldowns"><h2>Cooldowns (soonest)</h2>{cooldowns}</div>'
         f'<div class="box" id="panel-governor"><h2>Rate governor</h2>{governors}</div>'
-        f'<div class="box" id="panel-owners"><h2>Owners and leases</h2>{owners}</div>'
-        f'<div class="box" id="panel-workers"><h2>Workers</h2>{workers}</div>'
+        + fleet_html(summary.owners, summary.workers, summary.pace) +
         "</div>"
     )
 
@@ -391,7 +396,7 @@ def operation_page(
     op_id = status.operation_id
     dimensions = _table(("dimension", "value"), [
         ["state", f'<b id="op-state">{escape(status.state)}</b>'],
-        ["availability", f'<span id="op-availability">{escape(status.availability)}</span>'],
+        ["availability", availability_label(status.availability, element_id="op-availability")],
         ["blockers", escape(", ".join(sorted(status.blockers)) or "none")],
         ["suggested actions", escape(", ".join(status.suggested_actions) or "none")],
         ["attempts", f"{status.attempts_used} used of {status.maximum_attempts} "
@@ -408,6 +413,7 @@ def operation_page(
         ["endpoint failure", escape(status.endpoint_failure or "-")],
         ["model", escape(status.model or "-")],
         ["tokens", escape(usage_text(status.usage) or "none reported")],
+        *time_rows(view.record, view.marker),
     ], empty="")
     lineage = _table(("lineage", "value"), [
         ["job", escape(status.job_id or "-")],
@@ -421,17 +427,19 @@ def operation_page(
          _clipped(status.pending_attempt_id)],
         ["fence (lease generation)", str(status.fence)],
     ], empty="")
-    consumed = {stored.attempt_id: stored.consumed_at
-                for stored in (view.record.attempts if view.record is not None else ())}
+    stored = {attempt.attempt_id: attempt
+              for attempt in (view.record.attempts if view.record is not None else ())}
     timeline = _table(
-        ("#", "reason", "authorized and consumed", "outcome", "events streamed", "response id",
-         "typed failure", "tokens"),
+        ("#", "reason", "started (authorized and consumed)", "ended", "duration",
+         "time to first event", "outcome", "events streamed", "response id",
+         "what happened", "typed failure", "tokens"),
         ([str(attempt.number), escape(attempt.reason),
-          _time(consumed.get(attempt.attempt_id)),
+          *(attempt_timing(view.record, stored[attempt.attempt_id])
+            if attempt.attempt_id in stored else ("-",) * 4),
           f'<span class="{"ok" if attempt.outcome == "completed" else "bad"}">'
           f"{escape(attempt.outcome)}</span>",
           "-" if attempt.sequence_number is None else str(attempt.sequence_number),
-          _clipped(attempt.response_id),
+          _clipped(attempt.response_id), escape(failure_sentence(attempt.failure)),
           _failure(attempt.failure), escape(usage_text(attempt.usage) or "-")]
          for attempt in status.attempts),
         empty=_no_timeline(view),
@@ -453,11 +461,13 @@ def operation_page(
         content = ("<h2>Content (--show-content, your account)</h2><h3>Frozen request</h3>"
                    f"<pre>{escape(request or '(removed)')}</pre><h3>Saved completion</h3>"
                    f"{fenced}<pre>{escape(completion or '(none)')}</pre>")
+    chain = lineage_html(view.chain) if view.chain is not None else ""
     body = (
         f"<h1>Operation {_clipped(op_id)}</h1>{notes}"
         f'<div class="actions">{buttons}</div>'
-        f'<div class="grid"><div class="box"><h2>Status</h2>{dimensions}</div>'
-        f'<div class="box"><h2>Job and lineage</h2>{lineage}</div></div>'
+        + explanation_html(view.explanation, status.last_failure, status.state)
+        + f'<div class="grid"><div class="box"><h2>Status</h2>{dimensions}</div>'
+        f'<div class="box"><h2>Job and lineage</h2>{chain}{lineage}</div></div>'
         f"<h2>Attempt timeline</h2>{timeline}{content}"
     )
     return layout(f"Operation {op_id}", body, nonce=nonce, context=context, script=_CONFIRM_JS)

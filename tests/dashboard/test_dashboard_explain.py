@@ -1,0 +1,212 @@
+"""The console says what happened and what to do, over HTTP (httpx against the real
+dashboard process, a real LMDB store written through the store's API): a failed
+operation's message and suggested action (the very sentences of the CLI's typed error),
+each attempt's failure in words, the operation's and each attempt's recorded times ("-"
+with a tooltip for what the store does not record), the lineage as a linked chain, the
+glossary (its sentences are ``docs/architecture.md``'s), and the overview's fleet health:
+owners and workers with their last heartbeat, orphaned operations pointing to
+``recoverable sweep``, and a running batch's pace."""
+
+from __future__ import annotations
+
+import html
+import re
+import subprocess
+from pathlib import Path
+from typing import Any, get_args
+
+import pytest
+
+from recoverable.cli.dashboard_glossary import AVAILABILITY_TERMS, TERMS
+from recoverable.failure_errors import ended_error
+from recoverable.failure_text import describe_interruption
+from recoverable.types import Availability
+
+from ..cli.cli_helpers import child_env, cli_command, job_line, run_cli, write_jobs
+from .explain_store import DEAD_OWNER, INVALID, SERVER_ERROR, add_orphan_and_worker, fill_explained
+from .helpers import ACCOUNT_ID, PROMPT_MARKER, dashboard, signed_in, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+NOT_RECORDED = '<span class="muted" title="not recorded in the store">-</span>'
+
+
+@pytest.fixture(scope="module")
+def explained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("explain-store")
+    records = fill_explained(str(root / "store"))
+    return {"store": root / "store", "records": records}
+
+
+def _element(text: str, element_id: str) -> str:
+    """The inner HTML of the element with this id (no nested element of the same tag)."""
+    match = re.search(r'<(\w+)[^>]* id="' + element_id + r'"[^>]*>(.*?)</\1>', text, re.S)
+    assert match is not None, f"no #{element_id}"
+    return match.group(2)
+
+
+def _plain(fragment: str) -> str:
+    return html.unescape(re.sub(r"<[^>]+>", "", fragment))
+
+
+def test_a_failure_says_what_happened_and_what_to_do(explained: dict[str, Any]) -> None:
+    records = explained["records"]
+    with dashboard(explained["store"]) as info, signed_in(info) as client:
+        for op_id in ("op-root", "op-mid"):
+            page = client.get(f"/operations/{op_id}")
+            assert page.status_code == 200, page.text
+            error = ended_error(records[op_id])  # what the CLI's batch prints for it
+            message = _plain(_element(page.text, "failure-message"))
+            action = _plain(_element(page.text, "failure-action"))
+            assert message == f"{error.code}: {error.what_happened()}"
+            assert action == f"What to do: {error.what_to_do()}"
+            assert str(error).endswith(f"{error.what_happened()}; {error.what_to_do()}")
+        # Each attempt's failure in words, as the CLI's errors describe it.
+        root = html.unescape(client.get("/operations/op-root").text)
+        assert describe_interruption(SERVER_ERROR) in root
+        assert "HTTP 500" in root
+        mid = html.unescape(client.get("/operations/op-mid").text)
+        assert describe_interruption(INVALID) in mid
+        # A completed operation has nothing to explain.
+        assert 'id="what-happened"' not in client.get("/operations/op-last").text
+
+
+def test_times_are_those_recorded_and_never_invented(explained: dict[str, Any]) -> None:
+    with dashboard(explained["store"]) as info, signed_in(info) as client:
+        last = client.get("/operations/op-last").text
+        assert _plain(_element(last, "op-created")) == "2026-12-01 10:30:00 UTC"
+        assert _plain(_element(last, "op-updated")) == "2026-12-01 10:30:06 UTC"
+        assert _plain(_element(last, "op-finished")) == "2026-12-01 10:30:06 UTC"
+        assert "finished (completed)" in last
+        timeline = last[last.index("Attempt timeline"):]
+        # started, ended (the completion), duration, time to first event (not recorded)
+        assert "<td>2026-12-01 10:30:01 UTC</td><td>2026-12-01 10:30:06 UTC</td>" in timeline
+        assert "<td>5.50 s</td><td>" + NOT_RECORDED + "</td>" in timeline
+        # A failed operation's end and its attempt's end are not recorded: "-".
+        root = client.get("/operations/op-root").text
+        assert 'id="op-finished">' + NOT_RECORDED in root
+        root_timeline = root[root.index("Attempt timeline"):]
+        assert ("<td>2026-12-01 10:28:10 UTC</td><td>" + NOT_RECORDED + "</td><td>"
+                + NOT_RECORDED + "</td><td>" + NOT_RECORDED + "</td>") in root_timeline
+
+
+def test_the_lineage_is_a_linked_chain(explained: dict[str, Any]) -> None:
+    with dashboard(explained["store"]) as info, signed_in(info) as client:
+        def chain(op_id: str) -> list[tuple[str, str]]:
+            text = _element(client.get(f"/operations/{op_id}").text, "lineage-chain")
+            return re.findall(r'<li data-role="(\w+)">.*?title="([^"]+)"', text)
+
+        assert chain("op-mid") == [("previous", "op-root"), ("current", "op-mid"),
+                                   ("successor", "op-last")]
+        assert chain("op-root") == [("current", "op-root"), ("successor", "op-mid"),
+                                    ("successor", "op-last")]
+        assert chain("op-last") == [("previous", "op-root"), ("previous", "op-mid"),
+                                    ("current", "op-last")]
+        mid = client.get("/operations/op-mid").text
+        assert 'href="/operations/op-root"' in mid and 'href="/operations/op-last"' in mid
+
+
+def _glossary_doc() -> dict[str, str]:
+    """``docs/architecture.md``'s glossary: each term's and availability value's text."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    section = text[text.index("## 7. Glossary"):text.index("## Where it is going")]
+    found: dict[str, str] = {}
+    entries = re.split(r"\n(?=- \*\*|  - `)", section)
+    for entry in entries:
+        flat = " ".join(entry.split())
+        term = re.match(r"- \*\*(.+?)\*\* \(.*?\): (.*)", flat)
+        if term is not None:
+            found[term.group(1)] = term.group(2)
+        value = re.match(r"- `(\w+)`: (.*)", flat)
+        if value is not None:
+            found[f"availability:{value.group(1)}"] = value.group(2)
+    return found
+
+
+def test_the_glossary_is_the_documents_and_on_every_page(explained: dict[str, Any]) -> None:
+    documented = _glossary_doc()
+    for term, text in TERMS.items():
+        assert documented[term] == text, term
+    for value, text in AVAILABILITY_TERMS.items():
+        assert documented[f"availability:{value}"] == text, value
+    # Every availability value a status can have is explained.
+    assert set(AVAILABILITY_TERMS) == set(get_args(Availability))
+    with dashboard(explained["store"]) as info, signed_in(info) as client:
+        for path in ("/", "/operations", "/operations/op-mid"):
+            page = client.get(path).text
+            glossary = _plain(_element(page, "glossary"))
+            for term in ("Fence", "Lease", "Preserve / reselect"):
+                assert term in glossary and TERMS[term].replace("`", "") in glossary
+            for value, text in AVAILABILITY_TERMS.items():
+                assert value in glossary and text.replace("`", "") in glossary
+        # The availability shown has its meaning as a tooltip.
+        mid = client.get("/operations/op-mid").text
+        assert (f'<abbr class="term" id="op-availability" title="'
+                f'{html.escape(AVAILABILITY_TERMS["failed"])}">failed</abbr>') in mid
+
+
+def test_fleet_health_flags_orphans_and_shows_heartbeats(tmp_path: Path) -> None:
+    store = str(tmp_path / "store")
+    fill_explained(store)
+    with dashboard(store) as info, signed_in(info) as client:
+        assert client.get("/api/summary").json()["orphaned"] == 0
+        assert 'id="orphaned"' not in client.get("/").text
+        # A process dies holding a lease (its owner is gone) while the dashboard runs.
+        add_orphan_and_worker(store)
+        wait_for(lambda: client.get("/api/summary").json()["orphaned"] == 1, "the orphan")
+        page = client.get("/").text
+        owners = _element(page, "panel-owners")
+        assert DEAD_OWNER in owners
+        assert 'data-orphaned="1"' in owners
+        orphaned = _plain(_element(page, "orphaned"))
+        assert orphaned.startswith("1 operation(s) orphaned")
+        assert "recoverable sweep --store STORE" in orphaned
+        assert "10:30:32" in owners  # the lease was renewed until LATE + 32
+        workers = _plain(_element(page, "panel-workers"))
+        assert "10:30:30" in workers and "fixture" in workers  # BEAT: LATE + 30 s
+        alone = client.get("/operations/op-orphan").text
+        assert 'id="lineage-chain-alone"' in alone
+        # The owner's leases link to their list, which holds the orphan.
+        listed = client.get("/api/operations", params={"owner": DEAD_OWNER[:8]}).json()
+        assert [row["operation_id"] for row in listed["operations"]] == ["op-orphan"]
+        # Nothing runs: the pace says "-" and why.
+        pace = client.get("/api/summary").json()["pace"]
+        assert pace["eta_seconds"] is None and pace["why"]
+        assert _plain(_element(page, "pace-eta")) == "-"
+
+
+def test_a_running_batch_shows_its_pace(tmp_path: Path) -> None:
+    """A real batch on a worker process, throttled (about 4 POSTs per second) so it runs
+    for several seconds: the overview measures its jobs/s, error rate and ETA between live
+    updates, and shows the live worker with its heartbeat."""
+    store = tmp_path / "store"
+    jobs = write_jobs(tmp_path / "jobs.jsonl",
+                      [job_line(index, input=f"{PROMPT_MARKER} {index}") for index in range(40)])
+    seed = run_cli("batch", str(write_jobs(tmp_path / "seed.jsonl", [job_line(99)])),
+                   "--out", str(tmp_path / "out.jsonl"), "--store", str(store),
+                   "--account", ACCOUNT_ID)
+    assert seed.returncode == 0, seed.stderr
+    with dashboard(store) as info, signed_in(info) as client:
+        batch = subprocess.Popen(
+            cli_command("batch", str(jobs), "--out", str(tmp_path / "out.jsonl"), "--store",
+                        str(store), "--account", ACCOUNT_ID, "--workers", "1",
+                        "--rpm", "240", "--rate-burst-seconds", "1"),
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO,
+            env=child_env())
+        try:
+            def measured() -> str | None:
+                page = client.get("/").text  # one summary: the pace and the workers
+                return page if _plain(_element(page, "pace-eta")) != "-" else None
+
+            page = wait_for(measured, "a measured pace", timeout=60)
+            assert 0.5 < float(_plain(_element(page, "pace-rate"))) < 20
+            assert _plain(_element(page, "pace-errors")) == "0.0 %"
+            assert re.fullmatch(r"\d+ s|\d+ min", _plain(_element(page, "pace-eta")))
+            assert int(_plain(_element(page, "pace-remaining"))) > 0
+            workers = _element(page, "workers-table")
+            assert '<span class="ok">yes</span>' in workers  # the batch's worker, live
+            pace = client.get("/api/summary").json()["pace"]
+            assert set(pace) == {"jobs_per_second", "error_rate", "eta_seconds", "remaining",
+                                 "why"}
+        finally:
+            _out, err = batch.communicate(timeout=120)
+        assert batch.returncode == 0, err
