@@ -14,17 +14,23 @@ import re
 import subprocess
 from pathlib import Path
 from typing import Any, get_args
+from urllib.parse import quote
 
 import pytest
 
+import recoverable
+from recoverable.cli.dashboard_fleet import PACE_WINDOW, measure_pace
 from recoverable.cli.dashboard_glossary import AVAILABILITY_TERMS, TERMS
 from recoverable.failure_errors import ended_error
 from recoverable.failure_text import describe_interruption
+from recoverable.records import AttemptRecord, RetryReservation
+from recoverable.storage.queue import WorkerRow
 from recoverable.types import Availability
 
 from ..cli.cli_helpers import child_env, cli_command, job_line, run_cli, write_jobs
+from .console_store import LATE, _record
 from .explain_store import DEAD_OWNER, INVALID, SERVER_ERROR, add_orphan_and_worker, fill_explained
-from .helpers import ACCOUNT_ID, PROMPT_MARKER, dashboard, signed_in, wait_for
+from .helpers import ACCOUNT, ACCOUNT_ID, PROMPT_MARKER, dashboard, signed_in, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 NOT_RECORDED = '<span class="muted" title="not recorded in the store">-</span>'
@@ -210,3 +216,81 @@ def test_a_running_batch_shows_its_pace(tmp_path: Path) -> None:
         finally:
             _out, err = batch.communicate(timeout=120)
         assert batch.returncode == 0, err
+
+
+HOSTILE_ID = '"><img src=x onerror=alert(1)>'
+HOSTILE_ENDPOINT = "<script>alert(2)</script>"
+
+
+def test_the_new_fields_stay_escaped(tmp_path: Path) -> None:
+    """Stored text reaches the new fields only escaped: an operation id in the lineage
+    chain, a worker's endpoint, a provider's code in an attempt's failure sentence."""
+    store = str(tmp_path / "store")
+    hostile = recoverable.Interruption(kind="http_rejected", http_status=400,
+                                       provider_code="<b>code</b>")
+    members = [
+        _record(HOSTILE_ID, ACCOUNT, "gpt-a", LATE - 60, "job-x", phase="failed",
+                failure_reason="rejected", attempts_used=1, last_failure=hostile,
+                retry_reservation=RetryReservation(retry_action_id="r", successor_id="op-x",
+                                                   settings_hash="0" * 16, created=True),
+                attempts=(AttemptRecord("hostile.1", 1, "initial", LATE - 50, "failed",
+                                        failure=hostile),)),
+        _record("op-x", ACCOUNT, "gpt-a", LATE, "job-x", root_operation_id=HOSTILE_ID,
+                previous_operation_id=HOSTILE_ID),
+    ]
+
+    def write(txn: Any) -> None:
+        for record, body, stored, _completion in members:
+            txn.put_payload(record.operation_id, "body", body)
+            txn.put_payload(record.operation_id, "request", stored)
+            txn.put_operation(record)
+
+    opened = recoverable.RecoveryStore.open(store)
+    try:
+        opened.write_sync(write)
+    finally:
+        opened.close()
+    with dashboard(store) as info, signed_in(info) as client:
+        opened = recoverable.RecoveryStore.open(store)
+        try:
+            opened.write_sync(lambda txn: txn.register_worker("h" * 16, WorkerRow(
+                account_id=ACCOUNT.account_id, source=ACCOUNT.source,
+                endpoint_id=HOSTILE_ENDPOINT, concurrency=1, started_at=LATE)))
+        finally:
+            opened.close()
+        chain_page = client.get("/operations/op-x").text
+        assert "<img" not in chain_page
+        assert html.escape(HOSTILE_ID) in _element(chain_page, "lineage-chain")
+        failed = client.get("/operations/" + quote(HOSTILE_ID, safe="")).text
+        assert failed.count("<img") == 0 and "<b>code</b>" not in failed
+        assert 'id="failure-message"' in failed
+        overview = wait_for(lambda: (lambda page: page if "workers-table" in page else None)(
+            client.get("/").text), "the worker row")
+        assert "<script>alert(2)" not in overview
+        assert html.escape(HOSTILE_ENDPOINT) in _element(overview, "workers-table")
+
+
+def test_the_pace_is_measured_over_the_window_and_says_why_not() -> None:
+    """``measure_pace`` alone, on given counts: "-" (None) with a reason until measurable;
+    then settled per second, failed among them and the ETA of what is left; samples older
+    than the window are dropped."""
+    def counts(settled: int, failed: int, left: int) -> dict[str, int]:
+        return {"acknowledged": settled - failed, "failed": failed, "prepared": left}
+
+    first = measure_pace(None, 1000.0, counts(0, 0, 100))
+    assert first.jobs_per_second is None and "not enough data" in first.why
+    early = measure_pace(first, 1001.0, counts(2, 0, 98))
+    assert early.jobs_per_second is None  # 1 s apart: under PACE_MIN_SPAN
+    later = measure_pace(early, 1010.0, counts(20, 5, 80))
+    assert later.jobs_per_second == pytest.approx(2.0)  # 20 settled in 10 s
+    assert later.error_rate == pytest.approx(0.25)
+    assert later.eta_seconds == pytest.approx(40.0)  # 80 left at 2 per second
+    assert later.why == ""
+    stalled = measure_pace(later, 1020.0, counts(20, 5, 80))
+    assert stalled.jobs_per_second == pytest.approx(1.0)  # still over the whole window
+    moved_on = measure_pace(stalled, 1000.0 + PACE_WINDOW + 15, counts(20, 5, 80))
+    assert moved_on.samples[0][0] == 1020.0  # the samples before the window are gone
+    assert moved_on.jobs_per_second == 0.0 and moved_on.eta_seconds is None
+    assert "no operation settled" in moved_on.why
+    done = measure_pace(moved_on, 1100.0, counts(100, 5, 0))
+    assert done.eta_seconds is None and done.why == "nothing left to run"
