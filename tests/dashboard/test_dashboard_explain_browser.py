@@ -67,8 +67,7 @@ def test_the_operation_page_explains_and_the_glossary_opens(
                              ).click()
         WebDriverWait(browser, WAIT).until(
             lambda driver: driver.current_url.endswith("/operations/op-last"))
-        timeline = browser.find_element(By.XPATH, "//h2[text()='Attempt timeline']"
-                                                  "/following-sibling::table[1]").text
+        timeline = browser.find_element(By.ID, "timeline").text
         assert "5.50 s" in timeline
         roles = [item.get_attribute("data-role") for item in
                  browser.find_elements(By.CSS_SELECTOR, "#lineage-chain li")]

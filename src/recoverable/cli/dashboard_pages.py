@@ -468,7 +468,8 @@ def operation_page(
         + explanation_html(view.explanation, status.last_failure, status.state)
         + f'<div class="grid"><div class="box"><h2>Status</h2>{dimensions}</div>'
         f'<div class="box"><h2>Job and lineage</h2>{chain}{lineage}</div></div>'
-        f"<h2>Attempt timeline</h2>{timeline}{content}"
+        # Its many columns scroll inside their box: a long row never widens the page.
+        f'<h2>Attempt timeline</h2><div class="box" id="timeline">{timeline}</div>{content}'
     )
     return layout(f"Operation {op_id}", body, nonce=nonce, context=context, script=_CONFIRM_JS)
 
