@@ -294,3 +294,23 @@ def test_the_pace_is_measured_over_the_window_and_says_why_not() -> None:
     assert "no operation settled" in moved_on.why
     done = measure_pace(moved_on, 1100.0, counts(100, 5, 0))
     assert done.eta_seconds is None and done.why == "nothing left to run"
+
+
+def test_a_disposed_operation_shows_its_marker_time_and_lineage(tmp_path: Path) -> None:
+    """Acknowledged, only its marker is left: finished at the acknowledgement, created and
+    updated "-" (not kept), and its lineage still read from the store."""
+    store = str(tmp_path / "store")
+    fill_explained(store)
+    run = run_cli("acknowledge", "--store", store, "--account", ACCOUNT_ID, "op-last")
+    assert run.returncode == 0, run.stderr
+    with dashboard(store) as info, signed_in(info) as client:
+        page = client.get("/operations/op-last").text
+        assert "finished (acknowledged)" in page
+        assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC",
+                            _plain(_element(page, "op-finished")))
+        gone = '<span class="muted" title="not kept once only a marker is left">-</span>'
+        assert 'id="op-created">' + gone in page and 'id="op-updated">' + gone in page
+        roles = re.findall(r'<li data-role="(\w+)">', _element(page, "lineage-chain"))
+        assert roles == ["previous", "previous", "current"]
+        # Its predecessor's chain still links to it.
+        assert 'href="/operations/op-last"' in client.get("/operations/op-mid").text
