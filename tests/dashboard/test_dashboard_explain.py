@@ -89,7 +89,7 @@ def test_times_are_those_recorded_and_never_invented(explained: dict[str, Any]) 
         assert "<td>5.50 s</td><td>" + NOT_RECORDED + "</td>" in timeline
         # A failed operation's end and its attempt's end are not recorded: "-".
         root = client.get("/operations/op-root").text
-        assert 'id="op-finished">' + NOT_RECORDED in root
+        assert 'id="op-finished">' + NOT_RECORDED in root and "finished (failed)" in root
         root_timeline = root[root.index("Attempt timeline"):]
         assert ("<td>2026-12-01 10:28:10 UTC</td><td>" + NOT_RECORDED + "</td><td>"
                 + NOT_RECORDED + "</td><td>" + NOT_RECORDED + "</td>") in root_timeline
@@ -171,6 +171,9 @@ def test_fleet_health_flags_orphans_and_shows_heartbeats(tmp_path: Path) -> None
         assert "10:30:30" in workers and "fixture" in workers  # BEAT: LATE + 30 s
         alone = client.get("/operations/op-orphan").text
         assert 'id="lineage-chain-alone"' in alone
+        # Still under way: not finished (an "-" that says so).
+        unfinished = '<span class="muted" title="not finished">-</span>'
+        assert 'id="op-finished">' + unfinished in alone
         # The owner's leases link to their list, which holds the orphan.
         listed = client.get("/api/operations", params={"owner": DEAD_OWNER[:8]}).json()
         assert [row["operation_id"] for row in listed["operations"]] == ["op-orphan"]

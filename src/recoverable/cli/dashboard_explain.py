@@ -181,7 +181,9 @@ def _finished(record: OperationRecord | None,
         return "completed", record.completed_at
     if record.continuation is not None and record.phase == "failed":
         return "failed (its continuation was decided then)", record.continuation.decided_at
-    return ("failed" if record.phase == "failed" else ""), None
+    # Ended, at a moment the store does not record (a failure, a cancel, a supersession).
+    ended = record.phase in ("failed", "cancelled", "superseded")
+    return (record.phase if ended else ""), None
 
 
 def updated_at(record: OperationRecord) -> float:
