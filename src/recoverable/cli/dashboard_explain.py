@@ -11,15 +11,14 @@ read.
 
 from __future__ import annotations
 
-import datetime as _dt
 from collections.abc import Sequence
 from html import escape
 from typing import Final
-from urllib.parse import quote
 
 import attrs
 
 from recoverable import errors
+from recoverable.cli.dashboard_html import full_time, operation_link
 from recoverable.failure_errors import ended_error
 from recoverable.failure_text import describe_interruption
 from recoverable.outcome import Interruption
@@ -126,27 +125,20 @@ def _read_previous(store: Store, operation_id: str) -> str | None:
     return None if found is None else found.previous_operation_id
 
 
-def _link(operation_id: str, *, css: str = "") -> str:
-    klass = f' class="{css}"' if css else ""
-    return (f'<a{klass} href="/operations/{quote(operation_id, safe="")}">'
-            f'<code class="clip" title="{escape(operation_id)}">{escape(operation_id)}</code>'
-            "</a>")
-
-
 def lineage_html(chain: Chain) -> str:
     """The chain as one line of links: root, ..., previous, this one (bold), successors."""
     items: list[str] = []
     if chain.root is not None:
-        items.append(f'<li data-role="root">{_link(chain.root)} <span class="muted">'
+        items.append(f'<li data-role="root">{operation_link(chain.root)} <span class="muted">'
                      "(root)</span></li>")
         if chain.gap:
             items.append('<li class="muted" title="operations not read between the root '
                          'and the ones shown">…</li>')
-    items += [f'<li data-role="previous">{_link(op_id)}</li>' for op_id in chain.before]
+    items += [f'<li data-role="previous">{operation_link(op_id)}</li>' for op_id in chain.before]
     items.append(f'<li data-role="current"><b><code class="clip" title="'
                  f'{escape(chain.current)}">{escape(chain.current)}</code></b> '
                  '<span class="muted">(this one)</span></li>')
-    items += [f'<li data-role="successor">{_link(op_id)}</li>' for op_id in chain.after]
+    items += [f'<li data-role="successor">{operation_link(op_id)}</li>' for op_id in chain.after]
     if len(items) == 1:
         return ('<p class="muted" id="lineage-chain-alone">no earlier or later operation: '
                 "it is its lineage's only one</p>")
@@ -157,8 +149,7 @@ def _stamp(moment: float | None, *, why: str = NOT_RECORDED) -> str:
     """A UTC time, or "-" with a tooltip saying it is not recorded."""
     if moment is None:
         return f'<span class="muted" title="{escape(why)}">-</span>'
-    shown = _dt.datetime.fromtimestamp(moment, _dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    return escape(shown)
+    return full_time(moment)
 
 
 def _seconds(value: float | None) -> str:

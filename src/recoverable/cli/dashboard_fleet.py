@@ -13,14 +13,13 @@ apart with work finishing in between; until then it is "-", with the reason.
 
 from __future__ import annotations
 
-import datetime as _dt
-from collections.abc import Sequence
 from html import escape
 from typing import Final
 from urllib.parse import urlencode
 
 import attrs
 
+from recoverable.cli.dashboard_html import clock, short_id, table
 from recoverable.records import LeaseRecord
 from recoverable.storage.base import Store
 from recoverable.storage.queue import SERVED_GRACE, decode_served, served_key
@@ -144,30 +143,12 @@ def measure_pace(previous: Pace | None, now: float, by_state: dict[str, int]) ->
     return Pace(samples, remaining, rate, errors_seen / done, remaining / rate, "")
 
 
-def _clock(stamp: float | None) -> str:
-    if stamp is None:
-        return "-"
-    return _dt.datetime.fromtimestamp(stamp, _dt.UTC).strftime("%H:%M:%S")
-
-
-def _short(owner_id: str) -> str:
-    return f'<code title="{escape(owner_id)}">{escape(owner_id[:12])}…</code>'
-
-
 def _duration(seconds: float) -> str:
     if seconds < 90:
         return f"{seconds:.0f} s"
     if seconds < 5400:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
-
-
-def _table(head: Sequence[str], rows: list[list[str]], *, empty: str, table_id: str) -> str:
-    if not rows:
-        return f'<p class="muted" id="{table_id}-empty">{escape(empty)}</p>'
-    return (f'<table id="{table_id}"><tr>' + "".join(f"<th>{escape(name)}</th>" for name in head)
-            + "</tr>" + "".join("<tr>" + "".join(f"<td>{cell}</td>" for cell in row) + "</tr>"
-                                for row in rows) + "</table>")
 
 
 def _pace_html(pace: Pace) -> str:
@@ -187,19 +168,19 @@ def fleet_html(owners: list[Owner], workers: list[Worker], pace: Pace) -> str:
     """The overview's "Fleet health" panels (HTML, every value escaped)."""
     orphaned = sum(owner.orphaned for owner in owners)
     owner_rows = [
-        [_short(owner.owner_id),
+        [short_id(owner.owner_id),
          f'<a href="/operations?{escape(urlencode({"owner": owner.owner_id}))}">'
          f"{owner.leases}</a>",
          '<span class="ok">yes</span>' if owner.live else '<span class="bad">no</span>',
          f'<span class="bad" data-orphaned="{owner.orphaned}">{owner.orphaned} '
          "(recoverable sweep)</span>" if owner.orphaned else "0",
-         _clock(owner.renewed_until), _clock(owner.next_expiry)]
+         clock(owner.renewed_until), clock(owner.next_expiry)]
         for owner in owners
     ]
-    owners_table = _table(
+    owners_table = table(
         ("owner (process)", "leases", "live", "orphaned", "heartbeat: leases renewed until (UTC)",
          "soonest expiry (UTC)"),
-        owner_rows, empty="no process holds a lease", table_id="owners-table")
+        owner_rows, empty="no process holds a lease", element_id="owners-table")
     sweep = ""
     if orphaned:
         sweep = (
@@ -209,15 +190,15 @@ def fleet_html(owners: list[Owner], workers: list[Worker], pace: Pace) -> str:
             "(<code>owner_lost</code>); it never touches an operation of a live owner.</p>"
         )
     worker_rows = [
-        [_short(worker.owner_id), escape(worker.endpoint_id), str(worker.concurrency),
-         _clock(worker.started_at), _clock(worker.last_heartbeat),
+        [short_id(worker.owner_id), escape(worker.endpoint_id), str(worker.concurrency),
+         clock(worker.started_at), clock(worker.last_heartbeat),
          '<span class="ok">yes</span>' if worker.live else '<span class="bad">no</span>']
         for worker in workers
     ]
-    workers_table = _table(
+    workers_table = table(
         ("worker owner", "endpoint", "concurrency", "started (UTC)",
          "last heartbeat (UTC)", "live"),
-        worker_rows, empty="no registered worker", table_id="workers-table")
+        worker_rows, empty="no registered worker", element_id="workers-table")
     return (
         f'<div class="box" id="panel-pace"><h2>Batch pace</h2>{_pace_html(pace)}</div>'
         f'<div class="box" id="panel-owners"><h2>Owners and leases</h2>{sweep}'

@@ -23,6 +23,13 @@ from recoverable.cli.dashboard_explain import (
 )
 from recoverable.cli.dashboard_fleet import fleet_html
 from recoverable.cli.dashboard_glossary import availability_label, glossary_popover
+from recoverable.cli.dashboard_html import (
+    clipped,
+    clock,
+    full_time,
+    operation_link,
+    table,
+)
 from recoverable.pricing import usage_text
 
 __all__ = [
@@ -148,22 +155,8 @@ document.querySelectorAll('form[data-confirm]').forEach(function(form){
 """
 
 
-def _time(stamp: float | None) -> str:
-    if stamp is None:
-        return "-"
-    moment = _dt.datetime.fromtimestamp(stamp, _dt.UTC)
-    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def _clock(stamp: float | None) -> str:
-    """A short time of day (UTC) for the overview's tables."""
-    if stamp is None:
-        return "-"
-    return _dt.datetime.fromtimestamp(stamp, _dt.UTC).strftime("%H:%M:%S")
-
-
 def _when(moment: _dt.datetime | None) -> str:
-    return "-" if moment is None else _time(moment.timestamp())
+    return "-" if moment is None else full_time(moment.timestamp())
 
 
 def layout(title: str, body: str, *, nonce: str, context: str, script: str = "") -> str:
@@ -197,18 +190,6 @@ def _cards(items: Iterable[tuple[str, str, object]]) -> str:
     ) + "</div>"
 
 
-def _table(head: Sequence[str], rows: Iterable[Sequence[str]], *, empty: str,
-           raw_head: bool = False) -> str:
-    """A table of already escaped cells (``raw_head``: the head cells are HTML too)."""
-    body = "".join("<tr>" + "".join(f"<td>{cell}</td>" for cell in row) + "</tr>"
-                   for row in rows)
-    if not body:
-        return f'<p class="muted">{escape(empty)}</p>'
-    return ("<table><tr>" + "".join(
-        f"<th>{name if raw_head else escape(name)}</th>" for name in head) + "</tr>"
-            + body + "</table>")
-
-
 def _bars(values: Sequence[tuple[str, int]], *, width: int = 520, height: int = 120,
           title: str) -> str:
     """A small bar chart as inline SVG (labels as <title> tooltips)."""
@@ -235,24 +216,6 @@ def _bars(values: Sequence[tuple[str, int]], *, width: int = 520, height: int = 
     )
 
 
-def _short(owner_id: str) -> str:
-    """An owner id, shortened (the whole id in its tooltip)."""
-    return f'<code title="{escape(owner_id)}">{escape(owner_id[:12])}…</code>'
-
-
-def _clipped(value: str | None) -> str:
-    """An id of any length (a response id may be hundreds of characters) on one line,
-    cut with an ellipsis by the CSS so it never widens the page; the whole value is in
-    its tooltip (and selectable)."""
-    if value is None:
-        return "<code>-</code>"
-    return f'<code class="clip" title="{escape(value)}">{escape(value)}</code>'
-
-
-def _link(operation_id: str) -> str:
-    return f'<a href="/operations/{quote(operation_id, safe="")}">{_clipped(operation_id)}</a>'
-
-
 def overview_live(summary: Summary) -> str:
     """Everything the overview shows of the store, from one summary (one rebuild): the
     page's first render and each of its updates (``/api/overview``), so no two panels can
@@ -260,7 +223,7 @@ def overview_live(summary: Summary) -> str:
     counts = summary.counts()
     states = [(state, f"by_state.{state}", summary.by_state[state]) for state in STATES]
     cards = _cards([("operations", "total", counts["total"]), *states])
-    availability = _table(
+    availability = table(
         ("availability", "operations"),
         ([escape(name), _filtered(
             f'<span data-count="by_availability.{escape(name)}">{count}</span>',
@@ -268,7 +231,7 @@ def overview_live(summary: Summary) -> str:
          for name, count in summary.by_availability.items()),
         empty="no operations",
     )
-    failures = _table(
+    failures = table(
         ("typed failure", "failed operations"),
         ([f"<code>{escape(kind)}</code>",
           _filtered(str(count), state="failed", kind=kind)] for kind, count in summary.failures),
@@ -290,15 +253,15 @@ def overview_live(summary: Summary) -> str:
     )
     tokens = usage_text(summary.usage) if summary.usage_reported else None
     cost = _cost_text(summary)
-    cooldowns = _table(
+    cooldowns = table(
         ("operation", "cooldown until (UTC)"),
-        ([_link(op_id), _clock(until)] for op_id, until in summary.cooldowns),
+        ([operation_link(op_id), clock(until)] for op_id, until in summary.cooldowns),
         empty="no saved cooldown",
     )
-    governors = _table(
+    governors = table(
         ("endpoint", "ops", "shared pause", "requests", "tokens"),
         ([escape(gov.endpoint_id), str(gov.operations),
-          '<span class="bad">until ' + _clock(gov.paused_until) + "</span>"
+          '<span class="bad">until ' + clock(gov.paused_until) + "</span>"
           if gov.paused_until else "none",
           "full" if gov.requests_level is None else f"{gov.requests_level:.1f}",
           "full" if gov.tokens_level is None else f"{gov.tokens_level:.0f}"]
@@ -306,7 +269,7 @@ def overview_live(summary: Summary) -> str:
         empty="no endpoint yet",
     )
     return (
-        f'<p class="muted">updated <span id="updated">{_time(summary.built_at)}</span>'
+        f'<p class="muted">updated <span id="updated">{full_time(summary.built_at)}</span>'
         f" (one read of the store took {summary.build_seconds * 1000:.0f} ms); "
         + _filtered(f'<span data-count="waiting" id="count-waiting">{summary.waiting}</span>',
                     availability="waiting")
@@ -394,7 +357,7 @@ def operation_page(
 ) -> str:
     status = view.status
     op_id = status.operation_id
-    dimensions = _table(("dimension", "value"), [
+    dimensions = table(("dimension", "value"), [
         ["state", f'<b id="op-state">{escape(status.state)}</b>'],
         ["availability", availability_label(status.availability, element_id="op-availability")],
         ["blockers", escape(", ".join(sorted(status.blockers)) or "none")],
@@ -406,30 +369,31 @@ def operation_page(
         ["expires at", _when(status.expires_at)],
         ["rate limited", escape(status.rate_limited or "no")
          + (f" until {_when(status.rate_limited_until)}" if status.rate_limited_until else "")
-         + (f"; endpoint paused until {_time(view.paused_until)}" if view.paused_until else "")],
+         + (f"; endpoint paused until {full_time(view.paused_until)}"
+            if view.paused_until else "")],
         ["queue", escape(status.queue or "-")],
-        ["lease owner", _clipped(status.lease_owner) +
+        ["lease owner", clipped(status.lease_owner) +
                         f" (expires {_when(status.lease_expires_at)})"],
         ["endpoint failure", escape(status.endpoint_failure or "-")],
         ["model", escape(status.model or "-")],
         ["tokens", escape(usage_text(status.usage) or "none reported")],
         *time_rows(view.record, view.marker),
     ], empty="")
-    lineage = _table(("lineage", "value"), [
+    lineage = table(("lineage", "value"), [
         ["job", escape(status.job_id or "-")],
         ["input revision", escape(status.input_revision or "-")],
         ["scope", escape(status.scope or "-")],
-        ["root operation", _link(status.root_operation_id) if status.root_operation_id else "-"],
+        ["root operation", _linked(status.root_operation_id)],
         ["previous (source of a manual retry)",
-         _link(status.previous_operation_id) if status.previous_operation_id else "-"],
-        ["successor (manual retry)", _link(status.successor_id) if status.successor_id else "-"],
+         _linked(status.previous_operation_id)],
+        ["successor (manual retry)", _linked(status.successor_id)],
         ["pending attempt (reserved, not yet authorized)",
-         _clipped(status.pending_attempt_id)],
+         clipped(status.pending_attempt_id)],
         ["fence (lease generation)", str(status.fence)],
     ], empty="")
     stored = {attempt.attempt_id: attempt
               for attempt in (view.record.attempts if view.record is not None else ())}
-    timeline = _table(
+    timeline = table(
         ("#", "reason", "started (authorized and consumed)", "ended", "duration",
          "time to first event", "outcome", "events streamed", "response id",
          "what happened", "typed failure", "tokens"),
@@ -439,7 +403,7 @@ def operation_page(
           f'<span class="{"ok" if attempt.outcome == "completed" else "bad"}">'
           f"{escape(attempt.outcome)}</span>",
           "-" if attempt.sequence_number is None else str(attempt.sequence_number),
-          _clipped(attempt.response_id), escape(failure_sentence(attempt.failure)),
+          clipped(attempt.response_id), escape(failure_sentence(attempt.failure)),
           _failure(attempt.failure), escape(usage_text(attempt.usage) or "-")]
          for attempt in status.attempts),
         empty=_no_timeline(view),
@@ -463,7 +427,7 @@ def operation_page(
                    f"{fenced}<pre>{escape(completion or '(none)')}</pre>")
     chain = lineage_html(view.chain) if view.chain is not None else ""
     body = (
-        f"<h1>Operation {_clipped(op_id)}</h1>{notes}"
+        f"<h1>Operation {clipped(op_id)}</h1>{notes}"
         f'<div class="actions">{buttons}</div>'
         + explanation_html(view.explanation, status.last_failure, status.state)
         + f'<div class="grid"><div class="box"><h2>Status</h2>{dimensions}</div>'
@@ -472,6 +436,10 @@ def operation_page(
         f'<h2>Attempt timeline</h2><div class="box" id="timeline">{timeline}</div>{content}'
     )
     return layout(f"Operation {op_id}", body, nonce=nonce, context=context, script=_CONFIRM_JS)
+
+
+def _linked(operation_id: str | None) -> str:
+    return "-" if operation_id is None else operation_link(operation_id)
 
 
 def _no_timeline(view: OperationView) -> str:
