@@ -317,3 +317,46 @@ def test_a_disposed_operation_shows_its_marker_time_and_lineage(tmp_path: Path) 
         assert roles == ["previous", "previous", "current"]
         # Its predecessor's chain still links to it.
         assert 'href="/operations/op-last"' in client.get("/operations/op-mid").text
+
+
+def test_a_long_lineage_is_cut_and_a_purged_one_ends_the_walk(tmp_path: Path) -> None:
+    """Eleven operations, each the manual retry of the one before: from either end the
+    chain reads 8 steps; from the last, the root then "…" lead it. An operation whose
+    previous one (its root) was purged links to nothing it cannot show."""
+    store = str(tmp_path / "store")
+    ids = [f"op-l-{index:02d}" for index in range(11)]
+    members = [
+        _record(op_id, ACCOUNT, "gpt-a", LATE + index, "job-l", root_operation_id=ids[0],
+                previous_operation_id=ids[index - 1] if index else None,
+                retry_reservation=(RetryReservation(
+                    retry_action_id="r", successor_id=ids[index + 1], settings_hash="0" * 16,
+                    created=True) if index < 10 else None))
+        for index, op_id in enumerate(ids)
+    ]
+    members.append(_record("op-after-gone", ACCOUNT, "gpt-a", LATE, "job-g",
+                           root_operation_id="op-gone", previous_operation_id="op-gone"))
+
+    def write(txn: Any) -> None:
+        for record, body, stored, _completion in members:
+            txn.put_payload(record.operation_id, "body", body)
+            txn.put_payload(record.operation_id, "request", stored)
+            txn.put_operation(record)
+
+    opened = recoverable.RecoveryStore.open(store)
+    try:
+        opened.write_sync(write)
+    finally:
+        opened.close()
+    with dashboard(store) as info, signed_in(info) as client:
+        def chain(op_id: str) -> list[str]:
+            text = _element(client.get(f"/operations/{op_id}").text, "lineage-chain")
+            items = re.findall(r"<li[^>]*>(.*?)</li>", text)
+            return [html.unescape(_plain(item)) if item == "…" else
+                    re.findall(r'title="([^"]+)"', item)[0] for item in items]
+
+        last = chain(ids[10])
+        assert last == [ids[0], "…", *ids[2:10], ids[10]]  # the root, "…", 8, this one
+        assert chain(ids[0]) == ids[0:9]  # this one, then 8 successors
+        page = client.get("/operations/op-after-gone").text
+        assert 'id="lineage-chain-alone"' in page
+        assert "no earlier or later operation in the store" in page

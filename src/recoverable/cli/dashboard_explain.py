@@ -100,29 +100,33 @@ def lineage_chain(
     successor: str | None,
 ) -> Chain:
     """Walk the lineage from the store, at most :data:`MAX_CHAIN_STEPS` operations each
-    way (an operation not found ends the walk)."""
+    way; an operation the store does not hold (purged, or a successor only reserved) ends
+    the walk, so every link of the chain leads to a page."""
     before: list[str] = []
+    earliest_previous: str | None = None  # where the walk back stopped
     step = previous
     while step is not None and len(before) < MAX_CHAIN_STEPS and step not in before:
-        before.append(step)
         found = _read(store, step)
-        step = None if found is None else found.previous_operation_id
+        if found is None:
+            earliest_previous = step
+            break
+        before.append(step)
+        step = earliest_previous = found.previous_operation_id
     before.reverse()
     after: list[str] = []
     step = successor
     while step is not None and len(after) < MAX_CHAIN_STEPS and step not in after:
-        after.append(step)
         found = _read(store, step)
+        if found is None:
+            break
+        after.append(step)
         step = _successor(found) if isinstance(found, OperationRecord) else None
     shown_root = root if root not in (None, operation_id, *before) else None
-    gap = shown_root is not None and (not before or _read_previous(store, before[0]) != root)
+    if shown_root is not None and _read(store, shown_root) is None:
+        shown_root = None  # purged: no page to link to
+    gap = shown_root is not None and earliest_previous != root
     return Chain(root=shown_root, gap=gap, before=tuple(before), current=operation_id,
                  after=tuple(after))
-
-
-def _read_previous(store: Store, operation_id: str) -> str | None:
-    found = _read(store, operation_id)
-    return None if found is None else found.previous_operation_id
 
 
 def lineage_html(chain: Chain) -> str:
@@ -140,8 +144,8 @@ def lineage_html(chain: Chain) -> str:
                  '<span class="muted">(this one)</span></li>')
     items += [f'<li data-role="successor">{operation_link(op_id)}</li>' for op_id in chain.after]
     if len(items) == 1:
-        return ('<p class="muted" id="lineage-chain-alone">no earlier or later operation: '
-                "it is its lineage's only one</p>")
+        return ('<p class="muted" id="lineage-chain-alone">no earlier or later operation '
+                "in the store</p>")
     return f'<ol class="chain" id="lineage-chain">{"".join(items)}</ol>'
 
 
