@@ -171,6 +171,10 @@ def test_fleet_health_flags_orphans_and_shows_heartbeats(tmp_path: Path) -> None
         assert "10:30:30" in workers and "fixture" in workers  # BEAT: LATE + 30 s
         alone = client.get("/operations/op-orphan").text
         assert 'id="lineage-chain-alone"' in alone
+        flag = _plain(_element(alone, "op-orphaned"))
+        assert flag.startswith("orphaned: its lease names the owner")
+        assert "recoverable sweep --store STORE" in flag and DEAD_OWNER in alone
+        assert 'id="op-orphaned"' not in client.get("/operations/op-mid").text
         # Still under way: not finished (an "-" that says so).
         unfinished = '<span class="muted" title="not finished">-</span>'
         assert 'id="op-finished">' + unfinished in alone

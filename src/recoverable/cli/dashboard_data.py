@@ -459,6 +459,9 @@ class OperationView:
     # from the store (``cli/dashboard_explain.py``).
     explanation: Explanation | None = None
     chain: Chain | None = None
+    # The owner named by its lease when that owner's process is gone (orphaned: what
+    # ``recoverable sweep`` closes); None otherwise.
+    orphaned_by: str | None = None
 
 
 def operation_view(
@@ -503,6 +506,8 @@ def operation_view(
         status=status, record=record, marker=None, same_account=same,
         paused_until=governor.paused_until if governor.paused_until > now else None,
         content=content, explanation=explain(record),
+        orphaned_by=(lease.owner_id if lease is not None
+                     and not store.owner_is_live(lease.owner_id) else None),
         chain=lineage_chain(store, operation_id, root=record.root_operation_id,
                             previous=record.previous_operation_id, successor=successor),
     )

@@ -28,6 +28,7 @@ from recoverable.cli.dashboard_html import (
     clock,
     full_time,
     operation_link,
+    short_id,
     table,
 )
 from recoverable.pricing import usage_text
@@ -373,7 +374,7 @@ def operation_page(
             if view.paused_until else "")],
         ["queue", escape(status.queue or "-")],
         ["lease owner", clipped(status.lease_owner) +
-                        f" (expires {_when(status.lease_expires_at)})"],
+                        f" (expires {_when(status.lease_expires_at)})" + _orphaned(view)],
         ["endpoint failure", escape(status.endpoint_failure or "-")],
         ["model", escape(status.model or "-")],
         ["tokens", escape(usage_text(status.usage) or "none reported")],
@@ -436,6 +437,15 @@ def operation_page(
         f'<h2>Attempt timeline</h2><div class="box" id="timeline">{timeline}</div>{content}'
     )
     return layout(f"Operation {op_id}", body, nonce=nonce, context=context, script=_CONFIRM_JS)
+
+
+def _orphaned(view: OperationView) -> str:
+    """The flag of an operation whose lease names an owner whose process is gone."""
+    if view.orphaned_by is None:
+        return ""
+    return ('<br><span class="bad" id="op-orphaned">orphaned: its lease names the owner '
+            f"{short_id(view.orphaned_by)}, whose process is gone; <code>recoverable sweep "
+            "--store STORE</code> closes it</span>")
 
 
 def _linked(operation_id: str | None) -> str:
