@@ -181,6 +181,9 @@ def test_fleet_health_flags_orphans_and_shows_heartbeats(tmp_path: Path) -> None
         # The owner's leases link to their list, which holds the orphan.
         listed = client.get("/api/operations", params={"owner": DEAD_OWNER[:8]}).json()
         assert [row["operation_id"] for row in listed["operations"]] == ["op-orphan"]
+        assert listed["operations"][0]["orphaned"] is True
+        listing = client.get("/operations", params={"owner": DEAD_OWNER[:8]}).text
+        assert ">orphaned</span>" in listing and "recoverable sweep closes it" in listing
         # Nothing runs: the pace says "-" and why.
         pace = client.get("/api/summary").json()["pace"]
         assert pace["eta_seconds"] is None and pace["why"]

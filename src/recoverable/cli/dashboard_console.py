@@ -101,6 +101,15 @@ def _bulk_controls(page: FilteredPage, csrf: str, can_act: str | None) -> str:
     )
 
 
+def _owner(owner_id: str | None, *, orphaned: bool) -> str:
+    """The lease owner's cell: its id, and "orphaned" when its process is gone."""
+    if owner_id is None:
+        return ""
+    flag = (' <span class="bad" title="its owner\'s process is gone: recoverable sweep '
+            'closes it">orphaned</span>') if orphaned else ""
+    return clipped(owner_id) + flag
+
+
 def operations_page(page: FilteredPage, *, csrf: str, can_act: str | None, nonce: str,
                     context: str) -> str:
     """The list: its filter form, the rows (ticked for a bulk action) and the next page."""
@@ -121,7 +130,7 @@ def operations_page(page: FilteredPage, *, csrf: str, can_act: str | None, nonce
           f"{row.attempts_used}/{row.maximum_attempts}",
           f"<code>{escape(row.failure)}</code>" if row.failure else "",
           f"<code>{escape(row.failure_code)}</code>" if row.failure_code else "",
-          escape(row.model or "-"), clipped(row.owner) if row.owner else "",
+          escape(row.model or "-"), _owner(row.owner, orphaned=row.orphaned),
           full_time(row.created_at), full_time(row.updated_at)] for row in page.rows),
         empty="no operation matches this filter",
         raw_head=True,

@@ -107,6 +107,8 @@ class Row:
     # Where the row sorts when that is not ``created_at``: a disposed operation (shown at
     # its disposition time) keeps the place its record had (see ``build_summary``).
     listed_at: float | None = None
+    # Its lease names an owner whose process is gone (what ``recoverable sweep`` closes).
+    orphaned: bool = False
     # The list's order: newest first, then by id (made once: the lists share it).
     key: tuple[float, str] = attrs.field(
         init=False, eq=False,
@@ -191,7 +193,8 @@ def failure_code(record: OperationRecord) -> str | None:
         None if failure.http_status is None else str(failure.http_status))
 
 
-def _row(record: OperationRecord, status: Status, owner: str | None) -> Row:
+def _row(record: OperationRecord, status: Status, owner: str | None,
+         orphaned: bool = False) -> Row:
     shows_failure = status.state != "completed"
     return Row(
         operation_id=record.operation_id,
@@ -208,6 +211,7 @@ def _row(record: OperationRecord, status: Status, owner: str | None) -> Row:
         model=record.model,
         owner=owner,
         updated_at=updated_at(record),
+        orphaned=orphaned,
     )
 
 
@@ -324,6 +328,7 @@ def build_summary(
     disposed = {marker.operation_id for marker in markers}
     records = [record for record in records if record.operation_id not in disposed]
     live: dict[str, bool] = {}
+    owner_live: dict[str, bool] = {}  # owner id -> its process is alive
     rows: list[Row] = []
     failures: Counter[str] = Counter()
     attempts: Counter[int] = Counter()
@@ -345,7 +350,12 @@ def build_summary(
             record, now=now, lease_live=is_live, viewer=record.account,
             command=command.kind if command is not None else None, lease=lease,
         )
-        row = _row(record, status, lease.owner_id if lease is not None else None)
+        orphaned = False
+        if lease is not None:
+            if lease.owner_id not in owner_live:
+                owner_live[lease.owner_id] = store.owner_is_live(lease.owner_id)
+            orphaned = not owner_live[lease.owner_id]
+        row = _row(record, status, lease.owner_id if lease is not None else None, orphaned)
         rows.append(row)
         if row.failure is not None and status.state == "failed":
             failures[row.failure] += 1
