@@ -144,7 +144,12 @@ def test_the_glossary_is_the_documents_and_on_every_page(explained: dict[str, An
                 assert term in glossary and TERMS[term].replace("`", "") in glossary
             for value, text in AVAILABILITY_TERMS.items():
                 assert value in glossary and text.replace("`", "") in glossary
-        # The availability shown has its meaning as a tooltip.
+        # The availability shown has its meaning as a tooltip: on the overview, in the
+        # list and on the operation's page.
+        failed = (f'<abbr class="term" title="{html.escape(AVAILABILITY_TERMS["failed"])}">'
+                  "failed</abbr>")
+        assert failed in _element(client.get("/").text, "panel-availability")
+        assert failed in client.get("/operations").text
         mid = client.get("/operations/op-mid").text
         assert (f'<abbr class="term" id="op-availability" title="'
                 f'{html.escape(AVAILABILITY_TERMS["failed"])}">failed</abbr>') in mid

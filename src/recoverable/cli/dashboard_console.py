@@ -12,6 +12,7 @@ from urllib.parse import urlencode
 
 from recoverable.cli.bulk import BULK_ACTIONS, BulkOptions, BulkPreview, BulkResult
 from recoverable.cli.dashboard_data import STATES
+from recoverable.cli.dashboard_glossary import availability_label
 from recoverable.cli.dashboard_html import clipped, full_time, operation_link, table
 from recoverable.cli.dashboard_pages import layout
 from recoverable.cli.selection import SORTS, FilteredPage
@@ -126,7 +127,7 @@ def operations_page(page: FilteredPage, *, csrf: str, can_act: str | None, nonce
         ([f'<input type="checkbox" name="ids" value="{escape(row.operation_id)}" '
           f'class="pick">',
           operation_link(row.operation_id), escape(row.job_id or "-"),
-          f'<span class="state">{escape(row.state)}</span>', escape(row.availability),
+          f'<span class="state">{escape(row.state)}</span>', availability_label(row.availability),
           f"{row.attempts_used}/{row.maximum_attempts}",
           f"<code>{escape(row.failure)}</code>" if row.failure else "",
           f"<code>{escape(row.failure_code)}</code>" if row.failure_code else "",

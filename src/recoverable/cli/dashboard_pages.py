@@ -226,7 +226,7 @@ def overview_live(summary: Summary) -> str:
     cards = _cards([("operations", "total", counts["total"]), *states])
     availability = table(
         ("availability", "operations"),
-        ([escape(name), _filtered(
+        ([availability_label(name), _filtered(
             f'<span data-count="by_availability.{escape(name)}">{count}</span>',
             availability=name)]
          for name, count in summary.by_availability.items()),
