@@ -60,10 +60,19 @@ class RecoveryError(Exception):
         """What the host can do about it."""
         return self._action or f"see the {self.code} row in docs/failures.md"
 
+    def what_happened(self) -> str:
+        """What happened, as ``str()`` says it (without the operation id): the sentence a
+        person reads, built from the library's own text and typed fields only."""
+        return self._what()
+
+    def what_to_do(self) -> str:
+        """What to do about it, as ``str()`` says it after the ``;``."""
+        return self._todo()
+
     def __str__(self) -> str:
         head = f"operation {self.operation_id}: " if self.operation_id else ""
-        todo = self._todo()
-        return f"{head}{self._what()}" + (f"; {todo}" if todo else "")
+        todo = self.what_to_do()
+        return f"{head}{self.what_happened()}" + (f"; {todo}" if todo else "")
 
 
 class InvalidRequest(RecoveryError, ValueError):

@@ -46,7 +46,8 @@ def _record(op_id: str, account: recoverable.AccountBinding, model: str, created
         operation_id=op_id, account=account, endpoint_id="fixture", created_at=created,
         maximum_attempts=extra.pop("maximum_attempts", 1), model=model,
         format_name=contract.name, format_hash=contract.format_hash, scope="batch",
-        job_id=job, input_revision="r1", body_hash=body_hash(body), root_operation_id=op_id,
+        job_id=job, input_revision="r1", body_hash=body_hash(body),
+        root_operation_id=extra.pop("root_operation_id", op_id),
         **extra,
     )
     return record, body, stored, completion

@@ -240,7 +240,8 @@ class Dashboard:
                      "attempts_used": row.attempts_used,
                      "maximum_attempts": row.maximum_attempts, "failure": row.failure,
                      "failure_code": row.failure_code, "model": row.model,
-                     "owner": row.owner, "created_at": row.created_at,
+                     "owner": row.owner, "orphaned": row.orphaned,
+                     "created_at": row.created_at,
                      "updated_at": row.updated_at} for row in page.rows
                 ],
                 "next_cursor": page.next_cursor, "matching": page.matching,

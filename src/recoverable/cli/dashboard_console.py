@@ -12,7 +12,9 @@ from urllib.parse import urlencode
 
 from recoverable.cli.bulk import BULK_ACTIONS, BulkOptions, BulkPreview, BulkResult
 from recoverable.cli.dashboard_data import STATES
-from recoverable.cli.dashboard_pages import _clipped, _link, _table, _time, layout
+from recoverable.cli.dashboard_glossary import availability_label
+from recoverable.cli.dashboard_html import clipped, full_time, operation_link, table
+from recoverable.cli.dashboard_pages import layout
 from recoverable.cli.selection import SORTS, FilteredPage
 from recoverable.types import Availability
 
@@ -100,6 +102,15 @@ def _bulk_controls(page: FilteredPage, csrf: str, can_act: str | None) -> str:
     )
 
 
+def _owner(owner_id: str | None, *, orphaned: bool) -> str:
+    """The lease owner's cell: its id, and "orphaned" when its process is gone."""
+    if owner_id is None:
+        return ""
+    flag = (' <span class="bad" title="its owner\'s process is gone: recoverable sweep '
+            'closes it">orphaned</span>') if orphaned else ""
+    return clipped(owner_id) + flag
+
+
 def operations_page(page: FilteredPage, *, csrf: str, can_act: str | None, nonce: str,
                     context: str) -> str:
     """The list: its filter form, the rows (ticked for a bulk action) and the next page."""
@@ -109,19 +120,19 @@ def operations_page(page: FilteredPage, *, csrf: str, can_act: str | None, nonce
               f"{escape(state)}</a>")
         for state in ("all", *STATES)
     )
-    rows = _table(
+    rows = table(
         ('<input type="checkbox" id="select-page" title="this page">', "operation", "job",
          "state", "availability", "attempts", "failure", "code", "model", "owner",
          "created (disposed: when)", "updated"),
         ([f'<input type="checkbox" name="ids" value="{escape(row.operation_id)}" '
           f'class="pick">',
-          _link(row.operation_id), escape(row.job_id or "-"),
-          f'<span class="state">{escape(row.state)}</span>', escape(row.availability),
+          operation_link(row.operation_id), escape(row.job_id or "-"),
+          f'<span class="state">{escape(row.state)}</span>', availability_label(row.availability),
           f"{row.attempts_used}/{row.maximum_attempts}",
           f"<code>{escape(row.failure)}</code>" if row.failure else "",
           f"<code>{escape(row.failure_code)}</code>" if row.failure_code else "",
-          escape(row.model or "-"), _clipped(row.owner) if row.owner else "",
-          _time(row.created_at), _time(row.updated_at)] for row in page.rows),
+          escape(row.model or "-"), _owner(row.owner, orphaned=row.orphaned),
+          full_time(row.created_at), full_time(row.updated_at)] for row in page.rows),
         empty="no operation matches this filter",
         raw_head=True,
     )
@@ -157,12 +168,12 @@ def bulk_preview_page(preview: BulkPreview, options: BulkOptions, *, action_id: 
                       described: str, csrf: str, nonce: str, context: str) -> str:
     """How many and which, what the rules refuse now, and the one confirmation."""
     refused = dict(preview.refused)
-    reasons = _table(("refused now, because", "operations"),
+    reasons = table(("refused now, because", "operations"),
                      ([escape(reason), str(count)] for reason, count in preview.reasons()),
                      empty="the rules refuse none of them now")
-    listed = _table(
+    listed = table(
         ("operation", "now"),
-        ([_link(op_id), escape(refused.get(op_id, "allowed"))]
+        ([operation_link(op_id), escape(refused.get(op_id, "allowed"))]
          for op_id in preview.operation_ids[:SHOWN]), empty="no operation selected")
     rest = len(preview.operation_ids) - SHOWN
     more = f'<p class="muted">and {rest} more</p>' if rest > 0 else ""
@@ -192,14 +203,14 @@ def bulk_preview_page(preview: BulkPreview, options: BulkOptions, *, action_id: 
 def bulk_result_page(result: BulkResult, *, note: str | None, nonce: str,
                      context: str) -> str:
     """How many were done, how many refused and why."""
-    reasons = _table(("refused, because", "operations"),
+    reasons = table(("refused, because", "operations"),
                      ([escape(reason), str(count)] for reason, count in result.reasons()),
                      empty="none was refused")
-    done = _table(("operation", "what happened"),
-                  ([_link(op_id), escape(text)] for op_id, text in result.done[:SHOWN]),
+    done = table(("operation", "what happened"),
+                  ([operation_link(op_id), escape(text)] for op_id, text in result.done[:SHOWN]),
                   empty="nothing was done")
-    refused = _table(("operation", "code", "why"),
-                     ([_link(op_id), f"<code>{escape(code)}</code>", escape(why)]
+    refused = table(("operation", "code", "why"),
+                     ([operation_link(op_id), f"<code>{escape(code)}</code>", escape(why)]
                       for op_id, code, why in result.refused[:SHOWN]), empty="none")
     banner = f'<p class="flash" id="bulk-note">{escape(note)}</p>' if note else ""
     body = (

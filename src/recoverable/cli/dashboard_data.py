@@ -29,10 +29,25 @@ import attrs
 
 from recoverable import errors
 from recoverable.actors import queue as submitted
+from recoverable.cli.dashboard_explain import (
+    Chain,
+    Explanation,
+    explain,
+    lineage_chain,
+    updated_at,
+)
+from recoverable.cli.dashboard_fleet import (
+    Owner,
+    Pace,
+    Worker,
+    measure_pace,
+    owners_of,
+    workers_of,
+)
 from recoverable.machine import derive_status
 from recoverable.outcome import Usage
 from recoverable.pricing import PriceTable, default_prices
-from recoverable.records import DispositionRecord, LeaseRecord, OperationRecord
+from recoverable.records import DispositionRecord, OperationRecord
 from recoverable.storage.base import Store
 from recoverable.storage.governor import governor_key, load_governor
 from recoverable.types import AccountBinding, Status
@@ -92,6 +107,8 @@ class Row:
     # Where the row sorts when that is not ``created_at``: a disposed operation (shown at
     # its disposition time) keeps the place its record had (see ``build_summary``).
     listed_at: float | None = None
+    # Its lease names an owner whose process is gone (what ``recoverable sweep`` closes).
+    orphaned: bool = False
     # The list's order: newest first, then by id (made once: the lists share it).
     key: tuple[float, str] = attrs.field(
         init=False, eq=False,
@@ -99,25 +116,6 @@ class Row:
             -(row.created_at if row.listed_at is None else row.listed_at), row.operation_id,
         ), takes_self=True),
     )
-
-
-@attrs.frozen
-class Owner:
-    """A process holding leases (``owner_id`` is the store's random owner id)."""
-
-    owner_id: str
-    leases: int
-    live: bool
-    next_expiry: float | None  # the soonest lease expiry: renewed by the owner's heartbeat
-
-
-@attrs.frozen
-class Worker:
-    owner_id: str
-    endpoint_id: str
-    concurrency: int
-    started_at: float
-    live: bool
 
 
 @attrs.frozen
@@ -153,6 +151,7 @@ class Summary:
     governors: list[GovernorState]
     owners: list[Owner]
     workers: list[Worker]
+    pace: Pace  # jobs/s, error rate, ETA between this summary and the ones before
     # The soonest moment a value shown here changes by time alone (a cooldown or a shared
     # pause ends, a lease expires): the summary is rebuilt then, with no commit to say so.
     changes_at: float | None
@@ -168,6 +167,14 @@ class Summary:
             "by_availability": self.by_availability,
             "waiting": self.waiting,
             "built_at": self.built_at,
+            "orphaned": sum(owner.orphaned for owner in self.owners),
+            "pace": {
+                "jobs_per_second": self.pace.jobs_per_second,
+                "error_rate": self.pace.error_rate,
+                "eta_seconds": self.pace.eta_seconds,
+                "remaining": self.pace.remaining,
+                "why": self.pace.why,
+            },
         }
 
 
@@ -186,16 +193,8 @@ def failure_code(record: OperationRecord) -> str | None:
         None if failure.http_status is None else str(failure.http_status))
 
 
-def _updated(record: OperationRecord) -> float:
-    moments = [record.created_at]
-    if record.attempts:
-        moments.append(record.attempts[-1].consumed_at)
-    if record.completed_at is not None:
-        moments.append(record.completed_at)
-    return max(moments)
-
-
-def _row(record: OperationRecord, status: Status, owner: str | None) -> Row:
+def _row(record: OperationRecord, status: Status, owner: str | None,
+         orphaned: bool = False) -> Row:
     shows_failure = status.state != "completed"
     return Row(
         operation_id=record.operation_id,
@@ -211,7 +210,8 @@ def _row(record: OperationRecord, status: Status, owner: str | None) -> Row:
         failure_code=failure_code(record) if shows_failure else None,
         model=record.model,
         owner=owner,
-        updated_at=_updated(record),
+        updated_at=updated_at(record),
+        orphaned=orphaned,
     )
 
 
@@ -228,23 +228,6 @@ def _disposed_row(marker: DispositionRecord, listed_at: float | None) -> Row:
         updated_at=marker.at,
         listed_at=listed_at,
     )
-
-
-def _owners(store: Store, leases: dict[str, LeaseRecord], now: float) -> list[Owner]:
-    by_owner: dict[str, list[LeaseRecord]] = {}
-    for lease in leases.values():
-        by_owner.setdefault(lease.owner_id, []).append(lease)
-    owners = []
-    for owner_id, held in sorted(by_owner.items()):
-        expiries = [lease.expires_at for lease in held
-                    if lease.expires_at is not None and lease.expires_at > now]
-        owners.append(Owner(
-            owner_id=owner_id,
-            leases=len(held),
-            live=store.owner_is_live(owner_id),
-            next_expiry=min(expiries) if expiries else None,
-        ))
-    return owners
 
 
 def _lowest(first: float | None, second: float | None) -> float | None:
@@ -345,6 +328,7 @@ def build_summary(
     disposed = {marker.operation_id for marker in markers}
     records = [record for record in records if record.operation_id not in disposed]
     live: dict[str, bool] = {}
+    owner_live: dict[str, bool] = {}  # owner id -> its process is alive
     rows: list[Row] = []
     failures: Counter[str] = Counter()
     attempts: Counter[int] = Counter()
@@ -366,7 +350,12 @@ def build_summary(
             record, now=now, lease_live=is_live, viewer=record.account,
             command=command.kind if command is not None else None, lease=lease,
         )
-        row = _row(record, status, lease.owner_id if lease is not None else None)
+        orphaned = False
+        if lease is not None:
+            if lease.owner_id not in owner_live:
+                owner_live[lease.owner_id] = store.owner_is_live(lease.owner_id)
+            orphaned = not owner_live[lease.owner_id]
+        row = _row(record, status, lease.owner_id if lease is not None else None, orphaned)
         rows.append(row)
         if row.failure is not None and status.state == "failed":
             failures[row.failure] += 1
@@ -398,17 +387,18 @@ def build_summary(
     minutes = [horizon + 60.0 * index for index in range(THROUGHPUT_MINUTES)]
     cooldowns.sort()
     governors = _governors(store, pairs, now)
-    owners = _owners(store, leases, now)
+    owners = owners_of(store, leases, now)
     ends = [until for until, _ in cooldowns[:1] if until > now]
     ends += [gov.paused_until for gov in governors if gov.paused_until is not None]
     ends += [owner.next_expiry for owner in owners if owner.next_expiry is not None]
+    counted = {state: len(by_state.get(state, ())) for state in STATES}
     return Summary(
         built_at=now,
         build_seconds=time.perf_counter() - started,
         txnid=txnid,
         total=len(rows),
         unreadable=len(unreadable),
-        by_state={state: len(by_state.get(state, ())) for state in STATES},
+        by_state=counted,
         by_availability=dict(Counter(row.availability for row in rows).most_common()),
         failures=failures.most_common(),
         attempts_histogram=sorted(attempts.items()),
@@ -423,11 +413,8 @@ def build_summary(
         waiting=len(cooldowns),
         governors=governors,
         owners=owners,
-        workers=[
-            Worker(owner_id=owner_id, endpoint_id=row.endpoint_id, concurrency=row.concurrency,
-                   started_at=row.started_at, live=store.owner_is_live(owner_id))
-            for owner_id, _token, row in store.workers()
-        ],
+        workers=workers_of(store),
+        pace=measure_pace(previous.pace if previous is not None else None, now, counted),
         changes_at=min(ends) if ends else None,
         rows=by_state,
         keys={state: [row.key for row in listed] for state, listed in by_state.items()},
@@ -478,6 +465,13 @@ class OperationView:
     same_account: bool
     paused_until: float | None
     content: tuple[str | None, str | None] | None  # (request, completion) with --show-content
+    # The failure in words and what to do (a failed operation), and the lineage as read
+    # from the store (``cli/dashboard_explain.py``).
+    explanation: Explanation | None = None
+    chain: Chain | None = None
+    # The owner named by its lease when that owner's process is gone (orphaned: what
+    # ``recoverable sweep`` closes); None otherwise.
+    orphaned_by: str | None = None
 
 
 def operation_view(
@@ -493,7 +487,10 @@ def operation_view(
     now = time.time() if now is None else now
     marker = store.get_disposition(operation_id)
     if marker is not None:
-        return marker_view(marker, viewer)
+        view = marker_view(marker, viewer)
+        return attrs.evolve(view, chain=lineage_chain(
+            store, operation_id, root=marker.root_operation_id,
+            previous=marker.previous_operation_id, successor=None))
     record = store.get_operation(operation_id)
     if record is None:
         raise errors.StateUnavailable("no such operation", operation_id=operation_id)
@@ -513,10 +510,16 @@ def operation_view(
     if show_content and same:
         content = (_text(store.get_payload(operation_id, "body")),
                    _text(store.get_payload(operation_id, "completion")))
+    successor = status.successor_id or (
+        status.continuation.successor_id if status.continuation is not None else None)
     return OperationView(
         status=status, record=record, marker=None, same_account=same,
         paused_until=governor.paused_until if governor.paused_until > now else None,
-        content=content,
+        content=content, explanation=explain(record),
+        orphaned_by=(lease.owner_id if lease is not None
+                     and not store.owner_is_live(lease.owner_id) else None),
+        chain=lineage_chain(store, operation_id, root=record.root_operation_id,
+                            previous=record.previous_operation_id, successor=successor),
     )
 
 

@@ -14,6 +14,23 @@ from typing import Final
 from urllib.parse import quote, urlencode
 
 from recoverable.cli.dashboard_data import STATES, OperationView, Summary
+from recoverable.cli.dashboard_explain import (
+    attempt_timing,
+    explanation_html,
+    failure_sentence,
+    lineage_html,
+    time_rows,
+)
+from recoverable.cli.dashboard_fleet import fleet_html
+from recoverable.cli.dashboard_glossary import availability_label, glossary_popover
+from recoverable.cli.dashboard_html import (
+    clipped,
+    clock,
+    full_time,
+    operation_link,
+    short_id,
+    table,
+)
 from recoverable.pricing import usage_text
 
 __all__ = [
@@ -52,6 +69,17 @@ nav.filter a{margin-right:10px}
 .clip{display:inline-block;max-width:22em;overflow:hidden;text-overflow:ellipsis;
 white-space:nowrap;vertical-align:bottom}
 h1 .clip{max-width:40em}
+.chain{list-style:none;padding:0;margin:4px 0;display:flex;flex-wrap:wrap;gap:4px}
+.chain li+li:before{content:"\\2192";margin-right:4px;color:#6b7587}
+.chain .clip{max-width:14em}
+abbr.term{text-decoration:underline dotted;cursor:help}
+details.glossary{margin-left:auto;position:relative}
+details.glossary summary{cursor:pointer;color:#cfe0ff}
+.glossary-body{position:absolute;right:0;z-index:10;width:34em;max-height:70vh;overflow:auto;
+background:#fff;color:#1d2430;border:1px solid #d8dde6;border-radius:6px;padding:8px 12px;
+box-shadow:0 4px 16px rgba(0,0,0,.2)}
+.glossary-body dt{font-weight:600;margin-top:6px}.glossary-body dd{margin:0 0 0 12px}
+.glossary-body h3{font-size:14px;margin:10px 0 0}
 pre{white-space:pre-wrap;background:#fff;border:1px solid #d8dde6;padding:8px;max-height:360px;
 overflow:auto}
 """
@@ -128,22 +156,8 @@ document.querySelectorAll('form[data-confirm]').forEach(function(form){
 """
 
 
-def _time(stamp: float | None) -> str:
-    if stamp is None:
-        return "-"
-    moment = _dt.datetime.fromtimestamp(stamp, _dt.UTC)
-    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def _clock(stamp: float | None) -> str:
-    """A short time of day (UTC) for the overview's tables."""
-    if stamp is None:
-        return "-"
-    return _dt.datetime.fromtimestamp(stamp, _dt.UTC).strftime("%H:%M:%S")
-
-
 def _when(moment: _dt.datetime | None) -> str:
-    return "-" if moment is None else _time(moment.timestamp())
+    return "-" if moment is None else full_time(moment.timestamp())
 
 
 def layout(title: str, body: str, *, nonce: str, context: str, script: str = "") -> str:
@@ -154,7 +168,7 @@ def layout(title: str, body: str, *, nonce: str, context: str, script: str = "")
         f'<style nonce="{nonce}">{_CSS}</style></head><body>'
         '<header><b>recoverable</b><a href="/" id="nav-overview">Overview</a>'
         '<a href="/operations" id="nav-operations">Operations</a>'
-        f'<span class="muted">{escape(context)}</span></header>'
+        f'<span class="muted">{escape(context)}</span>{glossary_popover()}</header>'
         f"<main>{body}</main>{scripts}</body></html>"
     )
 
@@ -175,18 +189,6 @@ def _cards(items: Iterable[tuple[str, str, object]]) -> str:
         f'<div class="l">{escape(label)}</div></a>'
         for label, key, value in items
     ) + "</div>"
-
-
-def _table(head: Sequence[str], rows: Iterable[Sequence[str]], *, empty: str,
-           raw_head: bool = False) -> str:
-    """A table of already escaped cells (``raw_head``: the head cells are HTML too)."""
-    body = "".join("<tr>" + "".join(f"<td>{cell}</td>" for cell in row) + "</tr>"
-                   for row in rows)
-    if not body:
-        return f'<p class="muted">{escape(empty)}</p>'
-    return ("<table><tr>" + "".join(
-        f"<th>{name if raw_head else escape(name)}</th>" for name in head) + "</tr>"
-            + body + "</table>")
 
 
 def _bars(values: Sequence[tuple[str, int]], *, width: int = 520, height: int = 120,
@@ -215,24 +217,6 @@ def _bars(values: Sequence[tuple[str, int]], *, width: int = 520, height: int = 
     )
 
 
-def _short(owner_id: str) -> str:
-    """An owner id, shortened (the whole id in its tooltip)."""
-    return f'<code title="{escape(owner_id)}">{escape(owner_id[:12])}…</code>'
-
-
-def _clipped(value: str | None) -> str:
-    """An id of any length (a response id may be hundreds of characters) on one line,
-    cut with an ellipsis by the CSS so it never widens the page; the whole value is in
-    its tooltip (and selectable)."""
-    if value is None:
-        return "<code>-</code>"
-    return f'<code class="clip" title="{escape(value)}">{escape(value)}</code>'
-
-
-def _link(operation_id: str) -> str:
-    return f'<a href="/operations/{quote(operation_id, safe="")}">{_clipped(operation_id)}</a>'
-
-
 def overview_live(summary: Summary) -> str:
     """Everything the overview shows of the store, from one summary (one rebuild): the
     page's first render and each of its updates (``/api/overview``), so no two panels can
@@ -240,15 +224,15 @@ def overview_live(summary: Summary) -> str:
     counts = summary.counts()
     states = [(state, f"by_state.{state}", summary.by_state[state]) for state in STATES]
     cards = _cards([("operations", "total", counts["total"]), *states])
-    availability = _table(
+    availability = table(
         ("availability", "operations"),
-        ([escape(name), _filtered(
+        ([availability_label(name), _filtered(
             f'<span data-count="by_availability.{escape(name)}">{count}</span>',
             availability=name)]
          for name, count in summary.by_availability.items()),
         empty="no operations",
     )
-    failures = _table(
+    failures = table(
         ("typed failure", "failed operations"),
         ([f"<code>{escape(kind)}</code>",
           _filtered(str(count), state="failed", kind=kind)] for kind, count in summary.failures),
@@ -270,37 +254,23 @@ def overview_live(summary: Summary) -> str:
     )
     tokens = usage_text(summary.usage) if summary.usage_reported else None
     cost = _cost_text(summary)
-    cooldowns = _table(
+    cooldowns = table(
         ("operation", "cooldown until (UTC)"),
-        ([_link(op_id), _clock(until)] for op_id, until in summary.cooldowns),
+        ([operation_link(op_id), clock(until)] for op_id, until in summary.cooldowns),
         empty="no saved cooldown",
     )
-    governors = _table(
+    governors = table(
         ("endpoint", "ops", "shared pause", "requests", "tokens"),
         ([escape(gov.endpoint_id), str(gov.operations),
-          '<span class="bad">until ' + _clock(gov.paused_until) + "</span>"
+          '<span class="bad">until ' + clock(gov.paused_until) + "</span>"
           if gov.paused_until else "none",
           "full" if gov.requests_level is None else f"{gov.requests_level:.1f}",
           "full" if gov.tokens_level is None else f"{gov.tokens_level:.0f}"]
          for gov in summary.governors),
         empty="no endpoint yet",
     )
-    owners = _table(
-        ("owner (process)", "leases", "live", "lease expiry (UTC, renewed)"),
-        ([_short(owner.owner_id), _filtered(str(owner.leases), owner=owner.owner_id),
-          '<span class="ok">yes</span>' if owner.live else '<span class="bad">no</span>',
-          _clock(owner.next_expiry)] for owner in summary.owners),
-        empty="no process holds a lease",
-    )
-    workers = _table(
-        ("worker owner", "endpoint", "concurrency", "started", "live"),
-        ([_short(worker.owner_id), escape(worker.endpoint_id),
-          str(worker.concurrency), _time(worker.started_at), "yes" if worker.live else "no"]
-         for worker in summary.workers),
-        empty="no registered worker",
-    )
     return (
-        f'<p class="muted">updated <span id="updated">{_time(summary.built_at)}</span>'
+        f'<p class="muted">updated <span id="updated">{full_time(summary.built_at)}</span>'
         f" (one read of the store took {summary.build_seconds * 1000:.0f} ms); "
         + _filtered(f'<span data-count="waiting" id="count-waiting">{summary.waiting}</span>',
                     availability="waiting")
@@ -318,8 +288,7 @@ def overview_live(summary: Summary) -> str:
         f"<p>{escape(tokens or 'no usage reported yet')}</p><p>cost: {escape(cost)}</p></div>"
         f'<div class="box" id="panel-cooldowns"><h2>Cooldowns (soonest)</h2>{cooldowns}</div>'
         f'<div class="box" id="panel-governor"><h2>Rate governor</h2>{governors}</div>'
-        f'<div class="box" id="panel-owners"><h2>Owners and leases</h2>{owners}</div>'
-        f'<div class="box" id="panel-workers"><h2>Workers</h2>{workers}</div>'
+        + fleet_html(summary.owners, summary.workers, summary.pace) +
         "</div>"
     )
 
@@ -389,9 +358,9 @@ def operation_page(
 ) -> str:
     status = view.status
     op_id = status.operation_id
-    dimensions = _table(("dimension", "value"), [
+    dimensions = table(("dimension", "value"), [
         ["state", f'<b id="op-state">{escape(status.state)}</b>'],
-        ["availability", f'<span id="op-availability">{escape(status.availability)}</span>'],
+        ["availability", availability_label(status.availability, element_id="op-availability")],
         ["blockers", escape(", ".join(sorted(status.blockers)) or "none")],
         ["suggested actions", escape(", ".join(status.suggested_actions) or "none")],
         ["attempts", f"{status.attempts_used} used of {status.maximum_attempts} "
@@ -401,37 +370,41 @@ def operation_page(
         ["expires at", _when(status.expires_at)],
         ["rate limited", escape(status.rate_limited or "no")
          + (f" until {_when(status.rate_limited_until)}" if status.rate_limited_until else "")
-         + (f"; endpoint paused until {_time(view.paused_until)}" if view.paused_until else "")],
+         + (f"; endpoint paused until {full_time(view.paused_until)}"
+            if view.paused_until else "")],
         ["queue", escape(status.queue or "-")],
-        ["lease owner", _clipped(status.lease_owner) +
-                        f" (expires {_when(status.lease_expires_at)})"],
+        ["lease owner", clipped(status.lease_owner) +
+                        f" (expires {_when(status.lease_expires_at)})" + _orphaned(view)],
         ["endpoint failure", escape(status.endpoint_failure or "-")],
         ["model", escape(status.model or "-")],
         ["tokens", escape(usage_text(status.usage) or "none reported")],
+        *time_rows(view.record, view.marker),
     ], empty="")
-    lineage = _table(("lineage", "value"), [
+    lineage = table(("lineage", "value"), [
         ["job", escape(status.job_id or "-")],
         ["input revision", escape(status.input_revision or "-")],
         ["scope", escape(status.scope or "-")],
-        ["root operation", _link(status.root_operation_id) if status.root_operation_id else "-"],
+        ["root operation", _linked(status.root_operation_id)],
         ["previous (source of a manual retry)",
-         _link(status.previous_operation_id) if status.previous_operation_id else "-"],
-        ["successor (manual retry)", _link(status.successor_id) if status.successor_id else "-"],
+         _linked(status.previous_operation_id)],
+        ["successor (manual retry)", _linked(status.successor_id)],
         ["pending attempt (reserved, not yet authorized)",
-         _clipped(status.pending_attempt_id)],
+         clipped(status.pending_attempt_id)],
         ["fence (lease generation)", str(status.fence)],
     ], empty="")
-    consumed = {stored.attempt_id: stored.consumed_at
-                for stored in (view.record.attempts if view.record is not None else ())}
-    timeline = _table(
-        ("#", "reason", "authorized and consumed", "outcome", "events streamed", "response id",
-         "typed failure", "tokens"),
+    stored = {attempt.attempt_id: attempt
+              for attempt in (view.record.attempts if view.record is not None else ())}
+    timeline = table(
+        ("#", "reason", "started (authorized and consumed)", "ended", "duration",
+         "time to first event", "outcome", "events streamed", "response id",
+         "what happened", "typed failure", "tokens"),
         ([str(attempt.number), escape(attempt.reason),
-          _time(consumed.get(attempt.attempt_id)),
+          *(attempt_timing(view.record, stored[attempt.attempt_id])
+            if attempt.attempt_id in stored else ("-",) * 4),
           f'<span class="{"ok" if attempt.outcome == "completed" else "bad"}">'
           f"{escape(attempt.outcome)}</span>",
           "-" if attempt.sequence_number is None else str(attempt.sequence_number),
-          _clipped(attempt.response_id),
+          clipped(attempt.response_id), escape(failure_sentence(attempt.failure)),
           _failure(attempt.failure), escape(usage_text(attempt.usage) or "-")]
          for attempt in status.attempts),
         empty=_no_timeline(view),
@@ -453,14 +426,30 @@ def operation_page(
         content = ("<h2>Content (--show-content, your account)</h2><h3>Frozen request</h3>"
                    f"<pre>{escape(request or '(removed)')}</pre><h3>Saved completion</h3>"
                    f"{fenced}<pre>{escape(completion or '(none)')}</pre>")
+    chain = lineage_html(view.chain) if view.chain is not None else ""
     body = (
-        f"<h1>Operation {_clipped(op_id)}</h1>{notes}"
+        f"<h1>Operation {clipped(op_id)}</h1>{notes}"
         f'<div class="actions">{buttons}</div>'
-        f'<div class="grid"><div class="box"><h2>Status</h2>{dimensions}</div>'
-        f'<div class="box"><h2>Job and lineage</h2>{lineage}</div></div>'
-        f"<h2>Attempt timeline</h2>{timeline}{content}"
+        + explanation_html(view.explanation, status.last_failure, status.state)
+        + f'<div class="grid"><div class="box"><h2>Status</h2>{dimensions}</div>'
+        f'<div class="box"><h2>Job and lineage</h2>{chain}{lineage}</div></div>'
+        # Its many columns scroll inside their box: a long row never widens the page.
+        f'<h2>Attempt timeline</h2><div class="box" id="timeline">{timeline}</div>{content}'
     )
     return layout(f"Operation {op_id}", body, nonce=nonce, context=context, script=_CONFIRM_JS)
+
+
+def _orphaned(view: OperationView) -> str:
+    """The flag of an operation whose lease names an owner whose process is gone."""
+    if view.orphaned_by is None:
+        return ""
+    return ('<br><span class="bad" id="op-orphaned">orphaned: its lease names the owner '
+            f"{short_id(view.orphaned_by)}, whose process is gone; <code>recoverable sweep "
+            "--store STORE</code> closes it</span>")
+
+
+def _linked(operation_id: str | None) -> str:
+    return "-" if operation_id is None else operation_link(operation_id)
 
 
 def _no_timeline(view: OperationView) -> str:
