@@ -47,7 +47,7 @@ import _common
 import store_scale
 
 import recoverable
-from recoverable.cli.dashboard_data import build_summary
+from recoverable.dashboard.data import build_summary
 
 GiB = 2**30
 

@@ -127,7 +127,7 @@ def _layer(module: str) -> int:
         return STORAGE_TRANSPORT
     if second == "actors":
         return ACTORS
-    if second == "cli":
+    if second in {"cli", "dashboard"}:
         return CLI
     assert second in TOP_LEVEL, f"place recoverable.{second} in a layer in tests/test_layers.py"
     return TOP_LEVEL[second]
@@ -297,3 +297,26 @@ def test_no_one_letter_names_in_the_library() -> None:
         if (module, owner, name) not in PUBLIC_ONE_LETTER
     )
     assert offenders == []
+
+
+def test_only_the_dashboard_s_server_app_and_security_import_its_web_dependencies() -> None:
+    """The dashboard is its own subpackage (``recoverable.dashboard``); its web
+    dependencies (the ``dashboard`` extra) are imported by its server, app and security
+    modules only, so the CLI's bulk actions, which share its data and actions modules,
+    never need them (``tests/cli/test_dashboard_extra.py`` runs them without it)."""
+    web = {"starlette", "hypercorn"}
+    allowed = {f"recoverable.dashboard.{name}" for name in ("server", "app", "security")}
+    dashboard = [module for module in MODULES if module.startswith("recoverable.dashboard.")]
+    assert allowed <= set(dashboard)
+    offenders = [
+        f"{module}:{line} imports {name}"
+        for module in dashboard if module not in allowed
+        for name, line in _imports(module) if name.split(".")[0] in web
+    ]
+    assert offenders == []
+    outside = [
+        f"{module}:{line} imports {name}"
+        for module in MODULES if not module.startswith("recoverable.dashboard")
+        for name, line in _imports(module) if name.split(".")[0] in web
+    ]
+    assert outside == []

@@ -19,8 +19,8 @@ from urllib.parse import quote
 import pytest
 
 import recoverable
-from recoverable.cli.dashboard_fleet import PACE_WINDOW, measure_pace
-from recoverable.cli.dashboard_glossary import AVAILABILITY_TERMS, TERMS
+from recoverable.dashboard.fleet import PACE_WINDOW, measure_pace
+from recoverable.dashboard.glossary import AVAILABILITY_TERMS, TERMS
 from recoverable.failure_errors import ended_error
 from recoverable.failure_text import describe_interruption
 from recoverable.records import AttemptRecord, RetryReservation

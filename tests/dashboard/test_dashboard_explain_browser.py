@@ -14,7 +14,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
 
-from recoverable.cli.dashboard_glossary import AVAILABILITY_TERMS, TERMS
+from recoverable.dashboard.glossary import AVAILABILITY_TERMS, TERMS
 from recoverable.failure_errors import ended_error
 
 from .explain_store import fill_explained

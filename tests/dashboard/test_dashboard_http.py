@@ -205,7 +205,7 @@ def test_the_overview_updates_by_short_polls_with_no_cap(readonly: dict[str, Any
 
 
 COOLDOWN = 3.0  # seconds: a saved cooldown that ends while the dashboard is idle
-IDLE_REFRESH = 15.0  # the dashboard's rebuild without any commit (cli/dashboard_app.py)
+IDLE_REFRESH = 15.0  # the dashboard's rebuild without any commit (dashboard/app.py)
 
 
 def test_a_cooldown_that_ends_leaves_the_overview_without_a_commit(tmp_path: Path) -> None:
@@ -489,7 +489,7 @@ def test_the_dashboard_knows_every_state() -> None:
     as issue 16's ``superseded``, must not vanish from the overview)."""
     from typing import get_args
 
-    from recoverable.cli.dashboard_data import STATES
+    from recoverable.dashboard.data import STATES
     from recoverable.types import State
 
     assert sorted(STATES) == sorted(get_args(State))

@@ -1,7 +1,7 @@
 """Acting on many operations: one function for the dashboard and the command line.
 
 filter (or a list of ids) -> selection -> for each operation, the per-operation rule
-(``dashboard_actions.refusals``) and the per-operation action (``dashboard_actions.
+(``dashboard.actions.refusals``) and the per-operation action (``dashboard.actions.
 perform``: the library call the CLI makes) -> a summary: how many were done, how many
 were refused and why.
 
@@ -28,8 +28,9 @@ import attrs
 
 from recoverable import errors
 from recoverable.actors.runtime import Runtime
-from recoverable.cli.dashboard_actions import ActionRefused, perform, refusals
-from recoverable.cli.dashboard_data import (
+from recoverable.cli.selection import Filter, Sort, select
+from recoverable.dashboard.actions import ActionRefused, perform, refusals
+from recoverable.dashboard.data import (
     DashboardStore,
     OperationView,
     Summary,
@@ -37,7 +38,6 @@ from recoverable.cli.dashboard_data import (
     marker_view,
     operation_view,
 )
-from recoverable.cli.selection import Filter, Sort, select
 from recoverable.machine import derive_status
 from recoverable.records import OperationRecord
 from recoverable.storage.keys import operation_key

@@ -28,12 +28,12 @@ from recoverable.cli.bulk import (
     preview,
     selection_of,
 )
-from recoverable.cli.dashboard_actions import ACTION_ID
-from recoverable.cli.dashboard_data import build_summary
 from recoverable.cli.exits import EXIT_OK, UsageError
 from recoverable.cli.formatting import safe_text
 from recoverable.cli.ops import open_store, resolve_account
 from recoverable.cli.selection import Filter, parse_filter_text
+from recoverable.dashboard.actions import ACTION_ID
+from recoverable.dashboard.data import build_summary
 from recoverable.storage.store import RecoveryStore
 from recoverable.telemetry import TelemetryEvent
 

@@ -51,7 +51,7 @@ _DASHBOARD_DEPENDENCIES = frozenset({"starlette", "hypercorn"})
 def _dashboard(args: argparse.Namespace, out: IO[str]) -> int:
     """``recoverable dashboard``; without its extra, one line saying how to install it."""
     try:
-        from recoverable.cli.dashboard import run_dashboard
+        from recoverable.dashboard.server import run_dashboard
     except ImportError as exc:
         missing = (exc.name or "").partition(".")[0]
         if missing not in _DASHBOARD_DEPENDENCIES:

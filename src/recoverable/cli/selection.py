@@ -29,7 +29,7 @@ from typing import Final, Literal
 import attrs
 
 from recoverable import errors
-from recoverable.cli.dashboard_data import (
+from recoverable.dashboard.data import (
     MAX_PAGE,
     STATES,
     Row,

@@ -29,14 +29,14 @@ import attrs
 
 from recoverable import errors
 from recoverable.actors import queue as submitted
-from recoverable.cli.dashboard_explain import (
+from recoverable.dashboard.explain import (
     Chain,
     Explanation,
     explain,
     lineage_chain,
     updated_at,
 )
-from recoverable.cli.dashboard_fleet import (
+from recoverable.dashboard.fleet import (
     Owner,
     Pace,
     Worker,
@@ -466,7 +466,7 @@ class OperationView:
     paused_until: float | None
     content: tuple[str | None, str | None] | None  # (request, completion) with --show-content
     # The failure in words and what to do (a failed operation), and the lineage as read
-    # from the store (``cli/dashboard_explain.py``).
+    # from the store (``dashboard/explain.py``).
     explanation: Explanation | None = None
     chain: Chain | None = None
     # The owner named by its lease when that owner's process is gone (orphaned: what

@@ -13,17 +13,17 @@ from html import escape
 from typing import Final
 from urllib.parse import quote, urlencode
 
-from recoverable.cli.dashboard_data import STATES, OperationView, Summary
-from recoverable.cli.dashboard_explain import (
+from recoverable.dashboard.data import STATES, OperationView, Summary
+from recoverable.dashboard.explain import (
     attempt_timing,
     explanation_html,
     failure_sentence,
     lineage_html,
     time_rows,
 )
-from recoverable.cli.dashboard_fleet import fleet_html
-from recoverable.cli.dashboard_glossary import availability_label, glossary_popover
-from recoverable.cli.dashboard_html import (
+from recoverable.dashboard.fleet import fleet_html
+from recoverable.dashboard.glossary import availability_label, glossary_popover
+from recoverable.dashboard.html import (
     clipped,
     clock,
     full_time,

@@ -19,7 +19,7 @@ from urllib.parse import urlencode
 
 import attrs
 
-from recoverable.cli.dashboard_html import clock, short_id, table
+from recoverable.dashboard.html import clock, short_id, table
 from recoverable.records import LeaseRecord
 from recoverable.storage.base import Store
 from recoverable.storage.queue import SERVED_GRACE, decode_served, served_key

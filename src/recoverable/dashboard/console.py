@@ -11,11 +11,11 @@ from typing import Final, get_args
 from urllib.parse import urlencode
 
 from recoverable.cli.bulk import BULK_ACTIONS, BulkOptions, BulkPreview, BulkResult
-from recoverable.cli.dashboard_data import STATES
-from recoverable.cli.dashboard_glossary import availability_label
-from recoverable.cli.dashboard_html import clipped, full_time, operation_link, table
-from recoverable.cli.dashboard_pages import layout
 from recoverable.cli.selection import SORTS, FilteredPage
+from recoverable.dashboard.data import STATES
+from recoverable.dashboard.glossary import availability_label
+from recoverable.dashboard.html import clipped, full_time, operation_link, table
+from recoverable.dashboard.pages import layout
 from recoverable.types import Availability
 
 __all__ = ["bulk_preview_page", "bulk_result_page", "list_url", "operations_page"]

@@ -18,7 +18,7 @@ from typing import Final
 import attrs
 
 from recoverable import errors
-from recoverable.cli.dashboard_html import full_time, operation_link
+from recoverable.dashboard.html import full_time, operation_link
 from recoverable.failure_errors import ended_error
 from recoverable.failure_text import describe_interruption
 from recoverable.outcome import Interruption

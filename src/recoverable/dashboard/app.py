@@ -12,7 +12,7 @@
 
 Bad input is a 400 with a typed code (``invalid_request``), an unknown operation a 404
 (``state_unavailable``), a refused action a 403 or 409 with its code. Access control is
-``dashboard_security.Guard`` around this app.
+``dashboard.security.Guard`` around this app.
 """
 
 from __future__ import annotations
@@ -39,8 +39,6 @@ from starlette.routing import Route
 
 from recoverable import errors
 from recoverable.actors.runtime import Runtime
-from recoverable.cli import dashboard_console as console
-from recoverable.cli import dashboard_pages as pages
 from recoverable.cli.bulk import (
     BULK_ACTIONS,
     BulkAction,
@@ -50,20 +48,6 @@ from recoverable.cli.bulk import (
     act_on_many,
 )
 from recoverable.cli.bulk import preview as bulk_preview
-from recoverable.cli.dashboard_actions import (
-    ActionRefused,
-    binding_refusal_text,
-    buttons,
-    new_action_id,
-    perform,
-)
-from recoverable.cli.dashboard_data import (
-    DEFAULT_PAGE,
-    DashboardStore,
-    Summary,
-    build_summary,
-    operation_view,
-)
 from recoverable.cli.selection import (
     FILTER_KEYS,
     SelectionCache,
@@ -71,6 +55,22 @@ from recoverable.cli.selection import (
     parse_filter,
     parse_filter_text,
     parse_sort,
+)
+from recoverable.dashboard import console as console
+from recoverable.dashboard import pages as pages
+from recoverable.dashboard.actions import (
+    ActionRefused,
+    binding_refusal_text,
+    buttons,
+    new_action_id,
+    perform,
+)
+from recoverable.dashboard.data import (
+    DEFAULT_PAGE,
+    DashboardStore,
+    Summary,
+    build_summary,
+    operation_view,
 )
 from recoverable.preconditions import MAX_ATTEMPTS
 from recoverable.pricing import PriceTable

@@ -28,9 +28,9 @@ from typing import Final
 
 from recoverable import errors
 from recoverable.actors.runtime import Runtime, open_runtime
-from recoverable.cli.dashboard_data import OperationView
-from recoverable.cli.dashboard_pages import ActionButton
 from recoverable.cli.ops import NoGeneration
+from recoverable.dashboard.data import OperationView
+from recoverable.dashboard.pages import ActionButton
 from recoverable.preconditions import MAX_ATTEMPTS
 from recoverable.status import SETTLED_STATES
 from recoverable.telemetry import TelemetrySink

@@ -32,10 +32,10 @@ from hypercorn.trio import serve
 
 from recoverable import errors
 from recoverable.actors.runtime import open_runtime
-from recoverable.cli.dashboard_app import Dashboard
-from recoverable.cli.dashboard_security import Guard, Sessions
 from recoverable.cli.exits import EXIT_OK, UsageError
 from recoverable.cli.ops import resolve_account
+from recoverable.dashboard.app import Dashboard
+from recoverable.dashboard.security import Guard, Sessions
 from recoverable.pricing import PriceTable, load_prices
 from recoverable.storage.redact import url_host
 from recoverable.storage.store import RecoveryStore, url_scheme
