@@ -304,7 +304,8 @@ class LeaseKeeper:
         lost ones.
 
         Returns False when a write failed (the chunks before it were renewed, the rest
-        not; a lease past its margin was stopped if a stream runs under it or it expired).
+        not; a lease past its margin had its stream cut, and its execution stopped if it
+        expired: :meth:`_past_margin`).
         """
         self._renewing_since = trio.current_time()
         try:
