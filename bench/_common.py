@@ -24,7 +24,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 PROVIDER_CODE = (
-    "import sys; from recoverable.transport.fixture import fixture_main;"
+    "import sys; from recoverable.fixture.provider import fixture_main;"
     " sys.exit(fixture_main(sys.argv[1:]))"
 )
 

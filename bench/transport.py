@@ -50,7 +50,7 @@ BODY = msgspec.json.encode(
 
 async def start_provider() -> tuple[trio.Process, str]:
     proc = await trio.lowlevel.open_process(
-        [sys.executable, "-c", "import sys; from recoverable.transport.fixture import "
+        [sys.executable, "-c", "import sys; from recoverable.fixture.provider import "
          "fixture_main; sys.exit(fixture_main(sys.argv[1:]))", "--port", "0"],
         stdout=-1,
     )

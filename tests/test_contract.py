@@ -25,7 +25,7 @@ from recoverable.contract import (
     contract_for,
 )
 from recoverable.errors import InvalidRequest
-from recoverable.transport.fixture_replies import CannotSynthesize
+from recoverable.fixture.replies import CannotSynthesize
 from recoverable.types import JsonSchema
 from tests.fuzz.strict_schemas import check_accepted, strict_property_schemas, strict_schemas
 

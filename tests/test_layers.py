@@ -123,7 +123,7 @@ def _layer(module: str) -> int:
     if module == "recoverable":
         return FACADE
     second = parts[1]
-    if second in {"storage", "transport"}:
+    if second in {"storage", "transport", "fixture"}:
         return STORAGE_TRANSPORT
     if second == "actors":
         return ACTORS
@@ -257,7 +257,7 @@ def test_the_facade_still_gathers_the_public_names() -> None:
 
 # One-letter names that are part of a public signature (a user may pass them as a keyword):
 # renaming them would break callers, so they stay. (module, function, parameter)
-PUBLIC_ONE_LETTER = frozenset({("recoverable.transport.fixture_state", "wait_for_requests", "n")})
+PUBLIC_ONE_LETTER = frozenset({("recoverable.fixture.state", "wait_for_requests", "n")})
 
 
 def _one_letter_bindings(module: str) -> Iterator[tuple[int, str, str]]:
@@ -320,3 +320,19 @@ def test_only_the_dashboard_s_server_app_and_security_import_its_web_dependencie
         for name, line in _imports(module) if name.split(".")[0] in web
     ]
     assert outside == []
+
+
+def test_the_real_transports_never_import_the_fixture_provider() -> None:
+    """The fixture provider (a test double of the provider) lives in its own room,
+    ``recoverable.fixture``; the real transports and the actors never import it (the
+    CLI's ``--endpoint fixture``, the one-call client and ``recoverable.testing`` do)."""
+    fixture = [module for module in MODULES if module.startswith("recoverable.fixture.")]
+    assert "recoverable.fixture.provider" in fixture
+    users = [
+        f"{module} imports {name}"
+        for module in MODULES
+        if module.startswith(("recoverable.transport", "recoverable.actors",
+                              "recoverable.storage"))
+        for name, _ in _internal_edges(module) if name.startswith("recoverable.fixture")
+    ]
+    assert users == []

@@ -19,14 +19,14 @@ from recoverable import Completed, Interruption
 from recoverable.cli import jobs as cli_jobs
 from recoverable.contract import _clear_caches, contract_for
 from recoverable.errors import InvalidRequest
-from recoverable.schema_graph import SchemaGraph
-from recoverable.testing import FixtureProvider, Reply, synthesize_value
-from recoverable.transport.fixture_replies import (
+from recoverable.fixture.replies import (
     MAX_SYNTH_DEPTH,
     MAX_SYNTH_VALUES,
     CannotSynthesize,
     events_for,
 )
+from recoverable.schema_graph import SchemaGraph
+from recoverable.testing import FixtureProvider, Reply, synthesize_value
 from recoverable.types import JsonSchema
 from tests.cli.cli_helpers import job_line, read_results, run_cli, write_jobs
 

@@ -56,7 +56,7 @@ from recoverable.transport.base import StaticCredentials
 from recoverable.types import AccountBinding, Attempt, Handle, RetryPolicy, StructuredRequest
 
 if TYPE_CHECKING:
-    from recoverable.transport.fixture import FixtureProvider
+    from recoverable.fixture.provider import FixtureProvider
 
 __all__ = ["DEFAULT_SCOPE", "FIXTURE_ENDPOINT", "Client", "MapResult", "open_client"]
 
@@ -500,7 +500,7 @@ async def open_client(
     async with contextlib.AsyncExitStack() as stack:
         fixture: FixtureProvider | None = None
         if endpoint == FIXTURE_ENDPOINT:
-            from recoverable.transport.fixture import FixtureProvider  # only when asked
+            from recoverable.fixture.provider import FixtureProvider  # only when asked
 
             fixture = await stack.enter_async_context(FixtureProvider.serve())
             url, key = fixture.http_url, _FIXTURE_KEY

@@ -11,7 +11,8 @@ generation request as a ``RecordedRequest``::
 
 from __future__ import annotations
 
-from recoverable.transport.fixture import (
+from recoverable.fixture.background import StoredResponse
+from recoverable.fixture.provider import (
     FaultSpec,
     FixtureProvider,
     RecordedRequest,
@@ -20,8 +21,7 @@ from recoverable.transport.fixture import (
     ResumeFault,
     fixture_main,
 )
-from recoverable.transport.fixture_background import StoredResponse
-from recoverable.transport.fixture_replies import synthesize_value
+from recoverable.fixture.replies import synthesize_value
 
 __all__ = [
     "FaultSpec",

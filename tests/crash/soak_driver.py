@@ -277,7 +277,7 @@ class ProviderProcess:
     def __init__(self, faults: str) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-c",
-             "import sys; from recoverable.transport.fixture import fixture_main;"
+             "import sys; from recoverable.fixture.provider import fixture_main;"
              " sys.exit(fixture_main(sys.argv[1:]))", "--port", "0", "--faults", faults],
             stdout=subprocess.PIPE, text=True,
         )

@@ -32,7 +32,7 @@ def _provider(*flags: str) -> Iterator[dict[str, Any]]:
     # 100 deltas, 10 ms apart: a generation of about a second, killed early in it.
     proc = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys; from recoverable.transport.fixture import fixture_main;"
+         "import sys; from recoverable.fixture.provider import fixture_main;"
          " sys.exit(fixture_main(sys.argv[1:]))", "--port", "0",
          "--deltas", "100:100", "--event-delay", "0.01", *flags],
         stdout=subprocess.PIPE, text=True,

@@ -46,7 +46,7 @@ class Answer(msgspec.Struct, frozen=True):
 def provider_process() -> Iterator[dict[str, Any]]:
     proc = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys; from recoverable.transport.fixture import fixture_main;"
+         "import sys; from recoverable.fixture.provider import fixture_main;"
          " sys.exit(fixture_main(sys.argv[1:]))", "--port", "0"],
         stdout=subprocess.PIPE, text=True,
     )

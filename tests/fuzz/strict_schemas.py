@@ -27,10 +27,10 @@ from hypothesis import strategies as st
 
 import recoverable
 from recoverable.contract import OutputInvalid, ResponseContract, _clear_caches, contract_for
+from recoverable.fixture.replies import events_for
 from recoverable.outcome import Completed
 from recoverable.testing import Reply, synthesize_value
 from recoverable.transport.events import ResponseStream
-from recoverable.transport.fixture_replies import events_for
 
 NAMES = st.sampled_from(["a", "b", "label", "score", "items", "x y", "ü", "$ref", "type", "n"])
 _STRING_FORMATS = ["date-time", "date", "email", "uuid", "uri"]

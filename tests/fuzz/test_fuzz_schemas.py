@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 import recoverable
 from recoverable.cli import jobs as cli_jobs
 from recoverable.contract import OutputInvalid, contract_for
-from recoverable.transport.fixture_replies import CannotSynthesize
+from recoverable.fixture.replies import CannotSynthesize
 
 from .strict_schemas import check_accepted, strict_schemas
 

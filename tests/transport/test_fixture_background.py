@@ -411,7 +411,7 @@ async def test_other_connection_faults_on_a_background_post(
 async def test_at_most_so_many_stored_the_oldest_forgotten(
     client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from recoverable.transport import fixture_background
+    from recoverable.fixture import background as fixture_background
 
     monkeypatch.setattr(fixture_background, "MAX_STORED_RESPONSES", 2)
     async with FixtureProvider.serve() as provider:

@@ -25,7 +25,7 @@ __all__ = ["client"]  # the fixture, imported for its tests
 
 
 # -- the provider as its own process: the knobs and the control endpoints ------------------
-PROVIDER = [sys.executable, "-c", "import sys; from recoverable.transport.fixture import "
+PROVIDER = [sys.executable, "-c", "import sys; from recoverable.fixture.provider import "
             "fixture_main; sys.exit(fixture_main(sys.argv[1:]))"]
 
 
@@ -128,8 +128,8 @@ def test_events_of_background_kinds_match_the_sdk_models_strictly() -> None:
     import pydantic
     from openai.types.responses import Response, ResponseStreamEvent
 
-    from recoverable.transport.fixture_background import StoredResponse
-    from recoverable.transport.fixture_replies import events_for
+    from recoverable.fixture.background import StoredResponse
+    from recoverable.fixture.replies import events_for
 
     events_adapter: pydantic.TypeAdapter[object] = pydantic.TypeAdapter(ResponseStreamEvent)
     response_adapter: pydantic.TypeAdapter[object] = pydantic.TypeAdapter(Response)

@@ -26,10 +26,10 @@ from transport_helpers import make_body
 
 import recoverable
 from recoverable.errors import InvalidRequest
+from recoverable.fixture.replies import http_rejection
 from recoverable.outcome import Completed, Interruption
 from recoverable.testing import FixtureProvider, Reply
 from recoverable.transport.events import ResponseStream
-from recoverable.transport.fixture_replies import http_rejection
 from recoverable.transport.ratelimit import RETRY_AFTER_HEADERS, parse_retry_after
 
 ACCOUNT = recoverable.AccountBinding("acct-proxy", "api-key")

@@ -13,13 +13,13 @@ import wsproto.events as wse
 from wsproto import ConnectionType
 
 from recoverable.errors import InvalidRequest
+from recoverable.fixture.replies import Reply, events_for, synthesize_value
+from recoverable.fixture.state import MAX_DELTAS, ProviderState
+from recoverable.fixture.synth import synthesize_text
+from recoverable.fixture.ws import text_frame
 from recoverable.outcome import Completed
 from recoverable.testing import FixtureProvider
 from recoverable.transport import ResponsesBackend, StaticCredentials
-from recoverable.transport.fixture_replies import Reply, events_for, synthesize_value
-from recoverable.transport.fixture_state import MAX_DELTAS, ProviderState
-from recoverable.transport.fixture_synth import synthesize_text
-from recoverable.transport.fixture_ws import text_frame
 from recoverable.transport.idle import IdleTimer
 
 

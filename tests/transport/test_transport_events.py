@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from recoverable.errors import InvalidRequest
+from recoverable.fixture.replies import events_for
 from recoverable.testing import FaultSpec, Reply, synthesize_value
 from recoverable.transport import (
     Completed,
@@ -23,7 +24,6 @@ from recoverable.transport import (
 )
 from recoverable.transport.base import normalize_base_url, parse_error_body, parse_retry_after
 from recoverable.transport.events import FrameTooLarge, ResponseStream, SseDecoder, SseFrame
-from recoverable.transport.fixture_replies import events_for
 from recoverable.types import AccountBinding
 
 # -- SSE decoding -----------------------------------------------------------------

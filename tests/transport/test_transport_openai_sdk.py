@@ -55,7 +55,7 @@ def test_every_reply_kind_matches_the_sdk_event_models_strictly() -> None:
     from openai.types.responses import ResponseStreamEvent
     from transport_helpers import make_body
 
-    from recoverable.transport.fixture_replies import events_for
+    from recoverable.fixture.replies import events_for
 
     adapter: pydantic.TypeAdapter[object] = pydantic.TypeAdapter(ResponseStreamEvent)
     request = json.loads(make_body())

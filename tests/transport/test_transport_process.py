@@ -13,7 +13,7 @@ import pytest
 import trio
 
 HERE = Path(__file__).parent
-PROVIDER = [sys.executable, "-c", "import sys; from recoverable.transport.fixture import "
+PROVIDER = [sys.executable, "-c", "import sys; from recoverable.fixture.provider import "
             "fixture_main; sys.exit(fixture_main(sys.argv[1:]))"]
 DEADLINE = 30.0
 

@@ -8,6 +8,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from recoverable.fixture.replies import events_for
 from recoverable.outcome import (
     MAX_USAGE_TOKENS,
     Completed,
@@ -18,7 +19,6 @@ from recoverable.outcome import (
 )
 from recoverable.testing import Reply
 from recoverable.transport.events import ResponseStream
-from recoverable.transport.fixture_replies import events_for
 
 GOOD = {
     "input_tokens": 120,

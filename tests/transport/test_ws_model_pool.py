@@ -16,10 +16,10 @@ from transport_helpers import make_body
 from trio_websocket import WebSocketConnection, open_websocket_url
 
 import recoverable
+from recoverable.fixture.provider import _parser
 from recoverable.testing import FixtureProvider
 from recoverable.transport import Completed, Interruption, ResponsesBackend, StaticCredentials
 from recoverable.transport.events import response_stream
-from recoverable.transport.fixture import _parser
 from recoverable.transport.websocket import body_model
 
 ACCOUNT = recoverable.AccountBinding("acct-1", "api-key")

@@ -16,10 +16,10 @@ from recoverable.cli.config import DEFAULT_RETRY_PROVIDER_CODES, MINIMUM_RPS
 from recoverable.cli.exits import UsageError
 from recoverable.cli.jobs import id_problem
 from recoverable.cli.paging import DEFAULT_LIMIT, MAX_LIMIT
+from recoverable.fixture.provider import FaultSpec
 from recoverable.outcome import bounded_code
 from recoverable.preconditions import MAX_ATTEMPTS, MAX_COST_TOTAL
 from recoverable.transport.connect import UNREACHABLE_AFTER
-from recoverable.transport.fixture import FaultSpec
 from recoverable.transport.modes import DEFAULT_MODE, MODES
 
 __all__ = [

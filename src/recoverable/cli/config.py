@@ -7,9 +7,9 @@ from typing import Final, Literal
 import attrs
 
 from recoverable.actors.governor import DEFAULT_BURST_SECONDS
+from recoverable.fixture.provider import FaultSpec
 from recoverable.pricing import PriceTable
 from recoverable.transport.connect import UNREACHABLE_AFTER
-from recoverable.transport.fixture import FaultSpec
 from recoverable.transport.modes import DEFAULT_MODE, Mode
 
 __all__ = ["DEFAULT_RETRY_PROVIDER_CODES", "MAXIMUM_RETRY_AFTER", "MINIMUM_RPS", "BatchConfig"]

@@ -23,10 +23,10 @@ from recoverable.cli.settings import run_config
 from recoverable.cli.source import run_source
 from recoverable.cli.sweep import run_sweep
 from recoverable.cli.worker import main as worker_main
+from recoverable.fixture.provider import fixture_main
 from recoverable.pricing import load_prices
 from recoverable.storage.redact import scrub
 from recoverable.transport.backend import check_base_url
-from recoverable.transport.fixture import fixture_main
 
 __all__ = ["main"]
 

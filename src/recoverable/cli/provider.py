@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator
 from typing import Final
 
 from recoverable.cli.config import BatchConfig
+from recoverable.fixture.provider import FixtureProvider
 from recoverable.transport.backend import ResponsesBackend
 from recoverable.transport.base import StaticCredentials, StreamLimits
-from recoverable.transport.fixture import FixtureProvider
 from recoverable.types import AccountBinding
 
 __all__ = ["FIXTURE_ACCOUNT", "FIXTURE_NOTICE", "batch_account", "open_backend"]

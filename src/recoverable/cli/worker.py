@@ -54,11 +54,11 @@ from recoverable.cli.exits import (
 )
 from recoverable.cli.gc_tuning import tuned_collector
 from recoverable.cli.provider import FIXTURE_ACCOUNT, FIXTURE_KEY
+from recoverable.fixture.provider import FixtureProvider
 from recoverable.storage.redact import brief, scrub
 from recoverable.storage.store import RecoveryStore
 from recoverable.transport.backend import ResponsesBackend, check_base_url
 from recoverable.transport.base import StaticCredentials, StreamLimits, validate_api_key
-from recoverable.transport.fixture import FixtureProvider
 from recoverable.transport.modes import DEFAULT_MODE, Mode
 from recoverable.types import AccountBinding, Attempt
 
