@@ -219,7 +219,9 @@ def test_a_running_batch_shows_its_pace(tmp_path: Path) -> None:
                 return page if _plain(_element(page, "pace-eta")) != "-" else None
 
             page = wait_for(measured, "a measured pace", timeout=60)
-            assert 0.5 < float(_plain(_element(page, "pace-rate"))) < 20
+            # Measured and positive; at most the throttle's 4 POSTs a second with its
+            # burst (a loaded machine measured 0.16 jobs/s: no lower bound on speed).
+            assert 0.0 < float(_plain(_element(page, "pace-rate"))) < 20
             assert _plain(_element(page, "pace-errors")) == "0.0 %"
             assert re.fullmatch(r"\d+ s|\d+ min", _plain(_element(page, "pace-eta")))
             assert int(_plain(_element(page, "pace-remaining"))) > 0
