@@ -43,7 +43,9 @@ JOBS = 3
 
 def _records(store: Path) -> list[OperationRecord]:
     """The store's operation records, read in this process (also while a batch runs)."""
-    if not store.exists():
+    if not store.exists() or not (store / "data.mdb").exists():
+        # The batch is creating the store: LMDB makes lock.mdb before data.mdb, and a store
+        # with only a lock file is refused as damaged (CI: a poll landed in between).
         return []
     with recoverable.RecoveryStore.open(str(store)) as opened:
         records, unreadable = opened.inventory()
