@@ -36,16 +36,30 @@ def burn(seconds: float) -> None:
         pass
 
 
+class RoundClock:
+    """A round clock that only the herd advances: each released task adds what it costs,
+    so the scheduler's measure of a round does not depend on how loaded the machine is."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 async def release_herd(
-    size: int, cost: float, precise_at: float | None = None
+    size: int, cost: float, precise_at: float | None = None, *, counted: bool = False
 ) -> tuple[list[int], list[tuple[int, int]]]:
-    """``size`` tasks share one wait 0.1 s from now, each costing ``cost`` s of CPU once
-    released; one precise wake ``precise_at`` s after it, if given. Returns the round in
-    which each released task ran, and (its round, how many were released before it) for
-    the precise one."""
+    """``size`` tasks share one wait 0.1 s from now, each costing ``cost`` s once
+    released: CPU time burnt, or (``counted``) seconds added to a round clock of the
+    test's own. One precise wake ``precise_at`` s after it, if given. Returns the round
+    in which each released task ran, and (its round, how many were released before it)
+    for the precise one."""
     rounds = Rounds()
     trio.lowlevel.add_instrument(rounds)
-    scheduler = Scheduler(time.time)
+    round_clock = RoundClock()
+    scheduler = (Scheduler(time.time, round_clock=round_clock) if counted
+                 else Scheduler(time.time))
     released: list[int] = []
     precise: list[tuple[int, int]] = []
     try:
@@ -57,7 +71,10 @@ async def release_herd(
                 await scheduler.wait_released(at)
                 assert time.time() >= at
                 released.append(rounds.count)
-                burn(cost)
+                if counted:
+                    round_clock.now += cost
+                else:
+                    burn(cost)
 
             async def due_meanwhile(offset: float) -> None:
                 await scheduler.wait_until(at + offset)
@@ -88,9 +105,23 @@ async def test_a_shared_wait_is_released_a_quota_per_round_and_a_precise_wake_go
     assert released_before < HERD - 50  # not behind the whole herd
 
 
+def round_sizes(released: list[int]) -> list[int]:
+    """How many tasks each round ran, in the order of the rounds."""
+    per_round = collections.Counter(released)
+    return [per_round[number] for number in sorted(per_round)]
+
+
 async def test_cheap_shared_waits_are_released_in_few_rounds() -> None:
-    """A quota that grows while rounds stay short: a herd that costs nothing is not
+    """A quota that doubles while rounds stay short: a herd that costs nothing is not
     slowed to a trickle."""
-    released, _ = await release_herd(1000, 0.0)
+    released, _ = await release_herd(1000, 0.0, counted=True)
     assert len(released) == 1000
-    assert len(collections.Counter(released)) <= 12  # 16, 32, 64, ... 256 a round
+    assert round_sizes(released) == [16, 32, 64, 128, 256, 256, 248]
+
+
+async def test_a_costly_round_halves_the_quota_and_a_short_one_doubles_it() -> None:
+    # 1.5 ms a task against a 4 ms target: 16, 8 and 4 tasks (24, 12, 6 ms) each halve
+    # the quota; 2 tasks (3 ms) are under the target and double it.
+    released, _ = await release_herd(40, 0.0015, counted=True)
+    assert round_sizes(released)[:6] == [16, 8, 4, 2, 4, 2]
+    assert sum(round_sizes(released)) == 40
