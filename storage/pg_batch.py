@@ -3,26 +3,28 @@
 Every statement of the writer is a round trip (and, on a busy host, a wait for the GIL
 after it), so the writer avoids the ones it can prove it does not need:
 
-- **Row cache.** The rows as this process last committed or read them under the writers'
-  lock. Every batch of every process increments the ``commits`` counter in ``meta`` and
-  logs the keys it wrote in ``recoverable_changes`` (the last :data:`CHANGES_KEPT`
-  commits); right after taking the writers' lock the writer reads the counter and the
-  log since its own last commit, and evicts exactly the rows others changed (a gap in
-  the log, or a batch too large to log, drops the whole cache). What remains is the
-  database's state, and reads are served from it. An unknown commit outcome or any
-  failure drops the cache too, and it is bounded (:data:`CACHE_ROWS`).
+- **Row cache.** The rows as this process last committed or read them. Every batch of
+  every process increments the ``commits`` counter in ``meta`` and logs the keys it
+  wrote in ``recoverable_changes`` (the last :data:`CHANGES_KEPT` commits); a batch's
+  first round trip reads the counter and the log since this writer's last commit, and
+  evicts exactly the rows others changed (a gap in the log, or a batch too large to log,
+  drops the whole cache); an optimistic batch's commit also evicts what others wrote
+  between its first read and it (the server's check returns those keys,
+  ``storage/pg_readset.py``). Reads are served from what remains, and the check, before
+  the batch commits, refuses any read that another commit made stale. An unknown commit
+  outcome or any failure drops the cache too, and it is bounded (:data:`CACHE_ROWS`).
 - **Rows of one operation together.** A read the cache cannot answer of a row keyed by
   an operation id (its record, command, lease, disposition, payloads, queue membership)
   fetches all of that operation's rows in one statement: a mutation reads several of them
   and each would otherwise be a round trip (absent rows are cached as absent).
 - **Rows of a whole batch together.** A write may name the operations it will read
   (``store.write(fn, touches=...)``): the batch's first round trip, pipelined behind the
-  writers' lock, fetches them all at once (:class:`Prefetch`) — every row of an operation
+  change log, fetches them all at once (:class:`Prefetch`) — every row of an operation
   not cached, the small rows (record, command, lease, disposition, queue membership) of
   one that is, since another process may have changed them — so a batch of N such writes
   costs no read round trip at all instead of N. A record about to be created brings its
   job's whole range of the job index: admission's "is this job already here?" is then
-  answered from memory (``prefix_keys``), not by flushing and scanning under the lock.
+  answered from memory (``prefix_keys``), not by flushing and scanning.
 - **Buffered writes.** A mutation's writes are kept in memory (its reads see them) and
   sent at the end of the batch, one statement per table (``unnest`` arrays). A scan
   (``cursor``, ``stat``) first sends what is buffered, so SQL sees every write.
@@ -44,8 +46,16 @@ import psycopg
 
 from recoverable.records import OperationRecord
 from recoverable.storage.base import TABLES
-from recoverable.storage.keys import PAYLOAD_KINDS, hosts_key, hosts_prefix, operation_key, u64
+from recoverable.storage.keys import (
+    META_BYTES,
+    PAYLOAD_KINDS,
+    hosts_key,
+    hosts_prefix,
+    operation_key,
+    u64,
+)
 from recoverable.storage.pg_operations import INSERT_MANY, columns_of
+from recoverable.storage.pg_readset import META_COMMITS, NeedsLock, ReadSet
 from recoverable.storage.pg_sql import SqlCursor, SqlSnapshot, prefix_end, sql_table
 from recoverable.storage.queue import MEMBER, META_QUEUE_SERIAL, ORDER
 
@@ -64,7 +74,9 @@ TABLE_INDEX: Final[dict[str, int]] = {name: index for index, name in enumerate(S
 # bytes is never tracked by the garbage collector, and a tuple per read was.
 _TAG: Final[dict[str, bytes]] = {name: bytes((index,)) for name, index in TABLE_INDEX.items()}
 _META: Final = sql_table("meta")
-_META_INDEX: Final = TABLE_INDEX[_META]  # a row id's first byte, as an int
+# The meta rows the server counts (``value + n`` in the batch's last statements): no
+# mutation depends on their exact value, so they are neither logged nor checked.
+_COUNTED: Final = frozenset({_TAG[_META] + META_BYTES, _TAG[_META] + META_COMMITS})
 _DELETED: Final = None  # a buffered delete (and, in the cache, a row known to be absent)
 _BY_OPERATION: Final = frozenset(
     sql_table(table) for table in ("operations", "commands", "leases", "dispositions")
@@ -96,12 +108,13 @@ _MANY_OPERATIONS: Final = " UNION ALL ".join(
 class Prefetch:
     """The rows a batch's hinted writes will read, fetched in its first round trip.
 
-    Built before the writers' lock from the row cache as it stands: an operation whose
+    Built before the batch's first round trip from the row cache as it stands: an operation whose
     record is not cached gets all its rows (payloads too); one that is gets its small
     rows, which another process may have changed since (the change log, read in the same
     round trip, may evict them). A record about to be created also names its hosts
     index entry. :meth:`seed` caches what came back (absent rows as absent), after the
-    change log was applied: the rows were read under the lock, so they are current."""
+    change log was applied: the rows were read after the log, so they are at least as
+    new as it (and the batch's check refuses any that changed before it commits)."""
 
     def __init__(
         self, ops: list[bytes], payloads: list[bytes], hosts: list[bytes],
@@ -166,7 +179,7 @@ class Prefetch:
 
     def job_ranges(self, fetched: list[Any]) -> dict[bytes, set[bytes]]:
         """The job index entries read for each job prefix (by ``_TAG[hosts] + prefix``):
-        the whole committed range, since it was read under the writers' lock."""
+        the whole committed range when it was read (checked when the batch commits)."""
         ranges: dict[bytes, set[bytes]] = {
             _HOSTS_TAG + prefix: set() for prefix in self.params["jobs"]
         }
@@ -236,8 +249,8 @@ class RowCache:
     def __init__(self) -> None:
         self.rows: dict[bytes, bytes | None] = {}
         self.valid_at: int | None = None  # the commits counter after our last commit
-        # The highest serial of a committed queue order row, read with the meta rows under
-        # the writers' lock (``LAST_ORDER``): until then, unknown (no order row is assumed
+        # The highest serial of a committed queue order row, read with the meta rows in a
+        # batch's first round trip (``LAST_ORDER``): until then, unknown (no order row is assumed
         # absent without a read).
         self.last_order: int = 2**64
 
@@ -246,22 +259,25 @@ class RowCache:
         self.valid_at = None
 
     def seed(self, db: str, rows: dict[bytes, bytes]) -> None:
-        """Rows read under the writers' lock (committed state): cache them."""
+        """Rows read at a batch's start (committed state): cache them."""
         tag = _TAG[db]
         for key, value in rows.items():
             self.rows[tag + key] = value
 
     def adopt(self, current: int, changes: list[tuple[int, list[bytes] | None]]) -> None:
-        """Under the writers' lock: ``current`` is the commit count now, ``changes`` the
-        rows of ``recoverable_changes`` after ours (commit, changed keys). The cache keeps
-        every row nobody else changed since our last commit; it is dropped whole when
-        that cannot be told (a gap in the log, a batch too large to log its keys)."""
+        """At a batch's start: ``current`` is the commit count read then, ``changes`` the
+        rows of ``recoverable_changes`` after ours (commit, changed keys), read by a later
+        statement (without the writers' lock it may list commits after ``current``: they
+        are forgotten too). The cache keeps every row nobody else changed since our last
+        commit; it is dropped whole when that cannot be told (a gap in the log, a batch
+        too large to log its keys)."""
         since = self.valid_at
         self.valid_at = current
-        if since == current:
+        if since == current and not changes:
             return
-        if since is None or [commit for commit, _ in changes] != list(
-            range(since + 1, current + 1)
+        commits = [commit for commit, _ in changes]
+        if since is None or len(commits) < current - since or commits != list(
+            range(since + 1, since + 1 + len(commits))
         ):
             self.rows.clear()
             return
@@ -277,7 +293,7 @@ class RowCache:
 def changed_keys(written: Iterable[bytes]) -> list[bytes] | None:
     """The rows a batch wrote (row ids), for ``recoverable_changes`` (None: too many to
     log)."""
-    entries = [rid for rid in written if rid[0] != _META_INDEX]
+    entries = [rid for rid in written if rid not in _COUNTED]
     return None if len(entries) > MAX_LOGGED_KEYS else entries
 
 
@@ -299,6 +315,9 @@ class BatchSnapshot(SqlSnapshot):
         # first (or over one statement) instead of flushing and scanning.
         self.ranges: dict[bytes, set[bytes]] = {}
         self._written_by_table: dict[bytes, set[bytes]] = {}
+        # An optimistic batch (run without the writers' lock): what it read, checked by
+        # the server before it commits (``storage/pg_readset.py``). None: under the lock.
+        self.reads: ReadSet | None = None
 
     # -- reads ------------------------------------------------------------------------
 
@@ -308,6 +327,8 @@ class BatchSnapshot(SqlSnapshot):
             return self._mutation[where]
         if where in self._batch:
             return self._batch[where]
+        if self.reads is not None and where not in _COUNTED:
+            self.reads.rows.add(where)
         rows = self._cache.rows
         if where in rows:
             return rows[where]
@@ -315,9 +336,10 @@ class BatchSnapshot(SqlSnapshot):
             key[1:], "big"
         ) > max(u64(rows.get(_TAG[_META] + META_QUEUE_SERIAL)), self._cache.last_order):
             # An order row of a serial above the committed counter and above every
-            # committed order row (both read under the writers' lock at the batch's
-            # start): not written yet. A counter rolled back below the rows in use is
-            # damage: those reads go to the table (WriteTxn.enqueue refuses the serial).
+            # committed order row (both read at the batch's start; the read of this key
+            # is checked before the batch commits): not written yet. A counter rolled
+            # back below the rows in use is damage: those reads go to the table
+            # (WriteTxn.enqueue refuses the serial).
             return None
         operation = _operation_of(db, key)
         if operation is not None and len(rows) < CACHE_ROWS:
@@ -340,6 +362,8 @@ class BatchSnapshot(SqlSnapshot):
                 rows[where] = value
 
     def cursor(self, db: str) -> SqlCursor:
+        if self.reads is not None:
+            raise NeedsLock  # a scan sends the batch's writes first: run under the lock
         self.flush()
         return super().cursor(db)
 
@@ -348,6 +372,11 @@ class BatchSnapshot(SqlSnapshot):
         read at the batch's start (or read now, one statement: it sees what this batch
         already sent), with the batch's and the mutation's buffered writes laid over."""
         tag = _TAG[db]
+        if self.reads is not None:
+            end = prefix_end(prefix)
+            self.reads.ranges.append(
+                (tag + prefix, tag + end if end is not None else bytes((tag[0] + 1,)))
+            )
         known = self.ranges.get(tag + prefix)
         keys = set(known) if known is not None else set(super().prefix_keys(prefix, db))
         for key in self._written_by_table.get(tag, ()):
@@ -367,6 +396,8 @@ class BatchSnapshot(SqlSnapshot):
         return sorted(keys)
 
     def stat(self, db: str) -> dict[str, int]:
+        if self.reads is not None:
+            raise NeedsLock
         self.flush()
         return super().stat(db)
 
@@ -442,9 +473,13 @@ class BatchSnapshot(SqlSnapshot):
         """Every row (row id) this batch wrote so far."""
         return list(self._batch)
 
-    def committed(self, commits: int) -> None:
-        """The batch committed as commit number ``commits``: the cache takes its writes."""
+    def committed(self, commits: int, changed: Iterable[bytes] = ()) -> None:
+        """The batch committed as commit number ``commits``; ``changed``: the rows the
+        commits between its first read and it wrote (an optimistic batch's check returns
+        them): the cache forgets those and takes the batch's writes."""
         rows = self._cache.rows
+        for entry in changed:
+            rows.pop(bytes(entry), None)
         if len(rows) + len(self._batch) > CACHE_ROWS:
             self._cache.clear()
             return

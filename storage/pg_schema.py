@@ -16,6 +16,8 @@ Version 3: ``recoverable_operations`` gains typed columns projected from each re
 (filled for every existing row), their indexes, and the triggers that refuse a falling
 fence or attempts count, a finished phase made live again, a changed admission column
 and a changed frozen body, whatever client writes (``storage/pg_operations.py``).
+Version 4: the function that checks an optimistic writer batch under the writers' lock
+(``storage/pg_readset.py``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from recoverable.errors import StorageUnavailable, UnsupportedRecordVersion
 from recoverable.storage.base import TABLES
 from recoverable.storage.keys import META_BYTES, META_FORMAT, META_SERIAL
 from recoverable.storage.pg_operations import step_3
+from recoverable.storage.pg_readset import META_COMMITS, step_4
 from recoverable.storage.pg_sql import describe, sql_table
 from recoverable.storage.queue import META_QUEUE_SERIAL
 
@@ -36,10 +39,11 @@ __all__ = [
     "schema_version", "upgrade",
 ]
 
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 FORMAT_VERSION: Final = 1  # the record format in meta, as in the LMDB store
-# Advisory locks of this library: (LOCK_NAMESPACE, n). n = 0: the writers' lock (one
-# write transaction at a time, fleet-wide, as LMDB has one writer); n = -1: migrations;
+# Advisory locks of this library: (LOCK_NAMESPACE, n). n = 0: the writers' lock (taken by
+# a batch's last round trip only, or by its first when it must run locked: see
+# storage/pg_readset.py); n = -1: migrations;
 # n > 0: an owner's liveness lock (held by its session for its whole life).
 LOCK_NAMESPACE: Final = 0x5245  # "RE"
 
@@ -61,7 +65,6 @@ LIVE_OWNERS: Final = (
 )
 WRITER_LOCK: Final = 0
 MIGRATION_LOCK: Final = -1
-META_COMMITS: Final = b"commits"  # moves on every committed batch (the monitor's poll)
 
 
 # The logical tables version 1 created (a later table is created by its own step, so an
@@ -120,7 +123,7 @@ def _step_2(conn: psycopg.Connection[Any]) -> None:
     )
 
 
-_STEPS: Final = {1: _step_1, 2: _step_2, 3: step_3}
+_STEPS: Final = {1: _step_1, 2: _step_2, 3: step_3, 4: step_4}
 assert set(_V1_TABLES) | {"sources"} == set(TABLES), "a new logical table needs a step"
 
 

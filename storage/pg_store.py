@@ -14,7 +14,8 @@ lock is held (PostgreSQL drops it when the owner's process or connection dies: S
 a killed backend) AND its expiry, renewed by a heartbeat thread, is after the server's
 ``now()`` (a hung owner stops renewing). The client clock never decides another owner's
 liveness. Lease rows, fences and their checks are the LMDB store's (``storage/leases.py``,
-``WriteTxn.put_operation(expect_fence=)``), made atomic by the writers' lock.
+``WriteTxn.put_operation(expect_fence=)``), made atomic by the writer's commit check
+(``storage/pg_readset.py``: a batch commits only if nothing it read changed since).
 
 Failing closed. If this owner's lock connection is lost or its heartbeat finds its row
 expired, the owner is *lost*: every later write is refused (``StorageUnavailable``) and
@@ -195,9 +196,10 @@ class PgStore(RecoveryStore):
     def _connect(self, *, autocommit: bool, role: str) -> psycopg.Connection[Any]:
         """A new connection; ``application_name`` says its role (``recoverable-writer``,
         ``-owner``, ``-read``, ``-listen``) so an operator can tell them apart."""
-        # The writer: a session stopped inside a transaction (SIGSTOP, a paused VM) would
-        # hold the fleet's writers' lock; the server ends it after a bound (its batch is
-        # rolled back and run again elsewhere or on its return).
+        # The writer: a session stopped inside a transaction (SIGSTOP, a paused VM) may
+        # hold the fleet's writers' lock (a batch running locked, or a last round trip
+        # stopped mid-send); the server ends it after a bound (its batch is rolled back
+        # and run again elsewhere or on its return).
         options = (
             f"-c idle_in_transaction_session_timeout={WRITER_IDLE_MS}" if role == "writer"
             else None

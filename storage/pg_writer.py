@@ -2,27 +2,31 @@
 
 The submission side (Trio waiters woken once per loop, ``write_sync`` for threads, the
 queue drained batch by batch, the counters) is the LMDB writer's (``storage/writer.py``):
-only how a batch commits differs. A batch is one PostgreSQL transaction:
+only how a batch commits differs. A batch is one PostgreSQL transaction, *optimistic*
+first (``storage/pg_readset.py``):
 
-1. ``pg_advisory_xact_lock(writers)``: one write transaction at a time, fleet-wide, as
-   LMDB has one writer. In the same round trip: the change log, and the rows the batch's
-   writes said they will read (``store.write(fn, touches=...)``, ``pg_batch.Prefetch``).
-   Under it each READ COMMITTED statement sees every earlier commit and nobody else
-   writes, so a mutation's reads and its conditional writes (a fenced ``put_operation``,
-   a lease taken with its fence incremented) are one atomic step, and the command and
-   queue serials commit in serial order (a poller never misses one).
-2. Every mutation runs straight in the transaction, its writes buffered in memory
-   (``pg_batch``). If one raises before any of its writes was sent (the usual case: a
-   refused precondition, a lease another owner holds), its writes are forgotten in memory
-   and the batch goes on without it: no statement, no rerun. If some were sent (a scan
-   flushed them), the run is discarded and the batch run again with each mutation in a
-   savepoint, so the failing one is rolled back alone (the LMDB writer's child
-   transactions). Under the writers' lock a rerun costs a round trip per mutation, so
-   the common failure must not cause one: with two workers racing for the same queued
-   operations, every batch had one.
-3. The ``bytes_used`` counter, the commit counter and this owner's ``txn_log`` row (a
-   fresh batch id) are written; ``NOTIFY recoverable`` when commands or the queue
-   changed; ``COMMIT``.
+1. One round trip without any lock: the ``commits`` counter and the change log (the row
+   cache, ``pg_batch``), the live owners, and the rows the batch's writes said they will
+   read (``store.write(fn, touches=...)``, ``pg_batch.Prefetch``).
+2. Every mutation runs straight in the transaction, its reads recorded, its writes
+   buffered in memory (``pg_batch``). If one raises before any of its writes was sent
+   (the usual case: a refused precondition, a lease another owner holds), its writes
+   are forgotten in memory and the batch goes on without it: no statement, no rerun.
+3. The last round trip: the writers' lock (``pg_advisory_xact_lock(writers)``), the
+   server's check that no commit since step 1 changed what the batch read, the buffered
+   writes, the ``bytes_used`` and commit counters, this owner's ``txn_log`` row (a fresh
+   batch id), ``NOTIFY recoverable`` when commands or the queue changed; ``COMMIT``. The
+   lock is held while the server runs these statements only: a writer stopped between
+   two round trips (SIGSTOP, a long pause) holds nothing the other writers need.
+
+If the check finds a conflict, or a mutation needs a scan (which would send writes
+before the lock), the batch runs again *locked*: the lock is the first statement of its
+first round trip, every statement after it sees every earlier commit and nobody else
+writes, so its reads and its conditional writes (a fenced ``put_operation``, a lease
+taken with its fence incremented) are one atomic step. If a mutation raised after some
+of its writes were sent (a scan flushed them), the batch runs again locked with each
+mutation in a savepoint, so the failing one is rolled back alone (the LMDB writer's
+child transactions).
 
 A lost connection before ``COMMIT`` rolled the transaction back: reconnect and run the
 batch again. A lost connection *during* ``COMMIT`` leaves the outcome unknown: reconnect
@@ -54,6 +58,7 @@ from recoverable.storage.pg_batch import (
     last_order_serial,
 )
 from recoverable.storage.pg_listen import CHANNEL
+from recoverable.storage.pg_readset import CHANGED_SINCE, NeedsLock, ReadSet
 from recoverable.storage.pg_schema import (
     LIVE_OWNERS,
     LOCK_NAMESPACE,
@@ -61,7 +66,7 @@ from recoverable.storage.pg_schema import (
     WRITER_LOCK,
     owner_lock_held,
 )
-from recoverable.storage.pg_sql import SqlSnapshot, describe, sql_table
+from recoverable.storage.pg_sql import describe, sql_table
 from recoverable.storage.txn import WriteState, WriteTxn
 from recoverable.storage.writer import MapGuard, Writer, _Isolate, _Job
 
@@ -80,6 +85,11 @@ OWN_LOCK_HELD: Final = (
 
 class _Rerun(Exception):
     """Internal: the transaction was rolled back (known): run the batch again."""
+
+
+class _Conflict(Exception):
+    """Internal: an optimistic batch read a row another commit changed since (or could
+    not be checked): rolled back; run the batch again under the writers' lock."""
 
 
 class _Unknown(Exception):
@@ -112,9 +122,12 @@ class PgWriter(Writer[WriteTxn]):
         self.unknown_resolved = 0
         self.reruns = 0
         self.rolled_back_in_memory = 0  # failed mutations undone without a statement
+        self.conflicts = 0  # optimistic batches run again under the lock (pg_readset)
+        self.locked_batches = 0  # batches that took the writers' lock in their first trip
         # The owners live at the start of the running batch (None between batches), read
         # in its first round trip: the batch's lease checks ask this, not the database.
         self.live_owners: frozenset[str] | None = None
+        self._bytes_read = 0  # ``bytes_used`` as the running batch read it
         self._stop_event = threading.Event()
         super().__init__(
             cast(Any, None),  # no LMDB environment: _commit_batch is replaced below
@@ -148,16 +161,22 @@ class PgWriter(Writer[WriteTxn]):
 
     def _commit_batch(self, batch: list[_Job]) -> None:
         isolated = False
+        locked = False
         tries = 0
         while True:
             txn_id = secrets.token_hex(16)
             try:
-                self._try_pg_batch(batch, isolated, txn_id)
+                self._try_pg_batch(batch, isolated, locked, txn_id)
                 return
             except _Isolate:
                 self._discard_runs(batch)
-                isolated = True
+                isolated = locked = True
                 self.isolated_reruns += 1
+                continue
+            except (_Conflict, NeedsLock):
+                self._discard_runs(batch)
+                locked = True
+                self.conflicts += 1
                 continue
             except StorageUnavailable as exc:
                 self._fail_batch(batch, exc)
@@ -211,34 +230,43 @@ class PgWriter(Writer[WriteTxn]):
                 self._stop_event.wait(0.1)
         return None
 
-    def _try_pg_batch(self, batch: list[_Job], isolated: bool, txn_id: str) -> None:
+    def _try_pg_batch(
+        self, batch: list[_Job], isolated: bool, locked: bool, txn_id: str
+    ) -> None:
         try:
-            self._run_pg_batch(batch, isolated, txn_id)
+            self._run_pg_batch(batch, isolated, locked, txn_id)
         finally:
             self.live_owners = None  # known for one batch only
 
-    def _run_pg_batch(self, batch: list[_Job], isolated: bool, txn_id: str) -> None:
+    def _run_pg_batch(
+        self, batch: list[_Job], isolated: bool, locked: bool, txn_id: str
+    ) -> None:
         self._refuse()
         try:
             conn = self._connection()
         except psycopg.Error as exc:
             raise _Rerun from exc
         snapshot = BatchSnapshot(conn, self._cache)
+        if not locked:
+            snapshot.reads = ReadSet()
         committed_any = False
         try:
             try:
-                # One round trip: the lock, then (a statement run once it is granted) has
-                # anyone committed since our last batch? (the row cache, pg_batch.py)
-                # The other meta rows (quota counter, serials) come with it: every batch
-                # reads the quota counter, and they change with every batch of anyone.
+                # One round trip (behind the lock when ``locked``): has anyone committed
+                # since our last batch? (the row cache, pg_batch.py) The other meta rows
+                # (quota counter, serials) come with it: every batch reads the quota
+                # counter, and they change with every batch of anyone.
                 since = self._cache.valid_at
                 prefetch = Prefetch.for_batch(
                     self._cache, (touched for job in batch for touched in job.touches)
                 )
                 with conn.pipeline():
-                    conn.execute(
-                        "SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_NAMESPACE, WRITER_LOCK)
-                    )
+                    if locked:
+                        self.locked_batches += 1
+                        conn.execute(
+                            "SELECT pg_advisory_xact_lock(%s, %s)",
+                            (LOCK_NAMESPACE, WRITER_LOCK),
+                        )
                     metas = conn.execute(
                         f"SELECT key, value FROM {sql_table('meta')}", binary=True
                     )
@@ -261,7 +289,9 @@ class PgWriter(Writer[WriteTxn]):
                 changes = [] if since is None else [
                     (int(commit), keys) for commit, keys in logged.fetchall()
                 ]
-                self._cache.adopt(u64(meta.pop(META_COMMITS, None)), changes)
+                read_at = u64(meta.pop(META_COMMITS, None))
+                self._cache.adopt(read_at, changes)
+                self._bytes_read = u64(meta.get(META_BYTES))
                 self._cache.seed(sql_table("meta"), meta)
                 if fetched is not None:
                     rows = fetched.fetchall()
@@ -294,9 +324,9 @@ class PgWriter(Writer[WriteTxn]):
                     conn.rollback()
                     self.writes += len(batch)
                     return
-                ended = self._end(conn, snapshot, txn_id)  # COMMIT included
+                ended, changed = self._end(conn, snapshot, txn_id, read_at)  # and COMMIT
             except psycopg.Error as exc:
-                raise self._classify(exc) from exc
+                raise self._classify(exc, optimistic=not locked) from exc
             except StorageUnavailable:
                 self._check(snapshot)  # a failed statement: classified (a lost link reruns)
                 raise
@@ -304,30 +334,37 @@ class PgWriter(Writer[WriteTxn]):
                 self._rollback(conn)
                 raise
             commits = ended.fetchone()
-        except _Isolate:
-            raise  # nothing committed; the cache holds committed rows only: still valid
+        except (_Isolate, _Conflict, NeedsLock):
+            # Nothing committed; the cache holds committed rows only: still valid (the
+            # next batch's first round trip forgets what others changed since).
+            self._rollback(conn)
+            raise
         except BaseException:
             self._cache.clear()
             self._rollback(conn)
             raise
-        snapshot.committed(u64(None if commits is None else commits[0]))
+        snapshot.committed(u64(None if commits is None else commits[0]), changed)
         self.commits += 1
         self.writes += len(batch)
         self.largest_batch = max(self.largest_batch, len(batch))
 
-    def _check(self, snapshot: SqlSnapshot) -> None:
+    def _check(self, snapshot: BatchSnapshot) -> None:
         """A statement failed inside the mutation: the transaction is lost whatever the
         mutation did with the error."""
         failed = snapshot.failed
         if failed is not None:
             assert isinstance(failed, psycopg.Error)
-            raise self._classify(failed) from failed
+            raise self._classify(failed, optimistic=snapshot.reads is not None) from failed
 
-    def _classify(self, exc: psycopg.Error) -> Exception:
-        if exc.sqlstate in _RETRYABLE or exc.sqlstate is None or isinstance(
-            exc, psycopg.OperationalError
-        ):
+    def _classify(self, exc: psycopg.Error, *, optimistic: bool = False) -> Exception:
+        if exc.sqlstate in _RETRYABLE:  # a known rollback (the check's conflict is 40001)
+            return _Conflict() if optimistic else _Rerun()
+        if exc.sqlstate is None or isinstance(exc, psycopg.OperationalError):
             return _Rerun()
+        if optimistic:
+            # A statement refused on what may be a stale read (a guard trigger): the
+            # locked run decides.
+            return _Conflict()
         return StorageUnavailable(f"the database refused the write: {describe(exc)}")
 
     @staticmethod
@@ -346,6 +383,8 @@ class PgWriter(Writer[WriteTxn]):
         try:
             value = job.fn(ctx)
             ctx.finish()
+        except NeedsLock:
+            raise
         except BaseException as exc:
             self._check(snapshot)  # a failed statement: the transaction is lost
             if snapshot.mutation_sent or not isinstance(exc, Exception):
@@ -388,10 +427,13 @@ class PgWriter(Writer[WriteTxn]):
         return True
 
     def _end(
-        self, conn: psycopg.Connection[Any], snapshot: BatchSnapshot, txn_id: str
-    ) -> psycopg.Cursor[Any]:
-        """Send the buffered writes, the counters, this owner's batch id, the notification
-        and COMMIT in one round trip (a pipeline); the cursor of the new commit count.
+        self, conn: psycopg.Connection[Any], snapshot: BatchSnapshot, txn_id: str,
+        read_at: int,
+    ) -> tuple[psycopg.Cursor[Any], list[bytes]]:
+        """Send (an optimistic batch: the writers' lock and the check of what it read
+        since commit ``read_at``, then) the buffered writes, the counters, this owner's
+        batch id, the notification and COMMIT in one round trip (a pipeline): the cursor
+        of the new commit count, and the rows others changed since ``read_at``.
 
         The ownership check runs on the server, in the transaction: the ``txn_log`` row's
         ``owned`` column must be true (a CHECK constraint), computed from this owner's
@@ -400,12 +442,25 @@ class PgWriter(Writer[WriteTxn]):
         already have taken its leases."""
         meta = sql_table("meta")
         carried = self._state.batch_bytes
-        if carried is not None:
-            snapshot.put(META_BYTES, carried.to_bytes(8, "big"), meta)
-            snapshot.end_mutation(True)
+        reads = snapshot.reads
+        checked: psycopg.Cursor[Any] | None = None
         try:
             with conn.pipeline():
+                if reads is not None:
+                    conn.execute(
+                        "SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_NAMESPACE, WRITER_LOCK)
+                    )
+                    checked = conn.execute(CHANGED_SINCE, reads.params(read_at), binary=True)
                 snapshot.flush()
+                if carried is not None and carried != self._bytes_read:
+                    # What the batch added (or freed), counted by the server: other
+                    # writers' batches since our read count too.
+                    conn.execute(
+                        f"UPDATE {meta} SET value = int8send(GREATEST(0, ({_COMMIT_COUNT})"
+                        " + %s)) WHERE key = %b",
+                        (carried - self._bytes_read, META_BYTES),
+                        binary=True,
+                    )
                 counted = conn.execute(
                     f"UPDATE {meta} SET value = int8send(("
                     "'x' || encode(value, 'hex'))::bit(64)::int8 + 1) WHERE key = %b "
@@ -443,7 +498,9 @@ class PgWriter(Writer[WriteTxn]):
                 "batch was written"
             ) from exc
         except psycopg.Error as exc:
-            if exc.sqlstate is None or isinstance(exc, psycopg.OperationalError):
+            if exc.sqlstate not in _RETRYABLE and (
+                exc.sqlstate is None or isinstance(exc, psycopg.OperationalError)
+            ):
                 # The link broke, or the server ended the session (a terminated backend
                 # answers 57P01 and may do so after COMMIT was applied), while the pipeline
                 # (COMMIT included) was under way: the outcome is unknown; the txn log
@@ -451,4 +508,8 @@ class PgWriter(Writer[WriteTxn]):
                 raise _Unknown from exc
             raise
         self._check(snapshot)
-        return counted
+        changed: list[bytes] = []
+        if checked is not None:
+            row = checked.fetchone()
+            changed = [] if row is None or row[0] is None else [bytes(key) for key in row[0]]
+        return counted, changed

@@ -233,6 +233,14 @@ def check_fleet(out: str) -> None:
     assert re.search(r"^PostgreSQL / LMDB at --workers 1 = \d+\.\d\d", out, re.M), out
 
 
+def check_pg_writers(out: str) -> None:
+    for row in ("direct 1", "direct 2", "proxy 1", "proxy 2"):
+        found = re.search(rf"^  {row} owner\(s\): +(\d+) writes/s$", out, re.M)
+        assert found and int(found.group(1)) > 0, out
+    assert re.search(r"^2 owners / 1 owner, direct: \d+\.\d\d$", out, re.M), out
+    assert re.search(r"^2 owners / 1 owner, through the proxy: \d+\.\d\d$", out, re.M), out
+
+
 def check_partial_json(out: str) -> None:
     assert "views read differently: 0" in out, out
     assert re.search(r"^handwritten / jiter = \d+\.\d\d$", out, re.M), out
@@ -259,6 +267,7 @@ ENTRY_POINTS = [
     ("pg_cancel.py", check_pg_cancel),
     ("pg_store.py", check_pg_store),
     ("fleet.py", check_fleet),
+    ("pg_writers.py", check_pg_writers),
     ("partial_json.py", check_partial_json),
 ]
 
