@@ -61,6 +61,7 @@ from recoverable.storage.sources import check_source_entry
 
 __all__ = [
     "LockIdentity",
+    "UnfinishedDataFile",
     "body_matches",
     "check_data_file",
     "check_lock_before_open",
@@ -127,6 +128,12 @@ def _read_meta(fd: int, offset: int) -> tuple[int, int, int] | None:
     return page_size, last_pgno, txnid
 
 
+class UnfinishedDataFile(StoreDamaged):
+    """A data file that is missing, empty, without a valid meta page or shorter than its
+    two meta pages, next to a lock file: damage, unless another process is creating the
+    store right now (``storage/creation.py`` tells them apart)."""
+
+
 def check_data_file(path: str) -> None:
     """Refuse a data file that LMDB would map past its end, or a lost one.
 
@@ -144,7 +151,7 @@ def check_data_file(path: str) -> None:
     except FileNotFoundError:
         # LMDB creates the lock file just before the data file, and removes neither.
         if os.path.exists(os.path.join(path, LOCK_FILE)):
-            raise StoreDamaged(
+            raise UnfinishedDataFile(
                 f"the store at {path} is damaged: {DATA_FILE} is missing but its "
                 f"{LOCK_FILE} exists (the store was used before); restore it or move it aside"
             ) from None
@@ -163,7 +170,7 @@ def check_data_file(path: str) -> None:
         os.close(fd)
     if size == 0:
         if used:
-            raise StoreDamaged(
+            raise UnfinishedDataFile(
                 f"the store at {path} is damaged: {DATA_FILE} is empty but the store was "
                 "used before (lock file or owners directory present); restore it or move "
                 "it aside"
@@ -171,13 +178,13 @@ def check_data_file(path: str) -> None:
         return  # created by an open that died before writing anything
     metas = [meta for meta in (first, second) if meta is not None]
     if not metas:
-        raise StoreDamaged(
+        raise UnfinishedDataFile(
             f"the store at {path} is damaged: {DATA_FILE} has no valid LMDB meta page"
         )
     page_size, last_pgno, _txnid = max(metas, key=lambda meta: meta[2])
     needed = max(2, last_pgno + 1) * page_size
     if size < 2 * page_size:
-        raise StoreDamaged(
+        raise UnfinishedDataFile(
             f"the store at {path} is damaged: {DATA_FILE} is truncated ({size} bytes, its "
             f"metadata needs {needed}); restore it or move it aside"
         )

@@ -38,7 +38,7 @@ from recoverable.errors import (
     UnsupportedRecordVersion,
 )
 from recoverable.records import CommandRecord, DispositionRecord, LeaseRecord, OperationRecord
-from recoverable.storage import integrity, queries, queue, retention, sources
+from recoverable.storage import creation, integrity, queries, queue, retention, sources
 from recoverable.storage.base import TABLES, Table, Touches
 from recoverable.storage.keys import (
     META_BYTES,
@@ -183,7 +183,7 @@ class RecoveryStore(RecordGetters):
         )
         # Before LMDB maps the data file (a truncated one would end in a Bus error) and
         # before it creates a lock file (a removed one still used by another process).
-        integrity.check_data_file(self.path)
+        creation.check_data_file_settled(self.path)  # waits out another process creating it
         integrity.check_lock_before_open(self.path)
         try:
             self._env = env = lmdb.open(
