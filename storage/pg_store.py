@@ -206,13 +206,18 @@ class PgStore(RecoveryStore):
         )
         try:
             if options is not None:
-                return psycopg.connect(
+                conn = psycopg.connect(
                     self._url,
                     autocommit=autocommit,
                     connect_timeout=CONNECT_TIMEOUT,
                     application_name=f"recoverable-{role}",
                     options=options,
                 )
+                # READ COMMITTED whatever the database's default: each statement of a
+                # batch after the writers' lock (and the commit check) must see every
+                # commit before it (storage/pg_writer.py, storage/pg_readset.py).
+                conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+                return conn
             return psycopg.connect(
                 self._url,
                 autocommit=autocommit,
