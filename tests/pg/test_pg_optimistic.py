@@ -92,6 +92,21 @@ class Paused:
         return self.result[0]
 
 
+def spend_one_after_a_pause(store: PgStore, operation_id: str) -> Paused:
+    """A batch that reads the record, pauses (returned once it has), then writes it
+    with one attempt spent."""
+
+    def read_pause_write(txn: WriteTxn, paused: Paused) -> None:
+        record = txn.get_operation(operation_id)
+        paused.pause()
+        assert record is not None
+        txn.put_operation(msgspec.structs.replace(record, attempts_used=1))
+
+    paused = Paused(store, read_pause_write)
+    assert paused.entered.wait(BOUND)
+    return paused
+
+
 def test_an_owner_paused_inside_a_batch_does_not_stop_another_owners_commits(
     pg_url: str,
 ) -> None:
@@ -101,14 +116,7 @@ def test_an_owner_paused_inside_a_batch_does_not_stop_another_owners_commits(
     with two_owners(pg_url) as (stopped, other):
         stopped.write_sync(lambda txn: txn.put_operation(make_op("op-stopped")))
 
-        def read_and_wait(txn: WriteTxn, paused: Paused) -> None:
-            record = txn.get_operation("op-stopped")
-            paused.pause()
-            assert record is not None
-            txn.put_operation(msgspec.structs.replace(record, attempts_used=1))
-
-        paused = Paused(stopped, read_and_wait)
-        assert paused.entered.wait(BOUND)
+        paused = spend_one_after_a_pause(stopped, "op-stopped")
         done = threading.Event()
 
         def commit_ten() -> None:
@@ -205,14 +213,7 @@ def test_commits_of_others_that_the_batch_did_not_read_do_not_make_it_rerun(
         mine.write_sync(lambda txn: txn.put_operation(make_op("op-b")))
         assert mine.write_sync(lambda txn: txn.get_operation("op-b")) is not None  # cached
 
-        def touch_a(txn: WriteTxn, paused: Paused) -> None:
-            record = txn.get_operation("op-a")
-            paused.pause()
-            assert record is not None
-            txn.put_operation(msgspec.structs.replace(record, attempts_used=1))
-
-        paused = Paused(mine, touch_a)
-        assert paused.entered.wait(BOUND)
+        paused = spend_one_after_a_pause(mine, "op-a")
         found = other.get_operation("op-b")
         assert found is not None
         other.write_sync(
