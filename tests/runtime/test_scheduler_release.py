@@ -13,6 +13,7 @@ import time
 
 import trio
 import trio.lowlevel
+import trio.testing
 
 from recoverable.actors.scheduler import RELEASE_QUOTA_MAX, Scheduler
 
@@ -47,29 +48,41 @@ class RoundClock:
         return self.now
 
 
+class ShiftedClock:
+    """The wall clock, moved forward on demand: the herd parks an hour ahead, and the
+    test moves the clock there once every task has parked (on a loaded machine, tasks
+    still starting when a near deadline passed would not park at all)."""
+
+    def __init__(self) -> None:
+        self.shift = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.shift
+
+
 async def release_herd(
     size: int, cost: float, precise_at: float | None = None, *, counted: bool = False
 ) -> tuple[list[int], list[tuple[int, int]]]:
-    """``size`` tasks share one wait 0.1 s from now, each costing ``cost`` s once
-    released: CPU time burnt, or (``counted``) seconds added to a round clock of the
-    test's own. One precise wake ``precise_at`` s after it, if given. Returns the round
-    in which each released task ran, and (its round, how many were released before it)
-    for the precise one."""
+    """``size`` tasks share one wait, each costing ``cost`` s once released: CPU time
+    burnt, or (``counted``) seconds added to a round clock of the test's own. One precise
+    wake ``precise_at`` s after the shared wait, if given. Returns the round in which each
+    released task ran, and (its round, how many were released before it) for the precise
+    one."""
     rounds = Rounds()
     trio.lowlevel.add_instrument(rounds)
     round_clock = RoundClock()
-    scheduler = (Scheduler(time.time, round_clock=round_clock) if counted
-                 else Scheduler(time.time))
+    wall = ShiftedClock()
+    scheduler = (Scheduler(wall, round_clock=round_clock) if counted else Scheduler(wall))
     released: list[int] = []
     precise: list[tuple[int, int]] = []
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(scheduler.run)
-            at = time.time() + 0.1
+            at = wall() + 3600
 
             async def herd_member() -> None:
                 await scheduler.wait_released(at)
-                assert time.time() >= at
+                assert wall() >= at
                 released.append(rounds.count)
                 if counted:
                     round_clock.now += cost
@@ -78,7 +91,7 @@ async def release_herd(
 
             async def due_meanwhile(offset: float) -> None:
                 await scheduler.wait_until(at + offset)
-                assert time.time() >= at + offset
+                assert wall() >= at + offset
                 precise.append((rounds.count, len(released)))
 
             async with trio.open_nursery() as waiters:
@@ -86,6 +99,12 @@ async def release_herd(
                     waiters.start_soon(herd_member)
                 if precise_at is not None:
                     waiters.start_soon(due_meanwhile, precise_at)
+                await trio.testing.wait_all_tasks_blocked()
+                assert scheduler.waiting == size + (precise_at is not None)
+                assert not released
+                wall.shift = at - time.time()  # the shared wait is due now
+                # A precise wait due at once wakes the scheduler's timer to look again.
+                waiters.start_soon(scheduler.wait_until, wall() + 0.001)
             assert scheduler.waiting == 0
             nursery.cancel_scope.cancel()
     finally:
