@@ -30,9 +30,10 @@ whose lease passes its margin unrenewed (an event loop too busy, a slow disk) is
 stopped, nor is one whose stream was cut there: nothing it does is visible outside the
 store, and every write it makes is fenced.
 It stops with ``LeaseLost`` only when another owner may have taken over: a renewal found
-the lease taken, fenced out or released, or the lease *expired* without a renewal written
-(a renewal still in flight past the expiry is awaited, for up to a whole ``lease_seconds``:
-only its outcome tells whether another owner claimed the operation meanwhile).
+the lease taken, fenced out or released, or a renewal begun after the lease *expired*
+could not be written (a renewal still in flight past the expiry is awaited, for up to a
+whole ``lease_seconds``, and one not begun yet is asked for: only a renewal's outcome tells
+whether another owner claimed the operation meanwhile).
 Before it starts a transport, an execution waits for its lease to be back within its
 margin (:meth:`LeaseKeeper.fresh`): no generation starts on a lease that may be claimed
 before the stream could be cut.
@@ -150,6 +151,9 @@ class LeaseKeeper:
         self._renewed = trio.Event()  # set (and replaced) after each renewal write
         self._attempted = trio.Event()  # set (and replaced) after each renewal attempt
         self._renewing_since: float | None = None  # Trio time the running renewal began
+        # The wall-clock time at which the last renewal attempt that failed began (None:
+        # the last attempt wrote): a lease that expired before it cannot be saved now.
+        self._failed_since: float | None = None
         self._held_changed = trio.Event()  # set when a lease with an earlier margin is held
         self._watching_until = math.inf  # the margin the watch sleeps until (Trio time)
 
@@ -254,14 +258,21 @@ class LeaseKeeper:
                 self._past_margin(held)
 
     def _expired(self, held: HeldLease) -> bool:
-        """Past its expiry, and no renewal that could still save it is running: one in
-        flight (the store answers slowly: a loaded machine, a process just woken from a
-        stop) is awaited, since only its outcome tells whether another owner claimed the
-        operation, for up to a whole ``lease_seconds`` (then the store is taken as hung)."""
+        """Past its expiry, and no renewal can save it now: a renewal attempt begun after
+        the expiry failed (the store cannot write), or one in flight has run for a whole
+        ``lease_seconds`` (the store is taken as hung). Otherwise the next renewal's
+        outcome decides, since only it tells whether another owner claimed the operation:
+        one in flight (the store answers slowly: a loaded machine, a process just woken
+        from a stop) is awaited, and one not begun yet (the event loop was too busy for
+        the heartbeat to start it: thousands of operations in one runtime) is asked for."""
         if not self._past_expiry(held):
             return False
         since = self._renewing_since
-        return since is None or trio.current_time() - since >= self.lease_seconds
+        if since is not None:
+            return trio.current_time() - since >= self.lease_seconds
+        failed = self._failed_since
+        expires_at = held.lease.expires_at
+        return failed is not None and expires_at is not None and failed >= expires_at
 
     def _past_expiry(self, held: HeldLease) -> bool:
         expires_at = held.lease.expires_at
@@ -308,14 +319,18 @@ class LeaseKeeper:
         expired: :meth:`_past_margin`).
         """
         self._renewing_since = trio.current_time()
+        began = self.wall_clock()
         try:
-            return await self._renew_held()
+            written = await self._renew_held(began)
+            if written:
+                self._failed_since = None
+            return written
         finally:
             self._renewing_since = None
             self._attempted.set()  # the watch waits for an attempt's outcome
             self._attempted = trio.Event()
 
-    async def _renew_held(self) -> bool:
+    async def _renew_held(self, began: float) -> bool:
         beating = [held for held in self.held.values() if not held.lost]
         if not beating:
             return True
@@ -333,6 +348,7 @@ class LeaseKeeper:
             except errors.RecoveryError:
                 self.renewal_failures += 1
                 self._renewing_since = None  # failed: nothing in flight can save a lease now
+                self._failed_since = began
                 for held in beating[start:]:
                     if not held.lost and self.deadline(held) <= trio.current_time():
                         self._past_margin(held)
