@@ -62,6 +62,25 @@ def _failed(op_id: str, account: recoverable.AccountBinding, model: str, at: flo
     )
 
 
+def save(spec: str, members: list[Any]) -> None:
+    """Write each member ``(record, body, stored request, completion or None)`` with its
+    payloads, in one commit, into the store at ``spec``."""
+
+    def write(txn: Any) -> None:
+        for record, body, stored, completion in members:
+            txn.put_payload(record.operation_id, "body", body)
+            txn.put_payload(record.operation_id, "request", stored)
+            if completion is not None:
+                txn.put_payload(record.operation_id, "completion", completion)
+            txn.put_operation(record)
+
+    store = recoverable.RecoveryStore.open(spec)
+    try:
+        store.write_sync(write)
+    finally:
+        store.close()
+
+
 def fill(spec: str) -> dict[str, list[str]]:
     """Write the operations above into the store at ``spec``; return their ids by group."""
     server = recoverable.Interruption(kind="http_rejected", http_status=500,
@@ -90,19 +109,6 @@ def fill(spec: str) -> dict[str, list[str]]:
         "other": [_failed("op-other-0", OTHER, "gpt-a", LATE, server, "batch-other-0")],
     }
 
-    def write(txn: Any) -> None:
-        for members in groups.values():
-            for record, body, stored, completion in members:
-                txn.put_payload(record.operation_id, "body", body)
-                txn.put_payload(record.operation_id, "request", stored)
-                if completion is not None:
-                    txn.put_payload(record.operation_id, "completion", completion)
-                txn.put_operation(record)
-
-    store = recoverable.RecoveryStore.open(spec)
-    try:
-        store.write_sync(write)
-    finally:
-        store.close()
+    save(spec, [member for members in groups.values() for member in members])
     return {name: [member[0].operation_id for member in members]
             for name, members in groups.items()}

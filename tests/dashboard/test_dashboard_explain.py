@@ -28,7 +28,7 @@ from recoverable.storage.queue import WorkerRow
 from recoverable.types import Availability
 
 from ..cli.cli_helpers import child_env, cli_command, job_line, run_cli, write_jobs
-from .console_store import LATE, _record
+from .console_store import LATE, _record, save
 from .explain_store import DEAD_OWNER, INVALID, SERVER_ERROR, add_orphan_and_worker, fill_explained
 from .helpers import ACCOUNT, ACCOUNT_ID, PROMPT_MARKER, dashboard, signed_in, wait_for
 
@@ -256,7 +256,7 @@ def test_the_new_fields_stay_escaped(tmp_path: Path) -> None:
                 previous_operation_id=HOSTILE_ID),
     ]
 
-    _save(store, members)
+    save(store, members)
     with dashboard(store) as info, signed_in(info) as client:
         opened = recoverable.RecoveryStore.open(store)
         try:
@@ -340,7 +340,7 @@ def test_a_long_lineage_is_cut_and_a_purged_one_ends_the_walk(tmp_path: Path) ->
     members.append(_record("op-after-gone", ACCOUNT, "gpt-a", LATE, "job-g",
                            root_operation_id="op-gone", previous_operation_id="op-gone"))
 
-    _save(store, members)
+    save(store, members)
     with dashboard(store) as info, signed_in(info) as client:
         def chain(op_id: str) -> list[str]:
             text = _element(client.get(f"/operations/{op_id}").text, "lineage-chain")
@@ -354,19 +354,3 @@ def test_a_long_lineage_is_cut_and_a_purged_one_ends_the_walk(tmp_path: Path) ->
         page = client.get("/operations/op-after-gone").text
         assert 'id="lineage-chain-alone"' in page
         assert "no earlier or later operation in the store" in page
-
-
-def _save(store: Any, members: list[Any]) -> None:
-    """Write each member's record with its body and stored request, in one commit."""
-
-    def write(txn: Any) -> None:
-        for record, body, stored, _completion in members:
-            txn.put_payload(record.operation_id, "body", body)
-            txn.put_payload(record.operation_id, "request", stored)
-            txn.put_operation(record)
-
-    opened = recoverable.RecoveryStore.open(store)
-    try:
-        opened.write_sync(write)
-    finally:
-        opened.close()
