@@ -7,6 +7,10 @@ bounded intervals (``reattachment.checkpoint_due``), each a fenced write of the 
 :class:`Checkpointer` keeps the latest report and a task of the stream's nursery writes
 it; the write is shielded (a record half-known to this actor would let a later step
 save an older cursor). The default operation never gets one: no task, no write.
+
+:func:`checkpointed` runs one background stream of an execution with its checkpoint
+writer beside it: the background POST (``actors/send.py``, :func:`background_post`) and
+the resumption of a saved response (``actors/reattach.py``) both stream through it.
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from recoverable import machine, reattachment
-from recoverable.outcome import Progress
+from recoverable import _killpoints, errors, machine, reattachment
+from recoverable.actors.execution import Execution, Sending
+from recoverable.actors.host import reattach_client
+from recoverable.outcome import Outcome, Progress
 from recoverable.records import AttemptRecord, OperationRecord
 
 Persist = Callable[[machine.Transition], Awaitable[None]]
@@ -100,3 +106,110 @@ class Checkpointer:
                 await self._persist(step)
             self.writes += 1
             self._saved_at = self._now()
+
+
+class StoppedAtCheckpoint(Exception):
+    """Raised from a background stream: a checkpoint write found the operation ended
+    meanwhile (e.g. superseded; the write deleted the cancel command that was to
+    tell the monitor) and persisted a Stop instead; ``transition`` is that Stop."""
+
+    def __init__(self, transition: machine.Transition) -> None:
+        super().__init__(transition.record.phase)
+        self.transition = transition
+
+
+async def background_post(
+    execution: Execution,
+    body: bytes,
+    attempt_id: str,
+    token: str,
+    on_progress: Callable[[Progress], None],
+    before_send: Callable[[], Awaitable[None]],
+) -> Outcome:
+    """The background POST over HTTP SSE (also for a WebSocket backend), with its fenced
+    checkpoint written while it streams."""
+    client = reattach_client(execution.host.backend)
+    if client is None:
+        raise errors.ConfigurationUnavailable(
+            "the backend cannot stream background responses (reattach=True)",
+            operation_id=execution.operation_id,
+        )
+    return await checkpointed(execution, attempt_id, on_progress, lambda report: client.stream(
+        body, attempt_id=attempt_id, token=token, on_progress=report,
+        before_send=before_send,
+    ))
+
+
+async def checkpointed(
+    execution: Execution,
+    attempt_id: str,
+    on_progress: Callable[[Progress], None],
+    call: Callable[[Callable[[Progress], None]], Awaitable[Outcome]],
+) -> Outcome:
+    """Run one background stream (``call``) with its checkpoint writer beside it; what
+    the stream raises is raised as itself, never inside an ExceptionGroup."""
+    stops: list[machine.Transition] = []
+    host = execution.host
+
+    async def persist(step: machine.Transition) -> None:
+        written = await execution.persist(step, check_commands=False)
+        if isinstance(written.action, machine.Stop):  # ended meanwhile (superseded)
+            stops.append(written)
+            nursery.cancel_scope.cancel()
+            return
+        _killpoints.hit("reattach.checkpoint_saved")
+        saved = step.record.attempts[-1]
+        host.telemetry.emit("attempt.checkpointed", execution.operation_id,
+                            attempt=saved.number, sequence_number=saved.sequence_number)
+
+    checkpointer = Checkpointer(
+        attempt_id, record=lambda: execution.record, now=host.now, persist=persist
+    )
+
+    def report(progress: Progress) -> None:
+        on_progress(progress)
+        checkpointer.note(progress)
+
+    refused: list[errors.RecoveryError] = []
+
+    async def write() -> None:
+        try:
+            await checkpointer.run()
+        except errors.RecoveryError as exc:  # a newer owner's fence (LeaseLost), a store
+            refused.append(exc)
+            nursery.cancel_scope.cancel()
+
+    raised: list[Exception] = []
+    outcome: Outcome | None = None
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(write)
+        try:
+            outcome = await call(report)
+        except Exception as exc:  # raised as itself below, never inside an ExceptionGroup
+            raised.append(exc)
+        finally:
+            checkpointer.close()
+    execution.checkpoint_writes += checkpointer.writes
+    if refused:
+        raise refused[0]
+    if stops:
+        raise StoppedAtCheckpoint(stops[0])
+    if raised:
+        raise raised[0]
+    assert outcome is not None
+    return outcome
+
+
+def checkpointed_record(
+    execution: Execution, consumed: OperationRecord, attempt_id: str, sending: Sending
+) -> OperationRecord:
+    """The record after a background stream: its saved checkpoints (``execution.record``)
+    and the last cursor seen, merged in memory (never backwards)."""
+    current = execution.record if execution.record is not None else consumed
+    if sending.progressed:
+        current = reattachment.checkpoint(
+            current, attempt_id, sending.response_id, sending.sequence_number,
+            execution.host.now(), sending.background,
+        ).record
+        execution.record = current
+    return current

@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from typing import Final, Literal, Protocol
+from typing import Any, Final, Literal, Protocol
 
 import attrs
 import msgspec
@@ -50,16 +50,26 @@ from recoverable.storage.preferences import (
 )
 from recoverable.storage.queue import MAX_SCAN
 from recoverable.telemetry import Telemetry as RuntimeTelemetry
-from recoverable.types import AccountBinding, to_datetime
+from recoverable.types import AccountBinding, Handle, to_datetime
 
 # The errors of an operation that ended ``failed`` (only those can have a continuation).
 ENDED_FAILED: Final = (errors.AttemptsExhausted, errors.PermanentlyFailed, errors.ProviderError)
 
 __all__ = [
     "ENDED_FAILED",
-    "ContinuationPreference", "DispatchResult", "HostRuntime", "continuation_preference",
-    "continue_failed", "continued_id", "decide_on_failure", "dispatch",
-    "dispatch_continuation", "newer_revision", "set_continuation_preference",
+    "ContinuationPreference",
+    "DispatchResult",
+    "HostRuntime",
+    "SendingRuntime",
+    "continuation_preference",
+    "continue_failed",
+    "continued_id",
+    "decide_on_failure",
+    "dispatch",
+    "dispatch_continuation",
+    "newer_revision",
+    "send_continuing",
+    "set_continuation_preference",
 ]
 
 NewerTurn = Callable[[WriteTxn, OperationRecord], bool]
@@ -384,3 +394,26 @@ async def continue_failed(rt: HostRuntime, operation_id: str) -> str | None:
         if result.outcome != "not_due":
             return None
     return None
+
+
+class SendingRuntime(HostRuntime, Protocol):
+    """What :func:`send_continuing` uses of the runtime: :class:`HostRuntime` and
+    ``send_recovering``."""
+
+    async def send_recovering(self, handle: Handle, *, response: Any, authorize: Any
+                              ) -> Any: ...
+
+
+async def send_continuing(rt: SendingRuntime, handle: Handle, *, response: Any,
+                          authorize: Any) -> Any:
+    """Send ``handle`` here to its validated value, following the continuation of an
+    operation that ended failed (:func:`continue_failed`) as ``recoverable batch`` does;
+    the last operation's own typed error when it has none."""
+    while True:
+        try:
+            return await rt.send_recovering(handle, response=response, authorize=authorize)
+        except ENDED_FAILED:
+            successor = await continue_failed(rt, handle.operation_id)
+            if successor is None:
+                raise
+            handle = Handle(successor)

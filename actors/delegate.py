@@ -28,7 +28,7 @@ import msgspec
 
 from recoverable import errors
 from recoverable.actors.checks import require_owner, require_signed_in
-from recoverable.actors.continuation import ENDED_FAILED, HostRuntime, continue_failed, continued_id
+from recoverable.actors.continuation import SendingRuntime, continued_id, send_continuing
 from recoverable.actors.options import PrepareOptions
 from recoverable.actors.prepare import new_admission, put_new_operation
 from recoverable.actors.turns import DELEGATE_SCOPE
@@ -45,11 +45,8 @@ _CHILD: Final = "child:"
 MAX_CHILDREN: Final = 1000
 
 
-class Runtime(HostRuntime, Protocol):
+class Runtime(SendingRuntime, Protocol):
     """What a delegation uses of the runtime (``actors/runtime.py`` implements it)."""
-
-    async def send_recovering(self, handle: Handle, *, response: Any, authorize: Any
-                              ) -> Any: ...
 
     async def wait(self, handle: Handle, *, response: Any) -> Any: ...
 
@@ -150,15 +147,7 @@ class Delegation:
         saved = self.rt.store.get_operation(handle.operation_id)
         if authorize is None or (saved is not None and saved.has_completion):
             return await self.rt.wait(handle, response=response)  # a saved result: read
-        while True:
-            try:
-                return await self.rt.send_recovering(handle, response=response,
-                                                     authorize=authorize)
-            except ENDED_FAILED:
-                successor = await continue_failed(self.rt, handle.operation_id)
-                if successor is None:
-                    raise
-                handle = Handle(successor)
+        return await send_continuing(self.rt, handle, response=response, authorize=authorize)
 
     def _check_child(self, key: str, handle: Handle) -> None:
         """``handle`` is this group's child ``key`` (or a continuation successor of it):

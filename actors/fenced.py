@@ -1,6 +1,6 @@
 """The transactions of one execution: take the lease, write fenced, release.
 
-Named transaction functions run by ``store.write`` for the OperationActor:
+Named transaction functions run by ``store.write`` for an operation's execution:
 :func:`acquire` takes the operation's lease and persists the opening transition in one
 transaction; :func:`persist` writes a transition fenced by the lease's generation and
 refuses (:class:`CommandArrived`) when a lifecycle command the step did not account

@@ -20,7 +20,7 @@ be held (seed 000's "no elapsed-time deadline on a running generation" holds whi
 owner is alive and renewing), so that before the lease expires, and another owner may
 claim it, this one has stopped. Cut at the margin, the execution itself goes on: the
 attempt ends as an interruption (``transport_code="lease_late"``, spent once sent) and is
-replaced within the budget once the lease is renewed (``actors/transmit.py``); a
+replaced within the budget once the lease is renewed (``actors/send.py``); a
 background response is left to be resumed by its id, as when the lease is lost.
 
 A lease is never lost by its own live owner for being late, even with thousands of waiting

@@ -1,13 +1,13 @@
 """What an operation actor needs from the runtime that supervises it, as Protocols.
 
-The actor (``actors/operation.py``) depends on these, never on the ``Runtime`` class:
+An execution (``actors/execution.py``) depends on these, never on the ``Runtime`` class:
 the runtime implements :class:`OperationHost`, a transport implements :class:`Backend`
 (``ResponsesBackend`` does).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Literal, Protocol, runtime_checkable
 
 from recoverable.actors.governor import RateGovernor
@@ -19,7 +19,10 @@ from recoverable.storage.base import Store as RecoveryStore
 from recoverable.telemetry import Telemetry
 from recoverable.transport.base import Credentials, Streams
 from recoverable.transport.connect import EndpointGate
-from recoverable.types import AccountBinding
+from recoverable.types import AccountBinding, Attempt
+
+# The host's authorization of one attempt: ``True`` approves it (sync or async).
+Authorize = Callable[[Attempt], Awaitable[bool] | bool]
 
 
 class Backend(Streams, Protocol):

@@ -17,15 +17,14 @@ to the store or to a receipt. See docs/live.md.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from types import TracebackType
 from typing import Any, Generic, Protocol, TypeVar
 
 import trio
 
 from recoverable import errors
 from recoverable.actors.checks import require_owner
-from recoverable.actors.operation_core import Authorize
-from recoverable.actors.supervisor import Execution
+from recoverable.actors.host import Authorize
+from recoverable.actors.supervisor import Running
 from recoverable.partial import PartialView, parse_partial
 from recoverable.records import OperationRecord
 from recoverable.storage.base import Store as RecoveryStore
@@ -51,7 +50,7 @@ class Runtime(Protocol):
         expected_contract_version: str | None = ...,
         attached: bool = ...,
         live: LiveSlot | None = ...,
-    ) -> Execution: ...
+    ) -> Running: ...
 
 
 def live(
@@ -72,7 +71,7 @@ def live(
     An operation not prepared with ``live=True`` is ``InvalidRequest``.
     """
 
-    def start(slot: LiveSlot) -> Execution:
+    def start(slot: LiveSlot) -> Running:
         record = rt.store.get_operation(handle.operation_id)
         if record is not None:  # a missing one: the actor says so, as send_recovering's
             require_owner(rt.account, record.account, record.operation_id)
@@ -175,11 +174,11 @@ class Live(Generic[ResultT]):
     interrupted, which ends a live operation ``failed``).
     """
 
-    def __init__(self, operation_id: str, start: Callable[[LiveSlot], Execution]) -> None:
+    def __init__(self, operation_id: str, start: Callable[[LiveSlot], Running]) -> None:
         self.operation_id = operation_id
         self._start = start
         self._slot = LiveSlot()
-        self._execution: Execution | None = None
+        self._execution: Running | None = None
         self._seen = 0  # the slot's ``updates`` of the last view taken
         self._done = False
         self._value: Any = None
@@ -202,12 +201,7 @@ class Live(Generic[ResultT]):
         self._execution = self._start(self._slot)
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         execution = self._execution
         if execution is not None and not execution.finished.is_set():
             # Left before the end (a break, an exception, a cancellation): stop the

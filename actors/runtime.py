@@ -2,7 +2,7 @@
 
 ``open_runtime`` opens the supervisor nursery holding the Scheduler, the
 LifecycleMonitor, the telemetry pump and every active operation: each
-``send_recovering`` starts an OperationActor as a task of that nursery
+``send_recovering`` starts an operation's execution as a task of that nursery
 (``actors/supervisor.py``) and awaits its outcome; the caller's cancellation
 suspends the operation. Manual retry lives in ``actors/retry.py``, the lifecycle
 transactions in ``actors/lifecycle.py``, new records in ``actors/prepare.py``.
@@ -20,18 +20,18 @@ import trio
 
 from recoverable import _killpoints, errors, machine
 from recoverable.actors import live as live_operations
+from recoverable.actors import operation, reads
 from recoverable.actors import queue as submitted
-from recoverable.actors import reads
 from recoverable.actors import retry as manual_retry
 from recoverable.actors.checks import require_bound, require_signed_in
 from recoverable.actors.delegate import Delegation, open_delegation
+from recoverable.actors.execution import Execution
 from recoverable.actors.governor import DEFAULT_BURST_SECONDS, RateGovernor
 from recoverable.actors.heartbeat import LeaseKeeper
-from recoverable.actors.host import Backend
+from recoverable.actors.host import Authorize, Backend
 from recoverable.actors.lifecycle import acknowledge_all, dispose, write_lineage_command
 from recoverable.actors.live import LiveSlot
 from recoverable.actors.monitor import LifecycleMonitor
-from recoverable.actors.operation import Authorize, OperationActor
 from recoverable.actors.options import POLICY_UNSET, PrepareOptions
 from recoverable.actors.prepare import (
     create_operation,
@@ -40,7 +40,7 @@ from recoverable.actors.prepare import (
 )
 from recoverable.actors.reattach import cancel_on_server
 from recoverable.actors.scheduler import Scheduler
-from recoverable.actors.supervisor import Execution, Supervisor
+from recoverable.actors.supervisor import Running, Supervisor
 from recoverable.actors.sweep import sweep_at_open
 from recoverable.actors.thread import Thread, open_thread
 from recoverable.actors.waiters import QueueWatch
@@ -297,26 +297,26 @@ class Runtime:
         expected_contract_version: str | None = _UNSET,
         attached: bool = False,
         live: LiveSlot | None = None,
-    ) -> Execution:
-        """Internal: start the operation's actor in the supervisor nursery, not awaiting it.
+    ) -> Running:
+        """Internal: start the operation's execution in the supervisor nursery, not awaiting it.
 
         Detached (the default) it runs with no caller until it ends or the runtime
         closes (then it is suspended, as by a caller's cancellation). Its outcome is
         ``await execution.outcome()``; a second start of a running operation raises
-        ``OperationBusy``. The actor runs in a copy of the starting task's context.
+        ``OperationBusy``. It runs in a copy of the starting task's context.
         """
         contract: ResponseContract = contract_for(response)
-        actor = OperationActor(self, handle.operation_id, contract, authorize)
-        actor.standing_policy = not attached
-        run: Callable[[], Awaitable[Any]] = functools.partial(
-            actor.run,
+        execution = Execution(
+            self, handle.operation_id, contract, authorize,
+            standing_policy=not attached,
+            live=live,
             expected_contract_version=(
                 None if expected_contract_version is _UNSET else expected_contract_version
             ),
             check_contract_version=expected_contract_version is not _UNSET,
         )
+        run: Callable[[], Awaitable[Any]] = functools.partial(operation.run, execution)
         if live is not None:  # a live operation's views
-            actor.live_slot = live
             run = live.closing(run)
         return self.supervisor.start(handle.operation_id, run, attached=attached)
 

@@ -1,7 +1,8 @@
 """Supervision of operation actors: the runtime's nursery runs every active operation.
 
-Each active operation is one :class:`Execution`: a task of the runtime's supervisor
-nursery running the operation actor inside a cancel scope of its own. The actor holds
+Each active operation is one :class:`Running`: a task of the runtime's supervisor
+nursery running the operation's execution (``actors/execution.py``,
+``actors/operation.py``) inside a cancel scope of its own. The execution holds
 the operation's lease for the whole task and releases it before the execution is
 marked finished, so whoever waits for the execution sees the lease gone.
 
@@ -38,8 +39,8 @@ def is_cancellation(exc: BaseException) -> bool:
     return False
 
 
-class Execution:
-    """One running operation actor, as its callers and the supervisor see it."""
+class Running:
+    """One running execution of an operation, as its callers and the supervisor see it."""
 
     def __init__(self, operation_id: str, *, attached: bool) -> None:
         self.operation_id = operation_id
@@ -87,7 +88,7 @@ class Supervisor:
 
     def __init__(self) -> None:
         self._nursery: trio.Nursery | None = None
-        self.running: dict[str, Execution] = {}
+        self.running: dict[str, Running] = {}
 
     def open(self, nursery: trio.Nursery) -> None:
         self._nursery = nursery
@@ -98,7 +99,7 @@ class Supervisor:
 
     def start(
         self, operation_id: str, run: Callable[[], Awaitable[Any]], *, attached: bool
-    ) -> Execution:
+    ) -> Running:
         """Start ``run`` (an actor's whole execution) as a task of the supervisor nursery."""
         if self._nursery is None:
             raise errors.ConfigurationUnavailable(
@@ -107,12 +108,12 @@ class Supervisor:
             )
         if operation_id in self.running:
             raise errors.OperationBusy(operation_id=operation_id)
-        execution = Execution(operation_id, attached=attached)
+        execution = Running(operation_id, attached=attached)
         self.running[operation_id] = execution
         self._nursery.start_soon(self._supervise, execution, run)
         return execution
 
-    async def _supervise(self, execution: Execution, run: Callable[[], Awaitable[Any]]) -> None:
+    async def _supervise(self, execution: Running, run: Callable[[], Awaitable[Any]]) -> None:
         try:
             with execution.cancel_scope:
                 try:

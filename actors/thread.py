@@ -28,7 +28,7 @@ import msgspec
 
 from recoverable import continuation, errors
 from recoverable.actors.checks import require_owner, require_signed_in
-from recoverable.actors.continuation import ENDED_FAILED, HostRuntime, continue_failed, continued_id
+from recoverable.actors.continuation import SendingRuntime, continued_id, send_continuing
 from recoverable.actors.options import PrepareOptions
 from recoverable.actors.prepare import new_admission, put_new_operation
 from recoverable.actors.turns import (
@@ -45,11 +45,9 @@ from recoverable.storage.threads import ThreadRow, read_row
 from recoverable.types import Handle, JsonSchema, RetryPolicy, StructuredRequest
 
 
-class Runtime(HostRuntime, Protocol):
+class Runtime(SendingRuntime, Protocol):
     """What a thread uses of the runtime (``actors/runtime.py`` implements it)."""
 
-    async def send_recovering(self, handle: Handle, *, response: Any, authorize: Any
-                              ) -> Any: ...
 
 __all__ = ["THREAD_SCOPE", "Thread", "ThreadTurn"]
 
@@ -249,15 +247,8 @@ class Thread:
     async def send(self, handle: Handle, *, authorize: Any) -> Any:
         """Run the turn here to its validated value (a pending continuation of a turn that
         failed on stream failures is followed, like ``recoverable batch`` does)."""
-        while True:
-            try:
-                return await self.rt.send_recovering(handle, response=self.response,
-                                                     authorize=authorize)
-            except ENDED_FAILED:
-                successor = await continue_failed(self.rt, handle.operation_id)
-                if successor is None:
-                    raise
-                handle = Handle(successor)
+        return await send_continuing(self.rt, handle, response=self.response,
+                                     authorize=authorize)
 
     async def commit(self, handle: Handle) -> None:
         """The host committed this turn's result: it becomes the next turn's history

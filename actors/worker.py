@@ -56,9 +56,8 @@ import trio
 from recoverable import errors
 from recoverable.actors.checks import require_signed_in
 from recoverable.actors.continuation import dispatch_continuation
-from recoverable.actors.host import Backend
-from recoverable.actors.operation import Authorize
-from recoverable.actors.supervisor import Execution
+from recoverable.actors.host import Authorize, Backend
+from recoverable.actors.supervisor import Running
 from recoverable.actors.sweep import sweep
 from recoverable.continuation import is_pending
 from recoverable.preconditions import is_expired
@@ -95,7 +94,7 @@ class WorkerRuntime(Protocol):
 
     def start_operation(
         self, handle: Handle, *, response: Any, authorize: Authorize,
-    ) -> Execution: ...
+    ) -> Running: ...
 
 
 @attrs.define
@@ -230,7 +229,7 @@ class _Worker:
         if rt.backend is None:
             raise errors.ConfigurationUnavailable("a worker needs a backend")
         self.endpoint_id = rt.backend.endpoint_id
-        self.running: dict[str, Execution] = {}
+        self.running: dict[str, Running] = {}
         self.skip: dict[str, float] = {}  # operation id -> trio time it may be tried again
         self.changed = trio.Event()  # an execution ended: look at the queue again
         self.token = secrets.token_hex(8)  # names this worker's row (storage/queue.py)
@@ -434,7 +433,7 @@ class _Worker:
         nursery.start_soon(self._finish, execution)
         return True
 
-    async def _finish(self, execution: Execution) -> None:
+    async def _finish(self, execution: Running) -> None:
         operation_id = execution.operation_id
         try:
             await execution.finished.wait()

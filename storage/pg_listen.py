@@ -16,7 +16,6 @@ reconnects (in a thread: a connect blocks).
 from __future__ import annotations
 
 from collections.abc import Callable
-from types import TracebackType
 from typing import Any, Final
 
 import psycopg
@@ -42,12 +41,7 @@ class CommitListener:
     async def __aenter__(self) -> CommitListener:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         self._close()
 
     def _close(self) -> None:

@@ -26,7 +26,6 @@ import functools
 import os
 import time
 from collections.abc import Callable, Iterable
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import lmdb
@@ -321,12 +320,7 @@ class RecoveryStore(RecordGetters):
     def __enter__(self) -> RecoveryStore:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     @property

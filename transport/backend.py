@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-from types import TracebackType
 from typing import Unpack
 from urllib.parse import urlsplit
 
@@ -159,12 +158,7 @@ class ResponsesBackend:
         self._transport.attach(nursery)
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         stack, self._stack = self._stack, None
         try:
             await self.aclose()

@@ -38,7 +38,7 @@ POINTS = (
     "acknowledge.marker_saved",  # 10: acknowledgement marker saved, before payload removal
 )
 # Reattachment (reattach=True; not rows of the seed's table): a reattachment checkpoint was
-# committed (actors/transmit.py), and the reattachment of an attempt is counted and saved,
+# committed (actors/send.py), and the reattachment of an attempt is counted and saved,
 # its resume GET not sent yet (actors/reattach.py).
 REATTACH_POINTS = ("reattach.checkpoint_saved", "reattach.saved")
 

@@ -41,7 +41,6 @@ import inspect
 import queue
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
-from types import TracebackType
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 import trio
@@ -269,12 +268,7 @@ class BlockingRuntime(_RuntimeMethods):
     def __enter__(self) -> BlockingRuntime:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def asyncio(self) -> AsyncioRuntime:
@@ -560,12 +554,7 @@ class AsyncioRuntime(_RuntimeMethods):
     async def __aenter__(self) -> AsyncioRuntime:
         return await self.start()
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
     async def _await(self, call: _Call) -> Any:

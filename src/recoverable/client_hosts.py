@@ -19,7 +19,6 @@ import concurrent.futures
 import contextlib
 import queue
 from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Mapping
-from types import TracebackType
 from typing import IO, Any, TypeVar, cast
 
 import trio
@@ -135,12 +134,7 @@ class BlockingClient:
     def __enter__(self) -> BlockingClient:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def parse(self, *, text_format: type[_T], **arguments: Any) -> _T:
@@ -228,12 +222,7 @@ class AsyncioClient:
     async def __aenter__(self) -> AsyncioClient:
         return await self.start()
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
     async def _await(self, call: _Call) -> Any:

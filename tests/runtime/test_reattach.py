@@ -311,7 +311,8 @@ async def test_an_exception_of_a_background_stream_is_raised_as_itself(
     """The checkpoint writer runs in a nursery beside the stream: what the stream raises
     (e.g. the consumption's refusal, ``_NotTransmitted``) must reach the transmitter as
     itself, never wrapped in an ExceptionGroup it would not catch."""
-    from recoverable.actors.operation import OperationActor
+    from recoverable.actors.checkpoint import checkpointed
+    from recoverable.actors.execution import Execution
     from recoverable.contract import contract_for
 
     class Refused(Exception):
@@ -321,6 +322,6 @@ async def test_an_exception_of_a_background_stream_is_raised_as_itself(
         raise Refused
 
     async with fixture_runtime(store, provider) as rt:
-        actor = OperationActor(rt, "op_x", contract_for(Answer), Authorizer())
+        execution = Execution(rt, "op_x", contract_for(Answer), Authorizer())
         with pytest.raises(Refused):
-            await actor._checkpointed("op_x.1", lambda report: None, refuse)
+            await checkpointed(execution, "op_x.1", lambda report: None, refuse)

@@ -41,7 +41,7 @@ import trio
 
 from recoverable import errors
 from recoverable.actors.governor import DEFAULT_BURST_SECONDS
-from recoverable.actors.operation import Authorize
+from recoverable.actors.host import Authorize
 from recoverable.actors.runtime import open_runtime
 from recoverable.actors.worker import WorkerReport, run_worker
 from recoverable.cli.exits import (

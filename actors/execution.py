@@ -1,11 +1,21 @@
-"""The operation actor's core: its lease, its fenced writes, and its interruptible steps.
+"""One execution of an operation: its lease, its fence, and the one write rule.
 
-``OperationCore`` holds what every step of an execution shares: taking and giving back
-the lease (``_acquire``/``_release``), the one rule of the machine (``_persist``: write
-the returned record fenced by the lease generation, THEN act; ``_advance``: recompute a
-step when a lifecycle command arrived meanwhile), and running a step that may block
-inside the monitor's cancel scope (``_interruptible``, ``_on_stop``). Sending an attempt
-is ``actors/transmit.py``; the loop over the machine's actions is ``actors/operation.py``.
+An :class:`Execution` is what every step of an operation's execution shares: taking and
+giving back the lease (:meth:`~Execution.acquire`, :meth:`~Execution.release`), the one
+rule of the machine (:meth:`~Execution.persist`: write the returned record fenced by the
+lease generation, THEN act; :meth:`~Execution.advance`: the single choke point every
+step's transition goes through, recomputed when a lifecycle command arrived meanwhile),
+and running a step that may block inside the monitor's cancel scope
+(:meth:`~Execution.interruptible`, :meth:`~Execution.on_stop`).
+
+The steps are plain functions that take the execution: asking the host
+(``actors/authorize.py``), sending an approved attempt (``actors/send.py``), resuming a
+background response (``actors/reattach.py``, with its checkpoints in
+``actors/checkpoint.py``) and delivering the receipt (``actors/deliver.py``). The loop
+over the machine's actions that calls them is ``actors/operation.py``. An execution is a
+supervised Trio actor: it runs as a task of the runtime's supervisor nursery
+(``actors/supervisor.py``) and sees the runtime only through
+:class:`~recoverable.actors.host.OperationHost`.
 """
 
 from __future__ import annotations
@@ -14,26 +24,28 @@ import functools
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+import attrs
 import trio
 
 from recoverable import _killpoints, errors, machine
 from recoverable.actors import fenced
-from recoverable.actors.heartbeat import ExecutionLease
-from recoverable.actors.host import OperationHost
+from recoverable.actors.heartbeat import ExecutionLease, lease_lost_transition
+from recoverable.actors.host import Authorize, OperationHost
+from recoverable.actors.live import LiveSlot
 from recoverable.actors.monitor import Watch
 from recoverable.contract import ResponseContract
 from recoverable.outcome import Completed, Interruption
 from recoverable.records import CommandKind, LeaseRecord, OperationRecord
 from recoverable.storage.migration import upgrade_operation
-from recoverable.types import Attempt
 
-Authorize = Callable[[Attempt], Awaitable[bool] | bool]
 ValueT = TypeVar("ValueT")
+
+__all__ = ["CUT", "Authorize", "Cut", "Execution", "Sending"]
 
 
 class Cut:
     """An interruptible step was cut by the monitor (a command, a sign-out, an account
-    change): what :meth:`OperationActor._interruptible` returns instead of a value."""
+    change): what :meth:`Execution.interruptible` returns instead of a value."""
 
 
 CUT = Cut()
@@ -53,37 +65,56 @@ class Sending:
         self.background: bool | None = None  # ``Progress.background``
 
 
-class OperationCore:
+class Execution:
+    """One execution of an operation: the lease it holds, the fence its writes carry, the
+    record as last written, and the monitor's watch of it."""
+
     def __init__(
         self,
         host: OperationHost,
         operation_id: str,
         contract: ResponseContract,
         authorize: Authorize,
+        *,
+        standing_policy: bool = False,
+        live: LiveSlot | None = None,
+        expected_contract_version: str | None = None,
+        check_contract_version: bool = False,
     ) -> None:
         self.host = host
         self.operation_id = operation_id
         self.contract = contract
         self.authorize = authorize
+        # The authorization callback is a standing policy with no caller to tell (a
+        # detached execution: a worker's): a failure of it is saved as the failure.
+        self.standing_policy = standing_policy
+        # A live operation's consumer (None for every other execution): the text deltas
+        # of each consumed attempt go to it, never to the store.
+        self.live = live
+        # What the opening transition checks (``open_step``).
+        self.expected_contract_version = expected_contract_version
+        self.check_contract_version = check_contract_version
         self.lease: LeaseRecord | None = None
         self.record: OperationRecord | None = None
         self.watch: Watch | None = None
         self.fence = 0  # the generation fence of our acquisition (checked by every write)
         self.known_serial = 0  # commands up to this serial are accounted for in the record
-        self._payload: bytes | None = None
-        self._body: bytes | None = None  # the frozen body, read with the lease
-        self.guard = ExecutionLease(host.leases)  # heartbeat-kept; its loss stops this actor
-        self._sending: Sending | None = None  # the attempt being sent (for an honest close)
+        self.payload: bytes | None = None  # the saved completion, once written
+        self.body: bytes | None = None  # the frozen body, read with the lease
+        self.guard = ExecutionLease(host.leases)  # heartbeat-kept; its loss stops the run
+        self.sending: Sending | None = None  # the attempt being sent (for an honest close)
         self.checkpoint_writes = 0  # reattachment checkpoints written
+        # (attempt id, resume tries of it started by this execution): spaces the next one.
+        self.resume_tries: tuple[str, int] = ("", 0)
 
     # --- lease ----------------------------------------------------------------------
 
-    async def _acquire(self, open_step: fenced.OpenStep) -> machine.Transition:
+    async def acquire(self) -> machine.Transition:
         """Take the lease and persist the opening transition (``fenced.acquire``)."""
         op_id = self.operation_id
         try:
             opened = await self.host.store.write(fenced.Acquisition(
-                op_id, self.host.now(), open_step, False, self.host.leases.lease_seconds
+                op_id, self.host.now(), self.open_step, False, self.host.leases.lease_seconds
             ), touches=(op_id,))
         except fenced.NeedsUpgrade:
             # A version-1 record: rewrite it as current (lazily, once), then take the lease.
@@ -92,10 +123,10 @@ class OperationCore:
                 await upgrade_operation(self.host.store, op_id, endpoint_id=backend.endpoint_id)
             # If it could not be upgraded: still readable, never sent.
             opened = await self.host.store.write(fenced.Acquisition(
-                op_id, self.host.now(), open_step, True, self.host.leases.lease_seconds
+                op_id, self.host.now(), self.open_step, True, self.host.leases.lease_seconds
             ), touches=(op_id,))
         opening = opened.transition
-        self._body = opened.body
+        self.body = opened.body
         self.fence = opened.lease.fence if opened.lease is not None else 0
         self.lease = None if opened.final else opened.lease
         if self.lease is not None:
@@ -112,7 +143,20 @@ class OperationCore:
             )
         return opening
 
-    async def _release(self) -> None:
+    def open_step(
+        self, record: OperationRecord, cancel: CommandKind | None, body_available: bool
+    ) -> machine.Transition:
+        """The opening transition, run inside the acquisition's transaction (a bound
+        method, not a closure: no cells per execution to collect)."""
+        return machine.open_operation(
+            record,
+            attrs.evolve(self.context(cancel), body_available=body_available),
+            format_hash=self.contract.format_hash,
+            expected_contract_version=self.expected_contract_version,
+            check_contract_version=self.check_contract_version,
+        )
+
+    async def release(self) -> None:
         self.guard.drop()
         if self.watch is not None:
             self.host.monitor.unwatch(self.watch)
@@ -130,9 +174,38 @@ class OperationCore:
                 # The lease row names this process; it dies with this store's owner lock.
                 pass
 
+    async def lease_lost(self) -> errors.LeaseLost:
+        """The lease expired or was taken over: close an in-flight attempt honestly and give
+        the lease back, both fenced (refused if a newer owner exists), then stop."""
+        if self.record is not None and self.lease is not None:
+            closing = lease_lost_transition(self.record, self.context(), self.sending)
+            with trio.CancelScope(shield=True):
+                try:
+                    await self.persist(closing, check_commands=False, release=True)
+                except errors.RecoveryError:
+                    pass  # a newer owner's fence: nothing of this execution is written
+        self.host.telemetry.emit("operation.lease_lost", self.operation_id)
+        return errors.LeaseLost(operation_id=self.operation_id)
+
+    async def suspend_on_cancel(self) -> None:
+        """Trio cancellation of the execution's task suspends the operation (budget kept)."""
+        record = self.record
+        if record is None or self.lease is None:
+            return
+        with trio.CancelScope(shield=True):
+            try:
+                # The task's cancellation stands for a suspend; a permanent cancel seen
+                # as it went away wins (a cancel is never downgraded).
+                seen = self.watch.command if self.watch is not None else None
+                stop = machine.command_observed(record, machine.merge_command(seen, "suspend"))
+                await self.persist(stop, check_commands=False, release=True)
+                self.host.telemetry.emit("operation.suspended", self.operation_id)
+            except errors.RecoveryError:
+                pass  # the lease dies with us; a stale in-flight attempt reads as interrupted
+
     # --- persistence ----------------------------------------------------------------
 
-    def _ctx(self, command: CommandKind | None = None) -> machine.Context:
+    def context(self, command: CommandKind | None = None) -> machine.Context:
         credentials = self.host.backend.credentials if self.host.backend is not None else None
         return machine.Context(
             now=self.host.now(),
@@ -142,7 +215,7 @@ class OperationCore:
             command=command,
         )
 
-    async def _persist(
+    async def persist(
         self,
         transition: machine.Transition,
         *,
@@ -196,66 +269,70 @@ class OperationCore:
             self.lease = None
         return written
 
-    async def _advance(
+    async def advance(
         self,
         step: Callable[[CommandKind | None], machine.Transition],
         *,
         completion: bytes | None = None,
     ) -> machine.Transition:
         """Compute a transition and persist it; if a lifecycle command arrived meanwhile,
-        recompute the same step with that command (the check is atomic with the write)."""
-        assert self.watch is not None
-        transition = step(self.watch.command)
+        recompute the same step with that command (the check is atomic with the write).
+        Every step's transition goes through here."""
+        watch = self.watching()
+        transition = step(watch.command)
         try:
-            transition = await self._persist(
+            transition = await self.persist(
                 transition,
                 completion=completion if fenced.saves(transition) else None,
                 release=fenced.ends(transition),
             )
         except fenced.CommandArrived as arrived:
             self.known_serial = arrived.serial
-            self.watch.observe(arrived.kind, arrived.serial)
-            transition = step(self.watch.command)
-            transition = await self._persist(
+            watch.observe(arrived.kind, arrived.serial)
+            transition = step(watch.command)
+            transition = await self.persist(
                 transition,
                 completion=completion if fenced.saves(transition) else None,
                 check_commands=False,
                 release=fenced.ends(transition),
             )
-        if self.watch.command_serial is not None:
-            self.known_serial = max(self.known_serial, self.watch.command_serial)
+        if watch.command_serial is not None:
+            self.known_serial = max(self.known_serial, watch.command_serial)
         return transition
 
-    def _watch(self) -> Watch:
+    def watching(self) -> Watch:
         """The monitor's watch of this execution (it exists once the lease is taken)."""
         assert self.watch is not None
         return self.watch
 
-    def _approved(
+    def approved(
         self, record: OperationRecord, attempt_id: str, command: CommandKind | None
     ) -> machine.Transition:
-        return machine.authorization_answered(record, attempt_id, True, self._ctx(command))
+        """The host approved ``attempt_id``: consume it (or stop, when a recheck refuses)."""
+        return machine.authorization_answered(record, attempt_id, True, self.context(command))
 
-    def _wake(self, current: OperationRecord, command: CommandKind | None) -> machine.Transition:
-        return machine.wake(current, self._ctx(command))
+    def wake(self, current: OperationRecord, command: CommandKind | None) -> machine.Transition:
+        return machine.wake(current, self.context(command))
 
-    async def _interruptible(self, work: Awaitable[ValueT]) -> ValueT | Cut:
+    # --- interruptible steps --------------------------------------------------------
+
+    async def interruptible(self, work: Awaitable[ValueT]) -> ValueT | Cut:
         """Run ``work`` inside the monitor's scope; ``CUT`` if a lifecycle command, a
         sign-out or an account change cut it."""
-        with self._watch().fresh_scope():
+        with self.watching().fresh_scope():
             return await work
         return CUT
 
-    async def _on_stop(self, current: OperationRecord) -> machine.Transition:
+    async def on_stop(self, current: OperationRecord) -> machine.Transition:
         """The watch's scope was cancelled: by a lifecycle command, or by the runtime's
         sign-out / account change (a command, when both, decides)."""
-        watch = self._watch()
+        watch = self.watching()
         kind = watch.command
         if kind is not None:
-            return await self._advance(lambda _: machine.command_observed(current, kind))
+            return await self.advance(lambda _: machine.command_observed(current, kind))
         code = watch.account_stop
         assert code is not None
         self.host.telemetry.emit("operation.account_stopped", self.operation_id, reason=code)
-        return await self._advance(
-            lambda command: machine.account_stopped(current, code, self._ctx(command))
+        return await self.advance(
+            lambda command: machine.account_stopped(current, code, self.context(command))
         )
