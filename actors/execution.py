@@ -80,6 +80,7 @@ class Execution:
         live: LiveSlot | None = None,
         expected_contract_version: str | None = None,
         check_contract_version: bool = False,
+        create: fenced.Creation | None = None,
     ) -> None:
         self.host = host
         self.operation_id = operation_id
@@ -94,6 +95,8 @@ class Execution:
         # What the opening transition checks (``open_step``).
         self.expected_contract_version = expected_contract_version
         self.check_contract_version = check_contract_version
+        # A new operation this execution creates in its acquisition (``send_new``).
+        self.create = create
         self.lease: LeaseRecord | None = None
         self.record: OperationRecord | None = None
         self.watch: Watch | None = None
@@ -110,12 +113,19 @@ class Execution:
     # --- lease ----------------------------------------------------------------------
 
     async def acquire(self) -> machine.Transition:
-        """Take the lease and persist the opening transition (``fenced.acquire``)."""
+        """Take the lease and persist the opening transition (``fenced.acquire``); an
+        execution that creates its operation (``create``) writes it in the same
+        transaction (``fenced.JobAdopted`` when another already stands for its job)."""
         op_id = self.operation_id
+        create = self.create
         try:
-            opened = await self.host.store.write(fenced.Acquisition(
-                op_id, self.host.now(), self.open_step, False, self.host.leases.lease_seconds
-            ), touches=(op_id,))
+            if create is None:
+                opened = await self.host.store.write(fenced.Acquisition(
+                    op_id, self.host.now(), self.open_step, False,
+                    self.host.leases.lease_seconds,
+                ), touches=(op_id,))
+            else:
+                opened = await self._create_and_acquire(create)
         except fenced.NeedsUpgrade:
             # A version-1 record: rewrite it as current (lazily, once), then take the lease.
             backend = self.host.backend
@@ -142,6 +152,21 @@ class Execution:
                 "signed_out" if current_account is None else "account_changed"
             )
         return opening
+
+    async def _create_and_acquire(self, create: fenced.Creation) -> fenced.Opened:
+        """Prepare and acquire in one write: the operation, its lease and its opening
+        transition (the pending attempt id) are saved together."""
+        record = create.record
+        _killpoints.hit("prepare.before_save")
+        opened = await self.host.store.write(fenced.Acquisition(
+            self.operation_id, self.host.now(), self.open_step, False,
+            self.host.leases.lease_seconds, create,
+        ), touches=(record,))
+        _killpoints.hit("prepare.saved")
+        self.host.telemetry.emit("operation.prepared", record.operation_id,
+                                 model=record.model, effort=record.reasoning_effort,
+                                 maximum_attempts=record.maximum_attempts)
+        return opened
 
     def open_step(
         self, record: OperationRecord, cancel: CommandKind | None, body_available: bool

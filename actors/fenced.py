@@ -16,6 +16,7 @@ import msgspec
 from recoverable import errors, machine
 from recoverable.actors.checks import check_disposition
 from recoverable.actors.continuation import decide_on_failure
+from recoverable.actors.prepare import create_operation
 from recoverable.records import CommandKind, ContinuationRecord, LeaseRecord, OperationRecord
 from recoverable.sources_rules import receipt_refusal, supersede, superseded_error
 from recoverable.storage.base import WriteTransaction as WriteTxn
@@ -28,6 +29,16 @@ OpenStep = Callable[[OperationRecord, CommandKind | None, bool], machine.Transit
 
 class NeedsUpgrade(Exception):
     """Raised inside the acquisition: the record is an unmigrated version-1 record."""
+
+
+class JobAdopted(Exception):
+    """Raised inside an acquisition that was to create its operation (:class:`Creation`):
+    another operation already stands for the job (prepared by another process meanwhile);
+    nothing was written, and the caller sends that one instead."""
+
+    def __init__(self, operation_id: str) -> None:
+        super().__init__(operation_id)
+        self.operation_id = operation_id
 
 
 class CommandArrived(Exception):
@@ -64,6 +75,15 @@ class Opened(msgspec.Struct, frozen=True, gc=False):
     body: bytes | None
 
 
+class Creation(msgspec.Struct, frozen=True, gc=False):
+    """A new operation an acquisition creates first, in the same transaction: what
+    ``prepare`` would have written alone (``actors/prepare.py``, ``new_admission``)."""
+
+    record: OperationRecord
+    body: bytes
+    stored: bytes
+
+
 class Acquisition(msgspec.Struct, frozen=True, gc=False):
     """The mutation of :func:`acquire`, handed to ``store.write`` as is (no
     ``functools.partial`` with its keywords dict per execution; untracked by the collector)."""
@@ -73,8 +93,14 @@ class Acquisition(msgspec.Struct, frozen=True, gc=False):
     open_step: OpenStep
     upgrade_tried: bool
     lease_seconds: float | None = None
+    create: Creation | None = None
 
     def __call__(self, txn: WriteTxn) -> Opened:
+        if self.create is not None:
+            create = self.create
+            chosen = create_operation(create.record, create.body, create.stored, txn)
+            if chosen is not create.record:
+                raise JobAdopted(chosen.operation_id)  # nothing of ours was written
         return acquire(self.operation_id, self.now, self.open_step, self.upgrade_tried, txn,
                        lease_seconds=self.lease_seconds)
 

@@ -20,12 +20,13 @@ import trio
 
 from recoverable import _killpoints, errors, machine
 from recoverable.actors import live as live_operations
-from recoverable.actors import operation, reads
+from recoverable.actors import operation, prepare_send, reads
 from recoverable.actors import queue as submitted
 from recoverable.actors import retry as manual_retry
 from recoverable.actors.checks import require_bound, require_signed_in
 from recoverable.actors.delegate import Delegation, open_delegation
 from recoverable.actors.execution import Execution
+from recoverable.actors.fenced import Creation
 from recoverable.actors.governor import DEFAULT_BURST_SECONDS, RateGovernor
 from recoverable.actors.heartbeat import LeaseKeeper
 from recoverable.actors.host import Authorize, Backend
@@ -258,6 +259,8 @@ class Runtime:
     # --- submit and wait: operations run by workers (actors/queue.py, actors/worker.py) ---
 
     submit = submitted.submit
+    admit = prepare_send.admit  # internal: prepare and send in one write (batch)
+    send_admitted = prepare_send.send_admitted
     wait = submitted.wait
     live = live_operations.live  # a live operation's partial views (docs/live.md)
 
@@ -297,6 +300,7 @@ class Runtime:
         expected_contract_version: str | None = _UNSET,
         attached: bool = False,
         live: LiveSlot | None = None,
+        create: Creation | None = None,
     ) -> Running:
         """Internal: start the operation's execution in the supervisor nursery, not awaiting it.
 
@@ -314,6 +318,7 @@ class Runtime:
                 None if expected_contract_version is _UNSET else expected_contract_version
             ),
             check_contract_version=expected_contract_version is not _UNSET,
+            create=create,
         )
         run: Callable[[], Awaitable[Any]] = functools.partial(operation.run, execution)
         if live is not None:  # a live operation's views

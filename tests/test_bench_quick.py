@@ -10,6 +10,7 @@ baseline and says so, and these tests check that it says so instead of skipping.
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import subprocess
 import sys
@@ -246,7 +247,16 @@ def check_partial_json(out: str) -> None:
     assert re.search(r"^handwritten / jiter = \d+\.\d\d$", out, re.M), out
 
 
+def check_batch_writes(out: str) -> None:
+    """bench/batch_writes.py (issue 34): the folded batch writes one store write less per
+    job than prepare-then-send, and sends nothing twice."""
+    written = json.loads(out.strip().splitlines()[-1])
+    assert written["folded"] <= 3.5 and written["apart"] - written["folded"] >= 0.9, out
+    assert re.search(r"^\s*folded\s+\d+\.\d\d\s+\d+\s+1\.00\s+50$", out, re.M), out
+
+
 ENTRY_POINTS = [
+    ("batch_writes.py", check_batch_writes),
     ("harness.py", check_harness),
     ("live.py", check_live),
     ("durable_vs_plain.py", check_durable_vs_plain),

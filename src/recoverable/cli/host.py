@@ -20,8 +20,15 @@ import attrs
 import trio
 
 from recoverable import _killpoints, errors
-from recoverable.actors.continuation import ENDED_FAILED, continue_failed, continued_id
+from recoverable.actors.continuation import (
+    ENDED_FAILED,
+    continue_failed,
+    continued_id,
+    send_continuing,
+)
+from recoverable.actors.fenced import JobAdopted
 from recoverable.actors.prepare import choose_job_operation
+from recoverable.actors.prepare_send import Admission
 from recoverable.actors.runtime import Runtime
 from recoverable.cli.acknowledger import Acknowledger
 from recoverable.cli.config import BatchConfig
@@ -205,16 +212,15 @@ class BatchHost:
             self.say(f"job {job.id!r} (line {job.lineno}): operation {op_id} of an older "
                      f"revision superseded by revision {job.revision!r}")
 
-    async def _handle(self, job: Job) -> Handle:
-        """The job's operation: the one a previous run prepared, or a new one."""
+    async def _handle(self, job: Job) -> Handle | Admission:
+        """The job's operation: the one a previous run prepared, or a new one admitted
+        (checked and frozen; written by its first acquisition, see :meth:`_run`)."""
         op_id = self.find_existing(job)
         await self.supersede_older(job)
         if op_id is not None:
             self.summary.adopted += 1
             return Handle(op_id)
-        handle = await self.rt.prepare(job.request, **self.admission(job))
-        self.summary.prepared += 1
-        return handle
+        return self.rt.admit(job.request, **self.admission(job))
 
     def admission(self, job: Job) -> dict[str, Any]:
         """What a new operation of this job is prepared (or submitted) with: the same
@@ -237,16 +243,43 @@ class BatchHost:
 
         A failed operation with a pending opt-in continuation is not failed
         yet: its successor is dispatched here when due and run the same way."""
-        while True:
-            try:
-                return await self.rt.send_recovering(
-                    handle, response=job.response, authorize=self.authorize
-                )
-            except ENDED_FAILED:
-                successor = await continue_failed(self.rt, handle.operation_id)
-                if successor is None:
-                    raise
-                handle = Handle(successor)
+        return await send_continuing(self.rt, handle, response=job.response,
+                                     authorize=self.authorize)
+
+    async def _run(self, target: Handle | Admission, job: Job) -> tuple[Handle, Any]:
+        """The job's operation (the first of its continuation lineage) and its value. An
+        admitted operation is prepared and acquired in one store write
+        (``Runtime.send_admitted``: this host keeps no handle of its own, so nothing
+        observes the prepared operation apart); one another process prepared meanwhile
+        is adopted and run instead."""
+        if isinstance(target, Handle):
+            return target, await self.run_operation(target, job)
+        handle = target.handle
+        try:
+            value = await self.rt.send_admitted(target, response=job.response,
+                                                authorize=self.authorize)
+        except JobAdopted as adopted:  # nothing of ours was written
+            self.summary.adopted += 1
+            handle = Handle(adopted.operation_id)
+            return handle, await self.run_operation(handle, job)
+        except ENDED_FAILED:
+            self.summary.prepared += 1
+            successor = await continue_failed(self.rt, handle.operation_id)
+            if successor is None:
+                raise
+            return handle, await self.run_operation(Handle(successor), job)
+        except BaseException:
+            if self._saved(handle.operation_id):  # it failed after its first write
+                self.summary.prepared += 1
+            raise
+        self.summary.prepared += 1
+        return handle, value
+
+    def _saved(self, operation_id: str) -> bool:
+        try:
+            return self.store.get_operation(operation_id) is not None
+        except errors.RecoveryError:
+            return False
 
     def lanes(self, todo: int) -> int:
         """How many jobs are handled at once."""
@@ -259,10 +292,10 @@ class BatchHost:
     async def _send(self, job: Job) -> _Sent | None:
         """Run the job's operation to its validated result (None: the job is reported)."""
         try:
-            handle = await self._handle(job)
+            target = await self._handle(job)
             self.running += 1
             try:
-                value: Any = await self.run_operation(handle, job)
+                handle, value = await self._run(target, job)
             finally:
                 self.running -= 1
             # The result may be a continuation successor's: commit that one
