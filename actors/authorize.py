@@ -34,20 +34,22 @@ async def ask_host(
     host.telemetry.emit("attempt.reserved", operation_id, attempt=attempt.number,
                         reason=attempt.reason, model=current.model)
 
-    async def ask() -> bool:
+    try:
         # A callback exception escapes unchanged: nothing spent, no renewal, no retry.
-        # A plain ``def`` is accepted too: it runs inline and cannot be interrupted.
         reply = execution.authorize(attempt)
-        answer = await reply if inspect.isawaitable(reply) else reply
-        if type(answer) is not bool:  # only True authorizes; "yes" is a host defect
+        if inspect.isawaitable(reply):
+            # An ``async def`` may block: it runs in the monitor's scope (a command cuts it).
+            approved: object = await execution.interruptible(reply)
+        else:
+            # A plain ``def`` ran inline: nothing could interrupt it, so no scope of its own
+            # (the recheck before connecting and the one at consumption still see a command).
+            approved = reply
+        if not isinstance(approved, Cut) and type(approved) is not bool:
+            # Only True authorizes; "yes" is a host defect.
             raise errors.AuthorizationFailed(
-                f"it returned {type(answer).__name__}", operation_id=operation_id,
+                f"it returned {type(approved).__name__}", operation_id=operation_id,
                 attempt_id=attempt.attempt_id,
             )
-        return answer
-
-    try:
-        approved = await execution.interruptible(ask())
     except Exception as exc:
         if not execution.standing_policy:
             raise

@@ -80,10 +80,11 @@ class _Attempt(Sending):
         execution = self.execution
         self.gate.succeeded(self.ticket)
         self.reported = True
-        with trio.CancelScope(shield=True):  # the consumption write always completes
-            consumed = await execution.advance(
-                functools.partial(execution.approved, self.authorized, self.attempt_id)
-            )
+        # The consumption write always completes: a store's write refuses cancellation
+        # while it waits for its commit (``storage/writer.py``), so no shield of its own.
+        consumed = await execution.advance(
+            functools.partial(execution.approved, self.authorized, self.attempt_id)
+        )
         self.consumed = consumed
         if not isinstance(consumed.action, machine.Transmit):
             raise _NotTransmitted
@@ -280,19 +281,19 @@ async def settle(
     x-ratelimit-* headers, the usage beyond the estimate — before the attempt's own record
     is written: the provider counted those tokens when it answered, so an admission made
     while the receipt is being saved must already see them (a slow disk made that window
-    long enough for a 429). Shielded; a failure to write it never stops the outcome from
-    being saved: it is returned, to raise after."""
+    long enough for a 429). Its one write (none on an ungoverned runtime, or when nothing
+    changes) refuses cancellation like every store write; a failure to write it never
+    stops the outcome from being saved: it is returned, to raise after."""
     host = execution.host
     backend = host.backend
     assert backend is not None
-    with trio.CancelScope(shield=True):
-        try:
-            await host.governor.settle(
-                execution.operation_id, backend.endpoint_id, account, estimate=estimate,
-                outcome=result, maximum_pause=maximum_pause,
-            )
-        except errors.RecoveryError as exc:
-            return exc
+    try:
+        await host.governor.settle(
+            execution.operation_id, backend.endpoint_id, account, estimate=estimate,
+            outcome=result, maximum_pause=maximum_pause,
+        )
+    except errors.RecoveryError as exc:
+        return exc
     return None
 
 
