@@ -33,6 +33,7 @@ from recoverable.actors.heartbeat import ExecutionLease, lease_lost_transition
 from recoverable.actors.host import Authorize, OperationHost
 from recoverable.actors.live import LiveSlot
 from recoverable.actors.monitor import Watch
+from recoverable.actors.prepare import emit_prepared
 from recoverable.contract import ResponseContract
 from recoverable.outcome import Completed, Interruption
 from recoverable.records import CommandKind, LeaseRecord, OperationRecord
@@ -163,9 +164,7 @@ class Execution:
             self.host.leases.lease_seconds, create,
         ), touches=(record,))
         _killpoints.hit("prepare.saved")
-        self.host.telemetry.emit("operation.prepared", record.operation_id,
-                                 model=record.model, effort=record.reasoning_effort,
-                                 maximum_attempts=record.maximum_attempts)
+        emit_prepared(self.host.telemetry, record)
         return opened
 
     def open_step(

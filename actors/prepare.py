@@ -7,25 +7,30 @@ built by the same constructor from its source's identity (:func:`identity_of`).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import secrets
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import msgspec
 
-from recoverable import errors
+from recoverable import _killpoints, errors
 from recoverable.actors.checks import require_signed_in
+from recoverable.actors.heartbeat import LeaseKeeper
 from recoverable.actors.host import Backend
 from recoverable.actors.options import PrepareOptions
 from recoverable.body import body_hash, freeze_body
 from recoverable.contract import contract_for
 from recoverable.pricing import CostBudget, cost_budget
 from recoverable.records import OnInterruption, OperationRecord, StoredRequest
+from recoverable.storage.base import Store
 from recoverable.storage.base import WriteTransaction as WriteTxn
+from recoverable.telemetry import Telemetry
 from recoverable.types import (
     AccountBinding,
+    Handle,
     JsonSchema,
     RetryPolicy,
     SourceRef,
@@ -220,6 +225,72 @@ def job_operation(txn: WriteTxn, record: OperationRecord) -> OperationRecord | N
             operation_id=chosen.operation_id,
         )
     return chosen
+
+
+class Admitting(Protocol):
+    """What :func:`admission_for` reads of the runtime (``actors/runtime.py``)."""
+
+    account: AccountBinding | None
+    backend: Backend | None
+    selector: Callable[[StructuredRequest], StructuredRequest] | None
+    now: Callable[[], float]
+    leases: LeaseKeeper
+
+
+def admission_for(
+    rt: Admitting, request: StructuredRequest, *, response: type[Any] | JsonSchema,
+    options: PrepareOptions,
+) -> tuple[OperationRecord, bytes, bytes]:
+    """:func:`new_admission` with the runtime's account, backend, model selector, clock
+    and lease (``prepare``, ``submit`` and the batch's admission alike)."""
+    return new_admission(
+        request, response=response, options=options, account=rt.account,
+        backend=rt.backend, selector=rt.selector, now=rt.now(),
+        lease_seconds=rt.leases.lease_seconds,
+    )
+
+
+class Saving(Admitting, Protocol):
+    """What :func:`save_admitted` uses of the runtime."""
+
+    store: Store
+    telemetry: Telemetry
+
+
+def emit_prepared(telemetry: Telemetry, record: OperationRecord) -> None:
+    """Telemetry ``operation.prepared``: a new operation was written (ids and counts)."""
+    telemetry.emit("operation.prepared", record.operation_id, model=record.model,
+                   effort=record.reasoning_effort, maximum_attempts=record.maximum_attempts)
+
+
+def handle_of(record: OperationRecord) -> Handle:
+    return Handle(
+        record.operation_id,
+        root_operation_id=record.root_operation_id,
+        previous_operation_id=record.previous_operation_id,
+    )
+
+
+async def save_admitted(
+    rt: Saving,
+    record: OperationRecord,
+    body: bytes,
+    stored: bytes,
+    mutation: Callable[[OperationRecord, bytes, bytes, WriteTxn], OperationRecord],
+    point: str,
+) -> Handle:
+    """Write a new admission with ``mutation`` (``create_operation`` for ``prepare``,
+    ``submit_operation`` for ``submit``), between the kill points ``{point}.before_save``
+    and ``{point}.saved``; the handle of the operation that stands for it (an existing
+    one of its job, or this one, told as ``operation.prepared``)."""
+    _killpoints.hit(f"{point}.before_save")
+    chosen = await rt.store.write(
+        functools.partial(mutation, record, body, stored), touches=(record,)
+    )
+    _killpoints.hit(f"{point}.saved")
+    if chosen is record:
+        emit_prepared(rt.telemetry, record)
+    return handle_of(chosen)
 
 
 def new_admission(

@@ -25,7 +25,7 @@ from recoverable.actors.checks import require_bound
 from recoverable.actors.heartbeat import LeaseKeeper
 from recoverable.actors.host import Authorize, Backend
 from recoverable.actors.options import PrepareOptions
-from recoverable.actors.prepare import new_admission
+from recoverable.actors.prepare import admission_for, handle_of
 from recoverable.actors.supervisor import Running
 from recoverable.types import AccountBinding, Handle, JsonSchema, StructuredRequest
 
@@ -70,17 +70,9 @@ def admit(
     """``prepare``'s checks and frozen body, with nothing written: every typed error
     ``prepare`` raises for these options, raised here."""
     require_bound(rt.account, signed_out=rt.signed_out)
-    record, body, stored = new_admission(
-        request, response=response, options=PrepareOptions(**options), account=rt.account,
-        backend=rt.backend, selector=rt.selector, now=rt.now(),
-        lease_seconds=rt.leases.lease_seconds,
-    )
-    handle = Handle(
-        record.operation_id,
-        root_operation_id=record.root_operation_id,
-        previous_operation_id=record.previous_operation_id,
-    )
-    return Admission(handle, fenced.Creation(record, body, stored))
+    record, body, stored = admission_for(rt, request, response=response,
+                                         options=PrepareOptions(**options))
+    return Admission(handle_of(record), fenced.Creation(record, body, stored))
 
 
 async def send_admitted(

@@ -16,22 +16,22 @@ Both are methods of ``Runtime`` (``Runtime.submit``, ``Runtime.wait``).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any, Final, Protocol, TypeVar
 
 import msgspec
 
-from recoverable import _killpoints, errors, machine
+from recoverable import errors, machine
 from recoverable.actors.checks import require_bound, require_owner
 from recoverable.actors.heartbeat import LeaseKeeper
 from recoverable.actors.host import Backend
 from recoverable.actors.options import PrepareOptions
 from recoverable.actors.prepare import (
+    admission_for,
     choose_job_operation,
     job_operation,
-    new_admission,
     put_new_operation,
+    save_admitted,
 )
 from recoverable.actors.unclaimed import Served, key_of, no_worker_at, served_now
 from recoverable.actors.waiters import QueueWatch
@@ -132,28 +132,11 @@ async def submit(
     if not isinstance(job_id, str):
         raise errors.InvalidRequest("submit needs a job_id (the key of its idempotency)")
     require_bound(rt.account, signed_out=rt.signed_out)
-    record, body, stored = new_admission(
-        request, response=response,
-        options=PrepareOptions(
-            maximum_attempts=maximum_attempts, job_id=job_id, input_revision=input_revision,
-            unclaimed_after=unclaimed_after, **options,
-        ),
-        account=rt.account, backend=rt.backend, selector=rt.selector, now=rt.now(),
-        lease_seconds=rt.leases.lease_seconds,
-    )
-    _killpoints.hit("submit.before_save")
-    chosen = await rt.store.write(
-        functools.partial(submit_operation, record, body, stored), touches=(record,)
-    )
-    _killpoints.hit("submit.saved")
-    if chosen is record:
-        rt.telemetry.emit("operation.prepared", record.operation_id, model=record.model,
-                          effort=record.reasoning_effort, maximum_attempts=maximum_attempts)
-    return Handle(
-        chosen.operation_id,
-        root_operation_id=chosen.root_operation_id,
-        previous_operation_id=chosen.previous_operation_id,
-    )
+    record, body, stored = admission_for(rt, request, response=response, options=PrepareOptions(
+        maximum_attempts=maximum_attempts, job_id=job_id, input_revision=input_revision,
+        unclaimed_after=unclaimed_after, **options,
+    ))
+    return await save_admitted(rt, record, body, stored, submit_operation, "submit")
 
 
 def settled(rt: Runtime, operation_id: str, contract: ResponseContract) -> Any:

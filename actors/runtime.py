@@ -35,9 +35,10 @@ from recoverable.actors.live import LiveSlot
 from recoverable.actors.monitor import LifecycleMonitor
 from recoverable.actors.options import POLICY_UNSET, PrepareOptions
 from recoverable.actors.prepare import (
+    admission_for,
     create_operation,
-    new_admission,
     new_operation_id,
+    save_admitted,
 )
 from recoverable.actors.reattach import cancel_on_server
 from recoverable.actors.scheduler import Scheduler
@@ -236,25 +237,8 @@ class Runtime:
             on_interruption=on_interruption, source=source, attempt_timeout=attempt_timeout,
             live=live, reattach=reattach, maximum_cost_total=maximum_cost_total, prices=prices,
         )
-        record, body, stored = new_admission(
-            request, response=response, options=options, account=self.account,
-            backend=self.backend, selector=self.selector, now=self.now(),
-            lease_seconds=self.leases.lease_seconds,
-        )
-        _killpoints.hit("prepare.before_save")
-        chosen = await self.store.write(
-            functools.partial(create_operation, record, body, stored), touches=(record,)
-        )
-        _killpoints.hit("prepare.saved")
-        if chosen is record:
-            self.telemetry.emit("operation.prepared", record.operation_id, model=record.model,
-                                effort=record.reasoning_effort,
-                                maximum_attempts=maximum_attempts)
-        return Handle(
-            chosen.operation_id,
-            root_operation_id=chosen.root_operation_id,
-            previous_operation_id=chosen.previous_operation_id,
-        )
+        record, body, stored = admission_for(self, request, response=response, options=options)
+        return await save_admitted(self, record, body, stored, create_operation, "prepare")
 
     # --- submit and wait: operations run by workers (actors/queue.py, actors/worker.py) ---
 

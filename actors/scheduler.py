@@ -76,23 +76,20 @@ class Scheduler:
 
     async def wait_until(self, at: float) -> None:
         """Return once ``wall_clock() >= at`` (never earlier)."""
-        while self._wall() < at:
-            event = trio.Event()
-            entry = (at, next(self._seq), event)
-            heapq.heappush(self._heap, entry)
-            if self._heap[0] is entry:
-                self._rescan.set()
-            await event.wait()
+        await self._wait(self._heap, at)
 
     async def wait_released(self, at: float) -> None:
         """Return once ``wall_clock() >= at`` (never earlier), for a wait that many tasks
         share (the end of a shared pause): released a quota per round of the event loop,
         after the round's due :meth:`wait_until` wakes (see the module docstring)."""
+        await self._wait(self._shared, at)
+
+    async def _wait(self, heap: list[tuple[float, int, trio.Event]], at: float) -> None:
         while self._wall() < at:
             event = trio.Event()
             entry = (at, next(self._seq), event)
-            heapq.heappush(self._shared, entry)
-            if self._shared[0] is entry:
+            heapq.heappush(heap, entry)
+            if heap[0] is entry:
                 self._rescan.set()
             await event.wait()
 

@@ -32,6 +32,16 @@ Snapshot: TypeAlias = "lmdb.Transaction[bytes]"
 Tables: TypeAlias = "dict[Table, Any]"
 
 
+def _matches(
+    record: OperationRecord | DispositionRecord, account: AccountBinding | None,
+    scope: str | None,
+) -> bool:
+    """The record is of ``account`` and ``scope`` (None: any)."""
+    return (account is None or record.account == account) and (
+        scope is None or record.scope == scope
+    )
+
+
 def _matching_operations(
     rows: Iterable[tuple[bytes, bytes]], account: AccountBinding | None, scope: str | None
 ) -> tuple[list[OperationRecord], list[str]]:
@@ -45,11 +55,8 @@ def _matching_operations(
         except (CorruptRecord, UnsupportedRecordVersion):
             unreadable.append(operation_id)
             continue
-        if account is not None and record.account != account:
-            continue
-        if scope is not None and record.scope != scope:
-            continue
-        readable.append(record)
+        if _matches(record, account, scope):
+            readable.append(record)
     return readable, unreadable
 
 
@@ -145,9 +152,6 @@ def dispositions(
             record = codec.decode_disposition(raw, operation_id=key_str(key))
         except (CorruptRecord, UnsupportedRecordVersion):
             continue
-        if account is not None and record.account != account:
-            continue
-        if scope is not None and record.scope != scope:
-            continue
-        found.append(record)
+        if _matches(record, account, scope):
+            found.append(record)
     return found

@@ -30,7 +30,7 @@ the writes are ``WriteTxn.enqueue`` / ``WriteTxn.dequeue``.
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
 import attrs
 import msgspec
@@ -117,6 +117,7 @@ class ServedRow(msgspec.Struct, frozen=True, kw_only=True):
 
 
 _SERVED_DECODER: Final = msgspec.msgpack.Decoder(ServedRow)
+RowT = TypeVar("RowT", WorkerRow, ServedRow)
 
 
 def served_key(account_id: str, source: str, endpoint_id: str) -> bytes:
@@ -129,13 +130,18 @@ def encode_served(row: ServedRow) -> bytes:
     return msgspec.msgpack.encode(row)
 
 
-def decode_served(raw: bytes) -> ServedRow | None:
-    """The row, or None for one this version cannot read (read as no mark at all)."""
+def _version_1(decoder: msgspec.msgpack.Decoder[RowT], raw: bytes) -> RowT | None:
+    """A version-1 row, or None for one this version cannot read."""
     try:
-        row = _SERVED_DECODER.decode(raw)
+        row = decoder.decode(raw)
     except msgspec.DecodeError:
         return None
     return row if row.version == 1 else None
+
+
+def decode_served(raw: bytes) -> ServedRow | None:
+    """The row, or None for one this version cannot read (read as no mark at all)."""
+    return _version_1(_SERVED_DECODER, raw)
 
 
 def worker_key(owner_id: str, token: str) -> bytes:
@@ -150,11 +156,7 @@ def encode_worker(row: WorkerRow) -> bytes:
 
 def decode_worker(raw: bytes) -> WorkerRow | None:
     """The row, or None for one this version cannot read."""
-    try:
-        row = _WORKER_DECODER.decode(raw)
-    except msgspec.DecodeError:
-        return None
-    return row if row.version == 1 else None
+    return _version_1(_WORKER_DECODER, raw)
 
 
 def workers(txn: lmdb.Transaction[bytes], db: Any) -> list[tuple[str, str, WorkerRow]]:
