@@ -96,7 +96,8 @@ class Execution:
         # What the opening transition checks (``open_step``).
         self.expected_contract_version = expected_contract_version
         self.check_contract_version = check_contract_version
-        # A new operation this execution creates in its acquisition (``send_new``).
+        # A new operation this execution creates in its acquisition
+        # (``actors/prepare_send.py``); let go once written.
         self.create = create
         self.lease: LeaseRecord | None = None
         self.record: OperationRecord | None = None
@@ -127,6 +128,7 @@ class Execution:
                 ), touches=(op_id,))
             else:
                 opened = await self._create_and_acquire(create)
+                self.create = None  # written: its body and request are the store's now
         except fenced.NeedsUpgrade:
             # A version-1 record: rewrite it as current (lazily, once), then take the lease.
             backend = self.host.backend
