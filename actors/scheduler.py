@@ -76,22 +76,25 @@ class Scheduler:
 
     async def wait_until(self, at: float) -> None:
         """Return once ``wall_clock() >= at`` (never earlier)."""
-        await self._wait(self._heap, at)
+        while self._wall() < at:
+            await self._park(self._heap, at).wait()
 
     async def wait_released(self, at: float) -> None:
         """Return once ``wall_clock() >= at`` (never earlier), for a wait that many tasks
         share (the end of a shared pause): released a quota per round of the event loop,
         after the round's due :meth:`wait_until` wakes (see the module docstring)."""
-        await self._wait(self._shared, at)
-
-    async def _wait(self, heap: list[tuple[float, int, trio.Event]], at: float) -> None:
         while self._wall() < at:
-            event = trio.Event()
-            entry = (at, next(self._seq), event)
-            heapq.heappush(heap, entry)
-            if heap[0] is entry:
-                self._rescan.set()
-            await event.wait()
+            await self._park(self._shared, at).wait()
+
+    def _park(self, heap: list[tuple[float, int, trio.Event]], at: float) -> trio.Event:
+        """Enter a wait until ``at`` in ``heap``; its event is set when it is due. (A plain
+        function, not a coroutine: a parked operation keeps no extra frame alive.)"""
+        event = trio.Event()
+        entry = (at, next(self._seq), event)
+        heapq.heappush(heap, entry)
+        if heap[0] is entry:
+            self._rescan.set()
+        return event
 
     def _wake_due(self, now: float) -> None:
         heap = self._heap
