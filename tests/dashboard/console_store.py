@@ -14,6 +14,7 @@ real payloads, one write transaction): LMDB directory or PostgreSQL URL alike.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -62,9 +63,9 @@ def _failed(op_id: str, account: recoverable.AccountBinding, model: str, at: flo
     )
 
 
-def save(spec: str, members: list[Any]) -> None:
+def save(spec: str, members: list[Any], also: Callable[[Any], None] | None = None) -> None:
     """Write each member ``(record, body, stored request, completion or None)`` with its
-    payloads, in one commit, into the store at ``spec``."""
+    payloads, and then ``also`` (more rows), in one commit, into the store at ``spec``."""
 
     def write(txn: Any) -> None:
         for record, body, stored, completion in members:
@@ -73,6 +74,8 @@ def save(spec: str, members: list[Any]) -> None:
             if completion is not None:
                 txn.put_payload(record.operation_id, "completion", completion)
             txn.put_operation(record)
+        if also is not None:
+            also(txn)
 
     store = recoverable.RecoveryStore.open(spec)
     try:

@@ -20,7 +20,7 @@ import recoverable
 from recoverable.records import AttemptRecord, LeaseRecord, RetryReservation
 from recoverable.storage.queue import SERVED_GRACE, ServedRow, WorkerRow
 
-from .console_store import LATE, Answer, _record
+from .console_store import LATE, Answer, _record, save
 from .helpers import ACCOUNT
 
 DEAD_OWNER = "0d0d0d0d0d0d0d0d0d0d0d0d0d0d0d0d"  # no process holds it
@@ -56,7 +56,7 @@ def fill_explained(spec: str) -> dict[str, Any]:
                 attempts=(AttemptRecord("op-last.1", 1, "initial", LATE + 1, "completed",
                                         response_id="resp_last"),)),
     ]
-    _write(spec, members)
+    save(spec, members)
     return {member[0].operation_id: member[0] for member in members}
 
 
@@ -67,31 +67,16 @@ def add_orphan_and_worker(spec: str) -> None:
                 attempts_used=1, maximum_attempts=3, fence=1,
                 attempts=(AttemptRecord("op-orphan.1", 1, "initial", LATE + 2),)),
     ]
-    _write(spec, members, orphan=True)
+    save(spec, members, _orphan_rows)
 
 
-def _write(spec: str, members: list[Any], *, orphan: bool = False) -> None:
-
-    def write(txn: Any) -> None:
-        for record, body, stored, completion in members:
-            txn.put_payload(record.operation_id, "body", body)
-            txn.put_payload(record.operation_id, "request", stored)
-            if completion is not None:
-                txn.put_payload(record.operation_id, "completion", completion)
-            txn.put_operation(record)
-        if not orphan:
-            return
-        txn.put_lease(LeaseRecord(operation_id="op-orphan", owner_id=DEAD_OWNER,
-                                  token="1" * 32, fence=1, acquired_at=LATE + 2,
-                                  expires_at=LATE + 32))
-        txn.register_worker("w" * 16, WorkerRow(
-            account_id=ACCOUNT.account_id, source=ACCOUNT.source, endpoint_id="fixture",
-            concurrency=4, started_at=LATE))
-        txn.mark_served(ServedRow(account_id=ACCOUNT.account_id, source=ACCOUNT.source,
-                                  endpoint_id="fixture", until=BEAT + SERVED_GRACE))
-
-    store = recoverable.RecoveryStore.open(spec)
-    try:
-        store.write_sync(write)
-    finally:
-        store.close()
+def _orphan_rows(txn: Any) -> None:
+    """``op-orphan``'s lease under a dead owner, and a worker row with its served mark."""
+    txn.put_lease(LeaseRecord(operation_id="op-orphan", owner_id=DEAD_OWNER,
+                              token="1" * 32, fence=1, acquired_at=LATE + 2,
+                              expires_at=LATE + 32))
+    txn.register_worker("w" * 16, WorkerRow(
+        account_id=ACCOUNT.account_id, source=ACCOUNT.source, endpoint_id="fixture",
+        concurrency=4, started_at=LATE))
+    txn.mark_served(ServedRow(account_id=ACCOUNT.account_id, source=ACCOUNT.source,
+                              endpoint_id="fixture", until=BEAT + SERVED_GRACE))
