@@ -30,6 +30,7 @@ from recoverable.actors.worker import run_worker
 from recoverable.outcome import Completed, Interruption, Outcome, Progress
 from recoverable.testing import FixtureProvider
 
+from ..mock_clock import commits_take_no_time
 from .conftest import ACCOUNT, REQUEST, Answer, Authorizer, generation_requests
 from .test_endpoint_unavailable import FAST_CONNECT, backend_for, closed_port
 
@@ -72,8 +73,9 @@ class Unreachable:
 def runtime(store: recoverable.RecoveryStore, backend: Any, **options: Any) -> Any:
     return recoverable.open_runtime(
         store, backend, account=ACCOUNT,
-        monitor_interval=1.0,  # nothing to watch here: fewer idle wake-ups under MockClock
-        **{"unreachable_after": BOUND, "connect_backoff": BACKOFF, **options},
+        # monitor_interval: nothing to watch here: fewer idle wake-ups under MockClock
+        **{"monitor_interval": 1.0, "unreachable_after": BOUND, "connect_backoff": BACKOFF,
+           **options},
     )
 
 
@@ -141,19 +143,24 @@ def test_every_waiting_operation_ends_at_the_bound_with_nothing_spent(tmp_path: 
 
 def test_without_a_bound_the_wait_has_no_end(tmp_path: Path) -> None:
     """``unreachable_after=math.inf``: the wait of before, still waiting after an hour
-    (twelve times the default bound; the default backoff probes every 30 s)."""
+    (twelve times the default bound; the default backoff probes every 30 s). The writer's
+    commits take no Trio time here (``commits_take_no_time``): the hour is the backoff's."""
     backend = Unreachable()
 
     async def main() -> None:
         store = recoverable.RecoveryStore.open(str(tmp_path / "store"))
         try:
-            async with runtime(store, backend, unreachable_after=math.inf,
-                               connect_backoff=recoverable.ConnectBackoff()) as rt:
+            async with commits_take_no_time(), runtime(
+                store, backend, unreachable_after=math.inf,
+                connect_backoff=recoverable.ConnectBackoff(),
+            ) as rt:
                 handle = await rt.prepare(REQUEST, response=Answer, maximum_attempts=1)
                 with trio.move_on_after(3600) as waited:
                     await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
                 assert waited.cancelled_caught
-                assert backend.sent == [] and backend.tries > 100  # 0.5, 1, 2, ... then 30 s
+                # At 0, then 0.5, 1, 2, 4, 8, 16 s later (31.5 s), then every 30 s: 125 tries
+                # in the hour (each takes 0.01 s to fail).
+                assert backend.sent == [] and backend.tries == 125
                 record = store.get_operation(handle.operation_id)
                 assert record is not None and record.attempts_used == 0
         finally:
