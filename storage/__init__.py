@@ -1,6 +1,7 @@
-"""The LMDB recovery store (``recoverable.storage``).
+"""The recovery store (``recoverable.storage``).
 
-``RecoveryStore`` is the entry point; mutations receive a ``WriteTxn``; leases are
+``RecoveryStore`` is the entry point, over an engine (``storage/engine.py``: LMDB, or
+PostgreSQL when psycopg is installed); mutations receive a ``WriteTxn``; leases are
 taken and released inside mutations with ``acquire_lease`` / ``release_lease``.
 The contract a store implements (what the actors use) is ``storage.base``:
 ``Store``, ``WriteTransaction`` and ``RecordReader``.
@@ -17,12 +18,12 @@ from recoverable.storage.store import FORMAT_VERSION, TABLES, RecoveryStore, Tab
 
 del _migration
 
-try:  # the PostgreSQL store (recoverable[postgres]) registers postgresql:// URLs
-    from recoverable.storage import pg_store as _pg_store
+try:  # the PostgreSQL engine (recoverable[postgres]) registers postgresql:// URLs
+    from recoverable.storage import pg_engine as _pg_engine
 except ImportError:  # psycopg is not installed: RecoveryStore.open(url) says so
     pass
 else:
-    del _pg_store
+    del _pg_engine
 
 __all__ = [
     "FORMAT_VERSION",

@@ -36,7 +36,7 @@ def _rows(source: RecoveryStore, table: Table, after: bytes | None) -> list[tupl
     """Up to CHUNK_ROWS rows of ``table`` with a key above ``after``, from one snapshot."""
 
     def read(txn: Any) -> list[tuple[bytes, bytes]]:
-        cursor = txn.cursor(db=source._dbs[table])
+        cursor = txn.cursor(db=source.engine.tables[table])
         if after is None:
             found = iter(cursor.iternext())
         elif cursor.set_range(after):
@@ -53,7 +53,7 @@ def _rows(source: RecoveryStore, table: Table, after: bytes | None) -> list[tupl
                 break
         return chunk
 
-    result: list[tuple[bytes, bytes]] = source._read(read)
+    result: list[tuple[bytes, bytes]] = source.engine.read(read)
     return result
 
 

@@ -46,7 +46,8 @@ async def _one_batch(
         for index, mutation in enumerate(mutations):
             nursery.start_soon(one, index, mutation)
         await trio.testing.wait_all_tasks_blocked()
-        assert store._writer is not None and store._writer.queued == len(mutations)
+        writer = store.engine.writer
+        assert writer is not None and writer.queued == len(mutations)
         release.set()
     return outcomes
 

@@ -14,7 +14,7 @@ import recoverable
 from recoverable.errors import FenceMismatch, StorageUnavailable
 from recoverable.records import CommandRecord
 from recoverable.storage import RecoveryStore, WriteTransaction, acquire_lease
-from recoverable.storage.pg_store import PgStore
+from recoverable.storage.pg_engine import PgEngine
 from recoverable.storage.registry import StoreOptions
 from recoverable.testing import FixtureProvider
 from tests.pg.cluster import Cluster
@@ -133,13 +133,14 @@ def test_a_killed_owner_backend_loses_the_owner_and_its_stale_writes_fail(
 ) -> None:
     stale = RecoveryStore.open(pg_url)
     try:
-        assert isinstance(stale, PgStore)
+        assert isinstance(stale.engine, PgEngine)
         stale.write_sync(lambda txn: txn.put_operation(make_op("op-1")))
         lease = stale.write_sync(lambda txn: acquire_lease(txn, "op-1", time.time()))
         assert _terminate(pg_url, "owner") == 1  # its advisory lock goes with it
         # Another opener of the same database stands for another machine: it sees the
         # lease dead at once and takes the operation over with a higher fence.
-        other = PgStore(pg_url, stale_options(stale))
+        # Not registered in this process's open stores: a second owner of the same URL.
+        other = RecoveryStore(PgEngine(pg_url, stale_options(stale)), pg_url)
         try:
             deadline = time.monotonic() + 5.0  # generous: the server closes the session
             while other.lease_is_live(lease) and time.monotonic() < deadline:
@@ -148,7 +149,7 @@ def test_a_killed_owner_backend_loses_the_owner_and_its_stale_writes_fail(
             taken = other.write_sync(lambda txn: acquire_lease(txn, "op-1", time.time()))
             assert taken.fence == lease.fence + 1
         finally:
-            other._teardown()
+            other.engine.close()
         record = stale.get_operation("op-1")
         assert record is not None
         # The stale owner can neither checkpoint (fenced) nor commit anything at all.

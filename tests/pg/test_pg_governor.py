@@ -10,7 +10,7 @@ import pytest
 from recoverable.actors.governor import RateGovernor
 from recoverable.outcome import Interruption
 from recoverable.storage import RecoveryStore
-from recoverable.storage.pg_store import ADVISORY_READ_SECONDS
+from recoverable.storage.pg_engine import ADVISORY_READ_SECONDS
 from recoverable.telemetry import Telemetry
 from tests.storage.storage_helpers import ACCOUNT
 

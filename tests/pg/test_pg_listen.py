@@ -14,7 +14,7 @@ import pytest
 import trio
 
 import recoverable
-from recoverable.storage import pg_store, pg_writer
+from recoverable.storage import pg_engine, pg_writer
 from recoverable.testing import FixtureProvider, Reply
 from tests.runtime.conftest import ACCOUNT, REQUEST, Answer, Authorizer, make_backend
 
@@ -74,7 +74,7 @@ async def test_a_cancel_on_another_machine_wakes_the_monitor_by_notify(
     machines: tuple[recoverable.RecoveryStore, recoverable.RecoveryStore],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(pg_store, "COMMIT_POLL_SECONDS", 60.0)  # no poll can explain it
+    monkeypatch.setattr(pg_engine, "COMMIT_POLL_SECONDS", 60.0)  # no poll can explain it
     latency, wakes = await _cancel_seen_across_machines(machines)
     assert latency < BOUND
     # Woken by notifications only (a 2 ms poll would have woken it hundreds of times).
@@ -86,7 +86,7 @@ async def test_a_lost_notification_is_covered_by_the_bounded_poll(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(pg_writer, "_NOTIFY_TABLES", frozenset())  # every NOTIFY is lost
-    monkeypatch.setattr(pg_store, "COMMIT_POLL_SECONDS", 0.1)
+    monkeypatch.setattr(pg_engine, "COMMIT_POLL_SECONDS", 0.1)
     latency, _ = await _cancel_seen_across_machines(machines)
     assert latency < BOUND
 
@@ -96,7 +96,7 @@ async def test_a_dropped_listen_connection_is_reopened_and_scanned(
     monkeypatch: pytest.MonkeyPatch,
     pg_url: str,
 ) -> None:
-    monkeypatch.setattr(pg_store, "COMMIT_POLL_SECONDS", 60.0)
+    monkeypatch.setattr(pg_engine, "COMMIT_POLL_SECONDS", 60.0)
 
     def kill_listeners() -> None:
         with psycopg.connect(pg_url, autocommit=True) as admin:

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from recoverable.storage import RecoveryStore, WriteTxn
-from recoverable.storage.pg_store import PgStore
+from recoverable.storage.pg_engine import PgEngine
 from recoverable.storage.pg_writer import PgWriter
 from tests.storage.storage_helpers import ACCOUNT, make_op
 
@@ -42,20 +42,21 @@ def default_isolation(request: pytest.FixtureRequest, pg_url: str) -> Iterator[s
 
 
 @contextmanager
-def two_owners(pg_url: str) -> Iterator[tuple[PgStore, PgStore]]:
+def two_owners(pg_url: str) -> Iterator[tuple[RecoveryStore, RecoveryStore]]:
     """Two owners of one database, as two machines of a fleet would be."""
     first = RecoveryStore.open(pg_url)
     second = RecoveryStore.open(pg_url + "?sslmode=disable")
     try:
-        assert isinstance(first, PgStore) and isinstance(second, PgStore)
+        assert isinstance(first.engine, PgEngine) and isinstance(second.engine, PgEngine)
         yield first, second
     finally:
         second.close()
         first.close()
 
 
-def writer_of(store: PgStore) -> PgWriter:
-    writer = store._pg_writer
+def writer_of(store: RecoveryStore) -> PgWriter:
+    assert isinstance(store.engine, PgEngine)
+    writer = store.engine.writer
     assert writer is not None
     return writer
 
@@ -64,7 +65,7 @@ class Paused:
     """Runs ``store.write_sync(fn)`` on a thread of its own; the mutation ``fn`` calls
     :meth:`pause` to stop there until the test says go on."""
 
-    def __init__(self, store: PgStore, fn: Callable[[WriteTxn, Paused], Any]) -> None:
+    def __init__(self, store: RecoveryStore, fn: Callable[[WriteTxn, Paused], Any]) -> None:
         self.entered = threading.Event()
         self.release = threading.Event()
         self.result: list[Any] = []
@@ -92,7 +93,7 @@ class Paused:
         return self.result[0]
 
 
-def spend_one_after_a_pause(store: PgStore, operation_id: str) -> Paused:
+def spend_one_after_a_pause(store: RecoveryStore, operation_id: str) -> Paused:
     """A batch that reads the record, pauses (returned once it has), then writes it
     with one attempt spent."""
 

@@ -14,7 +14,7 @@ import trio
 from recoverable.actors.lifecycle import write_command
 from recoverable.storage import RecoveryStore, acquire_lease, pg_sql
 from recoverable.storage.pg_batch import row_id
-from recoverable.storage.pg_store import PgStore
+from recoverable.storage.pg_engine import PgEngine
 from tests.storage.storage_helpers import ACCOUNT, make_op
 
 
@@ -32,7 +32,7 @@ def statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return sent
 
 
-async def _read_all(store: PgStore, op_ids: list[str], hinted: bool) -> dict[str, Any]:
+async def _read_all(store: RecoveryStore, op_ids: list[str], hinted: bool) -> dict[str, Any]:
     """One write per operation, all queued together (one batch): each reads the record,
     the command and the lease."""
     seen: dict[str, Any] = {}
@@ -56,7 +56,7 @@ async def test_hinted_writes_read_their_rows_in_the_batchs_first_round_trip(
     other = RecoveryStore.open(pg_url + "?sslmode=disable")  # another owner (machine)
     mine = RecoveryStore.open(pg_url)
     try:
-        assert isinstance(mine, PgStore)
+        assert isinstance(mine.engine, PgEngine)
         for op_id in ops:
             other.write_sync(lambda txn, op_id=op_id: txn.put_operation(make_op(op_id)))
         other.write_sync(lambda txn: txn.put_command("op-3", "suspend", 1.0))
@@ -86,9 +86,9 @@ async def test_a_hinted_read_sees_what_another_owner_committed_since(pg_url: str
     mine = RecoveryStore.open(pg_url)
     other = RecoveryStore.open(pg_url + "?sslmode=disable")
     try:
-        assert isinstance(mine, PgStore)
+        assert isinstance(mine.engine, PgEngine)
         await mine.write(lambda txn: txn.put_operation(make_op("op-1")), touches=("op-1",))
-        cache = mine._pg_writer._cache  # type: ignore[union-attr]
+        cache = mine.engine.writer._cache  # type: ignore[union-attr]
         assert cache.rows[row_id("recoverable_operations", b"op-1")] is not None
         lease = other.write_sync(lambda txn: acquire_lease(txn, "op-1", time.time()))
         other.write_sync(lambda txn: txn.put_command("op-1", "cancel", 3.0))
@@ -114,7 +114,7 @@ async def test_a_batch_knows_which_owners_are_live_without_asking_per_lease(
     mine = RecoveryStore.open(pg_url)
     other = RecoveryStore.open(pg_url + "?sslmode=disable")
     try:
-        assert isinstance(mine, PgStore)
+        assert isinstance(mine.engine, PgEngine)
         for op_id in ("op-1", "op-2"):
             other.write_sync(lambda txn, op_id=op_id: txn.put_operation(make_op(op_id)))
             other.write_sync(lambda txn, op_id=op_id: acquire_lease(txn, op_id, time.time()))
@@ -124,8 +124,8 @@ async def test_a_batch_knows_which_owners_are_live_without_asking_per_lease(
             touches=("op-1",),
         )
         assert command is not None and command.kind == "cancel"  # the owner runs it
-        assert mine.liveness_queries == 0 and statements == []
-        assert mine._pg_writer.live_owners is None  # type: ignore[union-attr]
+        assert mine.engine.liveness_queries == 0 and statements == []
+        assert mine.engine.writer.live_owners is None  # type: ignore[union-attr]
         other.close()  # its advisory lock goes with its connection
         applied = await mine.write(
             lambda txn: write_command("op-2", "cancel", time.time(), ACCOUNT, txn),

@@ -20,6 +20,7 @@ from recoverable.errors import (
 )
 from recoverable.storage import RecoveryStore, acquire_lease
 from recoverable.storage.pg_batch import CHANGES_KEPT, MAX_LOGGED_KEYS, row_id
+from recoverable.storage.pg_engine import PgEngine, redact_url
 from recoverable.storage.pg_schema import (
     LOCK_NAMESPACE,
     SCHEMA_VERSION,
@@ -27,7 +28,6 @@ from recoverable.storage.pg_schema import (
     schema_version,
     upgrade,
 )
-from recoverable.storage.pg_store import PgStore, redact_url
 from tests.pg.cluster import Cluster
 from tests.pg.fixtures import drop_database, new_database
 from tests.storage.storage_helpers import make_op
@@ -35,7 +35,7 @@ from tests.storage.storage_helpers import make_op
 
 def test_open_a_url_returns_the_postgresql_store_and_migrates(pg_url: str) -> None:
     with RecoveryStore.open(pg_url) as store:
-        assert isinstance(store, PgStore)
+        assert isinstance(store.engine, PgEngine)
         store.write_sync(lambda txn: txn.put_operation(make_op("op-1")))
         found = store.get_operation("op-1")
         assert found is not None and found.operation_id == "op-1"
@@ -134,10 +134,10 @@ def test_rows_nobody_else_changed_stay_in_the_writers_cache(pg_url: str) -> None
     mine = RecoveryStore.open(pg_url)
     other = RecoveryStore.open(pg_url + "?sslmode=disable")
     try:
-        assert isinstance(mine, PgStore)
+        assert isinstance(mine.engine, PgEngine)
         mine.write_sync(lambda txn: txn.put_operation(make_op("op-1")))
         mine.write_sync(lambda txn: txn.put_operation(make_op("op-2")))
-        cache = mine._pg_writer._cache  # type: ignore[union-attr]
+        cache = mine.engine.writer._cache  # type: ignore[union-attr]
         assert row_id("recoverable_operations", b"op-1") in cache.rows
         other.write_sync(lambda txn: acquire_lease(txn, "op-2", time.time()))
         seen = mine.write_sync(lambda txn: txn.get_operation("op-2"))
@@ -153,11 +153,11 @@ def test_the_writers_row_cache_is_never_tracked_by_the_garbage_collector(pg_url:
     dict is never tracked, so it costs the collector nothing however large (issue 17)."""
     store = RecoveryStore.open(pg_url)
     try:
-        assert isinstance(store, PgStore)
+        assert isinstance(store.engine, PgEngine)
         for index in range(20):
             store.write_sync(lambda txn, i=index: txn.put_operation(make_op(f"op-{i}")))
         store.write_sync(lambda txn: txn.get_operation("op-missing"))  # cached as absent
-        cache = store._pg_writer._cache  # type: ignore[union-attr]
+        cache = store.engine.writer._cache  # type: ignore[union-attr]
         assert row_id("recoverable_operations", b"op-missing") in cache.rows
         assert cache.rows[row_id("recoverable_operations", b"op-missing")] is None
         assert len(cache.rows) > 20
@@ -174,7 +174,7 @@ def test_the_queue_is_read_in_one_statement_with_lmdbs_rules(pg_url: str) -> Non
     from recoverable.storage import queue
 
     with RecoveryStore.open(pg_url) as store:
-        assert isinstance(store, PgStore)
+        assert isinstance(store.engine, PgEngine)
         for index in range(5):
             store.write_sync(lambda txn, i=index: txn.put_operation(make_op(f"op-{i}")))
             store.write_sync(lambda txn, i=index: txn.enqueue(f"op-{i}"))
@@ -209,7 +209,7 @@ def test_other_live_owners_lists_another_open_owner_until_it_closes(pg_url: str)
     mine = RecoveryStore.open(pg_url)
     other = RecoveryStore.open(pg_url + "?sslmode=disable")
     try:
-        assert isinstance(mine, PgStore) and isinstance(other, PgStore)
+        assert isinstance(mine.engine, PgEngine) and isinstance(other.engine, PgEngine)
         assert mine.other_live_owners() == [other.owner_id]
         assert other.other_live_owners() == [mine.owner_id]
         other.close()
@@ -272,7 +272,7 @@ def test_an_owner_whose_heartbeat_expired_is_dead_though_its_lock_is_held(
     mine = RecoveryStore.open(pg_url)
     hung = RecoveryStore.open(pg_url + "?sslmode=disable")
     try:
-        assert isinstance(mine, PgStore) and isinstance(hung, PgStore)
+        assert isinstance(mine.engine, PgEngine) and isinstance(hung.engine, PgEngine)
         mine.write_sync(lambda txn: txn.put_operation(make_op("op-1")))
         held = hung.write_sync(lambda txn: acquire_lease(txn, "op-1", time.time()))
         assert held.owner_id == hung.owner_id and mine.owner_is_live(hung.owner_id)

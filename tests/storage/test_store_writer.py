@@ -84,7 +84,7 @@ async def test_a_failing_mutation_is_rolled_back_alone_within_its_batch(
         for i in range(12):
             nursery.start_soon(one, i)
         await trio.testing.wait_all_tasks_blocked()  # all twelve are queued behind the blocker
-        assert store._writer is not None and store._writer.queued == 12
+        assert store.engine.writer is not None and store.engine.writer.queued == 12
         release.set()
     assert store.stats()["commits"] - commits_before == 2  # the blocker's batch, then one batch
     assert store.stats()["largest_batch"] == 12
@@ -188,7 +188,7 @@ def test_a_write_appended_after_the_writer_ended_is_refused_not_stranded(
     then the store stopped and its writer thread drained the queue and ended, then the
     caller appended. It must get ``StorageUnavailable`` (nothing ran), not wait forever."""
     store = RecoveryStore.open(store_path)
-    writer = store._writer
+    writer = store.engine.writer
     assert writer is not None
 
     class StopFirst(collections.deque):  # type: ignore[type-arg]
@@ -247,7 +247,7 @@ async def test_the_writes_of_one_batch_share_one_context_and_see_each_other(
         for i in range(12):
             nursery.start_soon(one, i)
             await trio.testing.wait_all_tasks_blocked()  # queued in order
-        assert store._writer is not None and store._writer.queued == 12
+        assert store.engine.writer is not None and store.engine.writer.queued == 12
         release.set()
     assert store.stats()["largest_batch"] == 12
     assert len(contexts) == 12 and len(set(contexts)) == 1  # one context for the batch

@@ -44,7 +44,7 @@ from recoverable.telemetry import TelemetryEvent
 __all__ = ["run_dashboard", "store_label"]
 
 _URL_SCHEMES: Final = frozenset({"postgresql", "postgres"})
-_PG_MODULE: Final = "recoverable.storage.pg_store"
+_PG_MODULE: Final = "recoverable.storage.pg_engine"
 GRACEFUL_SECONDS: Final = 2.0  # open live views (SSE) are closed after this on shutdown
 
 

@@ -1,9 +1,11 @@
-"""The PostgreSQL recovery store: the storage contract on a database a fleet shares.
+"""The PostgreSQL engine: the storage contract on a database a fleet shares.
 
-``RecoveryStore.open("postgresql://user@host:port/db")`` opens one (the dispatch is in
-``storage/store.py``). The records are the LMDB store's bytes in one table per logical
-table (``storage/pg_sql.py``), the write transaction is the LMDB store's ``WriteTxn``
-over SQL, the writer groups the mutations of this process into one PostgreSQL
+``RecoveryStore.open("postgresql://user@host:port/db")`` opens a ``RecoveryStore`` over
+it (the dispatch is in ``storage/store.py``, the seam in ``storage/engine.py``; the LMDB
+engine is its sibling, ``storage/lmdb_engine.py``). The records are the same bytes as
+LMDB's in one table per logical table (``storage/pg_sql.py``; the operations table also
+has typed columns, ``storage/pg_operations.py``), the write transaction is the shared
+``WriteTxn`` over SQL, the writer groups the mutations of this process into one PostgreSQL
 transaction per batch (``storage/pg_writer.py``); reads use a small pool of connections,
 each query from one snapshot (REPEATABLE READ, read only).
 
@@ -13,7 +15,7 @@ by a dedicated connection for the store's whole life. Another owner is live whil
 lock is held (PostgreSQL drops it when the owner's process or connection dies: SIGKILL,
 a killed backend) AND its expiry, renewed by a heartbeat thread, is after the server's
 ``now()`` (a hung owner stops renewing). The client clock never decides another owner's
-liveness. Lease rows, fences and their checks are the LMDB store's (``storage/leases.py``,
+liveness. Lease rows, fences and their checks are the shared ones (``storage/leases.py``,
 ``WriteTxn.put_operation(expect_fence=)``), made atomic by the writer's commit check
 (``storage/pg_readset.py``: a batch commits only if nothing it read changed since).
 
@@ -39,6 +41,7 @@ import psycopg
 from recoverable.errors import CorruptRecord, StorageUnavailable, UnsupportedRecordVersion
 from recoverable.records import CommandRecord, LeaseRecord
 from recoverable.storage import codec, queue, redact
+from recoverable.storage.base import Table, Touches
 from recoverable.storage.keys import hosts_prefix, key_str, u64
 from recoverable.storage.leases import LeaseTokens, lease_expired
 from recoverable.storage.pg_listen import CommitListener
@@ -51,17 +54,12 @@ from recoverable.storage.pg_schema import (
 )
 from recoverable.storage.pg_sql import SqlSnapshot, describe, sql_table, table_names
 from recoverable.storage.pg_writer import PgWriter
-from recoverable.storage.registry import OpenStores, StoreOptions
-from recoverable.storage.store import (
-    RecoveryStore,
-    Table,
-    redact_url,
-    register_url_store,
-)
-from recoverable.storage.txn import WriteState
+from recoverable.storage.registry import StoreOptions
+from recoverable.storage.store import redact_url, register_url_store
+from recoverable.storage.txn import WriteState, WriteTxn
 from recoverable.types import AccountBinding
 
-__all__ = ["HEARTBEAT_SECONDS", "OWNER_TTL_SECONDS", "PgStore", "redact_url"]
+__all__ = ["HEARTBEAT_SECONDS", "OWNER_TTL_SECONDS", "PgEngine", "redact_url"]
 
 Result = TypeVar("Result")
 
@@ -76,7 +74,6 @@ COMMIT_POLL_SECONDS: Final = 0.25  # a monitor's poll when no notification comes
 ADVISORY_READ_SECONDS: Final = 0.05
 SCHEMES: Final = ("postgresql", "postgres")
 
-_OPEN: Final[OpenStores[PgStore]] = OpenStores()
 
 
 def _connection_lost(conn: psycopg.Connection[Any], exc: BaseException | None) -> bool:
@@ -93,8 +90,8 @@ def _connection_lost(conn: psycopg.Connection[Any], exc: BaseException | None) -
 class _OwnerTokens(LeaseTokens):
     """The active lease tokens of this owner; another owner's liveness from the database."""
 
-    def __init__(self, store: PgStore) -> None:  # no owner lock file: see PgStore
-        self._store = store
+    def __init__(self, engine: PgEngine) -> None:  # no owner lock file: see PgEngine
+        self._store = engine
         self._active: set[str] = set()
         self._lock = threading.Lock()
 
@@ -148,24 +145,20 @@ class _Pool:
             conn.close()
 
 
-class PgStore(RecoveryStore):
-    """A PostgreSQL recovery store (see the module docstring). Open it with
-    ``RecoveryStore.open(url)``; the reads, queries, retention and writes are the
-    ``RecoveryStore`` methods, over SQL."""
+class PgEngine:
+    """A PostgreSQL database as a ``storage.engine.StoreEngine`` (see the module
+    docstring). Open it with ``RecoveryStore.open(url)``."""
+
+    advisory_read_seconds = ADVISORY_READ_SECONDS  # see actors/governor.py
 
     def __init__(self, url: str, options: StoreOptions) -> None:
-        # Not RecoveryStore.__init__ (no LMDB files): the attributes its shared
-        # methods use are set here.
         self._url = url
         self.path = redact_url(url)
         redact.remember(url)  # its password is scrubbed from every later driver message
         self.max_bytes = options.max_bytes
         self.max_record_bytes = options.max_record_bytes
-        self.max_map_size = 0
         self._closed = False
-        self._damage = None
-        self._lock_replaced = False
-        self._dbs = table_names()
+        self.tables = table_names()
         self._owner_id = secrets.token_hex(16)
         self._owner_conn: psycopg.Connection[Any] | None = None
         self._lock_key = 0
@@ -175,23 +168,17 @@ class PgStore(RecoveryStore):
         self._heartbeat: threading.Thread | None = None
         self._pool = _Pool(self._connect_reader, POOL_SIZE)
         self._tokens = self._owner_tokens = _OwnerTokens(self)
-        self._pg_writer: PgWriter | None = None
-        self._writer = None
+        self.writer: PgWriter | None = None
         try:
             self._open_database()
         except BaseException:
-            self._teardown()
+            self.close()
             raise
 
     def __repr__(self) -> str:
-        return f"<PgStore {self.path} owner={self._owner_id}>"
+        return f"<PgEngine {self.path} owner={self._owner_id}>"
 
     # -- opening and closing --
-
-    @classmethod
-    def open_url(cls, url: str, options: StoreOptions) -> RecoveryStore:
-        """One store per URL per process (reference counted, as the LMDB store)."""
-        return _OPEN.open(url, options, cls)
 
     def _connect(self, *, autocommit: bool, role: str) -> psycopg.Connection[Any]:
         """A new connection; ``application_name`` says its role (``recoverable-writer``,
@@ -260,13 +247,13 @@ class PgStore(RecoveryStore):
         except psycopg.Error as exc:
             raise StorageUnavailable(f"cannot register the owner: {describe(exc)}") from exc
         state = WriteState(
-            self._dbs,
+            self.tables,
             max_bytes=self.max_bytes,
             max_record_bytes=self.max_record_bytes,
             owner_id=self._owner_id,
             tokens=self._owner_tokens,
         )
-        self._pg_writer = self._writer = PgWriter(
+        self.writer = PgWriter(
             self._connect_writer,
             state,
             owner_id=self._owner_id,
@@ -313,20 +300,11 @@ class PgStore(RecoveryStore):
                 "or heartbeat failed): every write is refused; open the store again"
             )
 
-    def _refuse_if_failed(self) -> None:
-        self._refuse_if_lost()
-
-    advisory_read_seconds = ADVISORY_READ_SECONDS  # see actors/governor.py
-
     def close(self) -> None:
-        if _OPEN.release(self._url, self):
-            self._teardown()
-
-    def _teardown(self) -> None:
         self._closed = True
         self._stop.set()
-        if self._pg_writer is not None:
-            self._pg_writer.stop()
+        if self.writer is not None:
+            self.writer.stop()
         if self._heartbeat is not None and self._heartbeat is not threading.current_thread():
             self._heartbeat.join()
         conn, self._owner_conn = self._owner_conn, None
@@ -341,12 +319,31 @@ class PgStore(RecoveryStore):
         self._owner_tokens.clear()
 
     @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
     def owner_id(self) -> str:
         return self._owner_id
 
+    # -- writing --
+
+    def _live_writer(self) -> PgWriter:
+        if self._closed or self.writer is None:
+            raise StorageUnavailable("the store is closed")
+        return self.writer
+
+    async def write(self, fn: Callable[[WriteTxn], Result], touches: Touches) -> Result:
+        """``touches``: the operations ``fn`` reads, prefetched in the batch's first round
+        trip (``storage/pg_batch.py``)."""
+        return await self._live_writer().write(fn, touches)
+
+    def write_sync(self, fn: Callable[[WriteTxn], Result]) -> Result:
+        return self._live_writer().write_sync(fn)
+
     # -- reading --
 
-    def _read(self, fn: Callable[[Any], Result]) -> Result:
+    def read(self, fn: Callable[[Any], Result]) -> Result:
         """``fn`` on one snapshot (REPEATABLE READ, read only) of a pooled connection."""
 
         def snapshot(conn: psycopg.Connection[Any]) -> Result:
@@ -380,12 +377,12 @@ class PgStore(RecoveryStore):
                 conn.close()  # not back to the pool
         raise AssertionError("unreachable")
 
-    def _get(self, table: Table, key: bytes) -> bytes | None:
+    def get(self, table: Table, key: bytes) -> bytes | None:
         rows = self._query(f"SELECT value FROM {sql_table(table)} WHERE key = %b", (key,))
         return bytes(rows[0][0]) if rows else None
 
-    def queued(self, *, after_serial: int = 0, limit: int = 1024) -> list[queue.QueueEntry]:
-        """``RecoveryStore.queued`` a page of order rows per statement (joined to their
+    def queued(self, *, after_serial: int, limit: int) -> list[queue.QueueEntry]:
+        """``RecoveryStore.queued``: a page of order rows per statement (joined to their
         membership rows), not a round trip per entry; an order row whose membership row
         does not agree is skipped and not counted, as the LMDB scan does. Normally one
         statement, one snapshot; only a page with such rows is followed by another
@@ -456,7 +453,7 @@ class PgStore(RecoveryStore):
         heartbeat expiry is after the server's ``now()``."""
         if owner_id == self._owner_id:
             return not self.owner_lost
-        writer = self._pg_writer
+        writer = self.writer
         if writer is not None and writer.on_writer_thread():
             live = writer.live_owners  # read in the running batch's first round trip
             if live is not None:
@@ -480,11 +477,9 @@ class PgStore(RecoveryStore):
 
     def last_txnid(self) -> int:
         """The count of committed batches, by every process (moves on every commit)."""
-        return u64(self._get("meta", META_COMMITS))
+        return u64(self.get("meta", META_COMMITS))
 
-    def commands_snapshot(
-        self, *, after_serial: int = 0
-    ) -> tuple[int, list[CommandRecord]]:
+    def commands_snapshot(self, *, after_serial: int) -> tuple[int, list[CommandRecord]]:
         """``(commit count, commands with serial > after_serial)`` from one snapshot: one
         statement, one round trip (the monitor's scan; unreadable commands are skipped,
         as ``queries.commands_after`` does)."""
@@ -506,11 +501,12 @@ class PgStore(RecoveryStore):
         found.sort(key=lambda command: command.serial)
         return (u64(rows[0][0]) if rows else 0), found
 
-    def _writer_stats(self) -> dict[str, int]:
+    def lease_is_live(self, lease: LeaseRecord, now: float | None) -> bool:
+        return self._owner_tokens.is_live(lease, now)
+
+    def writer_stats(self) -> dict[str, int]:
         """The writer's counters; no map (``map_*`` are 0), and the database's reruns."""
-        writer = self._pg_writer
-        if self._closed or writer is None:
-            raise StorageUnavailable("the store is closed")
+        writer = self._live_writer()
         return {
             "commits": writer.commits,
             "writes": writer.writes,
@@ -525,4 +521,4 @@ class PgStore(RecoveryStore):
         }
 
 
-register_url_store(SCHEMES, PgStore.open_url)
+register_url_store(SCHEMES, PgEngine)
