@@ -46,6 +46,7 @@ __all__ = [
     "operation_key",
     "redact_url",
     "register_url_store",
+    "registered_schemes",
     "url_scheme",
 ]
 
@@ -68,6 +69,12 @@ def register_url_store(
     ``opener(url, options)`` returns."""
     for scheme in schemes:
         _URL_ENGINES[scheme] = opener
+
+
+def registered_schemes() -> frozenset[str]:
+    """The URL schemes some engine opens in this installation (``postgresql`` once
+    psycopg is installed and ``recoverable.storage`` imported)."""
+    return frozenset(_URL_ENGINES)
 
 
 def url_scheme(path: object) -> str | None:

@@ -17,7 +17,6 @@ written to disk. Telemetry of every action goes to stderr as JSON lines (ids and
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import ipaddress
 import json
 import os
@@ -38,13 +37,11 @@ from recoverable.dashboard.app import Dashboard
 from recoverable.dashboard.security import Guard, Sessions
 from recoverable.pricing import PriceTable, load_prices
 from recoverable.storage.redact import url_host
-from recoverable.storage.store import RecoveryStore, url_scheme
+from recoverable.storage.store import RecoveryStore, registered_schemes, url_scheme
 from recoverable.telemetry import TelemetryEvent
 
 __all__ = ["run_dashboard", "store_label"]
 
-_URL_SCHEMES: Final = frozenset({"postgresql", "postgres"})
-_PG_MODULE: Final = "recoverable.storage.pg_engine"
 GRACEFUL_SECONDS: Final = 2.0  # open live views (SSE) are closed after this on shutdown
 
 
@@ -64,10 +61,10 @@ def open_dashboard_store(spec: str) -> RecoveryStore:
     label = store_label(spec)
     if "://" in spec:
         scheme = url_scheme(spec)
-        # The PostgreSQL store is opened by RecoveryStore.open from its URL;
-        # until that module is installed a URL is refused (never a directory named
+        # A URL is opened by the engine registered for its scheme (PostgreSQL once
+        # psycopg is installed); any other is refused (never a directory named
         # "postgresql:").
-        if scheme not in _URL_SCHEMES or importlib.util.find_spec(_PG_MODULE) is None:
+        if scheme not in registered_schemes():
             raise UsageError(f"cannot open the store at {label}: this installation opens "
                              "LMDB directories only")
     elif (
