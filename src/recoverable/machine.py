@@ -427,15 +427,9 @@ def attempt_failed(
     last = require_in_flight("attempt_failed", rec, attempt_id)
     usage = failure.usage
     failure = _stored_failure(failure)
-    response_id, sequence_number = reattachment.ended_checkpoint(
-        rec, last, failure.response_id, failure.sequence_number
-    )
-    ended = msgspec.structs.replace(
-        last,
-        outcome="failed",
-        response_id=response_id,
-        sequence_number=sequence_number,
-        failure=failure,
+    ended = reattachment.closed_attempt(
+        rec, last, "failed", response_id=failure.response_id,
+        sequence_number=failure.sequence_number, failure=failure,
         usage=usage if usage is not None else last.usage,
     )
     base = with_last_attempt(rec, ended, last_failure=failure)
@@ -495,16 +489,9 @@ def completion_validated(
     """A validated completion arrived. The driver saves the payload with this record
     (the receipt) before delivering. A cancel fences it off; a suspend keeps it."""
     last = require_in_flight("completion_validated", rec, attempt_id)
-    response_id, sequence_number = reattachment.ended_checkpoint(
-        rec, last, response_id, sequence_number
-    )
-    done = msgspec.structs.replace(
-        last,
-        outcome="completed",
-        response_id=response_id,
-        sequence_number=sequence_number,
-        failure=None,
-        usage=usage,
+    done = reattachment.closed_attempt(
+        rec, last, "completed", response_id=response_id, sequence_number=sequence_number,
+        failure=None, usage=usage,
     )
     base = with_last_attempt(rec, done)
     if ctx.command == "cancel":

@@ -25,11 +25,11 @@ Pure; no I/O, no clock: callers pass ``now``.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, Literal
 
 import msgspec
 
-from recoverable.outcome import Interruption
+from recoverable.outcome import Interruption, Usage
 from recoverable.preconditions import is_expired
 from recoverable.records import AttemptRecord, OperationRecord
 from recoverable.transitions import (
@@ -54,7 +54,7 @@ __all__ = [
     "can_resume",
     "checkpoint",
     "checkpoint_due",
-    "ended_checkpoint",
+    "closed_attempt",
     "keeps_through_owner_loss",
     "lease_lost",
     "reattach_target",
@@ -175,17 +175,26 @@ def _closed(last: AttemptRecord, failure: Interruption) -> AttemptRecord:
     )
 
 
-def ended_checkpoint(
-    rec: OperationRecord, last: AttemptRecord, response_id: str | None,
-    sequence_number: int | None,
-) -> tuple[str | None, int | None]:
-    """The response id and cursor an attempt ends with (failed or completed). For a
-    ``reattach=True`` operation they are its checkpoint: the saved id is kept and the
-    cursor never goes backwards. Otherwise (diagnostics only) the last report wins."""
+def closed_attempt(
+    rec: OperationRecord, last: AttemptRecord, outcome: Literal["failed", "completed"], *,
+    response_id: str | None, sequence_number: int | None,
+    failure: Interruption | None, usage: Usage | None,
+) -> AttemptRecord:
+    """The attempt ``last`` closed with ``outcome``, with the response id and cursor it ends
+    with. For a ``reattach=True`` operation they are its checkpoint: the saved id is kept
+    and the cursor never goes backwards. Otherwise (diagnostics only) the last report
+    wins."""
     if rec.reattach:
-        return last.response_id or response_id, _later(last.sequence_number, sequence_number)
-    return (response_id or last.response_id,
-            last.sequence_number if sequence_number is None else sequence_number)
+        response_id = last.response_id or response_id
+        sequence_number = _later(last.sequence_number, sequence_number)
+    else:
+        response_id = response_id or last.response_id
+        if sequence_number is None:
+            sequence_number = last.sequence_number
+    return msgspec.structs.replace(
+        last, outcome=outcome, response_id=response_id, sequence_number=sequence_number,
+        failure=failure, usage=usage,
+    )
 
 
 def _later(saved: int | None, seen: int | None) -> int | None:
