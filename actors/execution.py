@@ -66,51 +66,48 @@ class Sending:
         self.background: bool | None = None  # ``Progress.background``
 
 
+@attrs.define(eq=False, weakref_slot=False)
 class Execution:
     """One execution of an operation: the lease it holds, the fence its writes carry, the
-    record as last written, and the monitor's watch of it."""
+    record as last written, and the monitor's watch of it. (Slots, no ``__dict__``: one
+    object less for each operation a runtime holds.)"""
 
-    def __init__(
-        self,
-        host: OperationHost,
-        operation_id: str,
-        contract: ResponseContract,
-        authorize: Authorize,
-        *,
-        standing_policy: bool = False,
-        live: LiveSlot | None = None,
-        expected_contract_version: str | None = None,
-        check_contract_version: bool = False,
-        create: fenced.Creation | None = None,
-    ) -> None:
-        self.host = host
-        self.operation_id = operation_id
-        self.contract = contract
-        self.authorize = authorize
-        # The authorization callback is a standing policy with no caller to tell (a
-        # detached execution: a worker's): a failure of it is saved as the failure.
-        self.standing_policy = standing_policy
-        # A live operation's consumer (None for every other execution): the text deltas
-        # of each consumed attempt go to it, never to the store.
-        self.live = live
-        # What the opening transition checks (``open_step``).
-        self.expected_contract_version = expected_contract_version
-        self.check_contract_version = check_contract_version
-        # A new operation this execution creates in its acquisition
-        # (``actors/prepare_send.py``); let go once written.
-        self.create = create
-        self.lease: LeaseRecord | None = None
-        self.record: OperationRecord | None = None
-        self.watch: Watch | None = None
-        self.fence = 0  # the generation fence of our acquisition (checked by every write)
-        self.known_serial = 0  # commands up to this serial are accounted for in the record
-        self.payload: bytes | None = None  # the saved completion, once written
-        self.body: bytes | None = None  # the frozen body, read with the lease
-        self.guard = ExecutionLease(host.leases)  # heartbeat-kept; its loss stops the run
-        self.sending: Sending | None = None  # the attempt being sent (for an honest close)
-        self.checkpoint_writes = 0  # reattachment checkpoints written
-        # (attempt id, resume tries of it started by this execution): spaces the next one.
-        self.resume_tries: tuple[str, int] = ("", 0)
+    host: OperationHost
+    operation_id: str
+    contract: ResponseContract
+    authorize: Authorize
+    # The authorization callback is a standing policy with no caller to tell (a
+    # detached execution: a worker's): a failure of it is saved as the failure.
+    standing_policy: bool = attrs.field(default=False, kw_only=True)
+    # A live operation's consumer (None for every other execution): the text deltas
+    # of each consumed attempt go to it, never to the store.
+    live: LiveSlot | None = attrs.field(default=None, kw_only=True)
+    # What the opening transition checks (``open_step``).
+    expected_contract_version: str | None = attrs.field(default=None, kw_only=True)
+    check_contract_version: bool = attrs.field(default=False, kw_only=True)
+    # A new operation this execution creates in its acquisition
+    # (``actors/prepare_send.py``); let go once written.
+    create: fenced.Creation | None = attrs.field(default=None, kw_only=True)
+    lease: LeaseRecord | None = attrs.field(default=None, init=False)
+    record: OperationRecord | None = attrs.field(default=None, init=False)
+    watch: Watch | None = attrs.field(default=None, init=False)
+    # The generation fence of our acquisition (checked by every write).
+    fence: int = attrs.field(default=0, init=False)
+    # Commands up to this serial are accounted for in the record.
+    known_serial: int = attrs.field(default=0, init=False)
+    payload: bytes | None = attrs.field(default=None, init=False)  # the saved completion
+    body: bytes | None = attrs.field(default=None, init=False)  # the frozen body, with the lease
+    # Heartbeat-kept; its loss stops the run.
+    guard: ExecutionLease = attrs.field(init=False)
+    # The attempt being sent (for an honest close).
+    sending: Sending | None = attrs.field(default=None, init=False)
+    checkpoint_writes: int = attrs.field(default=0, init=False)  # reattachment checkpoints
+    # (attempt id, resume tries of it started by this execution): spaces the next one.
+    resume_tries: tuple[str, int] = attrs.field(default=("", 0), init=False)
+
+    @guard.default
+    def _guard(self) -> ExecutionLease:
+        return ExecutionLease(self.host.leases)
 
     # --- lease ----------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import IO
 
+import attrs
 import trio
 
 from recoverable import errors
@@ -61,28 +62,20 @@ class _EndpointReporter:
         self.shown = gate.failure
 
 
+@attrs.define(eq=False)
 class _BatchRun:
     """One batch inside ``trio.run``: the host, its progress display and the signals."""
 
-    def __init__(
-        self,
-        config: BatchConfig,
-        jobs: list[Job],
-        log: ResultLog,
-        store: RecoveryStore,
-        summary: BatchSummary,
-        messages: Messages,
-        errors_log: ErrorLog | None,
-    ) -> None:
-        self.config = config
-        self.jobs = jobs
-        self.log = log
-        self.store = store
-        self.summary = summary
-        self.messages = messages
-        self.errors_log = errors_log
-        self.work = trio.CancelScope()  # cancelled by Ctrl-C or a fatal output error
-        self.started = time.monotonic()
+    config: BatchConfig
+    jobs: list[Job]
+    log: ResultLog
+    store: RecoveryStore
+    summary: BatchSummary
+    messages: Messages
+    errors_log: ErrorLog | None
+    # Cancelled by Ctrl-C or a fatal output error.
+    work: trio.CancelScope = attrs.field(init=False, factory=trio.CancelScope)
+    started: float = attrs.field(init=False, factory=time.monotonic)
 
     async def run(self) -> None:
         self.started = time.monotonic()
