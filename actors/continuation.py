@@ -57,6 +57,7 @@ ENDED_FAILED: Final = (errors.AttemptsExhausted, errors.PermanentlyFailed, error
 
 __all__ = [
     "ENDED_FAILED",
+    "LINEAGE_STEPS",
     "ContinuationPreference",
     "DispatchResult",
     "HostRuntime",
@@ -67,6 +68,7 @@ __all__ = [
     "decide_on_failure",
     "dispatch",
     "dispatch_continuation",
+    "dispatched_successor",
     "newer_revision",
     "send_continuing",
     "set_continuation_preference",
@@ -339,8 +341,19 @@ async def set_continuation_preference(
     return preference
 
 
-def continued_id(store: Store, operation_id: str, *, steps: int = continuation.MAX_BUDGET + 1
-                 ) -> str:
+# How far along a lineage of dispatched continuations a reader follows.
+LINEAGE_STEPS: Final = continuation.MAX_BUDGET + 1
+
+
+def dispatched_successor(record: OperationRecord | None) -> str | None:
+    """The continuation successor ``record`` dispatched (None: it stands for itself)."""
+    decided = record.continuation if record is not None else None
+    if decided is None or decided.state != "dispatched":
+        return None
+    return decided.successor_id
+
+
+def continued_id(store: Store, operation_id: str, *, steps: int = LINEAGE_STEPS) -> str:
     """The operation that stands for ``operation_id`` after its dispatched continuations
     (itself when none was dispatched), at most ``steps`` along the lineage."""
     current = operation_id
@@ -349,10 +362,10 @@ def continued_id(store: Store, operation_id: str, *, steps: int = continuation.M
             record = store.get_operation(current)
         except (errors.CorruptRecord, errors.UnsupportedRecordVersion):
             return current
-        decided = record.continuation if record is not None else None
-        if decided is None or decided.state != "dispatched" or decided.successor_id is None:
+        successor = dispatched_successor(record)
+        if successor is None:
             return current
-        current = decided.successor_id
+        current = successor
     return current
 
 

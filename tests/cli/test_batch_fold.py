@@ -176,3 +176,24 @@ def test_the_batch_sends_the_operation_another_run_prepared_first(
     results = read_results(out)
     assert_exactly_once(results, {(f"gen-{i:04d}", "r1") for i in range(JOBS)})
     assert next(r for r in results if r["id"] == "gen-0000")["operation_id"] == first_id
+
+
+def test_a_committed_job_reads_its_record_once_after_its_send(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a job's send, one read of its record both says where its continuation lineage
+    goes and counts its tokens (a read is a round trip on the event loop for PostgreSQL):
+    it was two, the same record read twice."""
+    reads: Counter[str] = Counter()
+    original = recoverable.RecoveryStore.get_operation
+
+    def get_operation(self: recoverable.RecoveryStore, operation_id: str) -> Any:
+        reads[operation_id] += 1
+        return original(self, operation_id)
+
+    monkeypatch.setattr(recoverable.RecoveryStore, "get_operation", get_operation)
+    jobs = write_jobs(tmp_path / "jobs.jsonl", [job_line(i) for i in range(JOBS)])
+    code = cli_main(["batch", str(jobs), "--out", str(tmp_path / "out.jsonl"),
+                     "--store", str(tmp_path / "store"), "--concurrency", "4"])
+    assert code == 0
+    assert len(reads) == JOBS and set(reads.values()) == {1}, reads

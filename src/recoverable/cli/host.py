@@ -22,8 +22,9 @@ import trio
 from recoverable import _killpoints, errors
 from recoverable.actors.continuation import (
     ENDED_FAILED,
+    LINEAGE_STEPS,
     continue_failed,
-    continued_id,
+    dispatched_successor,
     send_continuing,
 )
 from recoverable.actors.fenced import JobAdopted
@@ -298,13 +299,18 @@ class BatchHost:
                 handle, value = await self._run(target, job)
             finally:
                 self.running -= 1
-            # The result may be a continuation successor's: commit that one
-            # (the tokens its failed predecessors spent are counted too).
-            final = continued_id(self.store, handle.operation_id)
-            while final != handle.operation_id:
-                self._count_tokens(handle.operation_id)
-                handle = Handle(continued_id(self.store, handle.operation_id, steps=1))
-            return _Sent(handle, value, self._count_tokens(handle.operation_id))
+            # The result may be a continuation successor's: commit that one (the tokens
+            # its failed predecessors spent are counted too). One read per operation of
+            # the lineage: the record that says where it goes is the one counted.
+            operation_id = handle.operation_id
+            record = self._count_tokens(operation_id)
+            for _ in range(LINEAGE_STEPS):
+                successor = dispatched_successor(record)
+                if successor is None:
+                    break
+                operation_id = successor
+                record = self._count_tokens(operation_id)
+            return _Sent(Handle(operation_id), value, record)
         except _JobFailed as failed:
             self._failed(job, failed.reason, failed.detail)
         except _Unreadable as unreadable:
