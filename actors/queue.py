@@ -16,6 +16,7 @@ Both are methods of ``Runtime`` (``Runtime.submit``, ``Runtime.wait``).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, Final, Protocol, TypeVar
 
@@ -139,19 +140,29 @@ async def submit(
     return await save_admitted(rt, record, body, stored, submit_operation, "submit")
 
 
-def settled(rt: Runtime, operation_id: str, contract: ResponseContract) -> Any:
-    """The operation's validated value, its typed terminal error raised, or ``_PENDING``."""
-    store: RecoveryStore = rt.store
-    # The record, its command, its completion and its queue row in one snapshot: a worker
-    # claims a suspended operation by spending its resume mark and reopening the record
-    # in one commit, so a record read before that commit and a queue row read after it
-    # would look "suspended from outside". One read is also one round trip on PostgreSQL.
-    key = operation_key(operation_id)
-    raw_record, raw_command, completion, raw_queued = store.get_raw_rows([
-        ("operations", key), ("commands", key),
+def settled_rows(store: RecoveryStore, operation_id: str) -> list[bytes | None]:
+    """What :func:`settled` decides from: the record, its command, its completion and its
+    queue row in one snapshot. A worker claims a suspended operation by spending its
+    resume mark and reopening the record in one commit, so a record read before that
+    commit and a queue row read after it would look "suspended from outside". One read
+    is also one round trip on PostgreSQL."""
+    return store.get_raw_rows([
+        ("operations", operation_key(operation_id)), ("commands", operation_key(operation_id)),
         ("payloads", payload_key(operation_id, "completion")),
         ("queue", member_key(operation_id)),
     ])
+
+
+def settled(
+    rt: Runtime, operation_id: str, contract: ResponseContract,
+    rows: list[bytes | None] | None = None,
+) -> Any:
+    """The operation's validated value, its typed terminal error raised, or ``_PENDING``
+    (``rows``: :func:`settled_rows`, read here if not given)."""
+    store: RecoveryStore = rt.store
+    raw_record, raw_command, completion, raw_queued = (
+        settled_rows(store, operation_id) if rows is None else rows
+    )
     record: OperationRecord | None = (
         None if raw_record is None
         else codec.decode_operation(raw_record, operation_id=operation_id)
@@ -226,14 +237,20 @@ async def wait(
     """
     contract = contract_for(response)
     began = rt.now()
+    operation_id = handle.operation_id
     while True:
-        value = settled(rt, handle.operation_id, contract)
+        # The read off the event loop where it is a round trip (RecoveryStore.read_off_loop):
+        # a host waiting on thousands of jobs serves the others meanwhile.
+        rows = await rt.store.read_off_loop(
+            functools.partial(settled_rows, rt.store, operation_id)
+        )
+        value = settled(rt, operation_id, contract, rows)
         if value is not _PENDING:
             result: ResultT = value
             return result
         # One poller per runtime wakes this when the operation leaves the queue or may
         # have settled while queued (actors/waiters.py); the record is read again then.
-        await rt.queue_watch.until_gone(handle.operation_id, waiting_since=began)
+        await rt.queue_watch.until_gone(operation_id, waiting_since=began)
 
 
 def with_queue_state(

@@ -41,7 +41,7 @@ from recoverable.storage import codec
 from recoverable.storage.base import Store as RecoveryStore
 from recoverable.storage.keys import operation_key
 from recoverable.storage.queue import member_key
-from recoverable.storage.queue_checks import RowDamage, find_damage
+from recoverable.storage.queue_checks import QueueLook, RowDamage, find_damage
 
 __all__ = ["FULL_READ_EVERY", "POLL_FIRST", "POLL_MAX", "QueueWatch", "may_settle"]
 
@@ -60,6 +60,17 @@ def may_settle(record: OperationRecord | None, has_command: bool, now: float) ->
         return True
     idle = record.phase in ("prepared", "waiting")
     return idle and is_expired(record, now)
+
+
+def _stopped_rows(
+    store: RecoveryStore, waited: list[str]
+) -> tuple[list[bytes | None], list[bytes | None], QueueLook]:
+    """The records, command rows and queue and lease rows of the waited operations."""
+    keys = [operation_key(op) for op in waited]
+    return (
+        store.get_raw_many("operations", keys), store.get_raw_many("commands", keys),
+        find_damage(store, waited),
+    )
 
 
 class QueueWatch:
@@ -124,10 +135,12 @@ class QueueWatch:
             full_read_at = trio.current_time() + FULL_READ_EVERY
             while self._waiting:
                 try:
-                    txnid = self._store.last_txnid()
+                    # Each read off the event loop where it is a round trip
+                    # (RecoveryStore.read_off_loop): the waiters' host runs meanwhile.
+                    txnid = await self._store.read_off_loop(self._store.last_txnid)
                     self.polls += 1
                     if txnid != last:
-                        self._wake_gone()
+                        await self._wake_gone()
                         last, delay = txnid, POLL_FIRST
                     if trio.current_time() >= full_read_at and self._waiting:
                         full_read_at = trio.current_time() + FULL_READ_EVERY
@@ -147,9 +160,11 @@ class QueueWatch:
                 self._damaged[event] = damage  # its waiter raises the row's CorruptRecord
             event.set()
 
-    def _wake_gone(self) -> None:
+    async def _wake_gone(self) -> None:
         waited = list(self._waiting)
-        rows = self._store.get_raw_many("queue", [member_key(op) for op in waited])
+        rows = await self._store.read_off_loop(functools.partial(
+            self._store.get_raw_many, "queue", [member_key(op) for op in waited]
+        ))
         self.scans += 1
         for operation_id, row in zip(waited, rows, strict=True):
             if row is None:
@@ -157,10 +172,9 @@ class QueueWatch:
 
     async def _wake_stopped(self) -> None:
         waited = list(self._waiting)
-        keys = [operation_key(op) for op in waited]
-        records = self._store.get_raw_many("operations", keys)
-        commands = self._store.get_raw_many("commands", keys)
-        look = find_damage(self._store, waited)
+        records, commands, look = await self._store.read_off_loop(
+            functools.partial(_stopped_rows, self._store, waited)
+        )
         self.full_scans += 1
         now = self._now()
         unclaimed: list[OperationRecord] = []

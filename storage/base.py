@@ -222,6 +222,11 @@ class Store(RecordReader, Protocol):
         """An id that moves on every commit by any process (the monitor's cheap poll)."""
         ...
 
+    async def read_off_loop(self, reads: Callable[[], Result]) -> Result:
+        """``reads()`` inline where reads are memory reads, in a worker thread where each
+        is a round trip (``storage/store.py``)."""
+        ...
+
     def inventory(
         self, account: AccountBinding | None = None, scope: str | None = None
     ) -> tuple[list[OperationRecord], list[str]]:

@@ -26,6 +26,10 @@ What an engine provides (``docs/architecture.md``, "The storage seam"):
 - **Owners.** This engine's owner id, whether another owner is live (a process that holds
   its lock and, where the engine has one, whose heartbeat has not expired), whether a
   lease is live.
+- **Where reads run.** :attr:`StoreEngine.read_threads`: 0 for an engine whose reads are
+  memory reads (they run inline on the event loop), the number of reads that may run at
+  once in worker threads for one whose every read is a round trip (``RecoveryStore
+  .read_off_loop``: a host waiting on thousands of jobs keeps its event loop free).
 - **A change feed.** :meth:`StoreEngine.last_txnid` moves on every commit by any process
   (the lifecycle monitor polls it); an engine that can push commits also has
   ``commit_listener()`` (PostgreSQL's LISTEN/NOTIFY), which ``RecoveryStore`` offers when
@@ -62,6 +66,10 @@ class StoreEngine(Protocol):
     max_record_bytes: int
     tables: dict[Table, Any]  # logical table -> the engine's handle, for snapshots
     advisory_read_seconds: float  # how long a read of advisory shared state may be reused
+    # Worker threads a batch of reads may use at once off the event loop: 0 when a read
+    # is a local memory read (it runs inline: a thread hop would cost more than it), >0
+    # when every read is a round trip to a server (RecoveryStore.read_off_loop).
+    read_threads: int
 
     @property
     def owner_id(self) -> str: ...

@@ -54,6 +54,7 @@ class LmdbEngine:
     """An LMDB store directory (see the module docstring); ``storage.engine.StoreEngine``."""
 
     advisory_read_seconds = 0.0  # reads are memory reads: nothing is worth keeping
+    read_threads = 0  # ... and cost less than a hop to a worker thread: they run inline
 
     def __init__(self, path: str, options: StoreOptions) -> None:
         self.path = path

@@ -66,7 +66,10 @@ Result = TypeVar("Result")
 OWNER_TTL_SECONDS: Final = 10.0  # another owner is dead once its heartbeat is this old
 HEARTBEAT_SECONDS: Final = 1.0
 CONNECT_TIMEOUT: Final = 5
-POOL_SIZE: Final = 4
+POOL_SIZE: Final = 8
+# Reads run off the event loop at once (RecoveryStore.read_off_loop): one connection of
+# the pool stays for the reads the event loop makes inline.
+READ_THREADS: Final = POOL_SIZE - 1
 WRITER_IDLE_MS: Final = 5000  # idle_in_transaction_session_timeout of the writer's session
 COMMIT_POLL_SECONDS: Final = 0.25  # a monitor's poll when no notification comes
 # How long advisory shared state read from the database (the rate governor's pause row)
@@ -150,6 +153,7 @@ class PgEngine:
     docstring). Open it with ``RecoveryStore.open(url)``."""
 
     advisory_read_seconds = ADVISORY_READ_SECONDS  # see actors/governor.py
+    read_threads = READ_THREADS  # every read is a round trip: off the event loop
 
     def __init__(self, url: str, options: StoreOptions) -> None:
         self._url = url

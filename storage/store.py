@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
+import trio
+
 from recoverable.errors import InvalidRequest, StorageUnavailable
 from recoverable.records import CommandRecord, DispositionRecord, LeaseRecord, OperationRecord
 from recoverable.storage import integrity, queries, queue, retention, sources
@@ -103,6 +105,10 @@ class RecoveryStore(RecordGetters):
         self.max_record_bytes = engine.max_record_bytes
         self._tables = engine.tables
         self.advisory_read_seconds = engine.advisory_read_seconds  # see actors/governor.py
+        # At most this many reads off the event loop at once (read_off_loop); None: inline.
+        self._read_limiter = (
+            trio.CapacityLimiter(engine.read_threads) if engine.read_threads > 0 else None
+        )
         listener = getattr(engine, "commit_listener", None)
         if listener is not None:
             # An engine that pushes commits (actors/monitor.py looks for this method).
@@ -206,6 +212,21 @@ class RecoveryStore(RecordGetters):
 
     def _read(self, fn: Callable[[Any], Result]) -> Result:
         return self.engine.read(fn)
+
+    async def read_off_loop(self, reads: Callable[[], Result]) -> Result:
+        """``reads()`` (synchronous calls of this store's getters) where they cost the
+        event loop least. On an engine whose reads are memory reads (LMDB) it runs inline:
+        a thread hop would cost more than the reads. On one whose every read is a round
+        trip to a server (PostgreSQL), it runs in a worker thread, at most
+        ``engine.read_threads`` at once (the engine's pool of reading connections), so a
+        host waiting on thousands of operations keeps serving the others while one read
+        travels. ``reads`` must touch nothing but the store and its arguments; a
+        cancellation waits for a read in flight to return (a read is bounded by the
+        engine's timeouts)."""
+        limiter = self._read_limiter
+        if limiter is None:
+            return reads()
+        return await trio.to_thread.run_sync(reads, limiter=limiter)
 
     def _get(self, table: Table, key: bytes) -> bytes | None:
         return self.engine.get(table, key)

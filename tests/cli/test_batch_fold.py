@@ -167,7 +167,10 @@ def test_the_batch_sends_the_operation_another_run_prepared_first(
     killed = run_cli(*args, env={"RECOVERABLE_KILL_AT": "prepare.saved@1"})
     assert killed.returncode == -9, killed.stderr
     (first_id, _), = _operations(store_dir).values()
-    monkeypatch.setattr(BatchHost, "find_existing", lambda self, job: None)
+    async def finds_nothing(self: BatchHost, job: object) -> None:
+        return None
+
+    monkeypatch.setattr(BatchHost, "find_existing", finds_nothing)
     assert cli_main(args) == 0
     summary = summary_of(capsys.readouterr().out)
     assert summary["operations prepared"] == str(JOBS - 1)

@@ -48,6 +48,7 @@ class ThirdEngine:
         self.max_record_bytes = options.max_record_bytes
         self.tables = self._rows.tables
         self.advisory_read_seconds = 0.0
+        self.read_threads = 0
 
     def _count(self, name: str) -> StoreEngine:
         self.calls[name] += 1

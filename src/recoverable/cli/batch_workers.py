@@ -203,7 +203,7 @@ class WorkersHost(BatchHost):
         self.waiting: set[str] = set()  # the operations whose jobs wait for a worker
 
     async def _handle(self, job: Job) -> Handle:
-        adopted = self.find_existing(job) is not None  # raises revision_conflict
+        adopted = await self.find_existing(job) is not None  # raises revision_conflict
         await self.supersede_older(job)  # older revisions of the job stop counting
         try:
             handle = await self.rt.submit(job.request, **self.admission(job))
@@ -227,25 +227,27 @@ class WorkersHost(BatchHost):
         Nothing waits forever: an operation saved for another endpoint is never claimed by a worker
         of this batch's endpoint, so it is refused before waiting, as ``send_recovering``
         refuses it with ``--workers 0`` (``configuration_unavailable``)."""
-        refusal = self._endpoint_refusal(handle.operation_id)
+        refusal = await self._endpoint_refusal(handle.operation_id)
         if refusal is not None:
             raise refusal
         self.waiting.add(handle.operation_id)
         try:
             return await self.rt.wait(handle, response=job.response)
         except errors.PermanentlyFailed as exc:
-            record = None if exc.operation_id is None else self._record(exc.operation_id)
+            record = (
+                None if exc.operation_id is None else await self.read_record(exc.operation_id)
+            )
             if record is None or record.phase != "failed":
                 raise
             raise machine.ended_error(record) from None
         finally:
             self.waiting.discard(handle.operation_id)
 
-    def _endpoint_refusal(self, operation_id: str) -> errors.RecoveryError | None:
+    async def _endpoint_refusal(self, operation_id: str) -> errors.RecoveryError | None:
         """``send_recovering``'s refusal at open of an operation saved for another
         endpoint; None once it has an outcome to deliver (a receipt, a terminal failure:
         ``wait`` returns or raises it, whatever the endpoint)."""
-        record = self._record(operation_id)
+        record = await self.read_record(operation_id)
         backend = self.rt.backend
         if record is None or backend is None or record.has_completion:
             return None
@@ -253,7 +255,8 @@ class WorkersHost(BatchHost):
             return None
         return machine.endpoint_refusal(record, backend.endpoint_id)
 
-    def _record(self, operation_id: str) -> OperationRecord | None:
+
+    def _record_now(self, operation_id: str) -> OperationRecord | None:
         try:
             return self.store.get_operation(operation_id)
         except errors.RecoveryError:
@@ -265,8 +268,8 @@ class WorkersHost(BatchHost):
     def attempts_spent(self) -> int:
         return self.spent
 
-    def _count_tokens(self, operation_id: str | None) -> OperationRecord | None:
-        record = super()._count_tokens(operation_id)
+    async def _count_tokens(self, operation_id: str | None) -> OperationRecord | None:
+        record = await super()._count_tokens(operation_id)
         if record is not None:
             self.spent += record.attempts_used
         return record
@@ -296,9 +299,9 @@ class WorkersHost(BatchHost):
         """A worker exited because its endpoint stayed unreachable past
         ``--unreachable-after``: the kind is the one it saved with the operations it
         gave up (nothing spent); the batch ends with ``--workers 0``'s message."""
-        records = (self._record(op_id) for op_id in sorted(self.waiting))
-        kind = next((record.endpoint_failure for record in records
-                     if record is not None and record.endpoint_failure), None)
+        kind = next((record.endpoint_failure for record in map(
+            self._record_now, sorted(self.waiting)
+        ) if record is not None and record.endpoint_failure), None)
         self.endpoint_gave_up(kind)
         if self.work is not None:
             self.work.cancel()  # SIGTERM to the other workers, which suspend for the next

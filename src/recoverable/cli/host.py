@@ -148,12 +148,21 @@ class BatchHost:
                     f"acknowledge {op_id}: {code}"
                 )
 
-    def find_existing(self, job: Job) -> str | None:
+    async def find_existing(self, job: Job) -> str | None:
         """The operation a previous run prepared for this job (not disposed), if any.
 
         Operations of the same job id with another revision that could still produce a
         result (or hold an unacknowledged receipt) are remembered for
-        :meth:`supersede_older` (the revision being run is the newer one)."""
+        :meth:`supersede_older` (the revision being run is the newer one). The reads run
+        off the event loop where each is a round trip (``RecoveryStore.read_off_loop``):
+        the other jobs go on meanwhile."""
+        chosen, older = await self.store.read_off_loop(functools.partial(self._existing, job))
+        if older:
+            self.older[job.key] = older
+        return chosen
+
+    def _existing(self, job: Job) -> tuple[str | None, frozenset[str]]:
+        """:meth:`find_existing`'s reads: the chosen operation, and the older revisions."""
         found = []
         older: set[str] = set()
         committed = self.log.committed
@@ -176,19 +185,17 @@ class BatchHost:
                     older.add(op_id)  # pending or unacknowledged, never written out
                 continue
             found.append(record)
-        if older:
-            self.older[job.key] = frozenset(older)
         # The lineage is followed (a source whose retry successor exists yields to it),
         # then a saved completion first (never generate again), then the oldest.
         chosen = choose_job_operation(found)
         if chosen is None:
-            return None
+            return None, frozenset(older)
         if chosen.body_hash != job.body_hash:
             raise _JobFailed(
                 "revision_conflict",
                 "the job's content changed but its revision did not (use a new revision)",
             )
-        return chosen.operation_id
+        return chosen.operation_id, frozenset(older)
 
     async def run_job(self, job: Job) -> None:
         sent = await self._send(job)
@@ -216,7 +223,7 @@ class BatchHost:
     async def _handle(self, job: Job) -> Handle | Admission:
         """The job's operation: the one a previous run prepared, or a new one admitted
         (checked and frozen; written by its first acquisition, see :meth:`_run`)."""
-        op_id = self.find_existing(job)
+        op_id = await self.find_existing(job)
         await self.supersede_older(job)
         if op_id is not None:
             self.summary.adopted += 1
@@ -303,13 +310,13 @@ class BatchHost:
             # its failed predecessors spent are counted too). One read per operation of
             # the lineage: the record that says where it goes is the one counted.
             operation_id = handle.operation_id
-            record = self._count_tokens(operation_id)
+            record = await self._count_tokens(operation_id)
             for _ in range(LINEAGE_STEPS):
                 successor = dispatched_successor(record)
                 if successor is None:
                     break
                 operation_id = successor
-                record = self._count_tokens(operation_id)
+                record = await self._count_tokens(operation_id)
             return _Sent(Handle(operation_id), value, record)
         except _JobFailed as failed:
             self._failed(job, failed.reason, failed.detail)
@@ -328,7 +335,7 @@ class BatchHost:
                 "stop it with `recoverable suspend`), then rerun"
             )
         except errors.RecoveryError as exc:
-            record = self._count_tokens(exc.operation_id)
+            record = await self._count_tokens(exc.operation_id)
             message = str(exc) if str(exc) != exc.code else ""
             detail = message
             if exc.operation_id is not None:
@@ -455,16 +462,23 @@ class BatchHost:
             return f"operation {operation_id}"
         return f"operation {operation_id} ({suggestion})"
 
-    def _count_tokens(self, operation_id: str | None) -> OperationRecord | None:
+    async def _count_tokens(self, operation_id: str | None) -> OperationRecord | None:
         """Add the operation's per-attempt usage to the summary (before acknowledge
         removes the record): every attempt's tokens, replaced ones included."""
-        try:
-            record = self.store.get_operation(operation_id) if operation_id else None
-        except errors.RecoveryError:
-            return None
+        record = await self.read_record(operation_id) if operation_id else None
         if record is not None:
             self.summary.tokens.add(record)
         return record
+
+    async def read_record(self, operation_id: str) -> OperationRecord | None:
+        """The operation's record (None: gone or unreadable), read off the event loop
+        where a read is a round trip (``RecoveryStore.read_off_loop``)."""
+        try:
+            return await self.store.read_off_loop(
+                functools.partial(self.store.get_operation, operation_id)
+            )
+        except errors.RecoveryError:
+            return None
 
     def _failed(
         self,
@@ -538,7 +552,7 @@ class BatchHost:
             if job.key in self.log.committed:
                 continue
             try:
-                op_id = self.find_existing(job)
+                op_id = await self.find_existing(job)
                 if op_id is None:
                     continue
                 status = self.rt.status_of(op_id)
