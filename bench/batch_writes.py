@@ -83,7 +83,7 @@ def prepared_apart() -> Iterator[None]:
     original = batch_host.BatchHost._handle
 
     async def handle(self: Any, job: Any) -> Handle:
-        op_id = self.find_existing(job)
+        op_id = await self.find_existing(job)
         await self.supersede_older(job)
         if op_id is not None:
             self.summary.adopted += 1

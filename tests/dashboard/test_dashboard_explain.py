@@ -271,8 +271,10 @@ def test_the_new_fields_stay_escaped(tmp_path: Path) -> None:
         failed = client.get("/operations/" + quote(HOSTILE_ID, safe="")).text
         assert failed.count("<img") == 0 and "<b>code</b>" not in failed
         assert 'id="failure-message"' in failed
-        overview = wait_for(lambda: (lambda page: page if "workers-table" in page else None)(
-            client.get("/").text), "the worker row")
+        # The element itself (the page's script names the id too, before any row).
+        overview = wait_for(lambda: (
+            lambda page: page if 'id="workers-table"' in page else None
+        )(client.get("/").text), "the worker row")
         assert "<script>alert(2)" not in overview
         assert html.escape(HOSTILE_ENDPOINT) in _element(overview, "workers-table")
 
