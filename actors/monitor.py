@@ -135,8 +135,10 @@ class LifecycleMonitor:
 
     def scan(self) -> int:
         """Deliver every command; returns the id of the snapshot actually read."""
+        return self._deliver(*self._store.commands_snapshot())
+
+    def _deliver(self, txnid: int, commands: list[CommandRecord]) -> int:
         self.scans += 1
-        txnid, commands = self._store.commands_snapshot()
         for command in commands:
             watch = self._watches.get(command.operation_id)
             if watch is not None:
@@ -173,9 +175,12 @@ class LifecycleMonitor:
     async def _run_listening(self, listener: Any) -> None:
         """Scan when the listener is woken (a commit wrote a command, or its connection
         was reopened), or when the bounded poll finds another commit."""
+        # Such a store's reads are round trips: they run off the event loop
+        # (RecoveryStore.read_off_loop), so the streams this monitor guards go on meanwhile.
+        store = self._store
         async with listener:
             try:
-                last = self._store.last_txnid()
+                last = await store.read_off_loop(store.last_txnid)
             except StorageUnavailable:
                 last = -1
             while True:
@@ -184,7 +189,7 @@ class LifecycleMonitor:
                 if not self._watches:
                     continue
                 try:
-                    if woken or self._store.last_txnid() != last:
-                        last = self.scan()
+                    if woken or await store.read_off_loop(store.last_txnid) != last:
+                        last = self._deliver(*await store.read_off_loop(store.commands_snapshot))
                 except StorageUnavailable:
                     continue

@@ -205,12 +205,23 @@ def _look(
     return looked
 
 
+def _owners_live(store: RecoveryStore, leases: list[LeaseRecord]) -> dict[str, bool]:
+    """Whether each other owner holding one of ``leases`` (unexpired) is live: asked once
+    per owner per claim round."""
+    owners: dict[str, bool] = {}
+    for lease in leases:
+        if lease.owner_id != store.owner_id and not lease_expired(lease):
+            if lease.owner_id not in owners:
+                owners[lease.owner_id] = store.owner_is_live(lease.owner_id)
+    return owners
+
+
 def _live(store: RecoveryStore, lease: LeaseRecord, owners: dict[str, bool]) -> bool:
-    """``store.lease_is_live``, asking about another owner once per claim round."""
+    """``store.lease_is_live``, another owner's liveness from ``owners`` (_owners_live)."""
     if lease.owner_id == store.owner_id or lease_expired(lease):
         return store.lease_is_live(lease)
     live = owners.get(lease.owner_id)
-    if live is None:
+    if live is None:  # its lease expired meanwhile is handled above; asked now otherwise
         live = owners[lease.owner_id] = store.owner_is_live(lease.owner_id)
     return live
 
@@ -334,7 +345,11 @@ class _Worker:
         claims: list[tuple[OperationRecord, QueueEntry]] = []
         after = 0
         while len(claims) < free:
-            page = self.store.queued(after_serial=after, limit=max(64, 4 * free))
+            # Each read of the round off the event loop where it is a round trip
+            # (RecoveryStore.read_off_loop): the operations this worker runs go on meanwhile.
+            page = await self.store.read_off_loop(functools.partial(
+                self.store.queued, after_serial=after, limit=max(64, 4 * free)
+            ))
             if not page:
                 break
             after = page[-1].serial
@@ -345,8 +360,12 @@ class _Worker:
             ]
             # The page's leases and records in two reads (not two per entry: each is a
             # round trip on PostgreSQL), another owner's liveness asked once per round.
-            looked = _look(self.store, [entry.operation_id for entry in candidates])
-            owners_live: dict[str, bool] = {}
+            looked = await self.store.read_off_loop(functools.partial(
+                _look, self.store, [entry.operation_id for entry in candidates]
+            ))
+            owners_live = await self.store.read_off_loop(functools.partial(
+                _owners_live, self.store, [lease for lease, _, _ in looked if lease is not None]
+            ))
             for entry, (lease, record, unreadable) in zip(candidates, looked, strict=True):
                 operation_id = entry.operation_id
                 if unreadable:
@@ -380,9 +399,10 @@ class _Worker:
             started += await self._continue(operation_id, clock)
         # The saved requests of every claim in one read (on PostgreSQL a read is a round
         # trip that holds the event loop: one per round, not one per claim).
-        requests = self.store.get_raw_many(
-            "payloads", [payload_key(record.operation_id, "request") for record, _ in claims]
-        ) if claims else []
+        requests = await self.store.read_off_loop(functools.partial(
+            self.store.get_raw_many,
+            "payloads", [payload_key(record.operation_id, "request") for record, _ in claims],
+        )) if claims else []
         for (record, _entry), stored in zip(claims, requests, strict=True):
             if self._start(record, stored, nursery):
                 started += 1

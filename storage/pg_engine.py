@@ -66,7 +66,7 @@ Result = TypeVar("Result")
 OWNER_TTL_SECONDS: Final = 10.0  # another owner is dead once its heartbeat is this old
 HEARTBEAT_SECONDS: Final = 1.0
 CONNECT_TIMEOUT: Final = 5
-POOL_SIZE: Final = 8
+POOL_SIZE: Final = 16
 # Reads run off the event loop at once (RecoveryStore.read_off_loop): one connection of
 # the pool stays for the reads the event loop makes inline.
 READ_THREADS: Final = POOL_SIZE - 1
