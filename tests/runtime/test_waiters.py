@@ -80,7 +80,7 @@ async def test_a_state_that_keeps_the_operation_queued_is_still_found(
             # Once the waiter waits on the watch (its first read found it queued; on
             # PostgreSQL that read runs in a thread, which looks blocked to Trio).
             while rt.queue_watch.polls < 1:
-                await trio.testing.wait_all_tasks_blocked(cushion=0.005)
+                await trio.testing.wait_all_tasks_blocked()
             await rt.suspend(handle)
 
         with trio.fail_after(10):  # generous: the full read comes within a second
