@@ -1,0 +1,61 @@
+"""A rejected WebSocket handshake leaves no reference cycle behind.
+
+Each 429 on the opening handshake (a rate limit) raised trio-websocket's
+``ConnectionRejected`` from inside the handler of the reader's exception group, so the
+rejection got the group that holds it as its ``__context__``: a cycle that kept every
+frame, task and nursery of the failed handshake (about 165 objects per rejection) for the
+full collector. With thousands of operations parked after a 429, those passes stalled
+the event loop for hundreds of milliseconds (``bench/scheduler_lateness.py``). Freed by
+reference counting now: with the collector off, a collection finds none of them.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+
+import pytest
+from transport_helpers import make_body
+
+from recoverable.outcome import Interruption
+from recoverable.testing import FixtureProvider, Reply
+from recoverable.transport.backend import ResponsesBackend
+from recoverable.transport.base import StaticCredentials
+
+REJECTIONS = 20
+
+
+@pytest.fixture
+def collector_off() -> Iterator[None]:
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+
+
+def _unreachable(type_name: str) -> int:
+    """How many objects of ``type_name`` only a collection would free."""
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    gc.collect()
+    found = sum(1 for obj in gc.garbage if type(obj).__name__ == type_name)
+    gc.set_debug(0)
+    gc.garbage.clear()
+    return found
+
+
+async def test_a_rejected_handshake_is_freed_without_the_collector(
+    provider: FixtureProvider, collector_off: None
+) -> None:
+    provider.script([Reply.rate_limited(1.0)] * REJECTIONS)
+    async with ResponsesBackend(
+        provider.http_url, credentials=StaticCredentials("sk-test"), mode="websocket"
+    ) as backend:
+        for i in range(REJECTIONS):
+            outcome = await backend.stream(make_body(), attempt_id=f"op_r.{i}", token="sk-test")
+            assert isinstance(outcome, Interruption) and outcome.http_status == 429
+        assert _unreachable("ConnectionRejected") == 0
+        assert _unreachable("WebSocketConnection") == 0
