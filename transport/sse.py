@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import Any, cast
+from typing import Any, Final, cast
 
 import httpx
 import msgspec
@@ -73,6 +73,19 @@ async def _drain_terminal(chunks: AsyncGenerator[bytes, None], outcome: Outcome)
         except httpx.TransportError:
             return  # the completion is already in hand
 
+
+
+_CLOSED_STREAM: Final = httpx.ByteStream(b"")
+
+
+def _unbind(response: httpx.Response) -> None:
+    """Cut a closed streamed response from its stream. httpx's streamed ``Response`` and
+    the ``BoundAsyncStream`` it reads point at each other: a cycle that keeps the
+    request, the pool's request and the connection's stream of every attempt (about 45
+    objects) for the full collector. Closed, the stream is never read again (httpx
+    raises ``StreamClosed`` first), so the response may drop it and be freed by
+    reference counting."""
+    response.stream = _CLOSED_STREAM
 
 class SseTransport:
     def __init__(self, base_url: str, *, limits: StreamLimits, max_connections: int) -> None:
@@ -168,6 +181,7 @@ class SseTransport:
         finally:
             with trio.CancelScope(shield=True):
                 await response.aclose()
+                _unbind(response)
 
     async def _whole_body(self, response: httpx.Response) -> bytes | None:
         """The answer's whole body, ``None`` once it passed ``max_frame_bytes``."""
@@ -306,6 +320,7 @@ class SseTransport:
             with trio.CancelScope(shield=True):
                 await chunks.aclose()  # never left to the garbage collector (ResourceWarning)
                 await response.aclose()
+                _unbind(response)
 
     async def _rejected(
         self, response: httpx.Response, body: bytearray, state: ResponseStream
