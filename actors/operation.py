@@ -41,6 +41,9 @@ async def run(execution: Execution) -> Any:
             raise
     finally:
         await execution.release()
+        # The last attempt points back at its execution: cut the pair here, so both go
+        # with their last reference instead of waiting for the full collector.
+        execution.sending = None
 
 
 async def _drive(execution: Execution, transition: machine.Transition) -> Any:
@@ -63,6 +66,9 @@ async def _drive(execution: Execution, transition: machine.Transition) -> Any:
                 # Signed out or switched between two steps: stop before the next one.
                 transition = await execution.on_stop(current)
             case machine.WaitUntil(at=at):
+                # Nothing is in flight while it waits (its attempt's end is saved): the
+                # ended attempt need not stay parked with it (see the end of ``run``).
+                execution.sending = None
                 telemetry.emit("operation.waiting", op_id, until=at)
                 waited = await execution.interruptible(host.scheduler.wait_until(at))
                 if isinstance(waited, Cut):
