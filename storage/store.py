@@ -220,13 +220,14 @@ class RecoveryStore(RecordGetters):
         trip to a server (PostgreSQL), it runs in a worker thread, at most
         ``engine.read_threads`` at once (the engine's pool of reading connections), so a
         host waiting on thousands of operations keeps serving the others while one read
-        travels. ``reads`` must touch nothing but the store and its arguments; a
-        cancellation waits for a read in flight to return (a read is bounded by the
-        engine's timeouts)."""
+        travels. ``reads`` must touch nothing but the store and its arguments. A
+        cancelled caller returns at once, whatever the server does (a hung one included):
+        a read changes nothing, so its thread is left to finish and its result dropped
+        (it keeps its place among ``read_threads`` until then)."""
         limiter = self._read_limiter
         if limiter is None:
             return reads()
-        return await trio.to_thread.run_sync(reads, limiter=limiter)
+        return await trio.to_thread.run_sync(reads, limiter=limiter, abandon_on_cancel=True)
 
     def _get(self, table: Table, key: bytes) -> bytes | None:
         return self.engine.get(table, key)

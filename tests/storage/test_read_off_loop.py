@@ -104,3 +104,29 @@ def test_at_most_read_threads_postgresql_reads_run_at_once(pg_url: str) -> None:
         assert not all_in.broken
     finally:
         store.close()
+
+
+def test_a_cancelled_caller_leaves_a_postgresql_read_that_never_returns(pg_url: str) -> None:
+    """A read stuck on the server (here: on an event nobody sets until the end) does not
+    hold its caller: a cancellation returns at once; the thread finishes later."""
+    store = RecoveryStore.open(pg_url)
+    try:
+        stuck = threading.Event()
+        finished = threading.Event()
+
+        def reads() -> int:
+            stuck.wait(30)
+            finished.set()
+            return 0
+
+        async def main() -> bool:
+            with trio.move_on_after(0.2) as scope:
+                await store.read_off_loop(reads)
+            return scope.cancelled_caught
+
+        assert trio.run(main) is True
+        assert not finished.is_set()  # the read is still in its thread
+        stuck.set()
+        assert finished.wait(10)
+    finally:
+        store.close()
