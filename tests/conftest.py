@@ -55,8 +55,9 @@ def _import_the_whole_library() -> None:
 
 
 _import_the_whole_library()
-# The PostgreSQL store's fixtures (pg_cluster, pg_url): a throwaway server (issue 17).
-pytest_plugins = ["tests.pg.fixtures"]
+# The PostgreSQL store's fixtures (pg_cluster, pg_url: a throwaway server, issue 17) and
+# collector_off (tests/collector.py).
+pytest_plugins = ["tests.pg.fixtures", "tests.collector"]
 
 settings.register_profile("recoverable", database=None)
 settings.load_profile("recoverable")

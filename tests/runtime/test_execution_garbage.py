@@ -11,37 +11,14 @@ parks (nothing is in flight while it waits) and when the execution ends.
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
 
-import pytest
 import trio
 
 import recoverable
 from recoverable.testing import FixtureProvider, Reply
 
+from ..collector import unreachable
 from .conftest import ACCOUNT, REQUEST, Answer, Authorizer, make_backend
-
-
-@pytest.fixture
-def collector_off() -> Iterator[None]:
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        gc.enable()
-
-
-def _unreachable(*type_names: str) -> int:
-    """How many objects of these types only a collection would free."""
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    gc.collect()
-    found = sum(1 for obj in gc.garbage if type(obj).__name__ in type_names)
-    gc.set_debug(0)
-    gc.garbage.clear()
-    return found
 
 
 async def test_a_parked_then_completed_execution_needs_no_collector(
@@ -65,4 +42,4 @@ async def test_a_parked_then_completed_execution_needs_no_collector(
             value = await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
         assert value == Answer(answer=1, note="n")
     assert len(provider.requests) == 2 and parked == [0]
-    assert _unreachable("Execution", "_Attempt") == 0
+    assert unreachable("Execution", "_Attempt") == 0

@@ -17,9 +17,6 @@ so the request, the pool's request and the connection's stream go with the respo
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Iterator
-
 import pytest
 from transport_helpers import make_body
 
@@ -27,30 +24,9 @@ from recoverable.outcome import Completed, Interruption
 from recoverable.testing import FixtureProvider, Reply
 from recoverable.transport.backend import ResponsesBackend
 from recoverable.transport.base import StaticCredentials
+from tests.collector import unreachable
 
 REJECTIONS = 20
-
-
-@pytest.fixture
-def collector_off() -> Iterator[None]:
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        gc.enable()
-
-
-def _unreachable(type_name: str) -> int:
-    """How many objects of ``type_name`` only a collection would free."""
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    gc.collect()
-    found = sum(1 for obj in gc.garbage if type(obj).__name__ == type_name)
-    gc.set_debug(0)
-    gc.garbage.clear()
-    return found
 
 
 async def test_a_rejected_handshake_is_freed_without_the_collector(
@@ -63,8 +39,8 @@ async def test_a_rejected_handshake_is_freed_without_the_collector(
         for i in range(REJECTIONS):
             outcome = await backend.stream(make_body(), attempt_id=f"op_r.{i}", token="sk-test")
             assert isinstance(outcome, Interruption) and outcome.http_status == 429
-        assert _unreachable("ConnectionRejected") == 0
-        assert _unreachable("WebSocketConnection") == 0
+        assert unreachable("ConnectionRejected") == 0
+        assert unreachable("WebSocketConnection") == 0
 
 
 @pytest.mark.parametrize("reply", ["complete", "rejected"])
@@ -79,5 +55,5 @@ async def test_a_closed_sse_response_is_freed_without_the_collector(
         for i in range(REJECTIONS):
             outcome = await backend.stream(make_body(), attempt_id=f"op_s.{i}", token="sk-test")
             assert isinstance(outcome, Interruption if reply == "rejected" else Completed)
-        assert _unreachable("Response") == 0
-        assert _unreachable("BoundAsyncStream") == 0
+        assert unreachable("Response") == 0
+        assert unreachable("BoundAsyncStream") == 0
