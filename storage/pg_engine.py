@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Final, TypeVar
 
 import psycopg
+from psycopg.conninfo import make_conninfo
 
 from recoverable.errors import CorruptRecord, StorageUnavailable, UnsupportedRecordVersion
 from recoverable.records import CommandRecord, LeaseRecord
@@ -71,21 +72,38 @@ POOL_SIZE: Final = 16
 # the pool stays for the reads the event loop makes inline.
 READ_THREADS: Final = POOL_SIZE - 1
 WRITER_IDLE_MS: Final = 5000  # idle_in_transaction_session_timeout of the writer's session
+# Every statement of this process (reads, the writer's batches, the heartbeat, LISTEN) is
+# bounded by the server: one still running after this long (waiting on a lock, a stalled
+# server process) is cancelled (SQLSTATE 57014) and its caller gets StorageUnavailable.
+# The owner's session runs the schema upgrade first, unbounded, and is bounded after it.
+STATEMENT_TIMEOUT_MS: Final = 30_000
+# A dead link or peer (a vanished host, a frozen VM, a cut network) is found by the
+# client's kernel: keepalive probes after 5 s of silence, 2 s apart, 3 unanswered end the
+# connection; data unacknowledged for 15 s does too (libpq's keepalives*, tcp_user_timeout).
+KEEPALIVES: Final = {
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 15_000,
+}
 COMMIT_POLL_SECONDS: Final = 0.25  # a monitor's poll when no notification comes
 # How long advisory shared state read from the database (the rate governor's pause row)
 # may be served from a process's memory: each read is a round trip on the event loop.
 ADVISORY_READ_SECONDS: Final = 0.05
 SCHEMES: Final = ("postgresql", "postgres")
+QUERY_CANCELED: Final = "57014"  # a statement_timeout (or a cancel request)
 
 
 
 def _connection_lost(conn: psycopg.Connection[Any], exc: BaseException | None) -> bool:
     """The statement failed because the connection is gone: the server ended the
-    session (SQLSTATE class 57: a killed backend, a shutdown) or the link broke (08)."""
+    session (SQLSTATE class 57: a killed backend, a shutdown) or the link broke (08).
+    A statement cancelled by its timeout (57014) left the connection as it was."""
     if conn.broken or conn.closed:
         return True
     state = getattr(exc, "sqlstate", None) or ""
-    return isinstance(exc, psycopg.OperationalError) and (
+    return isinstance(exc, psycopg.OperationalError) and state != QUERY_CANCELED and (
         state.startswith(("57", "08")) or not state
     )
 
@@ -184,41 +202,41 @@ class PgEngine:
 
     # -- opening and closing --
 
-    def _connect(self, *, autocommit: bool, role: str) -> psycopg.Connection[Any]:
+    def _connect(
+        self, *, autocommit: bool, role: str, bounded: bool = True
+    ) -> psycopg.Connection[Any]:
         """A new connection; ``application_name`` says its role (``recoverable-writer``,
-        ``-owner``, ``-read``, ``-listen``) so an operator can tell them apart."""
-        # The writer: a session stopped inside a transaction (SIGSTOP, a paused VM) may
-        # hold the fleet's writers' lock (a batch running locked, or a last round trip
-        # stopped mid-send); the server ends it after a bound (its batch is rolled back
-        # and run again elsewhere or on its return).
-        options = (
-            f"-c idle_in_transaction_session_timeout={WRITER_IDLE_MS}" if role == "writer"
-            else None
-        )
+        ``-owner``, ``-read``, ``-listen``) so an operator can tell them apart. Its
+        statements are bounded (:data:`STATEMENT_TIMEOUT_MS`) unless ``bounded`` is
+        false, and a dead link is found by :data:`KEEPALIVES`."""
+        settings = [f"statement_timeout={STATEMENT_TIMEOUT_MS}"] if bounded else []
+        if role == "writer":
+            # A session stopped inside a transaction (SIGSTOP, a paused VM) may hold the
+            # fleet's writers' lock (a batch running locked, or a last round trip stopped
+            # mid-send); the server ends it after a bound (its batch is rolled back and
+            # run again elsewhere or on its return).
+            settings.append(f"idle_in_transaction_session_timeout={WRITER_IDLE_MS}")
         try:
-            if options is not None:
-                conn = psycopg.connect(
+            conn = psycopg.connect(
+                make_conninfo(
                     self._url,
-                    autocommit=autocommit,
                     connect_timeout=CONNECT_TIMEOUT,
                     application_name=f"recoverable-{role}",
-                    options=options,
-                )
-                # READ COMMITTED whatever the database's default: each statement of a
-                # batch after the writers' lock (and the commit check) must see every
-                # commit before it (storage/pg_writer.py, storage/pg_readset.py).
-                conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
-                return conn
-            return psycopg.connect(
-                self._url,
+                    options=" ".join(f"-c {setting}" for setting in settings) or None,
+                    **KEEPALIVES,
+                ),
                 autocommit=autocommit,
-                connect_timeout=CONNECT_TIMEOUT,
-                application_name=f"recoverable-{role}",
             )
         except psycopg.Error as exc:
             raise StorageUnavailable(
                 f"cannot connect to the database at {self.path}: {describe(exc, self._url)}"
             ) from None  # the driver's exception may echo connection details
+        if role == "writer":
+            # READ COMMITTED whatever the database's default: each statement of a batch
+            # after the writers' lock (and the commit check) must see every commit before
+            # it (storage/pg_writer.py, storage/pg_readset.py).
+            conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+        return conn
 
     def _connect_reader(self) -> psycopg.Connection[Any]:
         return self._connect(autocommit=True, role="read")
@@ -230,9 +248,11 @@ class PgEngine:
             raise psycopg.OperationalError(str(exc)) from None
 
     def _open_database(self) -> None:
-        conn = self._owner_conn = self._connect(autocommit=True, role="owner")
+        # The schema upgrade may rewrite a large table: unbounded, then bounded.
+        conn = self._owner_conn = self._connect(autocommit=True, role="owner", bounded=False)
         upgrade(conn)
         try:
+            conn.execute(f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}")
             row = conn.execute(
                 "INSERT INTO recoverable_owners (owner_id, lock_key, expires_at) "
                 "VALUES (%s, nextval('recoverable_owner_lock'), "
