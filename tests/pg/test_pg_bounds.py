@@ -11,6 +11,8 @@ lock is gone both work again.
 from __future__ import annotations
 
 import socket
+import threading
+import time
 from collections.abc import Iterator
 
 import psycopg
@@ -19,6 +21,7 @@ import pytest
 from recoverable.errors import StorageUnavailable
 from recoverable.storage import RecoveryStore, pg_engine
 from recoverable.storage.pg_engine import PgEngine
+from recoverable.storage.pg_schema import LOCK_NAMESPACE, MIGRATION_LOCK
 from tests.storage.storage_helpers import make_op
 
 BOUND_MS = 300
@@ -110,3 +113,37 @@ def test_every_session_is_bounded_and_probes_its_link(pg_url: str) -> None:
         assert _bounds(engine._owner_conn) == expected
         with engine._pool.connection() as reader:
             assert _bounds(reader) == expected
+
+
+def test_the_schema_upgrade_waits_past_the_bound(pg_url: str, short_bound: None) -> None:
+    """The upgrade may rewrite a large table (or wait for another process's upgrade):
+    the owner's session is bounded only after it. Here it waits on the migration lock,
+    held by another session, for longer than the bound, and the store still opens."""
+    opened: list[RecoveryStore | BaseException] = []
+
+    def open_store() -> None:
+        try:
+            opened.append(RecoveryStore.open(pg_url))
+        except BaseException as exc:  # reported below
+            opened.append(exc)
+
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute("SELECT pg_advisory_lock(%s, %s)", (LOCK_NAMESPACE, MIGRATION_LOCK))
+        thread = threading.Thread(target=open_store)
+        thread.start()
+        deadline = time.monotonic() + 30
+        while not admin.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE application_name ="
+            " 'recoverable-owner' AND wait_event_type = 'Lock' AND now() - query_start >"
+            " make_interval(secs => %s))",
+            (3 * BOUND_MS / 1000,),
+        ).fetchone() == (True,):
+            assert time.monotonic() < deadline and thread.is_alive(), opened
+            time.sleep(0.05)  # polling the server's view of the waiting session
+        admin.execute("SELECT pg_advisory_unlock(%s, %s)", (LOCK_NAMESPACE, MIGRATION_LOCK))
+    thread.join(30)
+    [store] = opened
+    assert isinstance(store, RecoveryStore), store
+    with store:
+        store.write_sync(lambda txn: txn.put_operation(make_op("op-1")))
+        assert store.get_operation("op-1") is not None
