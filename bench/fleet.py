@@ -38,6 +38,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -109,7 +110,8 @@ def run(
                                 text=True, env={**os.environ, workers.KEY_ENV: "sk-bench"})
         stopped: dict[str, float] = {}
         if stop:
-            stopped = stop_one_worker(proc, out, args)
+            assert store is not None
+            stopped = stop_one_worker(proc, out, args, store)
         stdout, stderr = proc.communicate(timeout=3600)
         wall = time.monotonic() - started
         if proc.returncode != 0:
@@ -130,11 +132,47 @@ def _wait_lines(proc: subprocess.Popen[str], out: Path, count: int) -> None:
         time.sleep(0.02)  # polling the output file (a progress barrier)
 
 
+# The fleet's writers' lock (storage/pg_schema.py: LOCK_NAMESPACE, WRITER_LOCK) held by a
+# session whose client sends nothing ("idle in transaction"): a stopped writer holding it.
+_LOCK_IDLE = (
+    "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
+    " WHERE l.locktype = 'advisory' AND l.granted AND l.classid = 21061 AND l.objid = 0"
+    " AND l.objsubid = 2 AND a.state = 'idle in transaction'"
+)
+
+
+class LockSampler:
+    """Samples, every 50 ms on its own connection, whether a session idle in its
+    transaction holds the writers' lock (the stall the stop row looks for)."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._stop = threading.Event()
+        self.samples = 0
+        self.held = 0
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        with psycopg.connect(self._url, autocommit=True) as conn:
+            while not self._stop.wait(0.05):
+                row = conn.execute(_LOCK_IDLE).fetchone()
+                self.samples += 1
+                self.held += bool(row and row[0])
+
+    def finish(self) -> float:
+        """The share of the samples that found the lock held by an idle session."""
+        self._stop.set()
+        self._thread.join(timeout=10)
+        return self.held / self.samples if self.samples else 0.0
+
+
 def stop_one_worker(
-    proc: subprocess.Popen[str], out: Path, args: argparse.Namespace
+    proc: subprocess.Popen[str], out: Path, args: argparse.Namespace, store: str
 ) -> dict[str, float]:
     """SIGSTOP one worker for ``--stop-seconds`` once a fifth of the lines are written;
-    the lines per second in the 5 s before and during the stop."""
+    the lines per second in the 5 s before and during the stop, and the share of the stop
+    the writers' lock was held by an idle (stopped) session."""
     _wait_lines(proc, out, args.jobs // 5)
     t0, l0 = time.monotonic(), workers.lines(out)
     time.sleep(5.0)  # the window before the stop (a measurement window, not a barrier)
@@ -142,19 +180,21 @@ def stop_one_worker(
     if proc.poll() is not None or not pids:
         return {}
     t1, l1 = time.monotonic(), workers.lines(out)
+    sampler = LockSampler(store)
     os.kill(pids[0], signal.SIGSTOP)
     try:
         time.sleep(args.stop_seconds)  # the stop itself
         t2, l2 = time.monotonic(), workers.lines(out)
     finally:
         os.kill(pids[0], signal.SIGCONT)
+        lock_held = sampler.finish()
     before = (l1 - l0) / (t1 - t0)
     during = (l2 - l1) / (t2 - t1)
     # Work left for the other worker all through the stop, or the ratio measures a
     # drained queue, not a stall (the stopped worker's own operations wait for it).
     drained = l2 >= args.jobs - 2 * args.concurrency
     return {"before_per_s": before, "during_per_s": during, "drained": drained,
-            "stop_ratio": during / (before / 2) if before else 0.0}
+            "stop_ratio": during / (before / 2) if before else 0.0, "lock_held": lock_held}
 
 
 def stop_jobs(args: argparse.Namespace) -> int:
@@ -247,7 +287,8 @@ def main() -> None:
                   f"results/s during the stop, {r['before_per_s']:.0f}/s before (both): the "
                   f"other worker kept {r['stop_ratio']:.2f} of its share (target >= 0.80)"
                   + (" -- the queue drained during the stop: not a measure of a stall"
-                     if r.get("drained") else "") + f"; {r['jobs']} jobs")
+                     if r.get("drained") else "") + f"; {r['jobs']} jobs; the writers' lock "
+                  f"held by an idle (stopped) session {r['lock_held']:.0%} of the stop")
 
 
 if __name__ == "__main__":

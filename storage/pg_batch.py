@@ -4,11 +4,11 @@ Every statement of the writer is a round trip (and, on a busy host, a wait for t
 after it), so the writer avoids the ones it can prove it does not need:
 
 - **Row cache.** The rows as this process last committed or read them. Every batch of
-  every process increments the ``commits`` counter in ``meta`` and logs the keys it
-  wrote in ``recoverable_changes`` (the last :data:`CHANGES_KEPT` commits); a batch's
-  first round trip reads the counter and the log since this writer's last commit, and
-  evicts exactly the rows others changed (a gap in the log, or a batch too large to log,
-  drops the whole cache); an optimistic batch's commit also evicts what others wrote
+  every process logs the keys it wrote in the change feed (``storage/pg_changes.py``); a
+  batch's first round trip takes a snapshot and reads what other owners committed since
+  the previous batch's, and evicts exactly those rows (a pruned stretch of the feed, or
+  a batch too large to log, drops the whole cache); an optimistic batch's commit also
+  evicts what others wrote
   between its first read and it (the server's check returns those keys,
   ``storage/pg_readset.py``). Reads are served from what remains, and the check, before
   the batch commits, refuses any read that another commit made stale. An unknown commit
@@ -54,19 +54,19 @@ from recoverable.storage.keys import (
     operation_key,
     u64,
 )
+from recoverable.storage.pg_changes import TRUSTED_SECONDS
 from recoverable.storage.pg_operations import INSERT_MANY, columns_of
-from recoverable.storage.pg_readset import META_COMMITS, NeedsLock, ReadSet
+from recoverable.storage.pg_readset import NeedsLock, ReadSet
 from recoverable.storage.pg_sql import SqlCursor, SqlSnapshot, prefix_end, sql_table
 from recoverable.storage.queue import MEMBER, META_QUEUE_SERIAL, ORDER
 
 __all__ = [
-    "CACHE_ROWS", "CHANGES_KEPT", "LAST_ORDER", "BatchSnapshot", "Prefetch", "RowCache",
+    "CACHE_ROWS", "LAST_ORDER", "BatchSnapshot", "Prefetch", "RowCache",
     "changed_keys", "last_order_serial", "row_id",
 ]
 
 CACHE_ROWS: Final = 200_000
 MAX_LOGGED_KEYS: Final = 4096  # a batch writing more logs None (the others drop their cache)
-CHANGES_KEPT: Final = 256  # commits kept in recoverable_changes
 SQL_TABLES: Final[tuple[str, ...]] = tuple(sql_table(table) for table in TABLES)
 TABLE_INDEX: Final[dict[str, int]] = {name: index for index, name in enumerate(SQL_TABLES)}
 # A row's id in the caches and the write buffers: its table's index (one byte), then its
@@ -74,9 +74,9 @@ TABLE_INDEX: Final[dict[str, int]] = {name: index for index, name in enumerate(S
 # bytes is never tracked by the garbage collector, and a tuple per read was.
 _TAG: Final[dict[str, bytes]] = {name: bytes((index,)) for name, index in TABLE_INDEX.items()}
 _META: Final = sql_table("meta")
-# The meta rows the server counts (``value + n`` in the batch's last statements): no
-# mutation depends on their exact value, so they are neither logged nor checked.
-_COUNTED: Final = frozenset({_TAG[_META] + META_BYTES, _TAG[_META] + META_COMMITS})
+# The meta row the server counts (``value + n`` in the batch's last statements): no
+# mutation depends on its exact value, so it is neither logged nor checked.
+_COUNTED: Final = frozenset({_TAG[_META] + META_BYTES})
 _DELETED: Final = None  # a buffered delete (and, in the cache, a row known to be absent)
 _BY_OPERATION: Final = frozenset(
     sql_table(table) for table in ("operations", "commands", "leases", "dispositions")
@@ -244,11 +244,16 @@ _OTHER_TAGS: Final = (
 
 
 class RowCache:
-    """Rows by row id (``row_id``) as committed, and the commit count they are valid at."""
+    """Rows by row id (``row_id``) as committed, and the snapshot they are valid at."""
 
     def __init__(self) -> None:
         self.rows: dict[bytes, bytes | None] = {}
-        self.valid_at: int | None = None  # the commits counter after our last commit
+        # The snapshot of the last batch's first round trip (``pg_changes.SNAPSHOT_NOW``,
+        # as text; None: nothing is known) and the server's clock then (epoch seconds):
+        # every cached row is valid at it, except those other owners wrote since (the next
+        # batch's first round trip names them, ``adopt``).
+        self.since: str | None = None
+        self.since_at = 0.0
         # The highest serial of a committed queue order row, read with the meta rows in a
         # batch's first round trip (``LAST_ORDER``): until then, unknown (no order row is assumed
         # absent without a read).
@@ -256,7 +261,7 @@ class RowCache:
 
     def clear(self) -> None:
         self.rows.clear()
-        self.valid_at = None
+        self.since = None
 
     def seed(self, db: str, rows: dict[bytes, bytes]) -> None:
         """Rows read at a batch's start (committed state): cache them."""
@@ -264,25 +269,29 @@ class RowCache:
         for key, value in rows.items():
             self.rows[tag + key] = value
 
-    def adopt(self, current: int, changes: list[tuple[int, list[bytes] | None]]) -> None:
-        """At a batch's start: ``current`` is the commit count read then, ``changes`` the
-        rows of ``recoverable_changes`` after ours (commit, changed keys), read by a later
-        statement (without the writers' lock it may list commits after ``current``: they
-        are forgotten too). The cache keeps every row nobody else changed since our last
-        commit; it is dropped whole when that cannot be told (a gap in the log, a batch
-        too large to log its keys)."""
-        since = self.valid_at
-        self.valid_at = current
-        if since == current and not changes:
-            return
-        commits = [commit for commit, _ in changes]
-        if since is None or len(commits) < current - since or commits != list(
-            range(since + 1, since + 1 + len(commits))
+    def adopt(
+        self, snapshot: str, at: float, pruned_before: float | None,
+        changes: list[list[bytes] | None] | None,
+    ) -> None:
+        """At a batch's start: ``snapshot`` (taken at server time ``at``) is the batch's,
+        ``changes`` the change rows other owners committed since :attr:`since` (read in
+        the same round trip, after ``snapshot``: they may name commits after it too,
+        forgotten as well; None: not asked, nothing was known). The cache keeps every row
+        nobody else changed; it is dropped whole when that cannot be told: the previous
+        snapshot is too close to the pruning horizon ``pruned_before`` (a commit since it
+        may have been pruned, ``pg_changes.TRUSTED_SECONDS``), or a commit was too large
+        to log its keys."""
+        since_at = self.since_at
+        known = self.since is not None and changes is not None
+        self.since, self.since_at = snapshot, at
+        if not known or (
+            pruned_before is not None and since_at <= pruned_before + TRUSTED_SECONDS
         ):
             self.rows.clear()
             return
         rows = self.rows
-        for _, keys in changes:
+        assert changes is not None
+        for keys in changes:
             if keys is None:
                 rows.clear()
                 return
@@ -437,9 +446,16 @@ class BatchSnapshot(SqlSnapshot):
 
     def flush(self) -> None:
         """Send every buffered write (the batch's and the running mutation's)."""
+        self.send(self.take_writes())
+
+    def take_writes(self) -> list[tuple[str, tuple[Any, ...]]]:
+        """The statements that send every buffered write (the batch's and the running
+        mutation's), built now and counted as sent: the writer's last round trip builds
+        them all before its first statement leaves, so no Python work runs between the
+        writers' lock and ``COMMIT`` (``pg_writer.PgWriter._end``)."""
         pending = {**self._unsent, **self._mutation}
         if not pending:
-            return
+            return []
         if self._mutation:
             self.mutation_sent = True
         upserts: dict[str, tuple[list[bytes], list[bytes]]] = {}
@@ -452,31 +468,41 @@ class BatchSnapshot(SqlSnapshot):
                 keys, values = upserts.setdefault(db, ([], []))
                 keys.append(key)
                 values.append(value)
-        for db, keys in deletes.items():
-            self._execute(f"DELETE FROM {db} WHERE key = ANY(%b)", (keys,))
+        statements: list[tuple[str, tuple[Any, ...]]] = [
+            (f"DELETE FROM {db} WHERE key = ANY(%b)", (keys,)) for db, keys in deletes.items()
+        ]
         for db, (keys, values) in upserts.items():
             if db == _OPERATIONS:  # with the typed columns of each record (pg_operations)
                 columns = zip(*(columns_of(value) for value in values), strict=True)
-                self._execute(INSERT_MANY, (keys, values, *(list(column) for column in columns)))
+                statements.append(
+                    (INSERT_MANY, (keys, values, *(list(column) for column in columns)))
+                )
                 continue
-            self._execute(
+            statements.append((
                 f"INSERT INTO {db} (key, value) SELECT * FROM unnest(%b::bytea[], %b::bytea[]) "
                 "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
                 (keys, values),
-            )
+            ))
         self._unsent = {}
         # The running mutation's writes are sent; they stay in its layer for its reads
         # (and are sent again, harmlessly, if it ends kept and the batch flushes again).
+        return statements
+
+    def send(self, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
+        """Send statements :meth:`take_writes` built (a failure is kept in ``failed``)."""
+        for sql, params in statements:
+            self._execute(sql, params)
 
     @property
     def written_keys(self) -> list[bytes]:
         """Every row (row id) this batch wrote so far."""
         return list(self._batch)
 
-    def committed(self, commits: int, changed: Iterable[bytes] = ()) -> None:
-        """The batch committed as commit number ``commits``; ``changed``: the rows the
-        commits between its first read and it wrote (an optimistic batch's check returns
-        them): the cache forgets those and takes the batch's writes."""
+    def committed(self, changed: Iterable[bytes] = ()) -> None:
+        """The batch committed; ``changed``: the rows the commits between its first read
+        and it wrote (an optimistic batch's check returns them): the cache forgets those
+        and takes the batch's writes (valid at the batch's snapshot: the next batch's
+        first round trip forgets what others committed since)."""
         rows = self._cache.rows
         for entry in changed:
             rows.pop(bytes(entry), None)
@@ -484,4 +510,3 @@ class BatchSnapshot(SqlSnapshot):
             self._cache.clear()
             return
         rows.update(self._batch)
-        self._cache.valid_at = commits

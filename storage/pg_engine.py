@@ -43,17 +43,24 @@ from recoverable.errors import CorruptRecord, StorageUnavailable, UnsupportedRec
 from recoverable.records import CommandRecord, LeaseRecord
 from recoverable.storage import codec, queue, redact
 from recoverable.storage.base import Table, Touches
-from recoverable.storage.keys import hosts_prefix, key_str, u64
+from recoverable.storage.keys import hosts_prefix, key_str
 from recoverable.storage.leases import LeaseTokens, lease_expired
+from recoverable.storage.pg_changes import COMMIT_COUNT, KEPT_SECONDS, PRUNE, PRUNE_EVERY
 from recoverable.storage.pg_listen import CommitListener
 from recoverable.storage.pg_schema import (
     LIVE_OWNERS,
     LOCK_NAMESPACE,
-    META_COMMITS,
     owner_lock_held,
     upgrade,
 )
-from recoverable.storage.pg_sql import SqlSnapshot, describe, sql_table, table_names
+from recoverable.storage.pg_sql import (
+    FOLD_BYTES,
+    SqlSnapshot,
+    describe,
+    read_source,
+    sql_table,
+    table_names,
+)
 from recoverable.storage.pg_writer import PgWriter
 from recoverable.storage.registry import StoreOptions
 from recoverable.storage.store import redact_url, register_url_store
@@ -268,6 +275,7 @@ class PgEngine:
                 + owner_lock_held("o.lock_key"),
                 (LOCK_NAMESPACE,),
             )
+            conn.execute(FOLD_BYTES)  # their bytes_used rows (pg_sql.BYTES_SHARDS)
         except psycopg.Error as exc:
             raise StorageUnavailable(f"cannot register the owner: {describe(exc)}") from exc
         state = WriteState(
@@ -293,11 +301,16 @@ class PgEngine:
 
     def _beat(self) -> None:
         """Renew this owner's expiry (server time) until closed; a failed renewal, or an
-        expiry found already past (this process was stalled), loses the owner."""
+        expiry found already past (this process was stalled), loses the owner. Every
+        ``PRUNE_EVERY`` beats, prune the change feed (``storage/pg_changes.py``)."""
+        beats = 0
         while not self._stop.wait(HEARTBEAT_SECONDS):
             conn = self._owner_conn
             if conn is None:
                 return
+            beats += 1
+            if beats % PRUNE_EVERY == 0:
+                self.prune_changes()
             try:
                 row = conn.execute(
                     "UPDATE recoverable_owners SET expires_at = now() + "
@@ -311,6 +324,17 @@ class PgEngine:
                 if not self._stop.is_set():
                     self.owner_lost = True
                 return
+
+    def prune_changes(self, older_than: float = KEPT_SECONDS) -> None:
+        """Delete the change rows older than ``older_than`` seconds (server time) and move
+        the pruning horizon on, in one transaction of the owner's session (a failure is
+        left for the next pruning: the feed only grows meanwhile)."""
+        conn = self._owner_conn
+        if conn is None:
+            return
+        with contextlib.suppress(psycopg.Error):
+            with conn.transaction():
+                conn.execute(PRUNE, (older_than,))
 
     def _lose_owner(self) -> None:
         self.owner_lost = True
@@ -338,6 +362,7 @@ class PgEngine:
                     conn.execute(
                         "DELETE FROM recoverable_owners WHERE owner_id = %s", (self._owner_id,)
                     )
+                    conn.execute(FOLD_BYTES)
             conn.close()  # drops the owner's advisory lock
         self._pool.close()
         self._owner_tokens.clear()
@@ -402,7 +427,9 @@ class PgEngine:
         raise AssertionError("unreachable")
 
     def get(self, table: Table, key: bytes) -> bytes | None:
-        rows = self._query(f"SELECT value FROM {sql_table(table)} WHERE key = %b", (key,))
+        rows = self._query(
+            f"SELECT value FROM {read_source(sql_table(table))} WHERE key = %b", (key,)
+        )
         return bytes(rows[0][0]) if rows else None
 
     def queued(self, *, after_serial: int, limit: int) -> list[queue.QueueEntry]:
@@ -444,7 +471,8 @@ class PgEngine:
             by_table.setdefault(table, []).append(key)
         tables = sorted(by_table)
         sql = " UNION ALL ".join(
-            f"SELECT {index}, key, value FROM {sql_table(table)} WHERE key = ANY(%b)"
+            f"SELECT {index}, key, value FROM {read_source(sql_table(table))}"
+            " WHERE key = ANY(%b)"
             for index, table in enumerate(tables)
         )
         found = {
@@ -467,7 +495,8 @@ class PgEngine:
         """``get_raw`` of every key: one statement, one round trip."""
         found = {
             bytes(key): bytes(value) for key, value in self._query(
-                f"SELECT key, value FROM {sql_table(table)} WHERE key = ANY(%b)", (keys,)
+                f"SELECT key, value FROM {read_source(sql_table(table))} WHERE key = ANY(%b)",
+                (keys,),
             )
         }
         return [found.get(key) for key in keys]
@@ -500,17 +529,19 @@ class PgEngine:
         )
 
     def last_txnid(self) -> int:
-        """The count of committed batches, by every process (moves on every commit)."""
-        return u64(self.get("meta", META_COMMITS))
+        """The count of committed batches, by every process (moves on every commit): the
+        owners' commit counts, summed (``storage/pg_changes.py``)."""
+        rows = self._query(COMMIT_COUNT, ())
+        return int(rows[0][0]) if rows else 0
 
     def commands_snapshot(self, *, after_serial: int) -> tuple[int, list[CommandRecord]]:
         """``(commit count, commands with serial > after_serial)`` from one snapshot: one
         statement, one round trip (the monitor's scan; unreadable commands are skipped,
         as ``queries.commands_after`` does)."""
         rows = self._query(
-            f"SELECT m.value, c.key, c.value FROM {sql_table('meta')} m"
-            f" LEFT JOIN {sql_table('commands')} c ON true WHERE m.key = %b",
-            (META_COMMITS,),
+            f"SELECT n.count, c.key, c.value FROM ({COMMIT_COUNT}) AS n(count)"
+            f" LEFT JOIN {sql_table('commands')} c ON true",
+            (),
         )
         found: list[CommandRecord] = []
         for _, key, raw in rows:
@@ -523,7 +554,7 @@ class PgEngine:
             if record.serial > after_serial:
                 found.append(record)
         found.sort(key=lambda command: command.serial)
-        return (u64(rows[0][0]) if rows else 0), found
+        return (int(rows[0][0]) if rows else 0), found
 
     def lease_is_live(self, lease: LeaseRecord, now: float | None) -> bool:
         return self._owner_tokens.is_live(lease, now)

@@ -3,11 +3,11 @@
 A writer batch of the PostgreSQL store runs its mutations without the fleet's writers'
 lock (``storage/pg_writer.py``): its reads come from the row cache and from statements
 of its own, its writes stay in memory. Only its last round trip takes the writers' lock
-and, under it, calls :data:`CHANGED_SINCE`, the server function :func:`step_4` creates:
+and, under it, calls the server's check (``pg_changes.CHANGED_SINCE``):
 
-- every commit since the batch's first read (the ``commits`` counter it read then) must
-  be in ``recoverable_changes`` with its keys (a gap, or a batch too large to log its
-  keys, cannot be checked: a conflict);
+- the commits since the batch's first round trip (those not visible in the snapshot it
+  took then) must be in the change feed with their keys (a pruned stretch, or a batch
+  too large to log its keys, cannot be checked: a conflict);
 - no key those commits wrote may be one the batch read (:attr:`ReadSet.rows`, present or
   absent) or fall in a key range it read (:attr:`ReadSet.ranges`: a prefix it listed);
 - on a conflict the function raises ``serialization_failure`` (SQLSTATE 40001) and the
@@ -23,6 +23,9 @@ and a batch that read a counter another commit moved conflicts.
 
 A mutation that needs a scan (``cursor``, ``stat``) would send its writes before the
 lock: it raises :class:`NeedsLock` and the batch runs under the lock instead.
+
+Version 4 of the schema created the first check (:func:`step_4`, over a commit counter);
+version 5 replaced it (``storage/pg_changes.py``).
 """
 
 from __future__ import annotations
@@ -33,13 +36,12 @@ import psycopg
 
 from recoverable.storage.pg_sql import sql_table
 
-__all__ = ["CHANGED_SINCE", "META_COMMITS", "NeedsLock", "ReadSet", "step_4"]
+__all__ = ["META_COMMITS", "NeedsLock", "ReadSet", "step_4"]
 
-META_COMMITS: Final = b"commits"  # the meta row that moves on every committed batch
+# The meta row every batch moved up to version 4 (no longer written from version 5).
+META_COMMITS: Final = b"commits"
 
 FUNCTION: Final = "recoverable_changed_since"
-# The call, third statement of an optimistic batch's last round trip (after the lock).
-CHANGED_SINCE: Final = f"SELECT {FUNCTION}(%s, %b::bytea[], %b::bytea[], %b::bytea[])"
 
 
 class NeedsLock(BaseException):
@@ -59,10 +61,9 @@ class ReadSet:
         self.rows: set[bytes] = set()
         self.ranges: list[tuple[bytes, bytes]] = []
 
-    def params(self, since: int) -> tuple[Any, ...]:
-        """The parameters of :data:`CHANGED_SINCE`."""
+    def params(self) -> tuple[Any, ...]:
+        """The read rows and ranges, the last parameters of ``pg_changes.CHANGED_SINCE``."""
         return (
-            since,
             list(self.rows),
             [low for low, _ in self.ranges],
             [high for _, high in self.ranges],

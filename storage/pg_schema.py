@@ -18,6 +18,9 @@ fence or attempts count, a finished phase made live again, a changed admission c
 and a changed frozen body, whatever client writes (``storage/pg_operations.py``).
 Version 4: the function that checks an optimistic writer batch under the writers' lock
 (``storage/pg_readset.py``).
+Version 5: the change feed by transaction visibility (``storage/pg_changes.py``) in place
+of the ``commits`` counter every batch updated and its log, the pruning horizon, the
+owners' commit counts, and the check function asking the feed.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import psycopg
 from recoverable.errors import StorageUnavailable, UnsupportedRecordVersion
 from recoverable.storage.base import TABLES
 from recoverable.storage.keys import META_BYTES, META_FORMAT, META_SERIAL
+from recoverable.storage.pg_changes import step_5
 from recoverable.storage.pg_operations import step_3
 from recoverable.storage.pg_readset import META_COMMITS, step_4
 from recoverable.storage.pg_sql import describe, sql_table
@@ -39,7 +43,7 @@ __all__ = [
     "schema_version", "upgrade",
 ]
 
-SCHEMA_VERSION: Final = 4
+SCHEMA_VERSION: Final = 5
 FORMAT_VERSION: Final = 1  # the record format in meta, as in the LMDB store
 # Advisory locks of this library: (LOCK_NAMESPACE, n). n = 0: the writers' lock (taken by
 # a batch's last round trip only, or by its first when it must run locked: see
@@ -103,7 +107,7 @@ def _step_1(conn: psycopg.Connection[Any]) -> None:
     # ``owned``: computed by the writer in its last statement before COMMIT (its owner's
     # advisory lock held, its heartbeat not expired); false fails the CHECK, so a batch
     # of an owner the others may consider dead never commits (storage/pg_writer.py).
-    # The keys each batch wrote, by commit count (the writers' row caches, pg_batch.py).
+    # The keys each batch wrote, by commit count (version 5 replaced it: pg_changes.py).
     conn.execute(
         "CREATE TABLE IF NOT EXISTS recoverable_changes ("
         " commit bigint PRIMARY KEY, keys bytea[])"
@@ -123,7 +127,7 @@ def _step_2(conn: psycopg.Connection[Any]) -> None:
     )
 
 
-_STEPS: Final = {1: _step_1, 2: _step_2, 3: step_3, 4: step_4}
+_STEPS: Final = {1: _step_1, 2: _step_2, 3: step_3, 4: step_4, 5: step_5}
 assert set(_V1_TABLES) | {"sources"} == set(TABLES), "a new logical table needs a step"
 
 

@@ -26,10 +26,12 @@ import psycopg
 from recoverable.errors import StorageUnavailable
 from recoverable.storage import redact
 from recoverable.storage.base import TABLES, Table
+from recoverable.storage.keys import META_BYTES
 from recoverable.storage.pg_operations import INSERT_ONE, columns_of
 
 __all__ = [
-    "PAGE_ROWS", "SqlCursor", "SqlSnapshot", "prefix_end", "sql_table", "table_names",
+    "BYTES_SHARDS", "PAGE_ROWS", "SqlCursor", "SqlSnapshot", "prefix_end", "read_source",
+    "sql_table", "table_names",
 ]
 
 PAGE_ROWS: Final = 512  # rows fetched per round trip by a cursor scan
@@ -39,6 +41,42 @@ _OPERATIONS: Final = "recoverable_operations"  # its writes carry typed columns
 def sql_table(table: Table) -> str:
     """The PostgreSQL table of a logical table (a fixed name: safe to format into SQL)."""
     return f"recoverable_{table}"
+
+
+# ``bytes_used`` on PostgreSQL: the ``meta`` row (what a migration or schema version 4
+# left) plus one row per owner that each batch adds its change to (``pg_writer``): no row
+# every batch of the fleet updates, so no lock every commit waits for. Gone owners' rows
+# are folded back into the ``meta`` row (``pg_engine``). A read of the ``meta`` row sees
+# the total, never below 0; a row that is not 8 bytes (damage) is read as it is
+# (``check_integrity`` names it).
+BYTES_SHARDS: Final = "recoverable_bytes"
+_META_SQL: Final = "recoverable_meta"
+_BYTES_KEY: Final = f"'\\x{META_BYTES.hex()}'::bytea"
+_COUNT: Final = "('x' || encode(value, 'hex'))::bit(64)::int8"
+_META_READ: Final = (
+    f"(SELECT key, CASE WHEN key = {_BYTES_KEY} AND length(value) = 8 THEN"
+    f" int8send(GREATEST(0, {_COUNT} + (SELECT coalesce(sum(bytes), 0) FROM {BYTES_SHARDS}))"
+    f"::int8) ELSE value END AS value FROM {_META_SQL}) AS {_META_SQL}"
+)
+# Gone owners' rows (no owner row: closed, or found dead) folded into the meta row, in
+# one statement (the total a reader sees does not move).
+FOLD_BYTES: Final = (
+    f"WITH gone AS (DELETE FROM {BYTES_SHARDS} b WHERE NOT EXISTS (SELECT 1 FROM"
+    " recoverable_owners o WHERE o.owner_id = b.owner_id) RETURNING b.bytes)"
+    f" UPDATE {_META_SQL} SET value = int8send(({_COUNT} + (SELECT coalesce(sum(bytes), 0)"
+    f" FROM gone))::int8) WHERE key = {_BYTES_KEY} AND length(value) = 8"
+)
+# A batch's change to ``bytes_used`` (its owner's row).
+ADD_BYTES: Final = (
+    f"INSERT INTO {BYTES_SHARDS} (owner_id, bytes) VALUES (%s, %s) ON CONFLICT (owner_id)"
+    f" DO UPDATE SET bytes = {BYTES_SHARDS}.bytes + EXCLUDED.bytes"
+)
+
+
+def read_source(name: str) -> str:
+    """What a read names in ``FROM`` for the SQL table ``name``: the table, or for
+    ``meta`` the table with ``bytes_used`` totalled (see ``BYTES_SHARDS``)."""
+    return _META_READ if name == _META_SQL else name
 
 
 def table_names() -> dict[Table, Any]:
@@ -73,7 +111,8 @@ class _Statements:
     """The SQL of one table, built once."""
 
     def __init__(self, name: str) -> None:
-        self.get = f"SELECT value FROM {name} WHERE key = %b"
+        source = read_source(name)  # reads; writes name the table
+        self.get = f"SELECT value FROM {source} WHERE key = %b"
         self.exists = f"SELECT 1 FROM {name} WHERE key = %b"
         self.put = (
             f"INSERT INTO {name} (key, value) VALUES (%b, %b) "
@@ -82,7 +121,7 @@ class _Statements:
         # The old value comes back from the same statement (the CTE reads the snapshot
         # before the upsert).
         self.replace = (
-            f"WITH old AS (SELECT value FROM {name} WHERE key = %b) "
+            f"WITH old AS (SELECT value FROM {source} WHERE key = %b) "
             f"INSERT INTO {name} (key, value) VALUES (%b, %b) "
             "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value "
             "RETURNING (SELECT value FROM old)"
@@ -91,10 +130,10 @@ class _Statements:
         self.count = f"SELECT count(*) FROM {name}"
         self.first_from = f"SELECT key FROM {name} WHERE key >= %b ORDER BY key LIMIT 1"
         self.page_from = (
-            f"SELECT key, value FROM {name} WHERE key >= %b ORDER BY key LIMIT {PAGE_ROWS}"
+            f"SELECT key, value FROM {source} WHERE key >= %b ORDER BY key LIMIT {PAGE_ROWS}"
         )
         self.page_after = (
-            f"SELECT key, value FROM {name} WHERE key > %b ORDER BY key LIMIT {PAGE_ROWS}"
+            f"SELECT key, value FROM {source} WHERE key > %b ORDER BY key LIMIT {PAGE_ROWS}"
         )
         self.keys_from = f"SELECT key FROM {name} WHERE key >= %b ORDER BY key LIMIT {PAGE_ROWS}"
         self.keys_after = f"SELECT key FROM {name} WHERE key > %b ORDER BY key LIMIT {PAGE_ROWS}"

@@ -49,7 +49,6 @@ import psycopg
 from recoverable.errors import StorageUnavailable
 from recoverable.storage.keys import META_BYTES, u64
 from recoverable.storage.pg_batch import (
-    CHANGES_KEPT,
     LAST_ORDER,
     BatchSnapshot,
     Prefetch,
@@ -57,16 +56,21 @@ from recoverable.storage.pg_batch import (
     changed_keys,
     last_order_serial,
 )
+from recoverable.storage.pg_changes import (
+    CHANGED_SINCE,
+    CHANGES_SINCE,
+    LOG_CHANGES,
+    SNAPSHOT_NOW,
+)
 from recoverable.storage.pg_listen import CHANNEL
-from recoverable.storage.pg_readset import CHANGED_SINCE, NeedsLock, ReadSet
+from recoverable.storage.pg_readset import NeedsLock, ReadSet
 from recoverable.storage.pg_schema import (
     LIVE_OWNERS,
     LOCK_NAMESPACE,
-    META_COMMITS,
     WRITER_LOCK,
     owner_lock_held,
 )
-from recoverable.storage.pg_sql import describe, sql_table
+from recoverable.storage.pg_sql import ADD_BYTES, describe, read_source, sql_table
 from recoverable.storage.txn import WriteState, WriteTxn
 from recoverable.storage.writer import MapGuard, Writer, _Isolate, _Job
 
@@ -75,7 +79,6 @@ __all__ = ["MAX_TRIES", "PgWriter"]
 MAX_TRIES: Final = 5
 _RETRYABLE: Final = frozenset({"40001", "40P01"})
 _NOTIFY_TABLES: Final = frozenset({sql_table("commands"), sql_table("queue")})
-_COMMIT_COUNT: Final = "('x' || encode(value, 'hex'))::bit(64)::int8"  # a meta counter
 OWNED_CHECK: Final = "recoverable_txn_log_owned"  # the CHECK on txn_log.owned (pg_schema)
 OWN_LOCK_HELD: Final = (
     "SELECT " + owner_lock_held("%s")
@@ -256,7 +259,7 @@ class PgWriter(Writer[WriteTxn]):
                 # since our last batch? (the row cache, pg_batch.py) The other meta rows
                 # (quota counter, serials) come with it: every batch reads the quota
                 # counter, and they change with every batch of anyone.
-                since = self._cache.valid_at
+                since = self._cache.since
                 prefetch = Prefetch.for_batch(
                     self._cache, (touched for job in batch for touched in job.touches)
                 )
@@ -267,13 +270,13 @@ class PgWriter(Writer[WriteTxn]):
                             "SELECT pg_advisory_xact_lock(%s, %s)",
                             (LOCK_NAMESPACE, WRITER_LOCK),
                         )
-                    metas = conn.execute(
-                        f"SELECT key, value FROM {sql_table('meta')}", binary=True
+                    # The batch's snapshot first: what is read after it is at least as new.
+                    now = conn.execute(SNAPSHOT_NOW)
+                    logged = None if since is None else conn.execute(
+                        CHANGES_SINCE, {"since": since, "me": self._owner_id}, binary=True
                     )
-                    logged = conn.execute(
-                        "SELECT commit, keys FROM recoverable_changes WHERE commit > %s "
-                        "ORDER BY commit",
-                        (-1 if since is None else since,),
+                    metas = conn.execute(
+                        f"SELECT key, value FROM {read_source(sql_table('meta'))}",
                         binary=True,
                     )
                     # The live owners, for the batch's lease checks (see live_owners).
@@ -286,11 +289,13 @@ class PgWriter(Writer[WriteTxn]):
                         if prefetch else None
                     )
                 meta = {bytes(key): bytes(value) for key, value in metas.fetchall()}
-                changes = [] if since is None else [
-                    (int(commit), keys) for commit, keys in logged.fetchall()
-                ]
-                read_at = u64(meta.pop(META_COMMITS, None))
-                self._cache.adopt(read_at, changes)
+                taken = now.fetchone()
+                assert taken is not None
+                read_at, read_clock, pruned_before = str(taken[0]), float(taken[1]), taken[2]
+                self._cache.adopt(
+                    read_at, read_clock, None if pruned_before is None else float(pruned_before),
+                    None if logged is None else [row[0] for row in logged.fetchall()],
+                )
                 self._bytes_read = u64(meta.get(META_BYTES))
                 self._cache.seed(sql_table("meta"), meta)
                 if fetched is not None:
@@ -324,7 +329,7 @@ class PgWriter(Writer[WriteTxn]):
                     conn.rollback()
                     self.writes += len(batch)
                     return
-                ended, changed = self._end(conn, snapshot, txn_id, read_at)  # and COMMIT
+                changed = self._end(conn, snapshot, txn_id, (read_at, read_clock))  # COMMIT
             except psycopg.Error as exc:
                 raise self._classify(exc, optimistic=not locked) from exc
             except StorageUnavailable:
@@ -333,7 +338,6 @@ class PgWriter(Writer[WriteTxn]):
             except BaseException:
                 self._rollback(conn)
                 raise
-            commits = ended.fetchone()
         except (_Isolate, _Conflict, NeedsLock):
             # Nothing committed; the cache holds committed rows only: still valid (the
             # next batch's first round trip forgets what others changed since).
@@ -343,7 +347,7 @@ class PgWriter(Writer[WriteTxn]):
             self._cache.clear()
             self._rollback(conn)
             raise
-        snapshot.committed(u64(None if commits is None else commits[0]), changed)
+        snapshot.committed(changed)
         self.commits += 1
         self.writes += len(batch)
         self.largest_batch = max(self.largest_batch, len(batch))
@@ -428,65 +432,59 @@ class PgWriter(Writer[WriteTxn]):
 
     def _end(
         self, conn: psycopg.Connection[Any], snapshot: BatchSnapshot, txn_id: str,
-        read_at: int,
-    ) -> tuple[psycopg.Cursor[Any], list[bytes]]:
+        read_at: tuple[str, float],
+    ) -> list[bytes]:
         """Send (an optimistic batch: the writers' lock and the check of what it read
-        since commit ``read_at``, then) the buffered writes, the counters, this owner's
-        batch id, the notification and COMMIT in one round trip (a pipeline): the cursor
-        of the new commit count, and the rows others changed since ``read_at``.
+        since its snapshot ``read_at`` (and the server's clock then), then) the buffered
+        writes, the bytes counter, the change row, this owner's batch id and commit
+        count, the notification and COMMIT in one round trip (a pipeline): the rows others
+        changed since ``read_at`` (``storage/pg_changes.py``).
 
         The ownership check runs on the server, in the transaction: the ``txn_log`` row's
         ``owned`` column must be true (a CHECK constraint), computed from this owner's
         advisory lock and heartbeat under the writers' lock. If it is not, the statement
         fails, COMMIT never runs, and the owner is lost for good: another owner may
         already have taken its leases."""
-        meta = sql_table("meta")
         carried = self._state.batch_bytes
         reads = snapshot.reads
         checked: psycopg.Cursor[Any] | None = None
+        # Everything is built before the first statement leaves: psycopg sends each
+        # statement of a pipeline as it is executed, so the writers' lock is taken on the
+        # server while the rest is still being sent. Built first, no Python work (records'
+        # typed columns, key arrays) runs while it is held: a writer stopped (SIGSTOP, a
+        # long pause) in this round trip almost surely stops before its lock statement,
+        # holding nothing the others need (the rest is in the kernel's send buffer).
+        writes = snapshot.take_writes()
+        logged = changed_keys(snapshot.written_keys)
+        check = None if reads is None else (
+            *read_at, self._owner_id, *reads.params()
+        )
+        notify = bool(snapshot.written & _NOTIFY_TABLES)
+        bytes_delta = (
+            None if carried is None or carried == self._bytes_read
+            else carried - self._bytes_read
+        )
         try:
             with conn.pipeline():
-                if reads is not None:
+                if check is not None:
                     conn.execute(
                         "SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_NAMESPACE, WRITER_LOCK)
                     )
-                    checked = conn.execute(CHANGED_SINCE, reads.params(read_at), binary=True)
-                snapshot.flush()
-                if carried is not None and carried != self._bytes_read:
-                    # What the batch added (or freed), counted by the server: other
-                    # writers' batches since our read count too.
-                    conn.execute(
-                        f"UPDATE {meta} SET value = int8send(GREATEST(0, ({_COMMIT_COUNT})"
-                        " + %s)) WHERE key = %b",
-                        (carried - self._bytes_read, META_BYTES),
-                        binary=True,
-                    )
-                counted = conn.execute(
-                    f"UPDATE {meta} SET value = int8send(("
-                    "'x' || encode(value, 'hex'))::bit(64)::int8 + 1) WHERE key = %b "
-                    "RETURNING value",
-                    (META_COMMITS,),
-                    binary=True,
-                )
+                    checked = conn.execute(CHANGED_SINCE, check, binary=True)
+                snapshot.send(writes)
+                if bytes_delta is not None:
+                    # What the batch added (or freed), in this owner's row of the total
+                    # (pg_sql.BYTES_SHARDS): other writers' batches since our read count too.
+                    conn.execute(ADD_BYTES, (self._owner_id, bytes_delta))
+                conn.execute(LOG_CHANGES, (self._owner_id, logged), binary=True)
                 conn.execute(
-                    "INSERT INTO recoverable_changes (commit, keys) SELECT"
-                    f" {_COMMIT_COUNT}, %b FROM {meta} WHERE key = %b",
-                    (changed_keys(snapshot.written_keys), META_COMMITS),
-                    binary=True,
-                )
-                conn.execute(
-                    f"DELETE FROM recoverable_changes WHERE commit <= (SELECT {_COMMIT_COUNT}"
-                    f" FROM {meta} WHERE key = %b) - {CHANGES_KEPT}",
-                    (META_COMMITS,),
-                    binary=True,
-                )
-                conn.execute(
-                    "INSERT INTO recoverable_txn_log (owner_id, txn_id, owned) "
-                    f"VALUES (%s, %s, ({OWN_LOCK_HELD})) ON CONFLICT (owner_id) DO UPDATE "
-                    "SET txn_id = EXCLUDED.txn_id, owned = EXCLUDED.owned",
+                    "INSERT INTO recoverable_txn_log (owner_id, txn_id, owned, commits) "
+                    f"VALUES (%s, %s, ({OWN_LOCK_HELD}), 1) ON CONFLICT (owner_id) DO UPDATE "
+                    "SET txn_id = EXCLUDED.txn_id, owned = EXCLUDED.owned,"
+                    " commits = recoverable_txn_log.commits + 1",
                     (self._owner_id, txn_id, LOCK_NAMESPACE, self._lock_key, self._owner_id),
                 )
-                if snapshot.written & _NOTIFY_TABLES:
+                if notify:
                     conn.execute(f"NOTIFY {CHANNEL}")
                 conn.commit()
         except psycopg.errors.CheckViolation as exc:
@@ -512,4 +510,4 @@ class PgWriter(Writer[WriteTxn]):
         if checked is not None:
             row = checked.fetchone()
             changed = [] if row is None or row[0] is None else [bytes(key) for key in row[0]]
-        return counted, changed
+        return changed

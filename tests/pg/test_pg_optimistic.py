@@ -14,6 +14,7 @@ import psycopg
 import pytest
 
 from recoverable.storage import RecoveryStore, WriteTxn
+from recoverable.storage.pg_changes import PRUNE
 from recoverable.storage.pg_engine import PgEngine
 from recoverable.storage.pg_writer import PgWriter
 from tests.storage.storage_helpers import ACCOUNT, make_op
@@ -232,26 +233,40 @@ def test_commits_of_others_that_the_batch_did_not_read_do_not_make_it_rerun(
 def test_the_database_has_the_check_function_and_a_raw_conflict_is_refused(
     pg_url: str,
 ) -> None:
-    """The check is the server's: a read key that a later commit logged raises
-    serialization_failure (40001), whatever client asks."""
-    with RecoveryStore.open(pg_url) as store:
+    """The check is the server's: a read key that a commit since the caller's snapshot
+    logged raises serialization_failure (40001), whatever client asks; the caller's own
+    commits, and those its snapshot saw, are not held against it."""
+    with RecoveryStore.open(pg_url) as store, psycopg.connect(pg_url, autocommit=True) as conn:
+        store.write_sync(lambda txn: txn.put_operation(make_op("op-0")))  # seen: before
+        taken = conn.execute(
+            "SELECT pg_current_snapshot()::text, extract(epoch FROM clock_timestamp())"
+        ).fetchone()
+        assert taken is not None
+        since, at = str(taken[0]), float(taken[1])
         store.write_sync(lambda txn: txn.put_operation(make_op("op-1")))
-        with psycopg.connect(pg_url, autocommit=True) as conn:
-            (logged,) = conn.execute(
-                "SELECT keys FROM recoverable_changes ORDER BY commit DESC LIMIT 1"
-            ).fetchone() or (None,)
-            assert logged
-            (last,) = conn.execute("SELECT max(commit) FROM recoverable_changes").fetchone() or (0,)
-            try:
-                conn.execute(
-                    "SELECT recoverable_changed_since(%s, %s::bytea[], '{}', '{}')",
-                    (last - 1, [bytes(logged[0])]),
-                )
-            except psycopg.errors.SerializationFailure as exc:
-                assert "changed by another commit" in str(exc)
-            else:
-                raise AssertionError("a conflicting read was not refused")
-            (changed,) = conn.execute(
-                "SELECT recoverable_changed_since(%s, '{}', '{}', '{}')", (last - 1,)
-            ).fetchone() or (None,)
-            assert [bytes(key) for key in changed] == sorted(bytes(key) for key in logged)
+        (logged,) = conn.execute(
+            "SELECT keys FROM recoverable_changes WHERE owner_id = %s"
+            " ORDER BY xid DESC LIMIT 1", (store.owner_id,),
+        ).fetchone() or (None,)
+        assert logged
+        call = (
+            "SELECT recoverable_changed_since(%s::pg_snapshot, to_timestamp(%s), %s,"
+            " %s::bytea[], '{}', '{}')"
+        )
+        try:
+            conn.execute(call, (since, at, "someone-else", [bytes(logged[0])]))
+        except psycopg.errors.SerializationFailure as exc:
+            assert "changed by another commit" in str(exc)
+        else:
+            raise AssertionError("a conflicting read was not refused")
+        (changed,) = conn.execute(call, (since, at, "someone-else", [])).fetchone() or (None,)
+        assert sorted(bytes(key) for key in changed) == sorted(bytes(key) for key in logged)
+        # The writer's own commits are its own: no conflict, nothing changed.
+        (own,) = conn.execute(
+            call, (since, at, store.owner_id, [bytes(logged[0])])
+        ).fetchone() or (None,)
+        assert own == []
+        # Pruned past the snapshot: nothing can be said for it, so the batch is refused.
+        conn.execute(PRUNE, (-1.0,))
+        with pytest.raises(psycopg.errors.SerializationFailure, match="pruned"):
+            conn.execute(call, (since, at, "someone-else", []))

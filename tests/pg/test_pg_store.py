@@ -19,7 +19,8 @@ from recoverable.errors import (
     UnsupportedRecordVersion,
 )
 from recoverable.storage import RecoveryStore, acquire_lease
-from recoverable.storage.pg_batch import CHANGES_KEPT, MAX_LOGGED_KEYS, row_id
+from recoverable.storage.pg_batch import MAX_LOGGED_KEYS, row_id
+from recoverable.storage.pg_changes import PRUNE
 from recoverable.storage.pg_engine import PgEngine, redact_url
 from recoverable.storage.pg_schema import (
     LOCK_NAMESPACE,
@@ -219,10 +220,11 @@ def test_other_live_owners_lists_another_open_owner_until_it_closes(pg_url: str)
         mine.close()
 
 
-def test_a_gap_longer_than_the_change_log_drops_the_writers_cache(pg_url: str) -> None:
-    """Another owner committed more batches than ``recoverable_changes`` keeps since this
-    writer's last batch: what it changed first is no longer logged, so the cache cannot
-    tell which rows went stale and is dropped whole (a stale fence is never served)."""
+def test_a_pruned_stretch_of_the_change_feed_drops_the_writers_cache(pg_url: str) -> None:
+    """Another owner's commit was pruned from the change feed (an owner's heartbeat
+    prunes rows older than five minutes) after this writer's last batch: the cache cannot
+    tell which rows went stale and is dropped whole (a stale fence is never served), and
+    the rows nobody pruned are evicted as before."""
     mine = RecoveryStore.open(pg_url)
     other = RecoveryStore.open(pg_url + "?sslmode=disable")
     try:
@@ -231,8 +233,12 @@ def test_a_gap_longer_than_the_change_log_drops_the_writers_cache(pg_url: str) -
         cached = mine.write_sync(lambda txn: txn.get_operation("op-1"))
         assert cached is not None and cached.fence == 0
         other.write_sync(lambda txn: acquire_lease(txn, "op-1", time.time()))  # fence 1
-        for serial in range(CHANGES_KEPT + 5):  # then batches that never touch op-1
-            other.write_sync(lambda txn, s=serial: txn.put_command("op-2", "suspend", s))
+        other.write_sync(lambda txn: txn.put_command("op-2", "suspend", 1.0))
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            # Every row pruned (the horizon a second ahead of the server's clock).
+            conn.execute(PRUNE, (-1.0,))
+            left = conn.execute("SELECT count(*) FROM recoverable_changes").fetchone()
+            assert left == (0,)
         seen = mine.write_sync(lambda txn: txn.get_operation("op-1"))
         assert seen is not None and seen.fence == 1
     finally:
