@@ -55,6 +55,7 @@ from recoverable.storage.keys import (
     u64,
 )
 from recoverable.storage.pg_changes import TRUSTED_SECONDS
+from recoverable.storage.pg_locks import lock_keys, lockable_range
 from recoverable.storage.pg_operations import INSERT_MANY, columns_of
 from recoverable.storage.pg_readset import NeedsLock, ReadSet
 from recoverable.storage.pg_sql import SqlCursor, SqlSnapshot, prefix_end, sql_table
@@ -382,6 +383,8 @@ class BatchSnapshot(SqlSnapshot):
         already sent), with the batch's and the mutation's buffered writes laid over."""
         tag = _TAG[db]
         if self.reads is not None:
+            if not lockable_range(db, prefix):
+                raise NeedsLock  # a range no key lock covers (pg_locks.RANGES)
             end = prefix_end(prefix)
             self.reads.ranges.append(
                 (tag + prefix, tag + end if end is not None else bytes((tag[0] + 1,)))
@@ -492,6 +495,17 @@ class BatchSnapshot(SqlSnapshot):
         """Send statements :meth:`take_writes` built (a failure is kept in ``failed``)."""
         for sql, params in statements:
             self._execute(sql, params)
+
+    def lock_keys(self) -> tuple[list[int], list[bool]]:
+        """The keyed locks of this optimistic batch (``storage/pg_locks.py``): what it
+        read, wrote and listed."""
+        reads = self.reads
+        assert reads is not None
+        return lock_keys(
+            reads.rows, (rid for rid in self._batch if rid not in _COUNTED),
+            (low for low, _high in reads.ranges),
+            table_of=SQL_TABLES.__getitem__, operation_of=_operation_of,
+        )
 
     @property
     def written_keys(self) -> list[bytes]:

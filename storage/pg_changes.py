@@ -25,8 +25,17 @@ Pruning. Each owner's heartbeat deletes the rows older than :data:`KEPT_SECONDS`
 (``recoverable_change_horizon``, one row, touched by the pruning transaction only). A
 snapshot taken less than :data:`TRUSTED_SECONDS` after ``pruned_before`` can no longer be
 answered for (a commit it missed may have been pruned): the cache is dropped whole, and
-the check refuses the batch. A batch too large to log its keys (``MAX_LOGGED_KEYS``)
-logs NULL: it drops every other owner's cache and refuses every batch it overlaps.
+the check refuses the batch. This assumes a commit completes within
+:data:`TRUSTED_SECONDS` of writing its change row (after it, a batch's last round trip
+only writes its own ``txn_log`` row, notifies and commits; each statement is bounded by
+``statement_timeout``); a synchronous standby that holds commits back longer is outside
+it. A batch too large to log its keys (``MAX_LOGGED_KEYS``) logs NULL: it drops every
+other owner's cache and refuses every batch it overlaps.
+
+Cost. A reader scans the rows whose transaction id is at least its snapshot's ``xmin``:
+normally the last moments' commits. A transaction elsewhere on the server that holds a
+transaction id for long holds ``xmin`` back, and the scans grow towards the five minutes
+the feed keeps.
 
 The monitor's and the waiters' "has anything been committed?" (``last_txnid``) is the sum
 of the owners' commit counts in ``recoverable_txn_log`` (each owner's row is written by

@@ -16,8 +16,9 @@ lock is held (PostgreSQL drops it when the owner's process or connection dies: S
 a killed backend) AND its expiry, renewed by a heartbeat thread, is after the server's
 ``now()`` (a hung owner stops renewing). The client clock never decides another owner's
 liveness. Lease rows, fences and their checks are the shared ones (``storage/leases.py``,
-``WriteTxn.put_operation(expect_fence=)``), made atomic by the writer's commit check
-(``storage/pg_readset.py``: a batch commits only if nothing it read changed since).
+``WriteTxn.put_operation(expect_fence=)``), made atomic by the writer's keyed locks and
+commit check (``storage/pg_locks.py``, ``storage/pg_readset.py``: a batch commits only
+if nothing it read changed since, and nothing can change it until it has).
 
 Failing closed. If this owner's lock connection is lost or its heartbeat finds its row
 expired, the owner is *lost*: every later write is refused (``StorageUnavailable``) and
@@ -573,6 +574,11 @@ class PgEngine:
             "reconnects": writer.reconnects,
             "reruns": writer.reruns,
             "unknown_commits_resolved": writer.unknown_resolved,
+            # How batches met the fleet (storage/pg_locks.py): refused by the check, run
+            # under the writers' lock from their first statement, too wide for keyed locks.
+            "conflicts": writer.conflicts,
+            "locked_batches": writer.locked_batches,
+            "wide_batches": writer.wide_batches,
         }
 
 

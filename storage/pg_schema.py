@@ -20,7 +20,8 @@ Version 4: the function that checks an optimistic writer batch under the writers
 (``storage/pg_readset.py``).
 Version 5: the change feed by transaction visibility (``storage/pg_changes.py``) in place
 of the ``commits`` counter every batch updated and its log, the pruning horizon, the
-owners' commit counts, and the check function asking the feed.
+owners' commit counts, ``bytes_used`` one row per owner, the check function asking the
+feed, and the function taking a batch's keyed locks (``storage/pg_locks.py``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from recoverable.errors import StorageUnavailable, UnsupportedRecordVersion
 from recoverable.storage.base import TABLES
 from recoverable.storage.keys import META_BYTES, META_FORMAT, META_SERIAL
 from recoverable.storage.pg_changes import step_5
+from recoverable.storage.pg_locks import step_5_locks
 from recoverable.storage.pg_operations import step_3
 from recoverable.storage.pg_readset import META_COMMITS, step_4
 from recoverable.storage.pg_sql import describe, sql_table
@@ -45,10 +47,11 @@ __all__ = [
 
 SCHEMA_VERSION: Final = 5
 FORMAT_VERSION: Final = 1  # the record format in meta, as in the LMDB store
-# Advisory locks of this library: (LOCK_NAMESPACE, n). n = 0: the writers' lock (taken by
-# a batch's last round trip only, or by its first when it must run locked: see
-# storage/pg_readset.py); n = -1: migrations;
+# Advisory locks of this library: (LOCK_NAMESPACE, n). n = 0: the writers' lock (shared by
+# every optimistic batch's last round trip, exclusive for a batch that runs locked: see
+# storage/pg_locks.py); n = -1: migrations;
 # n > 0: an owner's liveness lock (held by its session for its whole life).
+# Single bigint keys: a batch's keyed locks (storage/pg_locks.py).
 LOCK_NAMESPACE: Final = 0x5245  # "RE"
 
 
@@ -127,7 +130,14 @@ def _step_2(conn: psycopg.Connection[Any]) -> None:
     )
 
 
-_STEPS: Final = {1: _step_1, 2: _step_2, 3: step_3, 4: step_4, 5: step_5}
+def _step_5(conn: psycopg.Connection[Any]) -> None:
+    """Version 5: the change feed (``storage/pg_changes.py``) and the keyed locks
+    (``storage/pg_locks.py``)."""
+    step_5(conn)
+    step_5_locks(conn)
+
+
+_STEPS: Final = {1: _step_1, 2: _step_2, 3: step_3, 4: step_4, 5: _step_5}
 assert set(_V1_TABLES) | {"sources"} == set(TABLES), "a new logical table needs a step"
 
 

@@ -5,28 +5,34 @@ queue drained batch by batch, the counters) is the LMDB writer's (``storage/writ
 only how a batch commits differs. A batch is one PostgreSQL transaction, *optimistic*
 first (``storage/pg_readset.py``):
 
-1. One round trip without any lock: the ``commits`` counter and the change log (the row
-   cache, ``pg_batch``), the live owners, and the rows the batch's writes said they will
-   read (``store.write(fn, touches=...)``, ``pg_batch.Prefetch``).
+1. One round trip without any lock: the batch's snapshot and the change feed since the
+   previous batch's (the row cache, ``pg_batch``, ``pg_changes``), the live owners, and
+   the rows the batch's writes said they will read (``store.write(fn, touches=...)``,
+   ``pg_batch.Prefetch``).
 2. Every mutation runs straight in the transaction, its reads recorded, its writes
    buffered in memory (``pg_batch``). If one raises before any of its writes was sent
    (the usual case: a refused precondition, a lease another owner holds), its writes
    are forgotten in memory and the batch goes on without it: no statement, no rerun.
-3. The last round trip: the writers' lock (``pg_advisory_xact_lock(writers)``), the
-   server's check that no commit since step 1 changed what the batch read, the buffered
-   writes, the ``bytes_used`` and commit counters, this owner's ``txn_log`` row (a fresh
-   batch id), ``NOTIFY recoverable`` when commands or the queue changed; ``COMMIT``. The
-   lock is held while the server runs these statements only: a writer stopped between
-   two round trips (SIGSTOP, a long pause) holds nothing the other writers need.
+3. The last round trip, built whole before its first statement leaves: the writers'
+   lock in shared mode and the batch's keyed locks in ascending order (what it read,
+   wrote and listed: ``storage/pg_locks.py``), the server's check that no commit since
+   step 1 changed what the batch read (``pg_changes.CHANGED_SINCE``), the buffered
+   writes, the change row, this owner's share of ``bytes_used`` and its ``txn_log`` row
+   (a fresh batch id, its commit count, its ownership checked), ``NOTIFY recoverable``
+   when commands or the queue changed; ``COMMIT``. The locks are held while the server
+   runs these statements only: a writer stopped between two round trips (SIGSTOP, a
+   long pause) holds nothing, and one stopped in its last holds only its own keys.
 
-If the check finds a conflict, or a mutation needs a scan (which would send writes
-before the lock), the batch runs again *locked*: the lock is the first statement of its
-first round trip, every statement after it sees every earlier commit and nobody else
-writes, so its reads and its conditional writes (a fenced ``put_operation``, a lease
-taken with its fence incremented) are one atomic step. If a mutation raised after some
-of its writes were sent (a scan flushed them), the batch runs again locked with each
-mutation in a savepoint, so the failing one is rolled back alone (the LMDB writer's
-child transactions).
+If the check finds a conflict, the batch runs once more optimistic (its first round
+trip forgets what the conflicting commit wrote), then *locked*; a mutation that needs a
+scan (which would send writes before the keys are locked) runs it locked at once. A
+locked batch takes the writers' lock exclusively as the first statement of its first
+round trip: every statement after it sees every earlier commit and nobody else commits,
+so its reads and its conditional writes (a fenced ``put_operation``, a lease taken with
+its fence incremented) are one atomic step. If a mutation raised after some of its
+writes were sent (a scan flushed them), the batch runs again locked with each mutation
+in a savepoint, so the failing one is rolled back alone (the LMDB writer's child
+transactions).
 
 A lost connection before ``COMMIT`` rolled the transaction back: reconnect and run the
 batch again. A lost connection *during* ``COMMIT`` leaves the outcome unknown: reconnect
@@ -63,6 +69,7 @@ from recoverable.storage.pg_changes import (
     SNAPSHOT_NOW,
 )
 from recoverable.storage.pg_listen import CHANNEL
+from recoverable.storage.pg_locks import LOCK_KEYS, MAX_KEYS
 from recoverable.storage.pg_readset import NeedsLock, ReadSet
 from recoverable.storage.pg_schema import (
     LIVE_OWNERS,
@@ -77,12 +84,14 @@ from recoverable.storage.writer import MapGuard, Writer, _Isolate, _Job
 __all__ = ["MAX_TRIES", "PgWriter"]
 
 MAX_TRIES: Final = 5
+OPTIMISTIC_RERUNS: Final = 1  # a batch refused by the check runs optimistic once more
 _RETRYABLE: Final = frozenset({"40001", "40P01"})
 _NOTIFY_TABLES: Final = frozenset({sql_table("commands"), sql_table("queue")})
 OWNED_CHECK: Final = "recoverable_txn_log_owned"  # the CHECK on txn_log.owned (pg_schema)
 OWN_LOCK_HELD: Final = (
     "SELECT " + owner_lock_held("%s")
-    + " AND EXISTS (SELECT 1 FROM recoverable_owners WHERE owner_id = %s AND expires_at > now())"
+    + " AND EXISTS (SELECT 1 FROM recoverable_owners WHERE owner_id = %s"
+    " AND expires_at > clock_timestamp())"
 )
 
 
@@ -127,6 +136,7 @@ class PgWriter(Writer[WriteTxn]):
         self.rolled_back_in_memory = 0  # failed mutations undone without a statement
         self.conflicts = 0  # optimistic batches run again under the lock (pg_readset)
         self.locked_batches = 0  # batches that took the writers' lock in their first trip
+        self.wide_batches = 0  # optimistic batches too wide for keyed locks (pg_locks)
         # The owners live at the start of the running batch (None between batches), read
         # in its first round trip: the batch's lease checks ask this, not the database.
         self.live_owners: frozenset[str] | None = None
@@ -165,6 +175,7 @@ class PgWriter(Writer[WriteTxn]):
     def _commit_batch(self, batch: list[_Job]) -> None:
         isolated = False
         locked = False
+        conflicted = 0
         tries = 0
         while True:
             txn_id = secrets.token_hex(16)
@@ -176,9 +187,16 @@ class PgWriter(Writer[WriteTxn]):
                 isolated = locked = True
                 self.isolated_reruns += 1
                 continue
-            except (_Conflict, NeedsLock):
+            except NeedsLock:
                 self._discard_runs(batch)
                 locked = True
+                continue
+            except _Conflict:
+                # Once more optimistic (its first round trip forgets what the conflicting
+                # commits wrote), then locked: never a livelock.
+                self._discard_runs(batch)
+                conflicted += 1
+                locked = conflicted > OPTIMISTIC_RERUNS
                 self.conflicts += 1
                 continue
             except StorageUnavailable as exc:
@@ -464,12 +482,23 @@ class PgWriter(Writer[WriteTxn]):
             None if carried is None or carried == self._bytes_read
             else carried - self._bytes_read
         )
+        keys = None if check is None else snapshot.lock_keys()
+        wide = keys is not None and len(keys[0]) > MAX_KEYS
         try:
             with conn.pipeline():
-                if check is not None:
-                    conn.execute(
-                        "SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_NAMESPACE, WRITER_LOCK)
-                    )
+                if keys is not None:
+                    if wide:  # more keys than the lock table should hold: the fleet's
+                        self.wide_batches += 1
+                        conn.execute(
+                            "SELECT pg_advisory_xact_lock(%s, %s)",
+                            (LOCK_NAMESPACE, WRITER_LOCK),
+                        )
+                    else:  # storage/pg_locks.py
+                        conn.execute(
+                            "SELECT pg_advisory_xact_lock_shared(%s, %s)",
+                            (LOCK_NAMESPACE, WRITER_LOCK),
+                        )
+                        conn.execute(LOCK_KEYS, keys)
                     checked = conn.execute(CHANGED_SINCE, check, binary=True)
                 snapshot.send(writes)
                 if bytes_delta is not None:
