@@ -63,7 +63,7 @@ from recoverable.storage.queue import MEMBER, META_QUEUE_SERIAL, ORDER
 
 __all__ = [
     "CACHE_ROWS", "LAST_ORDER", "BatchSnapshot", "Prefetch", "RowCache",
-    "changed_keys", "last_order_serial", "row_id",
+    "changed_keys", "last_order_serial", "lock_identity", "row_id",
 ]
 
 CACHE_ROWS: Final = 200_000
@@ -238,6 +238,24 @@ def _operation_of(db: str, key: bytes) -> bytes | None:
 
 
 _BY_OPERATION_TAGS: Final = tuple(_TAG[db] for db in sorted(_BY_OPERATION))
+_BY_OPERATION_INDEX: Final = frozenset(TABLE_INDEX[db] for db in _BY_OPERATION)
+_PAYLOADS_INDEX: Final = TABLE_INDEX[_PAYLOADS]
+_QUEUE_INDEX: Final = TABLE_INDEX[_QUEUE]
+
+
+def lock_identity(rid: bytes) -> bytes:
+    """What a row is locked as (``storage/pg_locks.py``): ``b"o"`` and the key of the
+    operation it belongs to (``_operation_of``), or ``b"r"`` and its row id."""
+    index = rid[0]
+    if index in _BY_OPERATION_INDEX:
+        return b"o" + rid[1:]
+    if index == _PAYLOADS_INDEX:
+        operation, separator, _kind = rid[1:].rpartition(b"\0")
+        if separator:
+            return b"o" + operation
+    elif index == _QUEUE_INDEX and rid.startswith(MEMBER, 1):
+        return b"o" + rid[1 + len(MEMBER):]
+    return b"r" + rid
 _HOSTS_TAG: Final = _TAG[_HOSTS]
 _OTHER_TAGS: Final = (
     (_TAG[_PAYLOADS], "payloads"), (_TAG[_QUEUE], "members"), (_TAG[_HOSTS], "hosts")
@@ -504,7 +522,7 @@ class BatchSnapshot(SqlSnapshot):
         return lock_keys(
             reads.rows, (rid for rid in self._batch if rid not in _COUNTED),
             (low for low, _high in reads.ranges),
-            table_of=SQL_TABLES.__getitem__, operation_of=_operation_of,
+            identity=lock_identity, table_of=SQL_TABLES.__getitem__,
         )
 
     @property

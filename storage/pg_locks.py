@@ -36,7 +36,7 @@ and they for it), counted as ``wide_batches``.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 import psycopg
@@ -69,44 +69,49 @@ def lockable_range(db: str, prefix: bytes) -> bool:
     return len(prefix) in RANGES.get(db, ())
 
 
-def _key(kind: bytes, data: bytes) -> int:
-    """A lock key: 64 bits of a digest (signed, as PostgreSQL's bigint)."""
-    digest = hashlib.blake2b(kind + data, digest_size=8).digest()
-    return int.from_bytes(digest, "big", signed=True)
+def _key(name: bytes) -> int:
+    """A lock key: 64 bits of a digest of its name (signed, as PostgreSQL's bigint)."""
+    return int.from_bytes(hashlib.blake2b(name, digest_size=8).digest(), "big", signed=True)
 
 
 def operation_lock(operation: bytes) -> int:
     """The key every batch that reads or writes a row of ``operation`` (its key,
     ``keys.operation_key``) locks: ``pg_locks`` names the batch holding it (``objid``
     and ``classid`` are its low and high 32 bits)."""
-    return _key(b"o", operation)
+    return _key(b"o" + operation)
 
 
 def lock_keys(
     read: Iterable[bytes], written: Iterable[bytes], ranges: Iterable[bytes],
-    *, table_of: Any, operation_of: Any,
+    *, identity: Callable[[bytes], bytes], table_of: Callable[[int], str],
 ) -> tuple[list[int], list[bool]]:
     """The keys of a batch (see the module doc) in ascending order, and for each whether
     it is taken exclusively. ``read`` / ``written``: row ids (a table tag byte, the key);
-    ``ranges``: the listed ranges' lows (a tag byte, the prefix); ``table_of(tag)``: the
-    SQL table of a tag; ``operation_of(db, key)``: the operation a row belongs to."""
-    modes: dict[int, bool] = {}
-
-    def row(rid: bytes) -> int:
-        db = table_of(rid[0])
-        operation = operation_of(db, rid[1:])
-        return operation_lock(operation) if operation is not None else _key(b"r", rid)
-
+    ``ranges``: the listed ranges' lows (a tag byte, the prefix); ``identity(rid)``: what
+    a row is locked as (``b"o"`` and its operation's key, or ``b"r"`` and the row id:
+    ``pg_batch.lock_identity``); ``table_of(tag)``: the SQL table of a tag. Each distinct
+    identity is hashed once (a batch's rows are mostly a few rows per operation)."""
+    exclusive: set[bytes] = set()
     for rid in written:
-        modes[row(rid)] = True
-        db = table_of(rid[0])
-        for length in RANGES.get(db, ()):
-            if len(rid) - 1 >= length:
-                modes.setdefault(_key(b"p", rid[: 1 + length]), False)
-    for rid in read:
-        modes.setdefault(row(rid), False)
-    for low in ranges:
-        modes[_key(b"p", low)] = True
+        exclusive.add(identity(rid))
+        lengths = RANGES.get(table_of(rid[0]))
+        if lengths:
+            # The ranges a written key falls in: shared (unless listed: exclusive below).
+            for length in lengths:
+                if len(rid) - 1 >= length:
+                    exclusive.add(b"s" + rid[: 1 + length])
+    shared = {identity(rid) for rid in read}
+    listed = {b"p" + low for low in ranges}
+    modes: dict[int, bool] = {}
+    for name in shared:
+        modes[_key(name)] = False
+    for name in exclusive:
+        if name[:1] == b"s":  # a range written into: shared, under the range's own name
+            modes.setdefault(_key(b"p" + name[1:]), False)
+        else:
+            modes[_key(name)] = True
+    for name in listed:
+        modes[_key(name)] = True
     keys = sorted(modes)
     return keys, [modes[key] for key in keys]
 

@@ -482,13 +482,17 @@ class PgWriter(Writer[WriteTxn]):
             None if carried is None or carried == self._bytes_read
             else carried - self._bytes_read
         )
-        keys = None if check is None else snapshot.lock_keys()
+        # Alone (no other owner was live at the batch's start), or more keys than the
+        # lock table should hold: the writers' lock exclusively, one lock for the whole
+        # commit (an owner that appeared since waits for this commit, server-side only).
+        alone = self.live_owners is not None and self.live_owners <= {self._owner_id}
+        keys = None if check is None or alone else snapshot.lock_keys()
         wide = keys is not None and len(keys[0]) > MAX_KEYS
+        self.wide_batches += wide
         try:
             with conn.pipeline():
-                if keys is not None:
-                    if wide:  # more keys than the lock table should hold: the fleet's
-                        self.wide_batches += 1
+                if check is not None:
+                    if keys is None or wide:
                         conn.execute(
                             "SELECT pg_advisory_xact_lock(%s, %s)",
                             (LOCK_NAMESPACE, WRITER_LOCK),

@@ -14,7 +14,7 @@ import psycopg
 
 from recoverable.storage import RecoveryStore
 from recoverable.storage.keys import hosts_key, hosts_prefix, operation_key
-from recoverable.storage.pg_batch import SQL_TABLES, _operation_of, row_id
+from recoverable.storage.pg_batch import SQL_TABLES, lock_identity, row_id
 from recoverable.storage.pg_engine import PgEngine
 from recoverable.storage.pg_locks import LOCK_KEYS, lock_keys, operation_lock
 from recoverable.storage.pg_schema import LOCK_NAMESPACE, WRITER_LOCK
@@ -41,8 +41,18 @@ def stopped_last_round_trip(
             conn.rollback()
 
 
+@contextmanager
+def fleet(pg_url: str) -> Iterator[RecoveryStore]:
+    """A store with another owner live beside it (a lone owner commits under the writers'
+    lock exclusively: nobody else could be delayed), the other one idle."""
+    with RecoveryStore.open(pg_url + "?sslmode=disable") as other:
+        assert other.other_live_owners() == []
+        with RecoveryStore.open(pg_url) as store:
+            yield store
+
+
 def _writer_waits_on_a_key(pg_url: str) -> bool:
-    """Whether a writer session (the test's only store) waits on an advisory lock."""
+    """Whether a writer session (the test's one writing store) waits on an advisory lock."""
     with psycopg.connect(pg_url, autocommit=True) as conn:
         row = conn.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
@@ -58,7 +68,7 @@ def test_a_stopped_last_round_trip_does_not_stop_other_operations_commits(
     """A session stopped holding the writers' lock (shared) and one operation's key:
     another owner's commits of other operations go on (under a fleet-wide exclusive lock
     they would all wait until the server ended the stopped session)."""
-    with RecoveryStore.open(pg_url) as store:
+    with fleet(pg_url) as store:
         store.write_sync(lambda txn: txn.put_operation(make_op("op-held")))
         held = operation_lock(operation_key("op-held"))
         with stopped_last_round_trip(pg_url, [held], [True]):
@@ -85,7 +95,7 @@ def test_a_batch_that_writes_a_held_operation_waits_for_it_then_commits(
     """The operation's key is held exclusively (a batch stopped while writing it): a batch
     writing that operation waits on the key (seen in pg_stat_activity) and commits once
     the key is released, with what it wrote."""
-    with RecoveryStore.open(pg_url) as store:
+    with fleet(pg_url) as store:
         assert isinstance(store.engine, PgEngine)
         store.write_sync(lambda txn: txn.put_operation(make_op("op-held")))
         held = operation_lock(operation_key("op-held"))
@@ -126,7 +136,7 @@ def test_listing_a_job_and_admitting_into_it_lock_the_same_key() -> None:
     record = make_op("op-1", job_id="job-7")
     job = row_id(hosts, hosts_prefix(ACCOUNT, None, "job-7", with_job=True))
     written = row_id(hosts, hosts_key(record))
-    by_table = {"table_of": SQL_TABLES.__getitem__, "operation_of": _operation_of}
+    by_table = {"table_of": SQL_TABLES.__getitem__, "identity": lock_identity}
     listed_keys, listed_modes = lock_keys([], [], [job], **by_table)
     written_keys, written_modes = lock_keys([], [written], [], **by_table)
     assert len(listed_keys) == 1 and listed_modes == [True]
@@ -140,3 +150,23 @@ def test_listing_a_job_and_admitting_into_it_lock_the_same_key() -> None:
     assert listed_keys[0] not in other_job[0]
     # The keys come in ascending order: two batches never wait on each other in a cycle.
     assert written_keys == sorted(written_keys)
+
+
+def test_every_row_of_an_operation_is_locked_as_the_operation() -> None:
+    """Its record, command, lease, disposition, payloads and queue membership are one key
+    (``operation_lock``): a batch reading one of them and a batch writing another exclude
+    each other; rows of other tables are keys of their own."""
+    from recoverable.storage import queue
+
+    op = operation_key("op-1")
+    rows = [row_id(sql_table(table), op) for table in (
+        "operations", "commands", "leases", "dispositions")]
+    rows += [row_id(sql_table("payloads"), op + b"\0body"),
+             row_id(sql_table("queue"), queue.member_key("op-1"))]
+    by_table = {"table_of": SQL_TABLES.__getitem__, "identity": lock_identity}
+    for written in rows:
+        for read in rows:
+            keys, modes = lock_keys([read], [written], [], **by_table)
+            assert keys == [operation_lock(op)] and modes == [True]
+    other = lock_keys([row_id(sql_table("governor"), op)], [], [], **by_table)[0]
+    assert other != [operation_lock(op)]
