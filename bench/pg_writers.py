@@ -1,6 +1,7 @@
 """Writers of a fleet committing at once: does one owner's batch wait for another's?
 
-Run:  python bench/pg_writers.py [--seconds 8] [--tasks 32] [--db-delay-ms 2] [--quick]
+Run:  python bench/pg_writers.py [--seconds 8] [--tasks 32] [--db-delay-ms 2]
+                                 [--commit-delay-ms 10] [--quick]
 
 Each row runs N processes (owners) on one fresh database of a throwaway cluster
 (``tests/pg/cluster.py``, fsync on, 127.0.0.1); each process runs ``--tasks`` Trio tasks
@@ -9,11 +10,13 @@ of an operation, so every batch reads rows and writes them), for ``--seconds``. 
 is shared between the owners' rows, so their batches never conflict: what one costs the
 other is the store's own serialization. Rows: 1 and 2 owners directly, then the same
 through ``bench/_delay_proxy.py`` (``--db-delay-ms`` each way), where a lock held across
-a batch's round trips costs most.
+a batch's round trips costs most, then on a database whose every commit waits
+``--commit-delay-ms`` before its WAL flush (``commit_delay``: a slow disk, a synchronous
+standby), where a lock held across the commits of the fleet costs most.
 
 Printed: commits (writes) per second of all owners per row, and 2 owners / 1 owner
-directly and through the proxy (1.0: the second owner added nothing; 2.0: it doubled the
-fleet's writes).
+directly, through the proxy and with slow commits (1.0: the second owner added nothing;
+2.0: it doubled the fleet's writes).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import psycopg
 from fleet import delay_proxy, round_trip_ms
 
 from tests.pg.cluster import start_cluster
@@ -101,6 +105,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--tasks", type=int, default=32)
     parser.add_argument("--db-delay-ms", type=float, default=2.0)
+    parser.add_argument("--commit-delay-ms", type=float, default=10.0)
     parser.add_argument("--quick", action="store_true", help="1 s rows, 4 tasks")
     args = parser.parse_args()
     if args.quick:
@@ -112,6 +117,16 @@ def main() -> None:
         for owners in (1, 2):
             rows[f"direct {owners}"] = run_row(
                 cluster.url(new_database(cluster, TEMPLATE)), owners, args.tasks, args.seconds
+            )
+        for owners in (1, 2):
+            name = new_database(cluster, TEMPLATE)
+            with psycopg.connect(cluster.url(), autocommit=True) as conn:
+                # Every commit waits before its WAL flush (commit_siblings 0: always).
+                conn.execute(f"ALTER DATABASE {name} SET commit_delay = "
+                             f"{int(args.commit_delay_ms * 1000)}")
+                conn.execute(f"ALTER DATABASE {name} SET commit_siblings = 0")
+            rows[f"slow commit {owners}"] = run_row(
+                cluster.url(name), owners, args.tasks, args.seconds
             )
         with delay_proxy(cluster, args.db_delay_ms) as port:
             for owners in (1, 2):
@@ -128,6 +143,8 @@ def main() -> None:
         print(f"  {name} owner(s): {rate:8.0f} writes/s")
     print(f"2 owners / 1 owner, direct: {rows['direct 2'] / rows['direct 1']:.2f}")
     print(f"2 owners / 1 owner, through the proxy: {rows['proxy 2'] / rows['proxy 1']:.2f}")
+    print(f"2 owners / 1 owner, every commit {args.commit_delay_ms:g} ms slower: "
+          f"{rows['slow commit 2'] / rows['slow commit 1']:.2f}")
 
 
 if __name__ == "__main__":

@@ -235,11 +235,14 @@ def check_fleet(out: str) -> None:
 
 
 def check_pg_writers(out: str) -> None:
-    for row in ("direct 1", "direct 2", "proxy 1", "proxy 2"):
+    for row in ("direct 1", "direct 2", "slow commit 1", "slow commit 2", "proxy 1", "proxy 2"):
         found = re.search(rf"^  {row} owner\(s\): +(\d+) writes/s$", out, re.M)
         assert found and int(found.group(1)) > 0, out
     assert re.search(r"^2 owners / 1 owner, direct: \d+\.\d\d$", out, re.M), out
     assert re.search(r"^2 owners / 1 owner, through the proxy: \d+\.\d\d$", out, re.M), out
+    assert re.search(
+        r"^2 owners / 1 owner, every commit \d+ ms slower: \d+\.\d\d$", out, re.M
+    ), out
 
 
 def check_partial_json(out: str) -> None:
