@@ -1,9 +1,10 @@
 """Optimistic batches: what a batch read, and the server's check that nobody changed it.
 
-A writer batch of the PostgreSQL store runs its mutations without the fleet's writers'
-lock (``storage/pg_writer.py``): its reads come from the row cache and from statements
-of its own, its writes stay in memory. Only its last round trip takes the writers' lock
-and, under it, calls the server's check (``pg_changes.CHANGED_SINCE``):
+A writer batch of the PostgreSQL store runs its mutations without any lock
+(``storage/pg_writer.py``): its reads come from the row cache and from statements of its
+own, its writes stay in memory. Only its last round trip locks, and only what the batch
+read, wrote and listed (``storage/pg_locks.py``); then it calls the server's check
+(``pg_changes.CHANGED_SINCE``):
 
 - the commits since the batch's first round trip (those not visible in the snapshot it
   took then) must be in the change feed with their keys (a pruned stretch, or a batch
@@ -11,13 +12,14 @@ and, under it, calls the server's check (``pg_changes.CHANGED_SINCE``):
 - no key those commits wrote may be one the batch read (:attr:`ReadSet.rows`, present or
   absent) or fall in a key range it read (:attr:`ReadSet.ranges`: a prefix it listed);
 - on a conflict the function raises ``serialization_failure`` (SQLSTATE 40001) and the
-  writer runs the batch again holding the lock from its first statement, as every batch
-  did before (so a conflicting batch costs one wasted round trip, never a livelock);
+  writer runs the batch again: optimistic once more, then holding the writers' lock
+  exclusively from its first statement (so a conflict costs a wasted round trip or two,
+  never a livelock);
   otherwise it returns the keys those commits wrote (the writer's row cache forgets them).
 
-So the writers' lock is held only while the server runs a batch's last round trip (the
-check, the writes, the counters, ``COMMIT``), never while a client computes or waits: a
-worker stopped in the middle of a batch holds no lock the others need. The serials
+So a batch's locks are held only while the server runs its last round trip (the check,
+the writes, the counters, ``COMMIT``), never while a client computes or waits: a worker
+stopped in the middle of a batch holds no lock the others need. The serials
 (commands, queue) still commit in serial order: a batch that took one read its counter,
 and a batch that read a counter another commit moved conflicts.
 
