@@ -238,24 +238,15 @@ def _operation_of(db: str, key: bytes) -> bytes | None:
 
 
 _BY_OPERATION_TAGS: Final = tuple(_TAG[db] for db in sorted(_BY_OPERATION))
-_BY_OPERATION_INDEX: Final = frozenset(TABLE_INDEX[db] for db in _BY_OPERATION)
-_PAYLOADS_INDEX: Final = TABLE_INDEX[_PAYLOADS]
-_QUEUE_INDEX: Final = TABLE_INDEX[_QUEUE]
 
 
 def lock_identity(rid: bytes) -> bytes:
     """What a row is locked as (``storage/pg_locks.py``): ``b"o"`` and the key of the
     operation it belongs to (``_operation_of``), or ``b"r"`` and its row id."""
-    index = rid[0]
-    if index in _BY_OPERATION_INDEX:
-        return b"o" + rid[1:]
-    if index == _PAYLOADS_INDEX:
-        operation, separator, _kind = rid[1:].rpartition(b"\0")
-        if separator:
-            return b"o" + operation
-    elif index == _QUEUE_INDEX and rid.startswith(MEMBER, 1):
-        return b"o" + rid[1 + len(MEMBER):]
-    return b"r" + rid
+    operation = _operation_of(SQL_TABLES[rid[0]], rid[1:])
+    return b"r" + rid if operation is None else b"o" + operation
+
+
 _HOSTS_TAG: Final = _TAG[_HOSTS]
 _OTHER_TAGS: Final = (
     (_TAG[_PAYLOADS], "payloads"), (_TAG[_QUEUE], "members"), (_TAG[_HOSTS], "hosts")

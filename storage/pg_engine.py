@@ -326,16 +326,16 @@ class PgEngine:
                     self.owner_lost = True
                 return
 
-    def prune_changes(self, older_than: float = KEPT_SECONDS) -> None:
-        """Delete the change rows older than ``older_than`` seconds (server time) and move
-        the pruning horizon on, in one transaction of the owner's session (a failure is
-        left for the next pruning: the feed only grows meanwhile)."""
+    def prune_changes(self) -> None:
+        """Delete the change rows older than ``KEPT_SECONDS`` (server time) and move the
+        pruning horizon on, in one transaction of the owner's session (a failure is left
+        for the next pruning: the feed only grows meanwhile)."""
         conn = self._owner_conn
         if conn is None:
             return
         with contextlib.suppress(psycopg.Error):
             with conn.transaction():
-                conn.execute(PRUNE, (older_than,))
+                conn.execute(PRUNE, (KEPT_SECONDS,))
 
     def _lose_owner(self) -> None:
         self.owner_lost = True

@@ -19,7 +19,9 @@ first (``storage/pg_readset.py``):
    step 1 changed what the batch read (``pg_changes.CHANGED_SINCE``), the buffered
    writes, the change row, this owner's share of ``bytes_used`` and its ``txn_log`` row
    (a fresh batch id, its commit count, its ownership checked), ``NOTIFY recoverable``
-   when commands or the queue changed; ``COMMIT``. The locks are held while the server
+   when commands or the queue changed; ``COMMIT``. An owner alone on the database (no
+   other live at the batch's start), or a batch with more keys than ``MAX_KEYS``, takes
+   the writers' lock exclusively instead of its keys. The locks are held while the server
    runs these statements only: a writer stopped between two round trips (SIGSTOP, a
    long pause) holds nothing, and one stopped in its last holds only its own keys.
 
@@ -460,7 +462,8 @@ class PgWriter(Writer[WriteTxn]):
 
         The ownership check runs on the server, in the transaction: the ``txn_log`` row's
         ``owned`` column must be true (a CHECK constraint), computed from this owner's
-        advisory lock and heartbeat under the writers' lock. If it is not, the statement
+        advisory lock and its heartbeat expiry against the server's clock at that
+        statement, after the batch's locks. If it is not, the statement
         fails, COMMIT never runs, and the owner is lost for good: another owner may
         already have taken its leases."""
         carried = self._state.batch_bytes
