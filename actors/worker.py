@@ -12,10 +12,14 @@ runtime's account and endpoint that are due and whose lease is not live:
 
 Each claim is the operation actor taking the lease (``Runtime.start_operation``,
 detached): the acquisition increments the generation fence, so two workers never run
-the same operation, and a stale one can write nothing. At most ``concurrency`` run at
-once. An operation that ends terminal (or was disposed, or expired while idle) leaves
-the queue; one that stopped without a state change it can act on (the host declined the
-attempt, its body is missing, ...) is left alone by this worker for ``SKIP_SECONDS``.
+the same operation, and a stale one can write nothing. Before it starts them, a round
+reserves its candidates (``RecoveryStore.reserve_claims``; on PostgreSQL ``FOR NO KEY
+UPDATE SKIP LOCKED``, ``storage/pg_claims.py``): workers of several processes reading the
+same page start different operations rather than race for the same leases. At most
+``concurrency`` run at once. An operation that ends terminal (or was disposed, or
+expired while idle) leaves the queue; one that stopped without a state change it can
+act on (the host declined the attempt, its body is missing, ...) is left alone by this
+worker for ``SKIP_SECONDS``.
 
 On ``stop`` (the CLI sets it on SIGTERM/SIGINT) the running operations are flagged
 ``resume`` in their queue rows (one transaction), then stopped: each actor suspends its
@@ -366,6 +370,7 @@ class _Worker:
             owners_live = await self.store.read_off_loop(functools.partial(
                 _owners_live, self.store, [lease for lease, _, _ in looked if lease is not None]
             ))
+            wanted: list[tuple[OperationRecord, QueueEntry]] = []
             for entry, (lease, record, unreadable) in zip(candidates, looked, strict=True):
                 operation_id = entry.operation_id
                 if unreadable:
@@ -387,9 +392,9 @@ class _Worker:
                 if verdict is None:
                     done.append(operation_id)
                 elif verdict:
-                    claims.append((record, entry))
-                    if len(claims) >= free:
-                        break
+                    wanted.append((record, entry))
+            if wanted:
+                claims += await self._reserve(wanted, free - len(claims), clock)
         if done:
             self.report.removed += await self.store.write(
                 functools.partial(_dequeue, done), touches=done
@@ -407,6 +412,23 @@ class _Worker:
             if self._start(record, stored, nursery):
                 started += 1
         return started
+
+    async def _reserve(
+        self, wanted: list[tuple[OperationRecord, QueueEntry]], limit: int, clock: float
+    ) -> list[tuple[OperationRecord, QueueEntry]]:
+        """The first ``limit`` of ``wanted`` (in queue order) no other owner's worker is
+        claiming (``RecoveryStore.reserve_claims``): workers reading the same page start
+        different operations instead of racing for the same leases. One another owner
+        holds is looked at again after ``BUSY_SECONDS``."""
+        reserved = set(await self.store.read_off_loop(functools.partial(
+            self.store.reserve_claims,
+            [record.operation_id for record, _ in wanted], limit=limit,
+        )))
+        if len(reserved) < limit:  # every one not reserved is another's
+            for record, _ in wanted:
+                if record.operation_id not in reserved:
+                    self.skip[record.operation_id] = clock + BUSY_SECONDS
+        return [(record, entry) for record, entry in wanted if record.operation_id in reserved]
 
     async def _continue(self, operation_id: str, clock: float) -> int:
         """Dispatch a pending continuation when due: 1 if a successor was

@@ -251,6 +251,12 @@ class Store(RecordReader, Protocol):
         """Queued operations with a serial above ``after_serial``, in order (one snapshot)."""
         ...
 
+    def reserve_claims(self, operation_ids: list[str], *, limit: int) -> list[str]:
+        """Of a claim round's candidates (in queue order), the first ``limit`` this owner
+        may start without racing another owner's workers: reserved for it (a hint; the
+        lease's fence decides)."""
+        ...
+
     def workers(self) -> list[tuple[str, str, WorkerRow]]:
         """Every worker row ``(owner id, token, row)``, live or not."""
         ...

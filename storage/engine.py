@@ -97,6 +97,11 @@ class StoreEngine(Protocol):
 
     def commands_snapshot(self, *, after_serial: int) -> tuple[int, list[CommandRecord]]: ...
 
+    def reserve_claims(self, operation_ids: list[str], limit: int) -> list[str]:
+        """``RecoveryStore.reserve_claims``: an engine whose owners race for leases
+        reserves; one whose writes are serialized returns ``operation_ids[:limit]``."""
+        ...
+
     def last_txnid(self) -> int:
         """Moves on every commit by any process (the change feed's poll)."""
         ...

@@ -317,6 +317,11 @@ class LmdbEngine:
             lambda txn: (txn.id(), queries.commands_after(txn, self.tables, after_serial))
         )
 
+    def reserve_claims(self, operation_ids: list[str], limit: int) -> list[str]:
+        """Nothing to reserve: the writes are serialized (one writer lock for every
+        process), so each lease acquisition sees the one before and its fence decides."""
+        return operation_ids[:max(0, limit)]
+
     def last_txnid(self) -> int:
         """LMDB's last committed transaction id (moves on every commit by any process)."""
         env = self._environment()

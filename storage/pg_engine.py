@@ -44,9 +44,15 @@ from recoverable.errors import CorruptRecord, StorageUnavailable, UnsupportedRec
 from recoverable.records import CommandRecord, LeaseRecord
 from recoverable.storage import codec, queue, redact
 from recoverable.storage.base import Table, Touches
-from recoverable.storage.keys import hosts_prefix, key_str
+from recoverable.storage.keys import hosts_prefix, key_str, operation_key
 from recoverable.storage.leases import LeaseTokens, lease_expired
 from recoverable.storage.pg_changes import COMMIT_COUNT, KEPT_SECONDS, PRUNE, PRUNE_EVERY
+from recoverable.storage.pg_claims import (
+    CLAIM_SECONDS,
+    KEEP_LAPSED_SECONDS,
+    PRUNE_CLAIMS,
+    reserve_statement,
+)
 from recoverable.storage.pg_listen import CommitListener
 from recoverable.storage.pg_schema import (
     LIVE_OWNERS,
@@ -101,6 +107,7 @@ COMMIT_POLL_SECONDS: Final = 0.25  # a monitor's poll when no notification comes
 ADVISORY_READ_SECONDS: Final = 0.05
 SCHEMES: Final = ("postgresql", "postgres")
 QUERY_CANCELED: Final = "57014"  # a statement_timeout (or a cancel request)
+RESERVE: Final = reserve_statement(LIVE_OWNERS)  # storage/pg_claims.py
 
 
 
@@ -218,6 +225,10 @@ class PgEngine:
         statements are bounded (:data:`STATEMENT_TIMEOUT_MS`) unless ``bounded`` is
         false, and a dead link is found by :data:`KEEPALIVES`."""
         settings = [f"statement_timeout={STATEMENT_TIMEOUT_MS}"] if bounded else []
+        if role == "read":
+            # The one write a reading connection makes is a claim reservation, a hint
+            # (storage/pg_claims.py): its commit need not wait for the WAL flush.
+            settings.append("synchronous_commit=off")
         if role == "writer":
             # A session stopped inside a transaction (SIGSTOP, a paused VM) may hold the
             # fleet's writers' lock (a batch running locked, or a last round trip stopped
@@ -328,14 +339,17 @@ class PgEngine:
 
     def prune_changes(self) -> None:
         """Delete the change rows older than ``KEPT_SECONDS`` (server time) and move the
-        pruning horizon on, in one transaction of the owner's session (a failure is left
-        for the next pruning: the feed only grows meanwhile)."""
+        pruning horizon on, and delete the claim reservations lapsed for
+        ``KEEP_LAPSED_SECONDS`` (``storage/pg_claims.py``), in one transaction of the
+        owner's session (a failure is left for the next pruning: the tables only grow
+        meanwhile)."""
         conn = self._owner_conn
         if conn is None:
             return
         with contextlib.suppress(psycopg.Error):
             with conn.transaction():
                 conn.execute(PRUNE, (KEPT_SECONDS,))
+                conn.execute(PRUNE_CLAIMS, (KEEP_LAPSED_SECONDS,))
 
     def _lose_owner(self) -> None:
         self.owner_lost = True
@@ -501,6 +515,21 @@ class PgEngine:
             )
         }
         return [found.get(key) for key in keys]
+
+    def reserve_claims(self, operation_ids: list[str], limit: int) -> list[str]:
+        """``RecoveryStore.reserve_claims``: one statement, ``FOR NO KEY UPDATE SKIP
+        LOCKED`` (``storage/pg_claims.py``). A lost owner reserves nothing."""
+        if limit <= 0 or not operation_ids or self.owner_lost:
+            return []
+        keys = [operation_key(operation_id) for operation_id in operation_ids]
+        me = self._owner_id
+        got = {
+            bytes(row[0]) for row in self._query(
+                RESERVE, (LOCK_NAMESPACE, keys, me, me, limit, me, CLAIM_SECONDS)
+            )
+        }
+        return [operation_id for operation_id, key in zip(operation_ids, keys, strict=True)
+                if key in got]
 
     def owner_is_live(self, owner_id: str) -> bool:
         """This owner (unless lost), or another whose advisory lock is held and whose

@@ -22,6 +22,9 @@ Version 5: the change feed by transaction visibility (``storage/pg_changes.py``)
 of the ``commits`` counter every batch updated and its log, the pruning horizon, the
 owners' commit counts, ``bytes_used`` one row per owner, the check function asking the
 feed, and the function taking a batch's keyed locks (``storage/pg_locks.py``).
+Version 6: the reservations of workers' claim rounds (``storage/pg_claims.py``). It
+only adds a table: a version-5 process still running goes on, its workers reserving
+nothing (their claims race for the leases, whose fences decide, as before).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from recoverable.errors import StorageUnavailable, UnsupportedRecordVersion
 from recoverable.storage.base import TABLES
 from recoverable.storage.keys import META_BYTES, META_FORMAT, META_SERIAL
 from recoverable.storage.pg_changes import step_5
+from recoverable.storage.pg_claims import step_6
 from recoverable.storage.pg_locks import step_5_locks
 from recoverable.storage.pg_operations import step_3
 from recoverable.storage.pg_readset import META_COMMITS, step_4
@@ -45,7 +49,7 @@ __all__ = [
     "schema_version", "upgrade",
 ]
 
-SCHEMA_VERSION: Final = 5
+SCHEMA_VERSION: Final = 6
 FORMAT_VERSION: Final = 1  # the record format in meta, as in the LMDB store
 # Advisory locks of this library: (LOCK_NAMESPACE, n). n = 0: the writers' lock (shared by
 # every optimistic batch's last round trip, exclusive for a batch that runs locked: see
@@ -137,7 +141,7 @@ def _step_5(conn: psycopg.Connection[Any]) -> None:
     step_5_locks(conn)
 
 
-_STEPS: Final = {1: _step_1, 2: _step_2, 3: step_3, 4: step_4, 5: _step_5}
+_STEPS: Final = {1: _step_1, 2: _step_2, 3: step_3, 4: step_4, 5: _step_5, 6: step_6}
 assert set(_V1_TABLES) | {"sources"} == set(TABLES), "a new logical table needs a step"
 
 

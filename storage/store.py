@@ -266,6 +266,17 @@ class RecoveryStore(RecordGetters):
         ``limit`` (and ``queue.MAX_SCAN``) of them, from one snapshot."""
         return self.engine.queued(after_serial=after_serial, limit=limit)
 
+    def reserve_claims(self, operation_ids: list[str], *, limit: int) -> list[str]:
+        """Of ``operation_ids`` (a claim round's candidates, in queue order), the first
+        ``limit`` this owner may start without racing another owner's workers for them,
+        reserved for it (a round trip on PostgreSQL: run it with ``read_off_loop``).
+        A hint, never the authority: the lease's fence still decides who runs an
+        operation. PostgreSQL skips an operation another live owner reserved, or whose
+        row another session is locking (``FOR NO KEY UPDATE SKIP LOCKED``:
+        ``storage/pg_claims.py``). LMDB reserves nothing: its writes are serialized,
+        each lease acquisition sees the one before, and it returns the first ``limit``."""
+        return self.engine.reserve_claims(operation_ids, limit)
+
     def workers(self) -> list[tuple[str, str, queue.WorkerRow]]:
         """Every worker row ``(owner id, token, row)``, live or not (``owner_is_live``)."""
         return self._read(lambda txn: queue.workers(txn, self._tables["queue"]))

@@ -245,6 +245,16 @@ def check_pg_writers(out: str) -> None:
     ), out
 
 
+def check_claims(out: str) -> None:
+    """bench/claims.py: two worker processes on one PostgreSQL database run every job once,
+    and their claim rounds' reservations leave no claim lost to the other worker."""
+    found = re.search(r"^ +all +(\d+) +(\d+) +(\d+)$", out, re.M)
+    assert found is not None, out
+    claimed, completed, busy = (int(group) for group in found.groups())
+    assert completed == 60 and claimed == 60 and busy == 0, out
+    assert re.search(r"^jobs/s \d+; busy per job 0\.000", out, re.M), out
+
+
 def check_partial_json(out: str) -> None:
     assert "views read differently: 0" in out, out
     assert re.search(r"^handwritten / jiter = \d+\.\d\d$", out, re.M), out
@@ -295,6 +305,7 @@ ENTRY_POINTS = [
     ("pg_store.py", check_pg_store),
     ("fleet.py", check_fleet),
     ("pg_writers.py", check_pg_writers),
+    ("claims.py", check_claims),
     ("partial_json.py", check_partial_json),
 ]
 

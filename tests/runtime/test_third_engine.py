@@ -85,6 +85,9 @@ class ThirdEngine:
     def commands_snapshot(self, *, after_serial: int) -> tuple[int, list[CommandRecord]]:
         return self._count("commands_snapshot").commands_snapshot(after_serial=after_serial)
 
+    def reserve_claims(self, operation_ids: list[str], limit: int) -> list[str]:
+        return self._count("reserve_claims").reserve_claims(operation_ids, limit)
+
     def last_txnid(self) -> int:
         return self._count("last_txnid").last_txnid()
 
