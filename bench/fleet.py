@@ -24,7 +24,11 @@ run on one machine. Each row is a real ``recoverable batch`` process on a fresh 
    that the other worker still has work when the stop ends (both workers' ceiling through
    the stop and the 5 s before it, and half again); a run that drained anyway says so.
 
-Printed: jobs/s per row and the ratios the fleet store is held to (``docs/benchmarks.md``):
+Printed: jobs/s per row; where each row's CPU went, per job (the batch process with its
+workers, the database server's processes, the provider; Linux ``/proc`` and the reaped
+children's rusage) and the share of the machine's cores they kept busy over the run (near
+100%: the row is bound by the CPU, not by the slots); and the ratios the fleet store is
+held to (``docs/benchmarks.md``):
 PostgreSQL ``--workers 2`` / ``--workers 1``, PostgreSQL / LMDB at ``--workers 1``, the same
 through the proxy, and the stop ratio. The round-trip time through the proxy is measured
 and printed beside them.
@@ -36,6 +40,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import signal
 import statistics
 import subprocess
@@ -60,6 +65,7 @@ from tests.pg.cluster import Cluster, start_cluster
 from tests.pg.fixtures import TEMPLATE, _prepare_template, new_database
 
 HERE = Path(__file__).resolve().parent
+CORES = os.cpu_count() or 1
 
 
 @contextmanager
@@ -81,6 +87,45 @@ def delay_proxy(cluster: Cluster, delay_ms: float) -> Iterator[int]:
         proc.wait(timeout=10)
 
 
+def _cpu(fields: list[str], children: bool) -> float:
+    """User + system CPU seconds of a ``/proc/<pid>/stat`` line's fields (after the
+    command), with its reaped children's when ``children``."""
+    ticks = int(fields[11]) + int(fields[12])
+    if children:
+        ticks += int(fields[13]) + int(fields[14])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None  # it ended meanwhile
+
+
+def server_cpu_seconds(cluster: Cluster | None) -> float:
+    """The CPU seconds the PostgreSQL server has used so far: its postmaster's, with the
+    backends it reaped, and each live process it started (Linux ``/proc``)."""
+    if cluster is None:
+        return 0.0
+    postmaster = int((cluster.data / "postmaster.pid").read_text().split()[0])
+    own = _stat(postmaster)
+    total = _cpu(own, children=True) if own else 0.0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _stat(int(entry))
+            if fields is not None and int(fields[1]) == postmaster:
+                total += _cpu(fields, children=False)
+    return total
+
+
+def children_cpu_seconds() -> float:
+    """CPU seconds of this process's reaped children (and theirs)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def round_trip_ms(url: str, count: int = 200) -> float:
     """The median time of ``SELECT 1`` on one connection (ms)."""
     with psycopg.connect(url, autocommit=True) as conn:
@@ -94,7 +139,7 @@ def round_trip_ms(url: str, count: int = 200) -> float:
 
 def run(
     info: dict[str, Any], args: argparse.Namespace, workers_count: int, store: str | None,
-    *, stop: bool = False,
+    *, stop: bool = False, cluster: Cluster | None = None,
 ) -> dict[str, Any]:
     """One ``recoverable batch`` run (see the module doc); ``stop``: the SIGSTOP row."""
     with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
@@ -108,6 +153,8 @@ def run(
             "--concurrency", str(args.concurrency), "--workers", str(workers_count),
         ]
         before = len(_common.provider_requests(info))
+        cpu_before = (children_cpu_seconds(), server_cpu_seconds(cluster),
+                      _common.process_cpu_seconds(info["pid"]))
         started = time.monotonic()
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, env={**os.environ, workers.KEY_ENV: "sk-bench"})
@@ -117,6 +164,9 @@ def run(
             stopped = stop_one_worker(proc, out, args, store)
         stdout, stderr = proc.communicate(timeout=3600)
         wall = time.monotonic() - started
+        cpu = (children_cpu_seconds() - cpu_before[0],  # the batch, its workers included
+               server_cpu_seconds(cluster) - cpu_before[1],
+               _common.process_cpu_seconds(info["pid"]) - cpu_before[2])
         if proc.returncode != 0:
             raise RuntimeError(f"batch --workers {workers_count} exited {proc.returncode}:\n"
                                f"{stderr[-3000:]}")
@@ -126,7 +176,8 @@ def run(
             "workers": workers_count, "jobs": args.jobs, "wall": wall, "elapsed": elapsed,
             "jobs_per_s": args.jobs / elapsed if elapsed > 0 else 0.0,
             "posts": len(_common.provider_requests(info)) - before,
-            "lines": workers.lines(out), **stopped,
+            "lines": workers.lines(out), "cpu": cpu, "busy": sum(cpu) / (wall * CORES),
+            **stopped,
         }
 
 
@@ -277,18 +328,21 @@ def main() -> None:
                     for count in (int(text) for text in args.workers.split(",")):
                         store = None if kind == "lmdb" else cluster.url(
                             new_database(cluster, TEMPLATE))
-                        add(kind, run(info, args, count, store))
+                        add(kind, run(info, args, count, store,
+                                      cluster=None if store is None else cluster))
             if "proxy" in wanted:
                 with delay_proxy(cluster, args.db_delay_ms) as port:
                     proxied = f"postgresql://{cluster.user}@127.0.0.1:{port}"
                     proxy_rtt = round_trip_ms(f"{proxied}/postgres")
                     for count in (1, 2):
                         dbname = new_database(cluster, TEMPLATE)
-                        add("postgresql+delay", run(info, args, count, f"{proxied}/{dbname}"))
+                        add("postgresql+delay", run(info, args, count, f"{proxied}/{dbname}",
+                                                    cluster=cluster))
             if "stop" in wanted:
                 store = cluster.url(new_database(cluster, TEMPLATE))
                 stop_args = argparse.Namespace(**{**vars(args), "jobs": stop_jobs(args)})
-                add("postgresql, 1 stopped", run(info, stop_args, 2, store, stop=True))
+                add("postgresql, 1 stopped", run(info, stop_args, 2, store, stop=True,
+                                                 cluster=cluster))
     finally:
         cluster.stop()
     ceiling = args.concurrency / args.reply_delay if args.reply_delay else float("inf")
@@ -300,6 +354,13 @@ def main() -> None:
         ["store", "workers", "batch s", "jobs/s", "POSTs", "lines"],
         [[kind, r["workers"], f"{r['elapsed']:.2f}", f"{r['jobs_per_s']:.0f}", r["posts"],
           r["lines"]] for kind, r in rows],
+    ))
+    print("CPU per job (ms): the batch (host and workers), the database server, the provider;"
+          " and the share of the machine's cores the three kept busy over the run")
+    print(_common.table(
+        ["store", "workers", "batch ms", "server ms", "provider ms", "total ms", "cores busy"],
+        [[kind, r["workers"], *(f"{1000 * part / r['jobs']:.2f}" for part in r["cpu"]),
+          f"{1000 * sum(r['cpu']) / r['jobs']:.2f}", f"{r['busy']:.0%}"] for kind, r in rows],
     ))
     rate = {(kind, r["workers"]): r["jobs_per_s"] for kind, r in rows if "stop_ratio" not in r}
 
