@@ -26,7 +26,8 @@ The statement runs on a reading connection in autocommit: its row locks are held
 server for that one statement only, never across a client's round trip, so a stopped
 client holds nothing. Being hints, reservations are not made durable: the table is
 ``UNLOGGED`` (emptied by a server crash, not copied to standbys) and the reading
-connections commit without waiting for the WAL flush (``synchronous_commit=off``). Each owner's heartbeat prunes the lapsed rows with the change feed
+connections commit without waiting for the WAL flush (``synchronous_commit=off``).
+Each owner's heartbeat prunes the lapsed rows with the change feed
 (:data:`PRUNE_CLAIMS`).
 """
 
