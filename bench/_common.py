@@ -92,12 +92,37 @@ def peak_rss_mib() -> float:
     return kib / 1024.0
 
 
-def process_cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds consumed so far by another process (Linux /proc)."""
-    with open(f"/proc/{pid}/stat") as fh:
-        fields = fh.read().rsplit(")", 1)[1].split()
-    ticks = os.sysconf("SC_CLK_TCK")
-    return (int(fields[11]) + int(fields[12])) / ticks
+def proc_stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command (its state first, its parent
+    second), or None once the process is gone (Linux)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def child_pids(parent: int) -> list[int]:
+    """The living (not zombie) processes whose parent is ``parent``, in pid order."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = proc_stat(int(entry))
+            if fields is not None and int(fields[1]) == parent and fields[0] != "Z":
+                found.append(int(entry))
+    return sorted(found)
+
+
+def process_cpu_seconds(pid: int, *, children: bool = False) -> float:
+    """User + system CPU seconds consumed so far by another process (Linux /proc), with
+    its reaped children's when ``children``. ``ProcessLookupError`` once it is gone."""
+    fields = proc_stat(pid)
+    if fields is None:
+        raise ProcessLookupError(pid)
+    ticks = int(fields[11]) + int(fields[12])
+    if children:
+        ticks += int(fields[13]) + int(fields[14])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def self_cpu_seconds() -> float:

@@ -37,6 +37,7 @@ and printed beside them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -87,36 +88,16 @@ def delay_proxy(cluster: Cluster, delay_ms: float) -> Iterator[int]:
         proc.wait(timeout=10)
 
 
-def _cpu(fields: list[str], children: bool) -> float:
-    """User + system CPU seconds of a ``/proc/<pid>/stat`` line's fields (after the
-    command), with its reaped children's when ``children``."""
-    ticks = int(fields[11]) + int(fields[12])
-    if children:
-        ticks += int(fields[13]) + int(fields[14])
-    return ticks / os.sysconf("SC_CLK_TCK")
-
-
-def _stat(pid: int) -> list[str] | None:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None  # it ended meanwhile
-
-
 def server_cpu_seconds(cluster: Cluster | None) -> float:
     """The CPU seconds the PostgreSQL server has used so far: its postmaster's, with the
     backends it reaped, and each live process it started (Linux ``/proc``)."""
     if cluster is None:
         return 0.0
     postmaster = int((cluster.data / "postmaster.pid").read_text().split()[0])
-    own = _stat(postmaster)
-    total = _cpu(own, children=True) if own else 0.0
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            fields = _stat(int(entry))
-            if fields is not None and int(fields[1]) == postmaster:
-                total += _cpu(fields, children=False)
+    total = _common.process_cpu_seconds(postmaster, children=True)
+    for pid in _common.child_pids(postmaster):
+        with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+            total += _common.process_cpu_seconds(pid)
     return total
 
 

@@ -56,19 +56,15 @@ def write_jobs(path: Path, count: int) -> None:
 
 def worker_pids(parent: int) -> list[int]:
     found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for pid in _common.child_pids(parent):
         try:
-            with open(f"/proc/{entry}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
                 cmdline = fh.read()
         except OSError:
             continue
-        if int(fields[1]) == parent and fields[0] != "Z" and b"\0worker\0" in cmdline:
-            found.append(int(entry))
-    return sorted(found)
+        if b"\0worker\0" in cmdline:
+            found.append(pid)
+    return found
 
 
 def lines(path: Path) -> int:

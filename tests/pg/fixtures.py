@@ -128,6 +128,12 @@ def pg_url(pg_cluster: Cluster) -> Iterator[str]:
     _POOL.append(name)
 
 
+def other_owner_url(pg_url: str) -> str:
+    """The same database by another URL: opened in this process it is a second owner, as
+    another machine's process would be (one URL opened twice in a process is one store)."""
+    return pg_url + "?sslmode=disable"
+
+
 STORE_KINDS = ("lmdb", "postgresql")
 """The stores a test of the storage contract runs on; the first is the default."""
 

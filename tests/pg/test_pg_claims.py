@@ -19,6 +19,7 @@ from recoverable.storage import pg_engine as pg_engine_module
 from recoverable.storage.keys import operation_key
 from recoverable.storage.pg_claims import CLAIMS
 from recoverable.testing import FixtureProvider
+from tests.pg.fixtures import other_owner_url
 from tests.runtime.conftest import ACCOUNT, REQUEST, Answer, generation_requests, make_backend
 from tests.storage.storage_helpers import make_op
 
@@ -29,15 +30,9 @@ IDS = [f"op-{index}" for index in range(6)]
 @contextmanager
 def two_owners(pg_url: str) -> Iterator[tuple[RecoveryStore, RecoveryStore]]:
     """Two owners of one database (two opened stores), with ``IDS`` saved."""
-    with RecoveryStore.open(pg_url) as first, RecoveryStore.open(other_url(pg_url)) as second:
+    with RecoveryStore.open(pg_url) as first, RecoveryStore.open(other_owner_url(pg_url)) as second:
         first.write_sync(lambda txn: [txn.put_operation(make_op(op_id)) for op_id in IDS])
         yield first, second
-
-
-def other_url(pg_url: str) -> str:
-    """The same database by another URL: a second owner in this process (one URL opened
-    twice in one process is one store)."""
-    return pg_url + ("&" if "?" in pg_url else "?") + "sslmode=disable"
 
 
 def _claim_rows(pg_url: str) -> dict[str, str]:
@@ -66,7 +61,7 @@ def test_two_owners_reserve_disjoint_operations_in_queue_order(pg_url: str) -> N
 
 def test_a_closed_owners_reservations_stop_counting_at_once(pg_url: str) -> None:
     with RecoveryStore.open(pg_url) as survivor:
-        with RecoveryStore.open(other_url(pg_url)) as leaving:
+        with RecoveryStore.open(other_owner_url(pg_url)) as leaving:
             leaving.write_sync(
                 lambda txn: [txn.put_operation(make_op(op_id)) for op_id in IDS]
             )
@@ -133,7 +128,7 @@ async def approve(attempt: recoverable.Attempt) -> bool:
 async def test_a_worker_leaves_what_another_live_owner_reserved(pg_url: str) -> None:
     """A worker's claim round starts only what it reserved: two operations another live
     owner reserved wait for that owner, and are run once it is gone."""
-    other = RecoveryStore.open(other_url(pg_url))
+    other = RecoveryStore.open(other_owner_url(pg_url))
     try:
         async with FixtureProvider.serve(reply_delay=0.2) as provider:
             with RecoveryStore.open(pg_url) as store:

@@ -12,6 +12,7 @@ from recoverable.outcome import Interruption
 from recoverable.storage import RecoveryStore
 from recoverable.storage.pg_engine import ADVISORY_READ_SECONDS
 from recoverable.telemetry import Telemetry
+from tests.pg.fixtures import other_owner_url
 from tests.storage.storage_helpers import ACCOUNT
 
 
@@ -45,7 +46,7 @@ async def test_another_processs_pause_is_seen_within_the_advisory_window(
 ) -> None:
     clock = Clock()
     mine = RecoveryStore.open(pg_url)
-    other = RecoveryStore.open(pg_url + "?sslmode=disable")  # another process's store
+    other = RecoveryStore.open(other_owner_url(pg_url))  # another process's store
     try:
         gov = RateGovernor(mine, wall_clock=clock, telemetry=Telemetry(None))
         theirs = RateGovernor(other, wall_clock=clock, telemetry=Telemetry(None))
@@ -87,7 +88,7 @@ async def test_a_bucket_smaller_than_one_request_is_shared_by_two_processes(
     one admitted, the other waits for."""
     clock = Clock()
     mine = RecoveryStore.open(pg_url)
-    other = RecoveryStore.open(pg_url + "?sslmode=disable")  # another process's store
+    other = RecoveryStore.open(other_owner_url(pg_url))  # another process's store
     period = round(60 / 0.95, 6)
     try:
         gov = RateGovernor(mine, wall_clock=clock, telemetry=Telemetry(None),

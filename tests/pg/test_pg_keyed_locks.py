@@ -19,6 +19,7 @@ from recoverable.storage.pg_engine import PgEngine
 from recoverable.storage.pg_locks import LOCK_KEYS, lock_keys, operation_lock
 from recoverable.storage.pg_schema import LOCK_NAMESPACE, WRITER_LOCK
 from recoverable.storage.pg_sql import sql_table
+from tests.pg.fixtures import other_owner_url
 from tests.storage.storage_helpers import ACCOUNT, make_op
 
 BOUND = 30.0  # seconds a step may take on a loaded machine before the test says why
@@ -45,7 +46,7 @@ def stopped_last_round_trip(
 def fleet(pg_url: str) -> Iterator[RecoveryStore]:
     """A store with another owner live beside it (a lone owner commits under the writers'
     lock exclusively: nobody else could be delayed), the other one idle."""
-    with RecoveryStore.open(pg_url + "?sslmode=disable") as other:
+    with RecoveryStore.open(other_owner_url(pg_url)) as other:
         assert other.other_live_owners() == []
         with RecoveryStore.open(pg_url) as store:
             yield store

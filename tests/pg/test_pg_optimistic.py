@@ -17,6 +17,7 @@ from recoverable.storage import RecoveryStore, WriteTxn
 from recoverable.storage.pg_changes import PRUNE
 from recoverable.storage.pg_engine import PgEngine
 from recoverable.storage.pg_writer import PgWriter
+from tests.pg.fixtures import other_owner_url
 from tests.storage.storage_helpers import ACCOUNT, make_op
 
 BOUND = 30.0  # seconds a step may take on a loaded machine before the test says why
@@ -46,7 +47,7 @@ def default_isolation(request: pytest.FixtureRequest, pg_url: str) -> Iterator[s
 def two_owners(pg_url: str) -> Iterator[tuple[RecoveryStore, RecoveryStore]]:
     """Two owners of one database, as two machines of a fleet would be."""
     first = RecoveryStore.open(pg_url)
-    second = RecoveryStore.open(pg_url + "?sslmode=disable")
+    second = RecoveryStore.open(other_owner_url(pg_url))
     try:
         assert isinstance(first.engine, PgEngine) and isinstance(second.engine, PgEngine)
         yield first, second

@@ -9,6 +9,7 @@ import psycopg
 
 from recoverable.storage import RecoveryStore
 from recoverable.storage.pg_engine import PgEngine
+from tests.pg.fixtures import other_owner_url
 from tests.storage.storage_helpers import make_op
 
 
@@ -25,7 +26,7 @@ def test_commits_of_two_owners_update_no_shared_row(pg_url: str) -> None:
     each owner's row of ``recoverable_bytes``), each owner's commit count moves in its own
     ``recoverable_txn_log`` row, and the total the stores read is the stored size."""
     first = RecoveryStore.open(pg_url)
-    second = RecoveryStore.open(pg_url + "?sslmode=disable")
+    second = RecoveryStore.open(other_owner_url(pg_url))
     try:
         assert isinstance(first.engine, PgEngine) and isinstance(second.engine, PgEngine)
         with psycopg.connect(pg_url, autocommit=True) as conn:
@@ -59,7 +60,7 @@ def test_a_closed_owners_share_is_folded_into_the_total(pg_url: str) -> None:
     same before and after, and still the stored size."""
     keeper = RecoveryStore.open(pg_url)
     try:
-        with RecoveryStore.open(pg_url + "?sslmode=disable") as leaving:
+        with RecoveryStore.open(other_owner_url(pg_url)) as leaving:
             leaving.write_sync(lambda txn: txn.put_operation(make_op("gone-1")))
             total = leaving.stats()["bytes_used"]
             gone = leaving.owner_id

@@ -30,7 +30,7 @@ from recoverable.storage.pg_schema import (
     upgrade,
 )
 from tests.pg.cluster import Cluster
-from tests.pg.fixtures import drop_database, new_database
+from tests.pg.fixtures import drop_database, new_database, other_owner_url
 from tests.storage.storage_helpers import make_op
 
 
@@ -110,7 +110,7 @@ def test_a_commit_by_another_process_invalidates_the_writers_row_cache(pg_url: s
     """The writer serves reads from its cache only while nobody else committed since its
     last batch: a fence taken by another owner is seen, never the cached older one."""
     mine = RecoveryStore.open(pg_url)
-    other = RecoveryStore.open(pg_url + "?sslmode=disable")  # another owner (machine)
+    other = RecoveryStore.open(other_owner_url(pg_url))  # another owner (machine)
     try:
         mine.write_sync(lambda txn: txn.put_operation(make_op("op-1")))
         cached = mine.write_sync(lambda txn: txn.get_operation("op-1"))
@@ -133,7 +133,7 @@ def test_a_commit_by_another_process_invalidates_the_writers_row_cache(pg_url: s
 def test_rows_nobody_else_changed_stay_in_the_writers_cache(pg_url: str) -> None:
     """Another process's commit evicts only the rows it wrote (recoverable_changes)."""
     mine = RecoveryStore.open(pg_url)
-    other = RecoveryStore.open(pg_url + "?sslmode=disable")
+    other = RecoveryStore.open(other_owner_url(pg_url))
     try:
         assert isinstance(mine.engine, PgEngine)
         mine.write_sync(lambda txn: txn.put_operation(make_op("op-1")))
@@ -208,7 +208,7 @@ def test_other_live_owners_lists_another_open_owner_until_it_closes(pg_url: str)
     """``other_live_owners`` (``migrate-store`` refuses a source someone else has open):
     the other owner while its advisory lock is held, never this one, none once it closed."""
     mine = RecoveryStore.open(pg_url)
-    other = RecoveryStore.open(pg_url + "?sslmode=disable")
+    other = RecoveryStore.open(other_owner_url(pg_url))
     try:
         assert isinstance(mine.engine, PgEngine) and isinstance(other.engine, PgEngine)
         assert mine.other_live_owners() == [other.owner_id]
@@ -226,7 +226,7 @@ def test_a_pruned_stretch_of_the_change_feed_drops_the_writers_cache(pg_url: str
     tell which rows went stale and is dropped whole (a stale fence is never served), and
     the rows nobody pruned are evicted as before."""
     mine = RecoveryStore.open(pg_url)
-    other = RecoveryStore.open(pg_url + "?sslmode=disable")
+    other = RecoveryStore.open(other_owner_url(pg_url))
     try:
         mine.write_sync(lambda txn: txn.put_operation(make_op("op-1")))
         mine.write_sync(lambda txn: txn.put_operation(make_op("op-2")))
@@ -250,7 +250,7 @@ def test_a_batch_too_large_to_log_drops_the_writers_cache(pg_url: str) -> None:
     """A batch that wrote more rows than one change-log entry names logs "unknown": every
     other writer drops its cache (the fence it took is seen, never the cached one)."""
     mine = RecoveryStore.open(pg_url)
-    other = RecoveryStore.open(pg_url + "?sslmode=disable")
+    other = RecoveryStore.open(other_owner_url(pg_url))
     try:
         mine.write_sync(lambda txn: txn.put_operation(make_op("op-1")))
         cached = mine.write_sync(lambda txn: txn.get_operation("op-1"))
@@ -276,7 +276,7 @@ def test_an_owner_whose_heartbeat_expired_is_dead_though_its_lock_is_held(
     its lock (a process stopped between statements keeps its connection) but whose
     heartbeat expiry passed is dead to the others: not listed, and its lease is taken."""
     mine = RecoveryStore.open(pg_url)
-    hung = RecoveryStore.open(pg_url + "?sslmode=disable")
+    hung = RecoveryStore.open(other_owner_url(pg_url))
     try:
         assert isinstance(mine.engine, PgEngine) and isinstance(hung.engine, PgEngine)
         mine.write_sync(lambda txn: txn.put_operation(make_op("op-1")))
