@@ -4,7 +4,11 @@ and a reservation stops counting when its owner is gone or it lapses."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -17,7 +21,7 @@ from recoverable.actors.worker import run_worker
 from recoverable.storage import RecoveryStore
 from recoverable.storage import pg_engine as pg_engine_module
 from recoverable.storage.keys import operation_key
-from recoverable.storage.pg_claims import CLAIMS
+from recoverable.storage.pg_claims import CLAIM_SECONDS, CLAIMS
 from recoverable.testing import FixtureProvider
 from tests.pg.fixtures import other_owner_url
 from tests.runtime.conftest import ACCOUNT, REQUEST, Answer, generation_requests, make_backend
@@ -168,3 +172,39 @@ async def test_a_worker_leaves_what_another_live_owner_reserved(pg_url: str) -> 
     finally:
         if not other.closed:
             other.close()
+
+
+# A process that opens the store, reserves every id, says so and then waits to be killed.
+_RESERVER = """
+import sys, time
+from recoverable.storage import RecoveryStore
+store = RecoveryStore.open(sys.argv[1])
+print(len(store.reserve_claims(sys.argv[2:], limit=len(sys.argv) - 2)), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_owners_reservations_stop_counting_before_they_lapse(pg_url: str) -> None:
+    """SIGKILL: the killed process's session ends, its advisory lock with it, so its
+    reservations (10 s) are free to the others at once: adoption is not delayed."""
+    with RecoveryStore.open(pg_url) as survivor:
+        survivor.write_sync(lambda txn: [txn.put_operation(make_op(op_id)) for op_id in IDS])
+        reserver = subprocess.Popen(
+            [sys.executable, "-c", _RESERVER, other_owner_url(pg_url), *IDS],
+            stdout=subprocess.PIPE, text=True,
+        )
+        try:
+            assert reserver.stdout is not None
+            assert reserver.stdout.readline().strip() == str(len(IDS))
+            assert survivor.reserve_claims(IDS, limit=6) == []
+            killed_at = time.monotonic()
+            reserver.send_signal(signal.SIGKILL)
+            reserver.wait(timeout=BOUND)
+        finally:
+            if reserver.poll() is None:
+                reserver.kill()
+                reserver.wait()
+        # The server ends the dead session within moments; well before CLAIM_SECONDS.
+        while (got := survivor.reserve_claims(IDS, limit=6)) != IDS:
+            assert time.monotonic() - killed_at < CLAIM_SECONDS / 2, got
+            time.sleep(0.05)  # polling the server's view of the session (a bounded wait)
