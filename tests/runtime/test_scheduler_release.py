@@ -76,37 +76,42 @@ async def release_herd(
     released: list[int] = []
     precise: list[tuple[int, int]] = []
     try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(scheduler.run)
-            at = wall() + 3600
+        # A herd that is never released fails here, with a reason, and leaves the
+        # event loop sound for the next test (a pytest-timeout inside it does not).
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(scheduler.run)
+                at = wall() + 3600
 
-            async def herd_member() -> None:
-                await scheduler.wait_released(at)
-                assert wall() >= at
-                released.append(rounds.count)
-                if counted:
-                    round_clock.now += cost
-                else:
-                    burn(cost)
+                async def herd_member() -> None:
+                    await scheduler.wait_released(at)
+                    assert wall() >= at
+                    released.append(rounds.count)
+                    if counted:
+                        round_clock.now += cost
+                    else:
+                        burn(cost)
 
-            async def due_meanwhile(offset: float) -> None:
-                await scheduler.wait_until(at + offset)
-                assert wall() >= at + offset
-                precise.append((rounds.count, len(released)))
+                async def due_meanwhile(offset: float) -> None:
+                    await scheduler.wait_until(at + offset)
+                    assert wall() >= at + offset
+                    precise.append((rounds.count, len(released)))
 
-            async with trio.open_nursery() as waiters:
-                for _ in range(size):
-                    waiters.start_soon(herd_member)
-                if precise_at is not None:
-                    waiters.start_soon(due_meanwhile, precise_at)
-                await trio.testing.wait_all_tasks_blocked()
-                assert scheduler.waiting == size + (precise_at is not None)
-                assert not released
-                wall.shift = at - time.time()  # the shared wait is due now
-                # A precise wait due at once wakes the scheduler's timer to look again.
-                waiters.start_soon(scheduler.wait_until, wall() + 0.001)
-            assert scheduler.waiting == 0
-            nursery.cancel_scope.cancel()
+                async with trio.open_nursery() as waiters:
+                    for _ in range(size):
+                        waiters.start_soon(herd_member)
+                    if precise_at is not None:
+                        waiters.start_soon(due_meanwhile, precise_at)
+                    await trio.testing.wait_all_tasks_blocked()
+                    assert scheduler.waiting == size + (precise_at is not None)
+                    assert not released
+                    wall.shift = at - time.time()  # the shared wait is due now
+                    # The scheduler's timer sleeps on Trio's clock: tell it the wall clock
+                    # stepped. (A precise wait parked 1 ms ahead did this before, and hung
+                    # the test for good when its task started more than 1 ms later.)
+                    scheduler.recheck()
+                assert scheduler.waiting == 0
+                nursery.cancel_scope.cancel()
     finally:
         trio.lowlevel.remove_instrument(rounds)
     return released, precise
