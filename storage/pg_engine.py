@@ -153,9 +153,12 @@ class _Pool:
         self._closed = False
 
     @contextlib.contextmanager
-    def connection(self) -> Iterator[psycopg.Connection[Any]]:
-        with self._lock:
-            conn = self._idle.pop() if self._idle else None
+    def connection(self, *, fresh: bool = False) -> Iterator[psycopg.Connection[Any]]:
+        """An idle connection, or a new one (always when ``fresh``)."""
+        conn = None
+        if not fresh:
+            with self._lock:
+                conn = self._idle.pop() if self._idle else None
         if conn is None:
             conn = self._connect()
         try:
@@ -173,12 +176,18 @@ class _Pool:
             if not keep:
                 conn.close()
 
-    def close(self) -> None:
+    def discard_idle(self) -> None:
+        """Close every idle connection: one was found lost, and what ended its session (a
+        server restart, an operator ending every session) most likely ended theirs."""
         with self._lock:
-            self._closed = True
             idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+        self.discard_idle()
 
 
 class PgEngine:
@@ -425,11 +434,13 @@ class PgEngine:
 
     def _pooled(self, call: Callable[[psycopg.Connection[Any]], Result]) -> Result:
         """``call`` on a pooled connection. A read is idempotent: one that met a lost
-        connection (a killed backend, a restarted server) is tried once more on a new one."""
+        connection (a killed backend, a restarted server) is tried once more on a new one,
+        never on another idle one (whatever ended the first session most likely ended
+        theirs too: they are closed)."""
         for last_try in (False, True):
             if self._closed:
                 raise StorageUnavailable("the store is closed")
-            with self._pool.connection() as conn:
+            with self._pool.connection(fresh=last_try) as conn:
                 try:
                     return call(conn)
                 except StorageUnavailable as exc:
@@ -439,6 +450,7 @@ class PgEngine:
                     if last_try or not _connection_lost(conn, exc):
                         raise StorageUnavailable(f"reading failed: {describe(exc)}") from exc
                 conn.close()  # not back to the pool
+            self._pool.discard_idle()
         raise AssertionError("unreachable")
 
     def get(self, table: Table, key: bytes) -> bytes | None:

@@ -4,6 +4,7 @@ connection losses come from a TCP relay (``proxy.py``) and ``pg_terminate_backen
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -126,6 +127,28 @@ def test_reads_survive_killed_read_backends(pg_url: str) -> None:
         assert store.get_operation("op-1") is not None  # tried again on a new connection
         assert _terminate(pg_url, "read") >= 1
         assert [r.operation_id for r in store.inventory()[0]] == ["op-1"]
+
+
+def test_reads_survive_every_idle_read_backend_killed_at_once(pg_url: str) -> None:
+    """Every session ended together (a restart, an operator's pg_terminate_backend): the
+    retry of a read that met a lost connection takes a new connection, never another
+    idle one that was ended with it (the soak with killed backends once failed so)."""
+    with RecoveryStore.open(pg_url) as store:
+        store.write_sync(lambda txn: txn.put_operation(make_op("op-1")))
+        together = threading.Barrier(3)
+
+        def held(snapshot: object) -> None:
+            together.wait(30)  # three reads at once: three idle connections after
+
+        readers = [threading.Thread(target=store.engine.read, args=(held,)) for _ in range(3)]
+        for reader in readers:
+            reader.start()
+        for reader in readers:
+            reader.join(60)
+        assert _terminate(pg_url, "read") == 3
+        assert store.get_operation("op-1") is not None
+        assert [r.operation_id for r in store.inventory()[0]] == ["op-1"]
+        assert _terminate(pg_url, "read") == 1  # one read session now: the retry's
 
 
 def test_a_killed_owner_backend_loses_the_owner_and_its_stale_writes_fail(
