@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import msgspec
 import pytest
+import trio
 
 import recoverable
 from recoverable.testing import FixtureProvider
@@ -99,3 +101,19 @@ async def completed_operations(rt: recoverable.Runtime, count: int) -> list[reco
         await rt.send_recovering(handle, response=Answer, authorize=Authorizer())
         handles.append(handle)
     return handles
+
+
+async def owner_gone(store: recoverable.RecoveryStore, owner_id: str) -> None:
+    """Return once a SIGKILLed process's owner is dead to ``store``: at once on LMDB (its
+    lock goes with the process), a few milliseconds after the process is reaped on
+    PostgreSQL (the server ends the session when it reads the closed socket)."""
+    with trio.fail_after(30):
+        while store.owner_is_live(owner_id):  # noqa: ASYNC110
+            await trio.sleep(0.005)  # another process's state, on the server
+
+
+async def stopped(pid: int) -> None:
+    """Return once the kernel says the child ``pid`` is stopped (its stop notification,
+    not a guess)."""
+    _, status = await trio.to_thread.run_sync(os.waitpid, pid, os.WUNTRACED)
+    assert os.WIFSTOPPED(status), status

@@ -394,18 +394,20 @@ async def test_a_renewing_owner_is_never_cut_however_long_its_generation_runs(
     tmp_path: Path,
 ) -> None:
     """Seed 000's "no elapsed-time deadline on a running generation" holds while the
-    owner is alive and renewing: a 1-second lease, a stream silent (keepalives only) for
-    over three leases, completed and delivered; the heartbeat renewed it meanwhile."""
+    owner is alive and renewing: a 2-second lease, a stream silent (keepalives only) for
+    over three leases, completed and delivered; the heartbeat renewed it meanwhile. (A
+    1-second lease left each renewal about 0.6 s to commit: one slow fsync on a loaded
+    machine from a cut stream; 2 s doubles that.)"""
     import recoverable
     from recoverable.testing import FixtureProvider, Reply
 
     from .conftest import ACCOUNT, REQUEST, Answer, Authorizer, generation_requests, make_backend
 
     async with FixtureProvider.serve() as provider:
-        provider.script([Reply.keepalive(pause=3.5, every=0.25)])
+        provider.script([Reply.keepalive(pause=6.5, every=0.25)])
         with recoverable.RecoveryStore.open(str(tmp_path / "store")) as store:
             async with make_backend(provider) as backend, recoverable.open_runtime(
-                store, backend, account=ACCOUNT, lease_seconds=1.0
+                store, backend, account=ACCOUNT, lease_seconds=2.0
             ) as rt:
                 handle = await rt.prepare(REQUEST, response=Answer, maximum_attempts=1)
                 value = await rt.send_recovering(handle, response=Answer,

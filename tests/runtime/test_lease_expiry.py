@@ -28,7 +28,7 @@ import recoverable
 from recoverable.records import LeaseRecord
 from recoverable.testing import FixtureProvider, Reply
 
-from .conftest import generation_requests
+from .conftest import generation_requests, stopped
 from .lease_child import ACCOUNT, Answer
 
 CHILD = str(Path(__file__).with_name("lease_child.py"))
@@ -66,9 +66,7 @@ async def _wait_for(predicate: object, what: str) -> None:
 
 
 async def _stopped(child: subprocess.Popen[bytes]) -> None:
-    """The kernel says the child is stopped (its stop notification, not a guess)."""
-    _, status = await trio.to_thread.run_sync(os.waitpid, child.pid, os.WUNTRACED)
-    assert os.WIFSTOPPED(status), status
+    await stopped(child.pid)
 
 
 def _spawn(store: str, provider: FixtureProvider, op: str, report: Path,
@@ -252,9 +250,11 @@ async def test_a_stopped_owner_nobody_claimed_goes_on_and_saves_what_it_received
     store_path = str(tmp_path / "store")
     report = tmp_path / "report.json"
     async with FixtureProvider.serve() as provider:
-        # Silent (keepalives) for 1 s after two events, then the rest of the answer: it is
-        # all sent while the owner is stopped.
-        provider.script([Reply.keepalive(pause=1.0, every=0.25)])
+        # Silent (keepalives) for 1.5 s after two events, then the rest of the answer: it
+        # is all sent while the owner is stopped. The owner is stopped on its first
+        # renewal, 1 s (LEASE_SECONDS / 3) into its lease: a 1 s silence left the test
+        # a few milliseconds to stop it before the answer arrived; this leaves 0.5 s.
+        provider.script([Reply.keepalive(pause=1.5, every=0.25)])
         with recoverable.RecoveryStore.open(store_path) as store:
             async with backend(provider) as parent_backend, recoverable.open_runtime(
                 store, parent_backend, account=ACCOUNT

@@ -123,8 +123,10 @@ async def test_requests_per_second_spaces_posts_at_the_provider(tmp_path: Path) 
             await run_jobs(provider, store, jobs, requests_per_second=rate)
         arrivals = sorted(r.received_at for r in provider.requests)
     assert len(arrivals) == jobs
-    # Starts are 1/rate apart: the whole run spans at least (jobs - 1) / rate ...
-    assert arrivals[-1] - arrivals[0] >= (jobs - 1) / rate - JITTER, arrivals
+    # Starts are 1/rate apart: the run spans at least (jobs - 1) / rate. Measured from
+    # the second arrival, as the CLI's twin below does: the first POST also opens the
+    # connection and can arrive late on a loaded machine, shortening the span by as much.
+    assert arrivals[-1] - arrivals[1] >= (jobs - 2) / rate - JITTER, arrivals
     # ... and no half-second window holds more than rate/2 + 1 starts (+1 for jitter).
     assert most_in_window(arrivals, 0.5) <= rate * 0.5 + 1 + 1, arrivals
 

@@ -36,7 +36,7 @@ import recoverable
 from recoverable.actors.sweep import sweep
 from recoverable.testing import FixtureProvider, Reply
 
-from .conftest import Authorizer, generation_requests
+from .conftest import Authorizer, generation_requests, owner_gone, stopped
 from .live_child import ACCOUNT, REQUEST, Story
 from .live_scan import assert_views_never_stored
 
@@ -79,9 +79,7 @@ class Child:
         return [line["view"] for line in self.lines if "view" in line]
 
     async def stopped(self) -> None:
-        """The kernel says the child is stopped (its stop notification, not a guess)."""
-        _, status = await trio.to_thread.run_sync(os.waitpid, self.process.pid, os.WUNTRACED)
-        assert os.WIFSTOPPED(status), status
+        await stopped(self.process.pid)
 
     def stderr(self) -> bytes:
         return self.process.stderr.read() if self.process.stderr else b""
@@ -139,6 +137,9 @@ async def test_sigkill_mid_stream_the_sweep_fails_it_then_a_successor_continues(
                     child.reap()
                 before = store.get_operation(op)
                 assert before is not None and before.phase == "transmitting"
+                dead = store.get_lease(op)
+                assert dead is not None
+                await owner_gone(store, dead.owner_id)
                 report = await sweep(store, now=time.time())
                 assert report.failed_ids == (op,) and report.waiting == 0
                 after = store.get_operation(op)

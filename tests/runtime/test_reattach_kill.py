@@ -25,6 +25,7 @@ import trio
 import recoverable
 from recoverable.testing import FixtureProvider, Reply
 
+from .conftest import stopped
 from .reattach_child import ACCOUNT, Answer
 
 CHILD = str(Path(__file__).with_name("reattach_child.py"))
@@ -75,6 +76,11 @@ async def _kill_after_checkpoint(
                     break  # the response id is saved (the write committed)
             assert rid and len(await provider.wait_for_requests(1)) == 1
             if finished:
+                # Stopped first: streaming live, a running child would receive the end of
+                # the response as it is generated and might save its receipt before the
+                # kill. Stopped, it receives nothing; the provider generates on.
+                os.kill(process.pid, signal.SIGSTOP)
+                await stopped(process.pid)
                 await provider.wait_generated(rid)  # the whole response exists server-side
             os.kill(process.pid, signal.SIGKILL)
             assert await process.wait() == -signal.SIGKILL

@@ -62,9 +62,10 @@ async def test_a_resume_answered_with_the_finished_object_is_the_receipt_with_no
 async def test_a_resume_answered_with_a_running_object_is_polled_to_its_end(
     store: recoverable.RecoveryStore,
 ) -> None:
-    # About 1 s of generation left when the stream drops: the object says in_progress,
-    # then plain retrieves (0.5 s, 1 s apart) read it once it completed.
-    async with FixtureProvider.serve(deltas=(200, 200), event_delay=0.005) as provider:
+    # About 3 s of generation left when the stream drops: the object says in_progress,
+    # then plain retrieves (0.5 s, 1 s apart) read it once it completed. (With 1 s left, a
+    # loaded machine's slow resume could find it completed already: no poll to see.)
+    async with FixtureProvider.serve(deltas=(200, 200), event_delay=0.015) as provider:
         provider.script([cut(5)])
         provider.resumes_as_objects = True
         handle, value, status = await _send_through(store, provider)

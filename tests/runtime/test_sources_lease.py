@@ -28,7 +28,7 @@ import recoverable
 from recoverable.actors.sweep import sweep
 from recoverable.testing import FixtureProvider, Reply
 
-from .conftest import generation_requests
+from .conftest import generation_requests, owner_gone
 from .lease_child import ACCOUNT, Answer
 
 CHILD = str(Path(__file__).with_name("lease_child.py"))
@@ -107,6 +107,7 @@ async def test_a_dead_workers_derivative_lease_is_reclaimed_only_after_expiry(
                 theirs = store.get_lease(op)
                 assert theirs is not None and theirs.owner_id != store.owner_id
                 assert theirs.expires_at is not None and theirs.fence == 1
+                await owner_gone(store, theirs.owner_id)
 
                 clock.now = theirs.expires_at - 0.01  # its owner is dead, its lease unexpired
                 if bound:

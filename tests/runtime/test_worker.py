@@ -109,7 +109,9 @@ async def test_run_worker_checks_its_arguments(
 async def test_status_says_whether_a_live_worker_serves_a_queued_operation(
     store: recoverable.RecoveryStore,
 ) -> None:
-    async with FixtureProvider.serve(reply_delay=0.2) as provider:
+    # The reply is held 1 s: "queued" lasts that long, which the poll below must see (a
+    # status read is a thread's round trip on PostgreSQL; a loaded machine stalls them).
+    async with FixtureProvider.serve(reply_delay=1.0) as provider:
         async with recoverable.open_runtime(store, make_backend(provider), account=ACCOUNT) as rt:
             handle = await rt.submit(REQUEST, response=Answer, job_id="q", maximum_attempts=2)
             assert (await rt.status(handle)).queue == "waiting_for_worker"
