@@ -474,7 +474,10 @@ class Runtime:
         """
         await self._command(handle.operation_id, "cancel")
 
-    async def _command(self, operation_id: str, kind: CommandKind) -> None:
+    async def _command(self, operation_id: str, kind: CommandKind) -> bool:
+        """Suspend or cancel; True if it was requested of the process that runs the
+        operation (its command row written), False if it was applied here. (The CLI says
+        which: what it reads afterwards cannot, once that process applied the row.)"""
         # User intent applies to the lineage: also the continuation successors dispatched after it.
         commands = await self.store.write(
             functools.partial(write_lineage_command, operation_id, kind, self.now(),
@@ -491,6 +494,7 @@ class Runtime:
             record = self.store.get_operation(operation_id)
             if record is not None and record.reattach:
                 await cancel_on_server(self, record)
+        return bool(own)
 
     async def acknowledge(self, handle: Handle) -> None:
         """After the host's own commit: remove request and response, keep a small marker.

@@ -171,3 +171,34 @@ def test_usage_errors_exit_2_with_a_clear_message(
 def test_the_script_entry_point_runs() -> None:
     helped = run_cli("--help")
     assert helped.returncode == 0 and "batch" in helped.stdout and "inventory" in helped.stdout
+
+
+async def test_a_command_requested_of_a_running_process_is_reported_so_once_applied(
+    tmp_path: Path,
+) -> None:
+    """Whether a suspend or cancel was requested of the process that runs the operation
+    is what its write said, not what the CLI reads after it: that process may have applied
+    the command row (and removed it) by then. A CI run printed "its pending continuation
+    was cancelled" for a suspend the running batch had just applied. Here the read after
+    finds no row and an unchanged record: requested or not, only the write can say."""
+    from recoverable.cli.ops import _command_outcome, _snapshot
+    from recoverable.testing import FixtureProvider
+    from tests.runtime.conftest import ACCOUNT as RUNTIME_ACCOUNT
+    from tests.runtime.conftest import REQUEST, Answer, make_backend
+
+    async with FixtureProvider.serve() as provider:
+        with recoverable.RecoveryStore.open(str(tmp_path / "store")) as store:
+            async with make_backend(provider) as backend, recoverable.open_runtime(
+                store, backend, account=RUNTIME_ACCOUNT
+            ) as rt:
+                handle = await rt.prepare(REQUEST, response=Answer, maximum_attempts=2)
+                op = handle.operation_id
+                before = _snapshot(rt, op)
+                status = rt.status_of(op)
+                said = _command_outcome(rt, "suspend", op, status, before, True)
+                assert said == (
+                    f"suspend: requested; {op} is {status.state} in another process, which "
+                    "applies the suspend at its next check (see `recoverable status`)\n"
+                )
+                said = _command_outcome(rt, "cancel", op, status, before, False)
+                assert said.startswith(f"cancel: nothing to cancel: {op} is {status.state}")

@@ -176,6 +176,7 @@ class _StoreCommand:
         assert operation_id is not None
         handle = Handle(operation_id)
         before: Snapshot = (None, None)
+        requested = False  # a suspend or cancel requested of the process that runs it
         match self.command:
             case "retry":
                 return await self._retry(rt, operation_id)
@@ -196,7 +197,7 @@ class _StoreCommand:
                 await rt.abandon(handle)
             case "suspend":
                 before = _snapshot(rt, operation_id)
-                await rt.suspend(handle)
+                requested = await rt._command(operation_id, "suspend")
             case "cancel":
                 if not self.args.force:
                     refusal = _cancel_refusal(rt, operation_id)
@@ -205,7 +206,7 @@ class _StoreCommand:
                             refusal, code="completion_saved", operation_id=operation_id
                         )
                 before = _snapshot(rt, operation_id)
-                await rt.cancel(handle)
+                requested = await rt._command(operation_id, "cancel")
         status = rt.status_of(operation_id)
         if self.as_json:
             self.out.write(encode_json(status))
@@ -213,7 +214,7 @@ class _StoreCommand:
             self.out.write(_lifecycle_message(self.command, operation_id, status))
             if self.command in ("suspend", "cancel"):
                 self.out.write(_command_outcome(rt, self.command, operation_id, status,
-                                                before))
+                                                before, requested))
         return EXIT_OK
 
     async def _retry(self, rt: Runtime, operation_id: str) -> int:
@@ -260,15 +261,16 @@ def _snapshot(rt: Runtime, operation_id: str) -> Snapshot:
 
 
 def _command_outcome(rt: Runtime, command: str, operation_id: str, status: Status,
-                     before: Snapshot) -> str:
-    """What a suspend or cancel really did: requested of the process that runs
-    it (a command row it applies at its next check); nothing at all (a completed or
-    failed operation has nothing to suspend); and what it did to the continuation
-    successor dispatched after it, if any."""
-    record, row = _snapshot(rt, operation_id)
+                     before: Snapshot, requested: bool) -> str:
+    """What a suspend or cancel really did: ``requested`` of the process that runs
+    it (a command row it applies at its next check: the write says so; the row may be
+    gone already, applied by that process); nothing at all (a completed or failed
+    operation has nothing to suspend); and what it did to the continuation successor
+    dispatched after it, if any."""
+    record, _ = _snapshot(rt, operation_id)
     lines: list[str] = []
     if status.state != _TARGET_STATE[command]:
-        if row is not None and row != before[1]:
+        if requested:
             lines.append(
                 f"{command}: requested; {operation_id} is {status.state} in another process, "
                 f"which applies the {command} at its next check (see `recoverable status`)")
