@@ -70,7 +70,7 @@ from recoverable.storage.pg_sql import (
 )
 from recoverable.storage.pg_writer import PgWriter
 from recoverable.storage.registry import StoreOptions
-from recoverable.storage.store import redact_url, register_url_store
+from recoverable.storage.store import redact_url
 from recoverable.storage.txn import WriteState, WriteTxn
 from recoverable.types import AccountBinding
 
@@ -105,7 +105,6 @@ COMMIT_POLL_SECONDS: Final = 0.25  # a monitor's poll when no notification comes
 # How long advisory shared state read from the database (the rate governor's pause row)
 # may be served from a process's memory: each read is a round trip on the event loop.
 ADVISORY_READ_SECONDS: Final = 0.05
-SCHEMES: Final = ("postgresql", "postgres")
 QUERY_CANCELED: Final = "57014"  # a statement_timeout (or a cancel request)
 RESERVE: Final = reserve_statement(LIVE_OWNERS)  # storage/pg_claims.py
 
@@ -622,5 +621,3 @@ class PgEngine:
             "wide_batches": writer.wide_batches,
         }
 
-
-register_url_store(SCHEMES, PgEngine)

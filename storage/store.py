@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FORMAT_VERSION",
+    "POSTGRESQL_SCHEMES",
     "TABLES",
     "RecoveryStore",
     "Table",
@@ -59,8 +60,11 @@ _MiB: Final = 2**20
 # Every store this process has open, by real directory path or by URL.
 _OPEN_STORES: Final[OpenStores[RecoveryStore]] = OpenStores()
 
-# Engines opened by URL (``postgresql://...``: storage/pg_engine.py registers itself when
-# ``recoverable.storage`` is imported and psycopg is installed), by URL scheme.
+# The URL schemes of the PostgreSQL engine (storage/pg_engine.py).
+POSTGRESQL_SCHEMES: Final = ("postgresql", "postgres")
+
+# Engines opened by URL (``postgresql://...``: ``recoverable.storage`` registers the
+# PostgreSQL engine, imported at its first use, when psycopg is installed), by URL scheme.
 _URL_ENGINES: Final[dict[str, Callable[[str, StoreOptions], StoreEngine]]] = {}
 
 

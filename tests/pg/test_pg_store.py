@@ -302,3 +302,42 @@ def test_an_owner_whose_heartbeat_expired_is_dead_though_its_lock_is_held(
     finally:
         hung.close()
         mine.close()
+
+
+_IMPORTS = """
+import sys
+import recoverable.cli
+from recoverable.storage import RecoveryStore
+with RecoveryStore.open(sys.argv[1]) as store:
+    store.write_sync(lambda txn: None)
+print(sorted(name for name in ("psycopg", "recoverable.storage.pg_engine")
+             if name in sys.modules))
+"""
+
+
+def test_psycopg_is_imported_at_the_first_postgresql_store_only(
+    pg_url: str, tmp_path: Any
+) -> None:
+    """An LMDB process (every CLI command on one) never imports psycopg (about 0.1 s of
+    each start); the first postgresql:// store a process opens does."""
+    import subprocess
+    import sys
+
+    def imported(location: str) -> str:
+        done = subprocess.run([sys.executable, "-c", _IMPORTS, location],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    assert imported(str(tmp_path / "store")) == "[]"
+    assert imported(pg_url) == "['psycopg', 'recoverable.storage.pg_engine']"
+
+
+def test_a_psycopg_that_cannot_load_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """psycopg installed but unable to load (no libpq, say): opening a URL says so and
+    how to repair it, a typed error, not an ImportError from deep inside."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "recoverable.storage.pg_engine", None)  # import fails
+    with pytest.raises(InvalidRequest, match=r"cannot be loaded.*recoverable\[postgres\]"):
+        RecoveryStore.open("postgresql://nobody@127.0.0.1:1/none")
