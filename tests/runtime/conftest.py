@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -117,3 +118,15 @@ async def stopped(pid: int) -> None:
     not a guess)."""
     _, status = await trio.to_thread.run_sync(os.waitpid, pid, os.WUNTRACED)
     assert os.WIFSTOPPED(status), status
+
+
+class ShiftedWall:
+    """The wall clock, moved forward only when the test steps it (``shift``): a wait on
+    it ends when the test says, never while a loaded machine is still starting the tasks
+    that wait (step it, then call the runtime's ``scheduler.recheck()``)."""
+
+    def __init__(self) -> None:
+        self.shift = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.shift

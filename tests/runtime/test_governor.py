@@ -2,7 +2,7 @@
 
 Timing: these tests run on the real clock (the governor's state is in the LMDB store,
 written by the writer thread, which a MockClock's autojump would take for idleness); the
-429 pause's end is stepped by the test (``SteppedWall``), so it cannot pass while a loaded
+429 pause's end is stepped by the test (``ShiftedWall``), so it cannot pass while a loaded
 machine is still starting the operations it pauses.
 Every bound that matters is one-sided and exact: a paused operation's POST arrives at
 the provider no EARLIER than the pause allows (the pause starts when the client has
@@ -33,7 +33,15 @@ from recoverable.storage.store import governor_key
 from recoverable.telemetry import Telemetry
 from recoverable.testing import FixtureProvider, Reply
 
-from .conftest import ACCOUNT, OTHER, REQUEST, Answer, Authorizer, make_backend
+from .conftest import (
+    ACCOUNT,
+    OTHER,
+    REQUEST,
+    Answer,
+    Authorizer,
+    ShiftedWall,
+    make_backend,
+)
 
 CHILD = str(Path(__file__).with_name("governor_child.py"))
 FAST = recoverable.RetryPolicy(initial_backoff=0.0, maximum_backoff=0.0)
@@ -111,17 +119,6 @@ async def test_concurrent_operations_under_a_tpm_limit_get_no_429(
         assert rate_limited(provider) != []
 
 
-class SteppedWall:
-    """The wall clock, moved forward only when the test steps it: a pause then ends when
-    the test says, never while a loaded machine is still starting the tasks it pauses."""
-
-    def __init__(self) -> None:
-        self.shift = 0.0
-
-    def __call__(self) -> float:
-        return time.time() + self.shift
-
-
 async def test_a_429_pauses_every_operation_of_the_endpoint_and_account(
     tmp_path: Path, mode: str
 ) -> None:
@@ -129,7 +126,7 @@ async def test_a_429_pauses_every_operation_of_the_endpoint_and_account(
     # The provider asks for 1000 s: the pause is bounded by maximum_retry_after.
     policy = recoverable.RetryPolicy(initial_backoff=0.0, maximum_backoff=0.0,
                                      maximum_retry_after=pause)
-    wall = SteppedWall()
+    wall = ShiftedWall()
     async with FixtureProvider.serve() as provider:
         provider.script([Reply.rate_limited(1000.0)])
         with recoverable.RecoveryStore.open(str(tmp_path / "store")) as store:

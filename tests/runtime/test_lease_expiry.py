@@ -65,10 +65,6 @@ async def _wait_for(predicate: object, what: str) -> None:
             await trio.sleep(0.005)
 
 
-async def _stopped(child: subprocess.Popen[bytes]) -> None:
-    await stopped(child.pid)
-
-
 def _spawn(store: str, provider: FixtureProvider, op: str, report: Path,
            env: dict[str, str]) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
@@ -141,7 +137,7 @@ async def _hang(child: subprocess.Popen[bytes], store: recoverable.RecoveryStore
                 provider: FixtureProvider, op: str, stop_at: str) -> None:
     """Bring the child to its hung state (stopped while holding the lease)."""
     if stop_at != "mid_stream":
-        await _stopped(child)  # it stopped itself at the crash point, lease held
+        await stopped(child.pid)  # it stopped itself at the crash point, lease held
         record = store.get_operation(op)
         assert record is not None and record.phase == "transmitting"
         return
@@ -157,7 +153,7 @@ async def _hang(child: subprocess.Popen[bytes], store: recoverable.RecoveryStore
 
     await _wait_for(streaming_and_just_renewed, "the child's first renewal")
     child.send_signal(signal.SIGSTOP)
-    await _stopped(child)
+    await stopped(child.pid)
     record = store.get_operation(op)
     assert record is not None and record.phase == "transmitting" and record.attempts_used == 1
 

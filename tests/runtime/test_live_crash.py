@@ -78,9 +78,6 @@ class Child:
     def views(self) -> list[str]:
         return [line["view"] for line in self.lines if "view" in line]
 
-    async def stopped(self) -> None:
-        await stopped(self.process.pid)
-
     def stderr(self) -> bytes:
         return self.process.stderr.read() if self.process.stderr else b""
 
@@ -228,7 +225,7 @@ def _whole(text: str) -> bool:
 async def _hang(child: Child, store: recoverable.RecoveryStore, op: str, stop_at: str) -> None:
     """Bring the child to its hung state: stopped while holding the lease."""
     if stop_at != "mid_stream":
-        await child.stopped()  # it stopped itself with the validated completion in hand
+        await stopped(child.process.pid)  # it stopped itself with the validated completion in hand
         record = store.get_operation(op)
         assert record is not None and record.phase == "transmitting"
         return
@@ -246,6 +243,6 @@ async def _hang(child: Child, store: recoverable.RecoveryStore, op: str, stop_at
         while not just_renewed():  # noqa: ASYNC110 (another process's durable state)
             await trio.sleep(0.005)
     child.process.send_signal(signal.SIGSTOP)
-    await child.stopped()
+    await stopped(child.process.pid)
     record = store.get_operation(op)
     assert record is not None and record.phase == "transmitting" and record.attempts_used == 1

@@ -17,6 +17,8 @@ import trio.testing
 
 from recoverable.actors.scheduler import RELEASE_QUOTA_MAX, Scheduler
 
+from .conftest import ShiftedWall
+
 HERD = 200
 
 
@@ -48,18 +50,6 @@ class RoundClock:
         return self.now
 
 
-class ShiftedClock:
-    """The wall clock, moved forward on demand: the herd parks an hour ahead, and the
-    test moves the clock there once every task has parked (on a loaded machine, tasks
-    still starting when a near deadline passed would not park at all)."""
-
-    def __init__(self) -> None:
-        self.shift = 0.0
-
-    def __call__(self) -> float:
-        return time.time() + self.shift
-
-
 async def release_herd(
     size: int, cost: float, precise_at: float | None = None, *, counted: bool = False
 ) -> tuple[list[int], list[tuple[int, int]]]:
@@ -71,7 +61,10 @@ async def release_herd(
     rounds = Rounds()
     trio.lowlevel.add_instrument(rounds)
     round_clock = RoundClock()
-    wall = ShiftedClock()
+    # The herd parks an hour ahead; the test steps the clock there once every task has
+    # parked (on a loaded machine, tasks still starting when a near deadline passed
+    # would not park at all).
+    wall = ShiftedWall()
     scheduler = (Scheduler(wall, round_clock=round_clock) if counted else Scheduler(wall))
     released: list[int] = []
     precise: list[tuple[int, int]] = []
